@@ -1,0 +1,295 @@
+"""`draftboard eval`: teacher-forced block evaluation of a DFlash drafter against a target.
+
+The drafter's output at anchor p depends only on the target's features at positions < p and
+the token at p, so one target pass (greedy continuation + tapped features, both cached) gives
+everything the online speculative loop would see at temperature 0. The drafter then scores
+every anchor of every completion in a few large batched calls; the walks (chain and one per
+DDTree budget) are read off the per-anchor acceptance lengths. Results equal the online loop's
+(tests/test_online_equivalence.py).
+
+The harness never imports Streamlit; progress goes to a callback (the CLI binds it to tqdm and
+to the job queue's event lines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from evaluators import metrics
+from evaluators.cache import EvalCache
+from evaluators.ddtree import ddtree_acceptance_batch
+from evaluators.drafter import LoadedDrafter, load_drafter
+from evaluators.prompts import Prompt, attach_completions, load_prompts
+from evaluators.target import (Target, cache_key, content_digest, greedy_continuations, load_target, load_tokenizer,
+                               tapped_features, text_config)
+from tracker import fingerprint
+from tracker.errors import DraftboardError
+
+SCHEMA = "draftboard.eval/1"
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class EvalSettings:
+    target: str
+    drafter: str
+    prompts: str
+    completions: str | None = None
+    max_new_tokens: int = 256
+    budgets: tuple[int, ...] = (4, 8, 16, 32)
+    device: str | None = None
+    dtype: str = "fp32"
+    linear_attn: str = "auto"
+    enable_thinking: bool | None = None
+    cache_dir: str | None = None
+    batch_size: int = 8
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise DraftboardError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.budgets or any(b < 1 for b in self.budgets):
+            raise DraftboardError(f"--budgets must be positive integers, got {list(self.budgets)}")
+        self.budgets = tuple(sorted(set(self.budgets)))
+
+
+@dataclass
+class Walked:
+    """One prompt's per-anchor results and walks."""
+
+    id: str
+    input_ids: list[int]
+    completion_ids: list[int]
+    n_anchors: int
+    chain: list[int] = field(default_factory=list)  # acceptance length at every anchor
+    tree: dict[int, list[int]] = field(default_factory=dict)  # budget -> per-anchor acceptance
+
+
+def _quiet(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def completion_bounds(continuation: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], int]:
+    """(completion_ids, n_anchors) of a greedy continuation, as z-lab's loop bounds them.
+
+    The completion is cut at max_new_tokens or just after the first stop token. Anchors run
+    over the completion, except that a stop token never anchors a block: it ends generation as
+    soon as it is accepted.
+    """
+    completion = continuation[:max_new_tokens]
+    for i, token in enumerate(completion):
+        if token in stops:
+            return completion[: i + 1], i
+    return completion, len(completion)
+
+
+def _continuations(target: Target, prompts: list[Prompt], s: EvalSettings, block: int, cache: EvalCache,
+                   env: dict, digest: str, progress: Progress) -> list[list[int]]:
+    """Greedy tokens after each prompt, reaching block-1 tokens past the last anchor."""
+    fixed = [p for p in prompts if p.completion_ids is not None]
+    key = cache_key("continuations", digest, env, s.max_new_tokens, block,
+                    [(p.input_ids, p.completion_ids) for p in prompts])
+    cached = cache.get_continuations(key)
+    if cached is not None:
+        progress("target: continuations (cached)", len(prompts), len(prompts))
+        return cached
+    step = lambda n: progress("target: continuations", n, len(prompts))  # noqa: E731
+    if fixed:  # reuse the given completions; only the lookahead past their end is generated
+        if len(fixed) != len(prompts):
+            raise DraftboardError("either every prompt has a completion or none has")
+        tails = greedy_continuations(target, [p.input_ids + p.completion_ids for p in prompts], block - 1,
+                                     block - 1, s.batch_size, _counter(step))
+        out = [p.completion_ids + t for p, t in zip(prompts, tails)]
+    else:
+        out = greedy_continuations(target, [p.input_ids for p in prompts], s.max_new_tokens + block - 1,
+                                   block - 1, s.batch_size, _counter(step))
+    cache.put_continuations(key, out)
+    return out
+
+
+def _counter(step: Callable[[int], None]) -> Callable[[int], None]:
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        step(done)
+
+    return advance
+
+
+def _features(target: Target, walked: list[Walked], layers: list[int], cache: EvalCache, env: dict,
+              digest: str, progress: Progress) -> list[torch.Tensor]:
+    """Per prompt, cat of the tapped features over the context positions: [T_i, n_tapped*H]."""
+    seqs = [w.input_ids + w.completion_ids[: w.n_anchors] for w in walked]
+    key = cache_key("features", digest, env, seqs)
+    per_layer = {i: cache.get_features(key, i, len(seqs)) for i in layers}
+    missing = [i for i in layers if per_layer[i] is None]
+    if missing:
+        fresh: dict[int, list[torch.Tensor]] = {i: [] for i in missing}
+        for n, seq in enumerate(seqs, 1):
+            feats = tapped_features(target, seq, missing)
+            for i in missing:
+                if not torch.isfinite(feats[i]).all():
+                    pos = int((~torch.isfinite(feats[i])).any(-1).nonzero()[0])
+                    raise DraftboardError(f"non-finite target features for prompt {walked[n - 1].id!r} "
+                                          f"at layer {i}, position {pos}: the target's numbers are broken here")
+                fresh[i].append(feats[i])
+            progress("target: features", n, len(seqs))
+        for i in missing:
+            cache.put_features(key, i, fresh[i])
+            per_layer[i] = fresh[i]
+    else:
+        progress("target: features (cached)", len(seqs), len(seqs))
+    return [torch.cat([per_layer[i][n] for i in layers], dim=-1) for n in range(len(seqs))]
+
+
+@torch.no_grad()
+def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: torch.Tensor, continuation: list[int],
+                  budgets: tuple[int, ...], chunk: int = 256) -> None:
+    """Chain and DDTree acceptance at every anchor of one completion (fills w.chain / w.tree)."""
+    drafter, block = loaded.model, loaded.model.block_size
+    n, P = w.n_anchors, len(w.input_ids)
+    lm_head = loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight
+    embed = target.embed_weight.to(drafter.device)
+    lm_head = lm_head.to(drafter.device)
+    ctx = context[None].to(drafter.device)  # [1, T, n_tapped*H]
+    seq = torch.tensor(continuation, device=drafter.device)
+    w.chain, w.tree = [], {b: [] for b in budgets}
+    for start in range(0, n, chunk):
+        a = torch.arange(start, min(start + chunk, n), device=drafter.device)  # completion-relative anchors
+        hidden = drafter.forward_anchors(ctx, P + a, drafter.block_embeddings(seq[a], embed))
+        logits = drafter.logits(hidden, lm_head)  # [m, block-1, V]
+        if not torch.isfinite(logits).all():
+            bad = int(a[(~torch.isfinite(logits)).flatten(1).any(1)][0])
+            raise DraftboardError(f"non-finite drafter logits for prompt {w.id!r} at completion position {bad}")
+        targets = seq[a[:, None] + torch.arange(1, block, device=drafter.device)]  # [m, block-1]
+        w.chain += metrics.chain_acceptance(logits.argmax(-1), targets).tolist()
+        for b, acc in ddtree_acceptance_batch(logits, targets, budgets).items():
+            w.tree[b] += acc.tolist()
+
+
+def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...]) -> dict:
+    """The fixed results keys (DESIGN.md) from per-anchor acceptance lengths."""
+    chain_walks = [metrics.walk(w.chain, w.n_anchors) for w in walked]
+    summary = metrics.summarize_walks(chain_walks, block)
+    tree_walks = {b: [metrics.walk(w.tree[b], w.n_anchors) for w in walked] for b in budgets}
+    ddtree = {}
+    for b in budgets:
+        tau = metrics.summarize_walks(tree_walks[b], block).tau
+        ddtree[str(b)] = {"tau": tau, "dds": tau - 1}
+    return {
+        "block_size": block,
+        "tau": summary.tau,
+        "tau_pooled": summary.tau_pooled,
+        "tau_all_anchors": metrics.tau_all_anchors([w.chain[: w.n_anchors] for w in walked]),
+        "streak": summary.streak,
+        "accept_rate_by_position": summary.accept_rate_by_position,
+        "accept_len_histogram": summary.accept_len_histogram,
+        "n_blocks": summary.n_blocks,
+        "ddtree": ddtree,
+        "prompts": [
+            {"id": w.id, "input_ids": w.input_ids, "completion_ids": w.completion_ids,
+             "acceptance_lengths": walks,
+             "ddtree_acceptance_lengths": {str(b): tree_walks[b][i] for b in budgets}}
+            for i, (w, walks) in enumerate(zip(walked, chain_walks))
+        ],
+    }
+
+
+def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit: int | None) -> None:
+    if limit is None:
+        return
+    for p in prompts:
+        need = len(p.input_ids) + (len(p.completion_ids) if p.completion_ids else max_new_tokens) + block - 1
+        if need > limit:
+            raise DraftboardError(f"prompt {p.id!r}: {len(p.input_ids)} prompt tokens + completion + "
+                                  f"block lookahead = {need} exceeds the target's context of {limit}")
+
+
+def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
+    """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1)."""
+    t0 = time.perf_counter()
+    device = s.device or fingerprint.default_device()
+    # Cheap checks first: a bad prompts file fails before any weights are read.
+    cfg = text_config(s.target)
+    prompts = load_prompts(s.prompts, load_tokenizer(s.target), cfg.vocab_size, s.enable_thinking)
+    if s.completions:
+        prompts = attach_completions(prompts, s.completions, cfg.vocab_size)
+
+    progress("load", 0, 2)
+    target = load_target(s.target, device, s.dtype, s.linear_attn)
+    loaded = load_drafter(s.drafter, target_hidden_size=cfg.hidden_size, target_num_layers=target.num_layers,
+                          target_vocab_size=cfg.vocab_size, device=device, dtype=s.dtype)
+    block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
+    _check_context(prompts, s.max_new_tokens, block, target.max_positions)
+    progress("load", 1, 2)
+    fp = fingerprint.capture(target.model, device, s.dtype, s.linear_attn, probe_layers=layers)
+    progress("load", 2, 2)
+
+    env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(s.cache_dir)
+    t_target = time.perf_counter()
+    conts = _continuations(target, prompts, s, block, cache, env, digest, progress)
+    stops = set(target.stop_token_ids())
+    walked = []
+    for p, cont in zip(prompts, conts):
+        max_new = s.max_new_tokens if p.completion_ids is None else min(s.max_new_tokens, len(p.completion_ids))
+        completion, n_anchors = completion_bounds(cont, max_new, stops)
+        walked.append(Walked(p.id, p.input_ids, completion, n_anchors))
+    contexts = _features(target, walked, layers, cache, env, digest, progress)
+    target_s = time.perf_counter() - t_target
+
+    t_drafter = time.perf_counter()
+    for i, (w, ctx, cont) in enumerate(zip(walked, contexts, conts), 1):
+        score_anchors(loaded, target, w, ctx, cont, s.budgets)
+        progress("drafter", i, len(walked))
+    drafter_s = time.perf_counter() - t_drafter
+    if not any(w.n_anchors for w in walked):
+        raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
+
+    results = {"schema": SCHEMA, **summarize(walked, block, s.budgets)}
+    results.update({
+        "fingerprint": fp,
+        "timing": {"target_s": target_s, "drafter_s": drafter_s, "total_s": time.perf_counter() - t0},
+        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
+        "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,
+                   "num_layers": target.num_layers, "linear_attention": target.resolution.to_dict()},
+        "drafter": {"path": str(Path(s.drafter).resolve()), "source": loaded.source,
+                    "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id},
+    })
+    return results
+
+
+def metric_values(results: dict) -> dict[str, float]:
+    """The MLflow metrics of an eval, under the fixed names (DESIGN.md)."""
+    out = {k: float(results[k]) for k in ("tau", "tau_pooled", "tau_all_anchors", "streak")}
+    for k, rate in enumerate(results["accept_rate_by_position"], 1):
+        out[f"accept_rate_pos{k}"] = float(rate)
+    for budget, d in results["ddtree"].items():
+        out[f"ddtree_tau_b{budget}"] = float(d["tau"])
+        out[f"dds{budget}"] = float(d["dds"])
+    return out
+
+
+def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,
+             checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None) -> str:
+    """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table."""
+    drafter = Path(s.drafter)
+    name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
+                                 else f"eval {drafter.parent.name} @ step {checkpoint_step}")
+    params = {k: v for k, v in results["settings"].items() if v is not None and k != "cache_dir"}
+    with tracker.eval_run(name, target=s.target, train_run_id=train_run_id, checkpoint=s.drafter,
+                          checkpoint_step=checkpoint_step, params=params, fingerprint=results["fingerprint"],
+                          kind="reference" if reference else "eval", reference_name=reference) as run:
+        run.log_metrics(metric_values(results), step=checkpoint_step or 0)
+        run.log_json("eval_results.json", results)
+        run.log_table("per_prompt.json", [
+            {"id": p["id"], "prompt_tokens": len(p["input_ids"]), "completion_tokens": len(p["completion_ids"]),
+             "blocks": len(p["acceptance_lengths"]),
+             "tau": sum(p["acceptance_lengths"]) / max(1, len(p["acceptance_lengths"]))}
+            for p in results["prompts"]])
+        return run.run_id

@@ -1,0 +1,143 @@
+"""Acceptance metrics of DFlash drafters, as z-lab's `dflash_generate` at temperature 0.
+
+A block starts at an anchor a (completion-relative index) holding the last
+verified token; the drafter proposes tokens for positions a+1..a+B-1 and the
+block's acceptance length is 1 + the number of leading draft tokens equal to the
+target's greedy tokens there (1..B, the 1 being the target's bonus token).
+
+The harness scores every anchor offline; the speculative loop only ever sees the
+anchors of its *walk* (next anchor = anchor + acceptance length), which is why
+`tau` is taken along the walk and `tau_all_anchors` (the training-style statistic)
+is reported separately: the two differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def chain_acceptance(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
+    """Acceptance length of a plain (chain) draft per block: 1 + leading matches.
+
+    draft_tokens, target_tokens: [N, B-1] -> LongTensor [N] with values in 1..B.
+    """
+    if draft_tokens.dim() != 2 or draft_tokens.shape != target_tokens.shape:
+        raise ValueError(
+            "expected draft_tokens and target_tokens of the same shape [N, block_size-1], "
+            f"got {tuple(draft_tokens.shape)} and {tuple(target_tokens.shape)}"
+        )
+    matches = (draft_tokens == target_tokens).long()  # [N, B-1]
+    return 1 + matches.cumprod(dim=1).sum(dim=1)
+
+
+def walk_anchors(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_anchors: int) -> list[int]:
+    """Anchors the speculative loop visits: a = 0, then a += acceptance length at a.
+
+    accept_len_by_anchor[a] is the acceptance length of the block anchored at a,
+    for every a in 0..n_anchors-1 (a DDTree walk passes its tree acceptance here,
+    so it follows its own anchors). The walk runs while a < n_anchors; the caller
+    picks n_anchors as z-lab's loop bounds it: the completion length, or the index
+    of the EOS / stop token when generation stopped there (the EOS token never
+    anchors a block: it ends generation as soon as it is accepted).
+    """
+    lengths = _as_int_list(accept_len_by_anchor)
+    if n_anchors < 0 or n_anchors > len(lengths):
+        raise ValueError(f"n_anchors={n_anchors} must lie in [0, {len(lengths)}] (one length per anchor)")
+    anchors = []
+    anchor = 0
+    while anchor < n_anchors:
+        if lengths[anchor] < 1:
+            raise ValueError(f"acceptance length at anchor {anchor} is {lengths[anchor]}, must be >= 1")
+        anchors.append(anchor)
+        anchor += lengths[anchor]
+    return anchors
+
+
+def walk(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_anchors: int) -> list[int]:
+    """Acceptance lengths of the blocks along the walk (see `walk_anchors`).
+
+    Example: lengths [3, 1, 2, 1, 1, 4] with n_anchors=6 visit anchors 0, 3, 4, 5
+    and give [3, 1, 1, 4].
+    """
+    lengths = _as_int_list(accept_len_by_anchor)
+    return [lengths[anchor] for anchor in walk_anchors(lengths, n_anchors)]
+
+
+@dataclass(frozen=True)
+class WalkSummary:
+    """Walk statistics over a set of prompts (names as in the results JSON)."""
+
+    tau: float  # mean over prompts of each prompt's mean acceptance length
+    tau_pooled: float  # mean over all blocks of all prompts
+    streak: float  # tau - 1: accepted draft tokens per block, bonus excluded
+    accept_rate_by_position: list[float]  # [B-1]: fraction of blocks with draft k accepted
+    accept_len_histogram: list[int]  # [B]: block counts for L = 1..B
+    n_blocks: int
+    n_prompts: int  # prompts with at least one block (the ones tau averages over)
+
+
+def summarize_walks(walks: Sequence[Sequence[int]], block_size: int) -> WalkSummary:
+    """Summarise per-prompt walks (lists of acceptance lengths, each in 1..block_size).
+
+    `tau` is z-lab's macro average, so long completions do not dominate it; prompts
+    whose walk has no block are skipped. `tau_pooled` weighs every block equally.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    histogram = [0] * block_size
+    prompt_means = []
+    for prompt_index, lengths in enumerate(walks):
+        lengths = _as_int_list(lengths)
+        for length in lengths:
+            if not 1 <= length <= block_size:
+                raise ValueError(
+                    f"prompt {prompt_index}: acceptance length {length} outside 1..{block_size}"
+                )
+            histogram[length - 1] += 1
+        if lengths:
+            prompt_means.append(sum(lengths) / len(lengths))
+    n_blocks = sum(histogram)
+    if n_blocks == 0:
+        raise ValueError("no blocks in any walk: tau is undefined")
+
+    tau = sum(prompt_means) / len(prompt_means)
+    total_length = sum(length * count for length, count in enumerate(histogram, start=1))
+    # Draft k is accepted iff L >= k + 1, i.e. the block lands in histogram[k:].
+    accepted_at = [sum(histogram[k:]) / n_blocks for k in range(1, block_size)]
+    return WalkSummary(
+        tau=tau,
+        tau_pooled=total_length / n_blocks,
+        streak=tau - 1,
+        accept_rate_by_position=accepted_at,
+        accept_len_histogram=histogram,
+        n_blocks=n_blocks,
+        n_prompts=len(prompt_means),
+    )
+
+
+def tau_all_anchors(accept_lens: Sequence[Sequence[int] | torch.Tensor]) -> float:
+    """Pooled mean acceptance length over every anchor of every prompt.
+
+    This is the training-style statistic (every position anchors a block), not
+    what the speculative loop sees; see `summarize_walks` for that.
+    """
+    total = 0
+    count = 0
+    for lengths in accept_lens:
+        lengths = _as_int_list(lengths)
+        total += sum(lengths)
+        count += len(lengths)
+    if count == 0:
+        raise ValueError("no anchors at all: tau_all_anchors is undefined")
+    return total / count
+
+
+def _as_int_list(values: Sequence[int] | torch.Tensor) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1:
+            raise ValueError(f"expected a 1-D tensor of acceptance lengths, got shape {tuple(values.shape)}")
+        return [int(v) for v in values.tolist()]
+    return [int(v) for v in values]

@@ -1,0 +1,115 @@
+"""Prompt and completion files: JSON lines in, token ids out, every error naming file:line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracker.errors import DraftboardError
+
+
+@dataclass
+class Prompt:
+    id: str
+    input_ids: list[int]
+    completion_ids: list[int] | None = None  # fixed continuation to reuse instead of generating
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    if not path.is_file():
+        raise DraftboardError(f"{path}: no such file")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DraftboardError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise DraftboardError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append((lineno, row))
+    if not rows:
+        raise DraftboardError(f"{path}: no prompts (the file is empty)")
+    return rows
+
+
+def _token_ids(value, where: str, vocab_size: int) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise DraftboardError(f"{where}: token ids must be a non-empty list of integers")
+    bad = [t for t in value if not 0 <= t < vocab_size]
+    if bad:
+        raise DraftboardError(f"{where}: token id {bad[0]} outside the target's vocabulary of {vocab_size}")
+    return value
+
+
+def _encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> list[int]:
+    if "input_ids" in row:
+        return row["input_ids"]
+    if tokenizer is None:
+        raise DraftboardError(f"{where}: text prompts need a tokenizer, and the target directory has none; "
+                              "give token ids as input_ids")
+    if "prompt" in row:
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise DraftboardError(f"{where}: 'prompt' must be a non-empty string")
+        return tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise DraftboardError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+        if not getattr(tokenizer, "chat_template", None):
+            raise DraftboardError(f"{where}: chat messages need a chat template; the target's tokenizer has none")
+        kwargs = {}
+        # Qwen3.5 drafters were trained on thinking-mode outputs; pass the switch where the
+        # template knows it, so the target produces what the drafter saw.
+        if enable_thinking is not None and "enable_thinking" in tokenizer.chat_template:
+            kwargs["enable_thinking"] = enable_thinking
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    raise DraftboardError(f"{where}: each line needs one of input_ids, prompt or messages")
+
+
+def load_prompts(path: str | Path, tokenizer, vocab_size: int, enable_thinking: bool | None = None) -> list[Prompt]:
+    path = Path(path)
+    prompts, seen = [], set()
+    for lineno, row in _read_jsonl(path):
+        where = f"{path}:{lineno}"
+        pid = str(row.get("id", lineno))
+        if pid in seen:
+            raise DraftboardError(f"{where}: duplicate id {pid!r}")
+        seen.add(pid)
+        ids = _token_ids(_encode(row, where, tokenizer, enable_thinking), where, vocab_size)
+        prompts.append(Prompt(pid, ids))
+    return prompts
+
+
+def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int) -> list[Prompt]:
+    """Fixed continuations from JSON lines {id, input_ids, completion_ids} or a results JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise DraftboardError(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and "prompts" in doc:  # a previous `draftboard eval --out`
+        rows = [(i + 1, r) for i, r in enumerate(doc["prompts"])]
+    else:
+        rows = _read_jsonl(path)
+    by_id = {}
+    for lineno, row in rows:
+        where = f"{path}:{lineno}"
+        if "id" not in row or "completion_ids" not in row:
+            raise DraftboardError(f"{where}: a completion needs 'id' and 'completion_ids'")
+        by_id[str(row["id"])] = (where, row)
+    out = []
+    for p in prompts:
+        if p.id not in by_id:
+            raise DraftboardError(f"{path}: no completion for prompt id {p.id!r}")
+        where, row = by_id[p.id]
+        if "input_ids" in row and row["input_ids"] != p.input_ids:
+            raise DraftboardError(f"{where}: input_ids differ from the prompt with id {p.id!r}")
+        out.append(Prompt(p.id, p.input_ids, _token_ids(row["completion_ids"], where, vocab_size)))
+    return out

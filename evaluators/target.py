@@ -1,0 +1,253 @@
+"""The target model: loading under a chosen kernel path, greedy completions, tapped features.
+
+Features are captured with forward hooks on the tapped decoder layers only, so an eval never
+holds every layer's hidden states. Indexing follows `output_hidden_states` (0 = embeddings,
+i + 1 = output of decoder layer i, the last one after the final norm), which is what z-lab's
+`extract_context_feature` reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tracker import linear_attn as kernel_path
+from tracker.errors import DraftboardError
+from tracker.fingerprint import DTYPES
+
+_SAMPLE_BYTES = 1 << 20  # bytes hashed at each end of a weight file
+
+
+@dataclass
+class Target:
+    """A loaded target and the handles the harness needs."""
+
+    model: nn.Module  # the causal LM
+    path: Path
+    device: str
+    dtype: str
+    resolution: kernel_path.Resolution
+    tokenizer: object | None  # None when the directory has no tokenizer files
+
+    @property
+    def text_model(self) -> nn.Module:
+        """The decoder stack: `model.model`, or `model.model.language_model` for multimodal."""
+        inner = self.model.model
+        return getattr(inner, "language_model", inner)
+
+    @property
+    def config(self):
+        cfg = self.model.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.text_model.layers)
+
+    @property
+    def embed_weight(self) -> torch.Tensor:  # [V, H]
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def stop_token_ids(self) -> list[int]:
+        ids = getattr(self.model.generation_config, "eos_token_id", None)
+        if ids is None:
+            ids = self.config.eos_token_id
+        if ids is None:
+            return []
+        return [ids] if isinstance(ids, int) else list(ids)
+
+
+def content_digest(path: str | Path) -> str:
+    """A digest of a model directory that is cheap for 50 GB checkpoints.
+
+    Config files are hashed whole; each weight file contributes its size and the first and last
+    MiB (the safetensors header, which lists every tensor's dtype, shape and offset, sits at the
+    start). Retraining changes every tensor, so sampled bytes change too.
+    """
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        size = f.stat().st_size
+        h.update(str(size).encode())
+        with f.open("rb") as fh:
+            if f.suffix in (".json", ".txt", ".model", ".jinja") or size <= 2 * _SAMPLE_BYTES:
+                h.update(fh.read())
+            else:
+                h.update(fh.read(_SAMPLE_BYTES))
+                fh.seek(size - _SAMPLE_BYTES)
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def _check_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise DraftboardError(f"target {path}: no config.json (expected a transformers model directory)")
+
+
+def text_config(path: str | Path):
+    """The target's (text) config without loading weights: vocab and context checks come first."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    _check_dir(path)
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise DraftboardError(f"target {path}: unreadable config.json: {str(exc).splitlines()[0]}") from exc
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def load_tokenizer(path: str | Path):
+    """The target's tokenizer, or None for a directory without tokenizer files (token-id prompts)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return AutoTokenizer.from_pretrained(path)
+    return None
+
+
+def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn: str = "auto") -> Target:
+    """Load a causal LM (Qwen3.5 text or multimodal, Qwen3, Llama, ...) for evaluation."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    _check_dir(path)
+    if dtype not in DTYPES:
+        raise DraftboardError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise DraftboardError(f"target {path}: cannot load: {str(exc).splitlines()[0]}") from exc
+    model.to(device).eval()
+    resolution = kernel_path.apply(linear_attn, device, kernel_path.module_of(model))
+    return Target(model, path, device, dtype, resolution, load_tokenizer(path))
+
+
+def greedy_continuations(target: Target, prompts: list[list[int]], n_tokens: int, stop_after: int,
+                         batch_size: int = 8, progress=None) -> list[list[int]]:
+    """Greedy tokens after each prompt, batched with a KV cache (left padding).
+
+    Stops a sequence `stop_after` tokens past its first stop token (the metrics need the
+    target's greedy tokens up to block_size - 1 beyond the last anchor), or at `n_tokens`.
+    """
+    stops = set(target.stop_token_ids())
+    pad = target.config.pad_token_id
+    pad = pad if pad is not None else (min(stops) if stops else 0)
+    out: list[list[int]] = [[] for _ in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        longest = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), longest), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(idx):
+            ids[row, longest - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, longest - len(prompts[i]):] = 1
+        gen = _generate(target, ids.to(target.device), mask.to(target.device), n_tokens, stops, stop_after, pad)
+        for row, i in enumerate(idx):
+            out[i] = gen[row]
+        if progress:
+            progress(len(idx))
+    return out
+
+
+@torch.no_grad()
+def _generate(target: Target, ids, mask, n_tokens: int, stops: set[int], stop_after: int,
+              pad: int) -> list[list[int]]:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class PastStop(StoppingCriteria):
+        """Every row has produced a stop token and `stop_after` tokens after it."""
+
+        def __call__(self, input_ids, scores, **kwargs):
+            new = input_ids[:, ids.shape[1]:].tolist()
+            return torch.tensor([_done(row, stops, stop_after) for row in new], device=input_ids.device)
+
+    seqs = target.model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=n_tokens, do_sample=False,
+        eos_token_id=None, pad_token_id=pad, stopping_criteria=StoppingCriteriaList([PastStop()]),
+        temperature=None, top_p=None, top_k=None,
+    )
+    return [row[ids.shape[1]:].tolist() for row in seqs]
+
+
+def _done(tokens: list[int], stops: set[int], stop_after: int) -> bool:
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return len(tokens) - i - 1 >= stop_after
+    return False
+
+
+class FeatureTap:
+    """Forward hooks that keep the outputs of the tapped decoder layers, nothing else."""
+
+    def __init__(self, target: Target, layer_ids: list[int]):
+        n = target.num_layers
+        bad = [i for i in layer_ids if not 0 <= i < n]
+        if bad:
+            raise DraftboardError(f"target_layer_ids {bad} out of range for a target with {n} layers")
+        self.layer_ids = list(layer_ids)
+        self.final_norm = target.text_model.norm
+        self.last = n - 1
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._handles = [target.text_model.layers[i].register_forward_hook(self._hook(i)) for i in layer_ids]
+
+    def _hook(self, i: int):
+        def keep(module, inputs, output):
+            h = output[0] if isinstance(output, tuple) else output
+            # hidden_states[n] of `output_hidden_states` is the final norm of the last layer.
+            self.outputs[i] = self.final_norm(h) if i == self.last else h
+
+        return keep
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def tapped_features(target: Target, sequence: list[int], layer_ids: list[int]) -> dict[int, torch.Tensor]:
+    """Hidden states of `layer_ids` for one token sequence: {layer: [T, H]} (float32, CPU)."""
+    limit = target.max_positions
+    if limit is not None and len(sequence) > limit:
+        raise DraftboardError(f"sequence of {len(sequence)} tokens exceeds the target's context of {limit}")
+    tap = FeatureTap(target, layer_ids)
+    try:
+        ids = torch.tensor([sequence], device=target.device)
+        target.text_model(input_ids=ids, use_cache=False)
+    finally:
+        tap.close()
+    return {i: tap.outputs[i][0].float().cpu() for i in layer_ids}
+
+
+def describe(target: Target) -> dict:
+    """What the results and cache keys say about the target."""
+    return {
+        "path": str(target.path),
+        "model_type": getattr(target.config, "model_type", None),
+        "num_layers": target.num_layers,
+        "hidden_size": target.config.hidden_size,
+        "vocab_size": target.config.vocab_size,
+        "content_digest": content_digest(target.path),
+    }
+
+
+def cache_key(*parts) -> str:
+    """A stable digest of JSON-able parts (target digest, token ids, numbers-relevant env ...)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]

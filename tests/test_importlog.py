@@ -1,0 +1,91 @@
+"""Importing JSON-lines and key=value training logs as train runs."""
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+
+from tracker.errors import DraftboardError
+from tracker.importlog import StepRecord, import_log, parse_log, read_log
+
+
+def _history(store_uri, run_id, key):
+    return [(m.step, m.value) for m in MlflowClient(tracking_uri=store_uri).get_metric_history(run_id, key)]
+
+
+def test_jsonl_round_trip(tracker, store_uri, tmp_path):
+    log = tmp_path / "train.jsonl"
+    rows = [
+        {"step": 10, "loss": 2.3, "streak": 1.1, "phase": "warmup"},
+        {"step": 20, "loss": 2.1, "streak": 1.4, "done": False, "grads": [1, 2]},
+        {"step": 30.0, "loss": 1.9},
+    ]
+    log.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n\n" + json.dumps(rows[2]) + "\n")
+    assert parse_log(log) == [
+        StepRecord(10, {"loss": 2.3, "streak": 1.1}, 1),
+        StepRecord(20, {"loss": 2.1, "streak": 1.4}, 2),
+        StepRecord(30, {"loss": 1.9}, 4),
+    ]
+
+    run_id = import_log(tracker, log, "v3-import", target="Qwen/Qwen3.5-4B")
+    run = tracker.run(run_id)
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["draftboard.imported"] == "1" and tags["draftboard.kind"] == "train"
+    assert tags["draftboard.target"] == "Qwen/Qwen3.5-4B"
+    assert tags["env.torch"] == "unknown" and tags["env.linear_attn"] == "unknown"
+    assert run.data.params["import.format"] == "jsonl" and run.data.params["import.records"] == "3"
+    assert _history(store_uri, run_id, "loss") == [(10, 2.3), (20, 2.1), (30, 1.9)]
+    fp = tracker.fingerprint(run_id)
+    assert fp["source"]["kind"] == "imported" and fp["source"]["file"] == str(log.resolve())
+    assert fp["software"]["torch"] is None and fp["numerics"]["linear_attention_path"] is None
+
+
+def test_key_value_round_trip_skips_lines_without_a_step(tracker, store_uri, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "starting training on 8 GPUs\n"
+        "step=10 loss=2.31 acc=0.4 lr=1e-4\n"
+        "2025-01-02 10:00:01 INFO step=20, loss=2.05, acc=0.45, lr=9e-5, tag=warm\n"
+        "eval loss=1.9\n"
+        "step=30;loss=nan\n"
+    )
+    parsed = read_log(log)
+    assert parsed.format == "kv" and parsed.skipped_lines == 2
+    assert [(r.step, r.line) for r in parsed.records] == [(10, 2), (20, 3), (30, 5)]
+    assert parsed.records[1].metrics == {"loss": 2.05, "acc": 0.45, "lr": 9e-5}
+
+    run_id = import_log(tracker, log, "kv-import")
+    run = tracker.run(run_id)
+    assert "draftboard.target" not in run.data.tags  # not given, so not invented
+    assert run.data.params["import.skipped_lines"] == "2"
+    assert _history(store_uri, run_id, "acc") == [(10, 0.4), (20, 0.45)]
+    assert [s for s, _ in _history(store_uri, run_id, "loss")] == [10, 20, 30]
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("bad.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', r"bad\.jsonl:2: malformed JSON"),
+        ("nostep.jsonl", '{"step": 1}\n{"step": 2}\n{"loss": 2}\n', r'nostep\.jsonl:3: no "step" field'),
+        ("list.jsonl", '{"step": 1}\n[1, 2]\n', r"list\.jsonl:2: expected a JSON object"),
+        ("frac.jsonl", '{"step": 1.5, "loss": 2}\n', r"frac\.jsonl:1: step must be an integer"),
+        ("neg.log", "step=-3 loss=1\n", r"neg\.log:1: step must be an integer"),
+        ("name.jsonl", '{"step": 1, "loss (avg)": 2}\n', r"name\.jsonl:1: invalid metric name"),
+        ("empty.jsonl", "\n\n", r"empty\.jsonl: no step records found"),
+        ("nosteps.log", "hello\nloss=1\n", r"nosteps\.log: no step records found"),
+    ],
+)
+def test_malformed_logs_name_file_and_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DraftboardError, match=message):
+        parse_log(path)
+
+
+def test_missing_and_binary_files_are_draftboard_errors(tmp_path):
+    with pytest.raises(DraftboardError, match="no such log file"):
+        parse_log(tmp_path / "absent.jsonl")
+    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00step=1")
+    with pytest.raises(DraftboardError, match="not a UTF-8 text log"):
+        parse_log(tmp_path / "blob.bin")

@@ -1,0 +1,92 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+from tracker import linear_attn
+from tracker.errors import DraftboardError
+from tiny import qwen3_config, qwen35_config
+
+
+def test_this_machine_resolves_the_torch_fallback_with_a_reason():
+    res = linear_attn.apply("auto", "cpu")
+    assert res.path == "fallback"
+    assert set(res.functions) == set(linear_attn.LINEAR_ATTN_FUNCTIONS)
+    assert all(impl == "torch" for impl in res.functions.values())
+    # The reason names what is missing, not just that something is.
+    assert "causal-conv1d" in res.reason and "flash-linear-attention" in res.reason
+
+
+def test_forcing_the_fallback_swaps_what_the_layers_call_and_is_reversible():
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+
+    original = modeling.torch_chunk_gated_delta_rule
+    forced = linear_attn.apply("fallback", "cpu")
+    try:
+        assert forced.forced and forced.path == "fallback"
+        assert modeling.torch_chunk_gated_delta_rule is not original
+        model = Qwen3_5ForCausalLM(qwen35_config()).eval()
+        ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            forced_logits = model(ids).logits
+    finally:
+        restored = linear_attn.apply("auto", "cpu")
+    assert not restored.forced
+    assert modeling.torch_chunk_gated_delta_rule is original
+    with torch.no_grad():
+        # On this box both are the torch reference: the forced path must give identical numbers.
+        assert torch.equal(model(ids).logits, forced_logits)
+
+
+def test_fast_mode_refuses_when_kernels_are_not_what_transformers_resolved():
+    with pytest.raises(DraftboardError, match="--linear-attn fast"):
+        linear_attn.apply("fast", "cpu")
+
+
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(DraftboardError, match="unknown linear-attention mode"):
+        linear_attn.apply("turbo", "cpu")
+
+
+def test_models_without_linear_attention_report_na():
+    model = Qwen3ForCausalLM(qwen3_config())
+    assert linear_attn.apply("auto", "cpu", linear_attn.module_of(model)).path == "n/a"
+
+
+TRITON_SITE = os.environ.get("DRAFTBOARD_TRITON_SITE")
+
+
+@pytest.mark.skipif(not TRITON_SITE, reason="needs DRAFTBOARD_TRITON_SITE (scripts/test.sh installs it)")
+def test_with_triton_on_a_cpu_box_fla_is_picked_and_auto_forces_the_fallback():
+    # A fresh interpreter: the kernel choice is made once, when the modeling module is imported.
+    script = textwrap.dedent("""
+        import torch
+        from transformers import Qwen3_5ForCausalLM
+        from tracker import linear_attn
+        from tiny import qwen35_config
+
+        chosen = linear_attn.resolve()
+        print("resolved", chosen.path, chosen.functions["torch_chunk_gated_delta_rule"])
+        model = Qwen3_5ForCausalLM(qwen35_config()).eval()
+        ids = torch.randint(0, 64, (1, 12))
+        try:
+            model(ids)
+            print("fla forward: ran")
+        except Exception as exc:
+            print("fla forward: crashed", type(exc).__name__)
+        res = linear_attn.apply("auto", "cpu")
+        print("auto", res.path, res.forced)
+        print("logits", tuple(model(ids).logits.shape))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TRITON_SITE, os.path.dirname(__file__), os.getcwd()]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("resolved partial fla.ops.gated_delta_rule")
+    assert lines[1] == "fla forward: crashed" or lines[1].startswith("fla forward: crashed")
+    assert lines[2] == "auto fallback True"
+    assert lines[3] == "logits (1, 12, 64)"

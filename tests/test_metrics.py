@@ -1,0 +1,72 @@
+"""Acceptance metrics, on examples worked by hand."""
+
+import pytest
+import torch
+
+from evaluators.metrics import chain_acceptance, summarize_walks, tau_all_anchors, walk, walk_anchors
+
+
+def test_chain_acceptance_counts_leading_matches_only():
+    target = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 4]])
+    draft = torch.tensor([[1, 2, 3], [1, 9, 3], [7, 2, 3], [1, 2, 3]])
+    # all match -> 4; mismatch at 2 (3 matches later does not count) -> 2; at 1 -> 1; at 3 -> 3
+    assert chain_acceptance(draft, target).tolist() == [4, 2, 1, 3]
+    assert chain_acceptance(draft, target).dtype == torch.long
+
+
+def test_chain_acceptance_rejects_shape_mismatch():
+    with pytest.raises(ValueError):
+        chain_acceptance(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_walk_follows_acceptance_lengths():
+    lengths = [3, 1, 2, 1, 1, 4]
+    # a=0: L=3 -> a=3: L=1 -> a=4: L=1 -> a=5: L=4 -> a=9 >= 6, stop.
+    assert walk_anchors(lengths, 6) == [0, 3, 4, 5]
+    assert walk(lengths, 6) == [3, 1, 1, 4]
+    # Stopped at an EOS at index 5: anchor 5 never starts a block.
+    assert walk(lengths, 5) == [3, 1, 1]
+    assert walk(torch.tensor(lengths), 6) == [3, 1, 1, 4]
+    assert walk(lengths, 0) == []
+
+
+def test_walk_rejects_bad_input():
+    with pytest.raises(ValueError):
+        walk([1, 0, 1], 3)  # length 0 at a visited anchor would never advance
+    with pytest.raises(ValueError):
+        walk([1, 1], 3)  # fewer lengths than anchors
+
+
+def test_summarize_walks_macro_versus_pooled():
+    # block_size 4. Prompt A: [4, 1] (mean 2.5); prompt B: [2, 2, 2, 2] (mean 2.0);
+    # prompt C has no block and is skipped.
+    # tau = (2.5 + 2.0) / 2 = 2.25; tau_pooled = (5 + 8) / 6 = 13/6.
+    # histogram over L = 1..4: [1, 4, 0, 1].
+    # accept rate of draft k = fraction with L >= k+1: k=1: 5/6, k=2: 1/6, k=3: 1/6.
+    summary = summarize_walks([[4, 1], [2, 2, 2, 2], []], block_size=4)
+    assert summary.tau == pytest.approx(2.25)
+    assert summary.tau_pooled == pytest.approx(13 / 6)
+    assert summary.streak == pytest.approx(1.25)
+    assert summary.accept_len_histogram == [1, 4, 0, 1]
+    assert summary.accept_rate_by_position == pytest.approx([5 / 6, 1 / 6, 1 / 6])
+    assert summary.n_blocks == 6
+    assert summary.n_prompts == 2
+
+
+def test_summarize_walks_rejects_undefined_or_inconsistent_input():
+    with pytest.raises(ValueError, match="no blocks"):
+        summarize_walks([[], []], block_size=4)
+    with pytest.raises(ValueError, match="no blocks"):
+        summarize_walks([], block_size=4)
+    with pytest.raises(ValueError, match="outside"):
+        summarize_walks([[5]], block_size=4)
+    with pytest.raises(ValueError, match="outside"):
+        summarize_walks([[0]], block_size=4)
+
+
+def test_tau_all_anchors_pools_every_anchor():
+    # (3+1+2+1+1+4) + (2+2) = 16 over 8 anchors; the walk of the first prompt
+    # alone gives 9/4 = 2.25, the all-anchor mean of it 12/6 = 2.0.
+    assert tau_all_anchors([[3, 1, 2, 1, 1, 4], torch.tensor([2, 2])]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        tau_all_anchors([[], []])

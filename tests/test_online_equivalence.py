@@ -1,0 +1,62 @@
+"""Offline teacher-forced evaluation equals the online speculative loop, block for block."""
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen3ForCausalLM
+
+from evaluators.drafter import save_zlab
+from evaluators.harness import EvalSettings, evaluate
+from online_loop import speculative_generate
+from tiny import fit_drafter, greedy_sequences, qwen3_config, save_target
+
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny Qwen3 target, a drafter fitted to its greedy text, prompts, and an EOS that fires."""
+    root = tmp_path_factory.mktemp("pair")
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(qwen3_config(eos_token_id=None)).eval()
+    train = greedy_sequences(target, 8, 6, 48, seed=1)
+    drafter, dcfg = fit_drafter(target, train, layer_ids=[1, 3], block_size=4, steps=120)
+    prompts = torch.randint(2, 60, (5, 7), generator=torch.Generator().manual_seed(7)).tolist()
+    # EOS = a token the greedy text reaches mid-completion, so one walk stops early.
+    free = greedy_sequences(target, 5, 7, MAX_NEW, seed=7)[:, 7:]
+    eos = int(free[0, 12])
+    target.config.eos_token_id = eos
+    save_target(target, root / "target")
+    save_zlab(drafter, dcfg, root / "drafter")
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    return root, target, drafter, prompts, eos
+
+
+def test_offline_acceptance_equals_the_online_loop(pair, tmp_path):
+    root, target, drafter, prompts, eos = pair
+    res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                max_new_tokens=MAX_NEW, budgets=(2, 8), device="cpu", cache_dir=str(tmp_path)))
+    online_taus, stopped = [], 0
+    for p, row in zip(prompts, res["prompts"]):
+        completion, lengths = speculative_generate(target, drafter, p, MAX_NEW, {eos})
+        assert row["completion_ids"] == completion
+        assert row["acceptance_lengths"] == lengths
+        online_taus.append(sum(lengths) / len(lengths))
+        stopped += completion[-1] == eos
+    assert stopped >= 1  # the EOS boundary was exercised
+    assert res["tau"] == pytest.approx(sum(online_taus) / len(online_taus), abs=1e-12)
+    # The drafter really drafts: the equality covers multi-token blocks, not just rejections.
+    assert sum(res["accept_len_histogram"][1:]) >= 0.1 * sum(res["accept_len_histogram"])
+    assert res["streak"] == pytest.approx(res["tau"] - 1)
+    assert sum(res["accept_len_histogram"]) == sum(len(r["acceptance_lengths"]) for r in res["prompts"])
+
+
+def test_tree_walks_accept_at_least_as_much_as_the_chain_here(pair, tmp_path):
+    root, *_ = pair
+    res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                max_new_tokens=MAX_NEW, budgets=(4, 16, 64), device="cpu", cache_dir=str(tmp_path)))
+    taus = [res["ddtree"][b]["tau"] for b in ("4", "16", "64")]
+    assert taus == sorted(taus)
+    assert taus[0] >= res["tau"] - 1e-9

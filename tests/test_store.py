@@ -1,0 +1,280 @@
+"""Tracker against a real MLflow sqlite store, read back with a plain MlflowClient."""
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+from tracker import Tracker
+from tracker import fingerprint as fp_module
+from tracker.checkpoints import Checkpoint, digest
+from tracker.errors import DraftboardError
+from tracker.retry import RetryPolicy
+from tracker.store import local_artifact_location, resolve_uri
+
+
+def _history(client, run_id, key):
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def _artifact_json(client, run_id, path, tmp_path):
+    return json.loads(Path(client.download_artifacts(run_id, path, str(tmp_path))).read_text())
+
+
+def test_training_run_reads_back_with_plain_mlflow(tracker, store_uri, machine_fp, tmp_path):
+    params = {"lr": 3e-4, "block_size": 16, "data": {"name": "ultrachat", "n": 800}}
+    steps = 1200  # 3 metrics a step: more than one 1000-metric batch
+    with tracker.training_run("v4", params, "Qwen/Qwen3.5-4B", tags={"team": "a"}, fingerprint=machine_fp) as run:
+        for step in range(steps):
+            run.log_step(step, loss=1.0 / (step + 1), acc=step / steps, streak=float(step % 7))
+
+    client = MlflowClient(tracking_uri=store_uri)
+    got = client.get_run(run.run_id)
+    assert got.info.status == "FINISHED"
+    assert got.data.params == {"lr": "0.0003", "block_size": "16", "data.name": "ultrachat", "data.n": "800"}
+    tags = got.data.tags
+    assert tags["draftboard.kind"] == "train" and tags["draftboard.target"] == "Qwen/Qwen3.5-4B"
+    assert tags["team"] == "a" and tags["mlflow.runName"] == "v4"
+    assert {k: tags[k] for k in fp_module.env_tags(machine_fp)} == fp_module.env_tags(machine_fp)
+    assert _history(client, run.run_id, "loss") == [(s, 1.0 / (s + 1)) for s in range(steps)]
+    assert [s for s, _ in _history(client, run.run_id, "streak")] == list(range(steps))
+    assert _artifact_json(client, run.run_id, "fingerprint.json", tmp_path) == machine_fp
+    assert tracker.fingerprint(run.run_id) == machine_fp
+
+
+def test_fingerprint_is_captured_when_not_given(tracker):
+    with tracker.training_run("captured", {}, "t") as run:
+        pass
+    fp = tracker.fingerprint(run.run_id)
+    assert fp["source"]["kind"] == "captured"
+    assert tracker.run(run.run_id).data.tags["env.hash"] == fp_module.env_tags(fp)["env.hash"]
+
+
+def test_checkpoints_are_registered_with_size_and_digest(tracker, store_uri, machine_fp, tmp_path):
+    weights = tmp_path / "drafter.safetensors"
+    weights.write_bytes(b"\x01" * 1000)
+    ckpt_dir = tmp_path / "checkpoint-20"
+    (ckpt_dir / "sub").mkdir(parents=True)
+    (ckpt_dir / "model.safetensors").write_bytes(b"w" * 300)
+    (ckpt_dir / "sub" / "config.json").write_text("{}")
+    with tracker.training_run("ckpts", {}, "t", fingerprint=machine_fp) as run:
+        run.log_step(10, loss=1.0)
+        late = run.log_checkpoint(ckpt_dir, 20)
+        early = run.log_checkpoint(weights, 10)
+
+    assert early == Checkpoint(10, str(weights), 1000, hashlib.sha256(b"\x01" * 1000).hexdigest())
+    assert late.size_bytes == 302 and late.path == str(ckpt_dir)
+    assert tracker.checkpoints(run.run_id) == [early, late]
+    client = MlflowClient(tracking_uri=store_uri)
+    assert client.get_run(run.run_id).data.tags["draftboard.checkpoints"] == "2"
+    assert _artifact_json(client, run.run_id, "checkpoints/step_20.json", tmp_path)["sha256"] == late.sha256
+    (ckpt_dir / "sub" / "config.json").rename(ckpt_dir / "config.json")  # same bytes, other layout
+    assert digest(ckpt_dir) != (late.size_bytes, late.sha256)
+
+
+def test_missing_checkpoint_is_a_draftboard_error(tracker, machine_fp, tmp_path):
+    with tracker.training_run("missing-ckpt", {}, "t", fingerprint=machine_fp) as run:
+        with pytest.raises(DraftboardError, match="does not exist"):
+            run.log_checkpoint(tmp_path / "nope", 5)
+
+
+def test_crash_marks_failed_and_keeps_every_logged_step(tracker, store_uri, machine_fp):
+    with pytest.raises(ZeroDivisionError):
+        with tracker.training_run("crash", {}, "t", fingerprint=machine_fp) as run:
+            for step in range(300):
+                run.log_step(step, loss=float(step))
+            1 / 0
+    got = MlflowClient(tracking_uri=store_uri).get_run(run.run_id)
+    assert got.info.status == "FAILED"
+    assert got.data.tags["draftboard.error"] == "ZeroDivisionError: division by zero"
+    assert [s for s, _ in _history(MlflowClient(tracking_uri=store_uri), run.run_id, "loss")] == list(range(300))
+
+
+@pytest.mark.parametrize(
+    "step, metrics, message",
+    [
+        (-1, {"loss": 1.0}, "step must be an integer >= 0"),
+        (1.5, {"loss": 1.0}, "step must be an integer >= 0"),
+        (True, {"loss": 1.0}, "step must be an integer >= 0"),
+        (1, {"loss": "high"}, "metric 'loss' must be a number"),
+        (1, {"loss": None}, "metric 'loss' must be a number"),
+        (1, {"bad(name)": 1.0}, "invalid metric name"),
+    ],
+)
+def test_log_step_rejects_bad_input(tracker, machine_fp, step, metrics, message):
+    with tracker.training_run("bad-input", {}, "t", fingerprint=machine_fp) as run:
+        with pytest.raises(DraftboardError, match=message):
+            run.log_step(step, **metrics)
+        run.log_step(0, nan=float("nan"), inf=float("inf"), count=3)  # numbers of any kind are fine
+    with pytest.raises(DraftboardError, match="closed"):
+        run.log_step(1, loss=1.0)
+
+
+def test_eval_run_carries_lineage_and_artifacts(tracker, store_uri, machine_fp, tmp_path):
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"abc")
+    with tracker.training_run("v5", {}, "Qwen/Qwen3.5-4B", fingerprint=machine_fp) as train:
+        ckpt = train.log_checkpoint(weights, 400)
+    results = {"schema": "draftboard.eval/1", "tau": 6.1, "prompts": [{"id": "a", "acceptance_lengths": [3, 4]}]}
+    with tracker.eval_run(
+        "v5@400", target="Qwen/Qwen3.5-4B", train_run_id=train.run_id, checkpoint=ckpt,
+        params={"budgets": [4, 8]}, fingerprint=machine_fp,
+    ) as ev:
+        ev.log_metrics({"tau": 6.1, "streak": 5.1})
+        ev.log_metrics({"tau": 6.3}, step=400)
+        ev.log_json("eval_results.json", results)
+        ev.log_table("per_prompt.json", [{"id": "a", "tau": 6.0}, {"id": "b", "tau": 6.2}])
+
+    client = MlflowClient(tracking_uri=store_uri)
+    got = client.get_run(ev.run_id)
+    assert got.info.status == "FINISHED"
+    assert {k: v for k, v in got.data.tags.items() if k.startswith("draftboard.")} == {
+        "draftboard.kind": "eval",
+        "draftboard.target": "Qwen/Qwen3.5-4B",
+        "draftboard.train_run_id": train.run_id,
+        "draftboard.checkpoint": str(weights),
+        "draftboard.checkpoint_step": "400",
+        "draftboard.checkpoint_sha256": ckpt.sha256,
+    }
+    assert got.data.params == {"budgets": "[4, 8]"}
+    assert _history(client, ev.run_id, "tau") == [(0, 6.1), (400, 6.3)]
+    assert _artifact_json(client, ev.run_id, "eval_results.json", tmp_path) == results
+    table = _artifact_json(client, ev.run_id, "per_prompt.json", tmp_path)
+    assert table["columns"] == ["id", "tau"] and table["data"] == [["a", 6.0], ["b", 6.2]]
+    assert tracker.fingerprint(ev.run_id) == machine_fp
+
+
+def test_eval_run_rejects_an_unknown_training_run(tracker, machine_fp):
+    with pytest.raises(DraftboardError, match="no run with id"):
+        tracker.eval_run("x", target="t", train_run_id="f" * 32, fingerprint=machine_fp)
+
+
+def test_set_kind_promotes_and_demotes_references(tracker, machine_fp):
+    with tracker.eval_run("z-lab", target="t", reference_name="z-lab dflash", fingerprint=machine_fp) as ev:
+        ev.log_metrics({"tau": 6.5})
+    references = lambda: {r.info.run_id for r in tracker.find_runs(kind="reference")}  # noqa: E731
+    assert ev.run_id not in references()
+    tracker.set_kind(ev.run_id, "reference")
+    assert ev.run_id in references()
+    assert tracker.run(ev.run_id).data.tags["draftboard.reference_name"] == "z-lab dflash"
+    tracker.set_kind(ev.run_id, "eval")
+    assert ev.run_id not in references()
+    with tracker.training_run("train", {}, "t", fingerprint=machine_fp) as train:
+        pass
+    with pytest.raises(DraftboardError, match="only eval runs"):
+        tracker.set_kind(train.run_id, "reference")
+    with pytest.raises(DraftboardError, match="kind must be"):
+        tracker.set_kind(ev.run_id, "gold")
+
+
+def test_find_runs_filters_by_kind_and_mlflow_filter(tracker, machine_fp):
+    with tracker.training_run("findable", {"marker": "find-me"}, "t", fingerprint=machine_fp) as run:
+        pass
+    found = tracker.find_runs(kind="train", filter="params.marker = 'find-me'")
+    assert [r.info.run_id for r in found] == [run.run_id]
+    assert tracker.find_runs(kind="eval", filter="params.marker = 'find-me'") == []
+
+
+def test_unknown_run_id_is_a_draftboard_error(tracker):
+    for call in (tracker.run, tracker.fingerprint, tracker.checkpoints):
+        with pytest.raises(DraftboardError, match="no run with id"):
+            call("0" * 32)
+
+
+def test_run_logged_outside_draftboard_has_no_fingerprint_and_no_checkpoints(tracker):
+    run_id = tracker.client.create_run(tracker.experiment_id, run_name="plain-mlflow").info.run_id
+    with pytest.raises(DraftboardError, match="no readable fingerprint.json .not logged by draftboard"):
+        tracker.fingerprint(run_id)
+    assert tracker.checkpoints(run_id) == []
+
+
+def test_store_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
+    assert resolve_uri() == f"sqlite:///{tmp_path / 'draftboard.db'}"
+    monkeypatch.delenv("DRAFTBOARD_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_uri() == f"sqlite:///{tmp_path / 'draftboard.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
+    assert resolve_uri() == "http://mlflow.internal:5000"
+    assert resolve_uri("sqlite:///x.db") == "sqlite:///x.db"
+    assert local_artifact_location("http://mlflow.internal:5000") is None
+    assert local_artifact_location("sqlite:///x.db") == (tmp_path / "mlartifacts").as_uri()
+
+
+def test_artifacts_live_next_to_the_sqlite_file(tracker, store_uri):
+    db = Path(store_uri[len("sqlite:///") :])
+    experiment = MlflowClient(tracking_uri=store_uri).get_experiment(tracker.experiment_id)
+    assert experiment.name == "draftboard"
+    assert experiment.artifact_location == (db.parent / "mlartifacts").as_uri()
+
+
+def test_trackers_on_other_experiments_do_not_mix(tracker, store_uri, machine_fp):
+    other = Tracker(store_uri, experiment="other-team")
+    with other.training_run("theirs", {}, "t", fingerprint=machine_fp) as run:
+        pass
+    assert [r.info.run_id for r in other.find_runs()] == [run.run_id]
+    assert run.run_id not in {r.info.run_id for r in tracker.find_runs()}
+
+
+class _FlakyTransport:
+    """Wraps MlflowClient.log_batch (the store boundary): fails chosen metric batches."""
+
+    def __init__(self, client, fail_first: int, error: Exception):
+        self.real, self.fail_first, self.error = client.log_batch, fail_first, error
+        self.metric_calls = 0
+        self.failures = 0
+
+    def __call__(self, run_id, metrics=(), **kwargs):
+        if metrics:
+            self.metric_calls += 1
+            if self.failures < self.fail_first:
+                self.failures += 1
+                raise self.error
+        return self.real(run_id, metrics=metrics, **kwargs)
+
+
+def _flaky_tracker(store_uri, fail_first, error, window_s):
+    flaky = Tracker(store_uri, retry=RetryPolicy(window_s=window_s, first_delay_s=0.05, max_delay_s=0.2))
+    transport = _FlakyTransport(flaky.client, fail_first, error)
+    flaky.client.log_batch = transport
+    return flaky, transport
+
+
+def test_flusher_retries_failed_batches_without_losing_or_reordering(store_uri, machine_fp):
+    outage = requests.exceptions.ConnectionError("connection refused")
+    flaky, transport = _flaky_tracker(store_uri, fail_first=4, error=outage, window_s=30)
+    with flaky.training_run("outage", {}, "t", fingerprint=machine_fp) as run:
+        for step in range(1500):
+            run.log_step(step, loss=float(step), acc=step / 1500)
+    assert transport.failures == 4 and transport.metric_calls >= 4 + 3
+    client = MlflowClient(tracking_uri=store_uri)
+    assert _history(client, run.run_id, "loss") == [(s, float(s)) for s in range(1500)]
+    assert client.get_run(run.run_id).info.status == "FINISHED"
+
+
+def test_flusher_gives_up_after_the_retry_window_and_fails_the_run(store_uri, machine_fp):
+    outage = requests.exceptions.ConnectionError("connection refused")
+    flaky, _ = _flaky_tracker(store_uri, fail_first=10**9, error=outage, window_s=0.3)
+    with pytest.raises(DraftboardError, match=r"20 metric values could not be sent .* connection refused"):
+        with flaky.training_run("dead-store", {}, "t", fingerprint=machine_fp) as run:
+            for step in range(20):
+                run.log_step(step, loss=1.0)
+    got = flaky.run(run.run_id)
+    assert got.info.status == "FAILED" and "could not be sent" in got.data.tags["draftboard.error"]
+
+
+def test_permanent_store_errors_are_not_retried(store_uri, machine_fp):
+    rejected = MlflowException("bad metric", error_code=INVALID_PARAMETER_VALUE)
+    flaky, transport = _flaky_tracker(store_uri, fail_first=1, error=rejected, window_s=60)
+    start = time.monotonic()
+    with pytest.raises(DraftboardError, match="bad metric"):
+        with flaky.training_run("rejected", {}, "t", fingerprint=machine_fp) as run:
+            run.log_step(0, loss=1.0)
+    assert time.monotonic() - start < 10 and transport.metric_calls == 1

@@ -1,0 +1,283 @@
+"""The worker against real subprocesses and a real SQLite queue: logs, progress, cancel, stale jobs."""
+
+import json
+import os
+import re
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tracker import events
+from tracker.errors import DraftboardError
+from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
+from tracker.worker import run_worker
+
+# Fast enough for tests; the defaults (1 s poll, 5 s heartbeat) suit real evals.
+FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
+
+
+def wait_until(predicate, timeout=10.0, interval=0.02):
+    """Poll predicate until it returns something truthy (returned) or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"condition not met within {timeout} s")
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def line(event: str, **fields) -> str:
+    """A protocol line as the child will print it (built here, so the child needs no imports)."""
+    return events.PREFIX + json.dumps({"event": event, **fields})
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# Loops until the test creates the gate file; prints "ready" once its signal handling is set up.
+WAIT_FOR_GATE = """
+    import os, sys, time
+    {setup}
+    print("ready", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.02)
+"""
+
+
+@pytest.fixture
+def queue(tmp_path):
+    q = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    yield q
+    q.close()
+
+
+@pytest.fixture
+def worker(queue, tmp_path):
+    """Start a worker thread on the queue; it is stopped (and joined) at the end of the test."""
+    started = []
+
+    def start(**kw):
+        stop = threading.Event()
+        result = {}
+        args = {**FAST, "log_dir": tmp_path / "logs", **kw}
+        thread = threading.Thread(target=lambda: result.setdefault("n", run_worker(queue.uri, stop_event=stop, **args)))
+        thread.start()
+        started.append((thread, stop))
+        return thread, stop, result
+
+    yield start
+    for thread, stop in started:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_success_streams_output_progress_and_result(queue, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    out_lines = ["hello from the eval"] + [line("progress", stage="target", done=i, total=4) for i in range(1, 5)]
+    out_lines += [line("progress", stage="drafter", done=1, total=3), line("result", run_id="run123", out="r.json"), "bye"]
+    job = queue.submit("eval", {"i": 1}, py("".join(f"print({text!r})\n" for text in out_lines)))
+
+    assert run_worker(queue.uri, once=True, **FAST) == 1
+
+    done = queue.get(job.id)
+    assert done.state == SUCCEEDED and done.mlflow_run_id == "run123" and done.error is None
+    assert done.progress == 1.0 and done.stage == "drafter"
+    assert re.fullmatch(r".+:\d+:[0-9a-f]{6}", done.worker_id)
+    assert done.pid and done.started_at <= done.finished_at
+    assert done.log_path == str((tmp_path / "home" / "logs" / f"job-{job.id}.log").resolve())
+    log = open(done.log_path).read()
+    assert "hello from the eval" in log and line("result", run_id="run123", out="r.json") in log
+    assert queue.log_tail(done, 2) == line("result", run_id="run123", out="r.json") + "\nbye"
+
+
+def test_progress_and_log_are_visible_while_the_job_runs(queue, worker, tmp_path):
+    gate = tmp_path / "gate"
+    setup = f"print({line('progress', stage='target', done=1, total=2)!r}, flush=True)"
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=setup)) + [str(gate)])
+    worker()
+
+    running = wait_until(lambda: (j := queue.get(job.id)).progress == 0.5 and j)
+    assert running.state == RUNNING and running.stage == "target"
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    gate.touch()
+    assert wait_until(lambda: queue.get(job.id).finished and queue.get(job.id)).state == SUCCEEDED
+
+
+def test_failing_command_reports_exit_code_and_last_lines(queue, tmp_path):
+    code = """
+        import sys
+        for i in range(1, 31):
+            print(f"line {i}")
+        print("Traceback: boom", file=sys.stderr)
+        sys.exit(3)
+    """
+    job = queue.submit("eval", {"i": 1}, py(code))
+    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST)
+    failed = queue.get(job.id)
+    assert failed.state == FAILED
+    assert failed.error.startswith("exit code 3; last output:")
+    assert "line 30" in failed.error and "Traceback: boom" in failed.error
+    assert "line 5\n" not in failed.error  # only the tail is quoted
+
+
+def test_command_that_cannot_start_fails_with_the_reason(queue, tmp_path):
+    job = queue.submit("eval", {"i": 1}, [str(tmp_path / "no-such-program")])
+    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST)
+    failed = queue.get(job.id)
+    assert failed.state == FAILED and failed.error.startswith("cannot start")
+    assert "cannot start" in queue.log_tail(failed, 1)
+
+
+def test_cancel_running_job_sigterm_is_honoured(queue, worker, tmp_path):
+    setup = """
+    import signal
+    def bye(*_):
+        print("got SIGTERM, cleaning up", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, bye)
+    """
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=textwrap.dedent(setup).replace("\n", "\n    ")))
+                       + [str(tmp_path / "never")])
+    worker()
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    pid = queue.get(job.id).pid
+    queue.request_cancel(job.id)
+
+    cancelled = wait_until(lambda: queue.get(job.id).finished and queue.get(job.id))
+    assert cancelled.state == CANCELLED and cancelled.error == "cancelled on request"
+    assert "got SIGTERM, cleaning up" in queue.log_tail(job.id, 5)
+    assert pid_gone(pid)
+
+
+def test_cancel_child_ignoring_sigterm_is_killed_after_grace(queue, worker, tmp_path):
+    setup = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=setup)) + [str(tmp_path / "never")])
+    worker(grace_s=0.3)
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    pid = queue.get(job.id).pid
+    queue.request_cancel(job.id)
+
+    cancelled = wait_until(lambda: queue.get(job.id).finished and queue.get(job.id))
+    assert cancelled.state == CANCELLED
+    assert cancelled.error == "cancelled on request; killed with SIGKILL after 0.3 s grace"
+    assert pid_gone(pid)
+
+
+def test_cancelled_queued_job_never_runs(queue, tmp_path):
+    marker = tmp_path / "ran"
+    job = queue.submit("eval", {"i": 1}, py(f"open({str(marker)!r}, 'w').close()"))
+    queue.request_cancel(job.id)
+    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST) == 0
+    assert queue.get(job.id).state == CANCELLED and not marker.exists()
+
+
+def test_stale_job_is_failed_with_the_reason_and_not_rerun(queue, tmp_path):
+    marker = tmp_path / "ran"
+    job = queue.submit("eval", {"i": 1}, py(f"open({str(marker)!r}, 'w').close()"))
+    queue.claim("deadhost:4242:abcdef")  # a worker that claimed the job, then died
+    beat = queue.get(job.id).heartbeat_at
+    wait_until(lambda: datetime.now(timezone.utc) - beat > timedelta(seconds=0.3))
+
+    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **{**FAST, "stale_s": 0.3}) == 0
+    failed = queue.get(job.id)
+    assert failed.state == FAILED
+    assert failed.error == f"worker deadhost:4242:abcdef stopped heartbeating at {beat:%Y-%m-%d %H:%M:%S} UTC"
+    assert queue.fail_stale(0.0) == [] and queue.claim("another") is None
+    assert not marker.exists()
+
+
+def test_worker_stops_a_job_it_lost_to_a_stale_timeout(queue, worker, tmp_path):
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(tmp_path / "never")])
+    worker()
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    pid = queue.get(job.id).pid
+    [stale] = wait_until(lambda: queue.fail_stale(0.0))  # as if its heartbeats had stopped arriving
+    assert stale.id == job.id
+
+    wait_until(lambda: pid_gone(pid))  # the worker saw it lost the job and stopped the process
+    assert queue.get(job.id).error == stale.error  # and left the record alone
+
+
+def test_healthy_job_outlives_the_stale_timeout(queue, worker, tmp_path):
+    gate = tmp_path / "gate"
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(gate)])
+    worker(heartbeat_s=0.05, stale_s=0.5)
+    started = wait_until(lambda: queue.get(job.id).pid and queue.get(job.id))
+    # Twice the stale timeout later the job is still running: its heartbeats kept it alive.
+    wait_until(lambda: queue.get(job.id).heartbeat_at - started.started_at > timedelta(seconds=1.0))
+    assert queue.get(job.id).state == RUNNING
+    gate.touch()
+    assert wait_until(lambda: queue.get(job.id).finished and queue.get(job.id)).state == SUCCEEDED
+
+
+def test_slots_run_jobs_side_by_side(queue, worker, tmp_path):
+    gate = tmp_path / "gate"
+    ids = [queue.submit("eval", {"i": i}, py(WAIT_FOR_GATE.format(setup="")) + [str(gate)]).id for i in range(2)]
+    worker(slots=2)
+    wait_until(lambda: all(queue.get(i).state == RUNNING and queue.get(i).pid for i in ids))
+    gate.touch()
+    wait_until(lambda: all(queue.get(i).state == SUCCEEDED for i in ids))
+
+
+def test_two_workers_run_every_job_exactly_once(queue, tmp_path):
+    record = tmp_path / "record"
+    ids = [queue.submit("eval", {"i": i}, py(f"open({str(record)!r}, 'a').write('{i}\\n')")).id for i in range(8)]
+    counts = []
+    threads = [
+        threading.Thread(target=lambda: counts.append(
+            run_worker(queue.uri, slots=2, once=True, log_dir=tmp_path / "logs", **FAST)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 8
+    assert sorted(record.read_text().split()) == sorted(str(i) for i in range(8))
+    assert {queue.get(i).state for i in ids} == {SUCCEEDED}
+
+
+def test_stopping_the_worker_stops_its_jobs(queue, worker, tmp_path):
+    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(tmp_path / "never")])
+    thread, stop, result = worker()
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    pid = queue.get(job.id).pid
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and result["n"] == 1
+    stopped = queue.get(job.id)
+    assert stopped.state == FAILED and re.fullmatch(r"worker \S+ stopped while the job ran", stopped.error)
+    assert pid_gone(pid)
+
+
+def test_worker_refuses_a_heartbeat_slower_than_the_stale_timeout(queue):
+    with pytest.raises(DraftboardError, match="shorter than the stale timeout"):
+        run_worker(queue.uri, heartbeat_s=60, stale_s=30, once=True)
+
+
+def test_emit_and_parse_event_round_trip(capsys):
+    events.emit(events.PROGRESS, stage="target", done=3, total=16)
+    printed = capsys.readouterr().out
+    assert printed == '@@draftboard {"event": "progress", "stage": "target", "done": 3, "total": 16}\n'
+    event = events.parse_event(printed)
+    assert event == {"event": "progress", "stage": "target", "done": 3, "total": 16}
+    assert events.progress_fraction(event) == 3 / 16
+    assert events.parse_event("loss=0.3 step=12") is None
+    assert events.parse_event("@@draftboard {not json") is None
+    assert events.parse_event('@@draftboard ["event"]') is None
+    assert events.progress_fraction({"event": "progress", "done": 5, "total": 0}) is None
+    assert events.progress_fraction({"event": "progress", "done": 20, "total": 16}) == 1.0

@@ -1,0 +1,358 @@
+"""Environment fingerprints: what produced a number, and whether two numbers are comparable.
+
+A fingerprint is a plain JSON-able dict with the fixed top-level keys `software`, `hardware`,
+`numerics`, `code` and optional `probe` (DESIGN.md). It records what actually runs (which
+implementation transformers resolved for the linear-attention layers), not what is installed.
+`diff` compares two fingerprints field by field with a severity; `env_hash` is a short stable
+hash over the fields that can change the numbers, so equal hashes mean comparable numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tracker import linear_attn as kernel_path
+
+SCHEMA = "draftboard.fingerprint/1"
+PACKAGES = {  # fingerprint key -> distribution name
+    "torch": "torch",
+    "transformers": "transformers",
+    "flash-linear-attention": "flash-linear-attention",
+    "fla-core": "fla-core",
+    "causal-conv1d": "causal-conv1d",
+    "triton": "triton",
+    "kernels": "kernels",
+    "flash-attn": "flash-attn",
+    "draftboard": "draftboard",
+}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+PROBE_SEED, PROBE_LEN = 1234, 64
+PROBE_RTOL = 1e-3  # relative difference of probe statistics above which numbers differ
+
+
+# --------------------------------------------------------------------------- capture
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _software() -> dict:
+    import torch
+
+    sw = {"python": platform.python_version()}
+    sw.update({key: _version(dist) for key, dist in PACKAGES.items()})
+    sw["cuda"] = torch.version.cuda
+    sw["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return sw
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    parts = text.split("Kernel Module")
+    return parts[1].split()[0] if len(parts) > 1 and parts[1].split() else text.splitlines()[0]
+
+
+def _hardware(device: str) -> dict:
+    import torch
+
+    hw = {"device": device.split(":")[0], "gpu_name": None, "gpu_count": 0, "capability": None,
+          "driver": _driver(), "cpu": _cpu_name()}
+    if torch.cuda.is_available():
+        index = (torch.device(device).index or 0) if device.startswith("cuda") else 0
+        hw["gpu_count"] = torch.cuda.device_count()
+        hw["gpu_name"] = torch.cuda.get_device_name(index)
+        hw["capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+    return hw
+
+
+def _numerics(dtype: str, resolution: kernel_path.Resolution, attn_implementation: str | None) -> dict:
+    import torch
+
+    cuda = torch.backends.cuda
+    return {
+        "dtype": dtype,
+        "tf32_matmul": bool(cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "sdpa_backends": {
+            "flash": cuda.flash_sdp_enabled(),
+            "mem_efficient": cuda.mem_efficient_sdp_enabled(),
+            "math": cuda.math_sdp_enabled(),
+            "cudnn": cuda.cudnn_sdp_enabled(),
+        },
+        "attn_implementation": attn_implementation,
+        "linear_attention": resolution.to_dict(),
+        "linear_attention_path": resolution.path,
+    }
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _code(code_dir: str | os.PathLike | None) -> dict:
+    cwd = Path(code_dir or os.getcwd())
+    commit = _git(["rev-parse", "HEAD"], cwd)
+    if commit is None:
+        return {"repo": str(cwd), "git_commit": None, "dirty": None, "diff_digest": None}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd) or ""
+    diff = _git(["diff", "HEAD"], cwd) or ""
+    return {
+        "repo": str(cwd),
+        "git_commit": commit.strip(),
+        "dirty": bool(status.strip()),
+        "diff_digest": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
+    }
+
+
+def probe(model, layers: list[int] | None = None, device: str | None = None) -> dict:
+    """Run a fixed, seeded token sequence through `model` and summarise its hidden states.
+
+    `layers` are decoder-layer indices (the output of layer i is hidden_states[i + 1]); default
+    all. The digest is exact (bitwise); the statistics let `diff` judge how far apart two
+    environments are when the digests differ.
+    """
+    import torch
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    ids = torch.randint(0, cfg.vocab_size, (1, PROBE_LEN), generator=gen)
+    device = device or str(next(model.parameters()).device)
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
+    n_layers = len(out.hidden_states) - 1
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    digest = hashlib.sha256()
+    stats = {}
+    for i in layers:
+        h = out.hidden_states[i + 1].float().cpu()
+        digest.update(h.numpy().tobytes())
+        stats[str(i)] = {"mean": h.mean().item(), "std": h.std().item(), "absmax": h.abs().max().item()}
+    return {"seed": PROBE_SEED, "length": PROBE_LEN, "digest": digest.hexdigest()[:16], "layers": stats}
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def capture(target=None, device: str | None = None, dtype: str | None = None, linear_attn: str = "auto",
+            *, probe_layers: list[int] | None = None, with_probe: bool = True,
+            code_dir: str | os.PathLike | None = None) -> dict:
+    """Fingerprint this process's environment, optionally with a loaded target model.
+
+    With a target, its own modeling module is resolved (a non-hybrid target reports `n/a`) and a
+    numerical probe of its hidden states is added. Without one, the Qwen3.5 module is resolved:
+    what a hybrid target would run here. `linear_attn` is applied first (see tracker.linear_attn),
+    so the fingerprint describes the path the caller's model will take.
+    """
+    device = device or default_device()
+    dtype = dtype or "fp32"
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    module = kernel_path.module_of(target) if target is not None else kernel_path.DEFAULT_MODULE
+    resolution = kernel_path.apply(linear_attn, device, module)
+    attn_impl = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    probed = probe(target, probe_layers, device) if target is not None and with_probe else None
+    # transformers logs its fallback warnings at the first forward, i.e. during the probe.
+    resolution = dataclasses.replace(resolution, warnings=list(kernel_path.FALLBACK_WARNINGS.messages))
+    fp = {
+        "schema": SCHEMA,
+        "source": {"kind": "captured"},
+        "software": _software(),
+        "hardware": _hardware(device),
+        "numerics": _numerics(dtype, resolution, attn_impl),
+        "code": _code(code_dir),
+    }
+    if probed is not None:
+        fp["probe"] = probed
+    return fp
+
+
+def imported(source_path: str | os.PathLike, fmt: str) -> dict:
+    """Fingerprint of a run imported from a log: every field unknown, and where it came from."""
+    path = Path(source_path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+    return _unknown({"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest})
+
+
+def published(source: dict, known: dict | None = None) -> dict:
+    """Fingerprint of published numbers: only what the publication states, the rest unknown."""
+    fp = _unknown({"kind": "published", **source})
+    for dotted, value in (known or {}).items():
+        section, key = dotted.split(".", 1)
+        fp[section][key] = value
+    return fp
+
+
+def _unknown(source: dict) -> dict:
+    return {
+        "schema": SCHEMA,
+        "source": source,
+        "software": {"python": None, **{key: None for key in PACKAGES}, "cuda": None, "cudnn": None},
+        "hardware": {k: None for k in ("device", "gpu_name", "gpu_count", "capability", "driver", "cpu")},
+        "numerics": {"dtype": None, "attn_implementation": None, "linear_attention_path": None},
+        "code": {"repo": None, "git_commit": None, "dirty": None, "diff_digest": None},
+    }
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def flatten(fp: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"section.key.sub": value}; lists are kept whole."""
+    flat = {}
+    for key, value in fp.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _minor(version: str | None) -> str | None:
+    return None if version is None else ".".join(version.split("+")[0].split(".")[:2])
+
+
+# Fields whose change can alter the numbers (DESIGN.md); versions compare at major.minor.
+CRITICAL_FIELDS = (
+    "numerics.linear_attention_path",
+    "numerics.dtype",
+    "hardware.device",
+    "numerics.attn_implementation",
+    "numerics.tf32_matmul",
+    "numerics.tf32_cudnn",
+    "numerics.float32_matmul_precision",
+)
+CRITICAL_PREFIXES = ("numerics.linear_attention.functions.",)
+VERSIONED = ("software.torch", "software.transformers", "software.flash-linear-attention", "software.fla-core")
+WARNING_FIELDS = ("hardware.gpu_name", "software.cuda", "software.cudnn", "software.causal-conv1d",
+                  "software.triton", "software.kernels", "software.flash-attn", "hardware.capability")
+IGNORED_FIELDS = ("source", "schema", "numerics.linear_attention.reason", "numerics.linear_attention.fallback_warnings")
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+class DiffRow(NamedTuple):
+    field: str
+    a_value: Any
+    b_value: Any
+    severity: str  # critical | warning | info
+
+
+def _severity(field: str, a: Any, b: Any) -> str:
+    unknown = a is None or b is None
+    if field in VERSIONED:
+        if unknown:
+            return "warning"
+        return "critical" if _minor(a) != _minor(b) else "warning"
+    if field in CRITICAL_FIELDS or field.startswith(CRITICAL_PREFIXES):
+        # An unknown value cannot prove a mismatch, but it cannot prove comparability either.
+        return "warning" if unknown else "critical"
+    if field in WARNING_FIELDS:
+        return "warning"
+    return "info"
+
+
+def _probe_row(a: dict | None, b: dict | None) -> DiffRow | None:
+    if a is None or b is None or a.get("digest") == b.get("digest"):
+        return None
+    shared = set(a.get("layers", {})) & set(b.get("layers", {}))
+    if a.get("seed") != b.get("seed") or a.get("length") != b.get("length") or not shared:
+        return DiffRow("probe.digest", a.get("digest"), b.get("digest"), "warning")
+    worst = 0.0
+    for layer in shared:
+        for stat in ("mean", "std", "absmax"):
+            x, y = a["layers"][layer][stat], b["layers"][layer][stat]
+            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-6))
+    severity = "critical" if worst > PROBE_RTOL else "warning"
+    return DiffRow("probe.max_rel_diff", a["digest"], f"{b['digest']} (max rel. diff {worst:.2e})", severity)
+
+
+def diff(a: dict, b: dict) -> list[DiffRow]:
+    """Rows (field, a_value, b_value, severity) for every differing field, most severe first."""
+    fa, fb = flatten({k: v for k, v in a.items() if k != "probe"}), flatten({k: v for k, v in b.items() if k != "probe"})
+    rows = []
+    for field in sorted(set(fa) | set(fb)):
+        if field.startswith(IGNORED_FIELDS):
+            continue
+        x, y = fa.get(field), fb.get(field)
+        if x != y:
+            rows.append(DiffRow(field, x, y, _severity(field, x, y)))
+    probe_row = _probe_row(a.get("probe"), b.get("probe"))
+    if probe_row:
+        rows.append(probe_row)
+    rows.sort(key=lambda r: (SEVERITY_ORDER[r.severity], r.field))
+    return rows
+
+
+def has_critical(rows: list[DiffRow]) -> bool:
+    return any(r.severity == "critical" for r in rows)
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def numbers_relevant(fp: dict) -> dict:
+    """The part of a fingerprint that can change the numbers; the input of env_hash."""
+    flat = flatten(fp)
+    keep = {f: flat.get(f) for f in CRITICAL_FIELDS}
+    keep.update({f: _minor(flat.get(f)) for f in VERSIONED})
+    keep.update({f: v for f, v in flat.items() if f.startswith(CRITICAL_PREFIXES)})
+    return keep
+
+
+def env_hash(fp: dict) -> str:
+    blob = json.dumps(numbers_relevant(fp), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def env_tags(fp: dict) -> dict[str, str]:
+    """The fixed `env.*` MLflow tags (DESIGN.md) for a fingerprint; unknown values read 'unknown'."""
+    sw, hw, num = fp.get("software", {}), fp.get("hardware", {}), fp.get("numerics", {})
+
+    def text(value):
+        return "unknown" if value is None else str(value)
+
+    return {
+        "env.hash": env_hash(fp),
+        "env.linear_attn": text(num.get("linear_attention_path")),
+        "env.device": text(hw.get("device")),
+        "env.dtype": text(num.get("dtype")),
+        "env.torch": text(sw.get("torch")),
+        "env.transformers": text(sw.get("transformers")),
+        "env.gpu": "none" if hw.get("device") == "cpu" else text(hw.get("gpu_name")),
+    }

@@ -1,0 +1,516 @@
+"""The job queue: evals submitted from the dashboard and run by `draftboard worker` processes.
+
+The queue is one table, `jobs`, in its own database rather than the MLflow store: workers
+write to it every few seconds, and MLflow's schema is not ours to extend. Every state change
+is one conditional UPDATE (`... WHERE id = ? AND state IN (<legal sources>)`), so concurrent
+workers, dashboards and CLI calls cannot move a job along an illegal edge or claim it twice,
+and the same statements serve SQLite (WAL, shared by processes on one machine) and
+PostgreSQL (shared across machines; the claim's FOR UPDATE SKIP LOCKED only renders there).
+
+Callers get `Job` dataclasses; rows and connections never leave this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+
+from tracker.errors import DraftboardError
+
+JOBS_DB = "jobs.db"
+# Long enough to ride out a dashboard read or another worker's commit, short enough that a
+# wedged process holding the write lock surfaces as an error instead of a silent hang.
+BUSY_TIMEOUT_MS = 30_000
+
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({RUNNING, CANCELLED}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED}),
+    SUCCEEDED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+}
+# A job in one of these states stands for its params: submitting them again returns it.
+# Failed and cancelled jobs do not, so the user can retry.
+DEDUP_STATES = (QUEUED, RUNNING, SUCCEEDED)
+
+
+def home_dir() -> Path:
+    """DRAFTBOARD_HOME, else the current working directory (as `tracker.store.home_dir`).
+
+    Kept here so that the queue and the worker do not import MLflow.
+    """
+    return Path(os.environ.get("DRAFTBOARD_HOME") or os.getcwd()).expanduser().resolve()
+
+
+def resolve_jobs_uri(uri: str | None = None) -> str:
+    """Explicit uri > DRAFTBOARD_JOBS_URI > sqlite:///<home>/jobs.db."""
+    return uri or os.environ.get("DRAFTBOARD_JOBS_URI") or f"sqlite:///{home_dir() / JOBS_DB}"
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend.
+
+    SQLite has no timestamp type and SQLAlchemy stores naive text there, so values are
+    converted to UTC before storing (text order then equals time order, which `fail_stale`'s
+    comparison relies on) and get their UTC tzinfo back when read.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+metadata = sa.MetaData()
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("params", sa.JSON, nullable=False),
+    sa.Column("command", sa.JSON, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("started_at", UTCDateTime),
+    sa.Column("finished_at", UTCDateTime),
+    sa.Column("worker_id", sa.String(255)),
+    sa.Column("heartbeat_at", UTCDateTime),
+    sa.Column("pid", sa.Integer),
+    sa.Column("log_path", sa.Text),
+    sa.Column("progress", sa.Float, nullable=False),
+    sa.Column("stage", sa.String(255)),
+    sa.Column("mlflow_run_id", sa.String(64)),
+    sa.Column("error", sa.Text),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    sa.Column("dedup_key", sa.String(64), nullable=False),
+    sa.CheckConstraint("state IN (%s)" % ", ".join(f"'{s}'" for s in STATES), name="ck_jobs_state"),
+)
+# The claim scans queued jobs in id order.
+sa.Index("ix_jobs_state_id", jobs.c.state, jobs.c.id)
+# At most one queued/running/succeeded job per dedup key: the database, not a read-then-insert
+# in Python, settles two dashboards submitting the same eval at once.
+_dedup_where = jobs.c.state.in_(DEDUP_STATES)
+sa.Index(
+    "ux_jobs_dedup_active",
+    jobs.c.dedup_key,
+    unique=True,
+    sqlite_where=_dedup_where,
+    postgresql_where=_dedup_where,
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as stored. Times are UTC-aware; progress is 0..1 within `stage`.
+
+    `existing` is True only on the Job that `submit` returns when an equivalent job was
+    already queued, running or succeeded (so the UI can say "already evaluated").
+    """
+
+    id: int
+    kind: str
+    params: dict[str, Any]
+    command: list[str]
+    state: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None
+    heartbeat_at: datetime | None
+    pid: int | None
+    log_path: str | None
+    progress: float
+    stage: str | None
+    mlflow_run_id: str | None
+    error: str | None
+    cancel_requested: bool
+    dedup_key: str
+    existing: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+
+_COLUMNS = [f.name for f in fields(Job) if f.name != "existing"]
+
+
+def _to_job(row: sa.Row) -> Job:
+    values = {name: row._mapping[name] for name in _COLUMNS}
+    values["progress"] = float(values["progress"])  # SQLite's RETURNING hands back a whole REAL as int
+    return Job(**values)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _normalized(value: Any) -> Any:
+    """Params as compared for dedup: keys sorted, None-valued keys dropped (None means default)."""
+    if isinstance(value, Mapping):
+        return {str(k): _normalized(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0])) if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_normalized(v) for v in value]
+    return value
+
+
+def dedup_key(kind: str, params: Mapping[str, Any]) -> str:
+    """sha256 of kind + normalized params; equal for submissions that would do the same work."""
+    try:
+        text = json.dumps({"kind": kind, "params": _normalized(params)}, sort_keys=True,
+                          separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DraftboardError(f"job params must be plain JSON (strings, numbers, lists, dicts): {exc}") from exc
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _checked_command(command: Sequence[str | os.PathLike]) -> list[str]:
+    """The argv list as stored; a string is refused so that no job is ever run through a shell."""
+    if isinstance(command, (str, bytes)) or not isinstance(command, Sequence) or not command:
+        raise DraftboardError("a job command must be a non-empty list of arguments, not a shell string")
+    argv = [os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in command]
+    if not all(isinstance(arg, str) and "\0" not in arg for arg in argv):
+        raise DraftboardError(f"every job command argument must be a string without NUL bytes: {argv!r}")
+    return argv
+
+
+def claim_statement(worker_id: str, now: datetime) -> sa.Update:
+    """UPDATE the oldest queued job to running for worker_id, RETURNING it (no row: queue empty).
+
+    The outer `state = 'queued'` makes the UPDATE a no-op if another claimer took the row
+    between the subquery and the write. PostgreSQL renders the subquery's FOR UPDATE SKIP
+    LOCKED, so concurrent claimers pass over each other's rows instead of queueing on them;
+    SQLite drops it, the write lock serializing claims there.
+    """
+    oldest = (
+        sa.select(jobs.c.id)
+        .where(jobs.c.state == QUEUED)
+        .order_by(jobs.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return (
+        sa.update(jobs)
+        .where(jobs.c.id == oldest, jobs.c.state == QUEUED)
+        .values(state=RUNNING, worker_id=worker_id, started_at=now, heartbeat_at=now)
+        .returning(*jobs.c)
+    )
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    # busy_timeout first: switching to WAL itself needs the lock another process may hold.
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    # WAL lets the dashboard read while a worker writes; NORMAL sync is crash-safe in WAL
+    # and saves an fsync per heartbeat (a power cut can lose only the last beats).
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.close()
+
+
+def _open_engine(uri: str) -> sa.Engine:
+    try:
+        engine = sa.create_engine(uri)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise DraftboardError(f"cannot open job queue {uri}: {exc}") from exc
+    if engine.dialect.name == "sqlite":
+        database = engine.url.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+    if not engine.dialect.update_returning:
+        raise DraftboardError(
+            f"the job queue needs UPDATE ... RETURNING, which {engine.dialect.name} "
+            f"{'.'.join(map(str, engine.dialect.server_version_info or ()))} lacks (SQLite >= 3.35)"
+        )
+    return engine
+
+
+class JobQueue:
+    """The jobs table behind one database URL (see `resolve_jobs_uri`).
+
+    Safe to share between threads; several processes (workers, dashboard) each open their own.
+    """
+
+    def __init__(self, uri: str | None = None) -> None:
+        self.uri = resolve_jobs_uri(uri)
+        self._engine = _open_engine(self.uri)
+        self._display = self._engine.url.render_as_string(hide_password=True)
+        try:
+            with self._engine.begin() as conn:
+                # IF NOT EXISTS: several workers may start at once on a new file.
+                conn.execute(sa.schema.CreateTable(jobs, if_not_exists=True))
+                for index in jobs.indexes:
+                    conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+        except SQLAlchemyError as exc:
+            raise DraftboardError(f"cannot open job queue {self._display}: {exc.orig or exc}") from exc
+
+    def close(self) -> None:
+        """Release the connections (the queue can still be used; it reconnects)."""
+        self._engine.dispose()
+
+    def submit(self, kind: str, params: Mapping[str, Any], command: Sequence[str | os.PathLike]) -> Job:
+        """Queue a job, or return the queued/running/succeeded one with the same kind and params.
+
+        The returned Job has existing=True in the second case.
+        """
+        argv = _checked_command(command)
+        key = dedup_key(kind, params)
+        stored_params = json.loads(json.dumps(dict(params)))
+        insert = (
+            sa.insert(jobs)
+            .values(kind=kind, params=stored_params, command=argv, state=QUEUED, created_at=_now(),
+                    progress=0.0, cancel_requested=False, dedup_key=key)
+            .returning(*jobs.c)
+        )
+        while True:
+            found = self._first(sa.select(jobs).where(jobs.c.dedup_key == key, _dedup_where))
+            if found is not None:
+                return replace(found, existing=True)
+            try:
+                with self._engine.begin() as conn:
+                    return _to_job(conn.execute(insert).one())
+            except IntegrityError:
+                # A concurrent submit of the same params won the unique index: return its job
+                # (or, if that one failed in the meantime, try again).
+                continue
+
+    def get(self, job_id: int) -> Job:
+        job = self._first(sa.select(jobs).where(jobs.c.id == job_id))
+        if job is None:
+            raise DraftboardError(f"no job {job_id} in the job queue {self._display}")
+        return job
+
+    def list(self, states: Iterable[str] | None = None, limit: int = 100) -> list[Job]:
+        """Jobs newest first, optionally only those in `states`."""
+        query = sa.select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+        if states is not None:
+            wanted = sorted(set(states))
+            unknown = [s for s in wanted if s not in STATES]
+            if unknown:
+                raise DraftboardError(f"unknown job state(s) {', '.join(unknown)}; use {', '.join(STATES)}")
+            query = query.where(jobs.c.state.in_(wanted))
+        with self._engine.connect() as conn:
+            return [_to_job(row) for row in conn.execute(query)]
+
+    def claim(self, worker_id: str) -> Job | None:
+        """Atomically move the oldest queued job to running for worker_id; None if none is queued."""
+        with self._engine.begin() as conn:
+            row = conn.execute(claim_statement(worker_id, _now())).one_or_none()
+        return None if row is None else _to_job(row)
+
+    def attach_process(self, job_id: int, worker_id: str, pid: int | None, log_path: str) -> None:
+        """Record the process running the job (None: it could not start) and where its output goes."""
+        self._update(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.worker_id == worker_id,
+                                           jobs.c.state == RUNNING).values(pid=pid, log_path=log_path))
+
+    def heartbeat(self, job_id: int, worker_id: str) -> Job:
+        """Mark the job alive and return it as stored.
+
+        Nothing is written unless the job is still running under worker_id: a worker seeing
+        another state or owner has lost the job (e.g. failed as stale) and must stop it.
+        The returned job also carries `cancel_requested`.
+        """
+        stmt = (
+            sa.update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.worker_id == worker_id, jobs.c.state == RUNNING)
+            .values(heartbeat_at=_now())
+            .returning(*jobs.c)
+        )
+        with self._engine.begin() as conn:
+            row = conn.execute(stmt).one_or_none()
+        return self.get(job_id) if row is None else _to_job(row)
+
+    def update_progress(self, job_id: int, progress: float, stage: str | None = None) -> None:
+        """Record progress (0..1 within stage) of a running job; ignored once it has finished."""
+        if not 0.0 <= progress <= 1.0:
+            raise DraftboardError(f"job progress must be between 0 and 1, got {progress}")
+        self._update(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == RUNNING)
+                     .values(progress=progress, stage=stage))
+
+    def finish(self, job_id: int, state: str, error: str | None = None, mlflow_run_id: str | None = None) -> Job:
+        """Move a job to succeeded, failed or cancelled; an illegal transition raises DraftboardError."""
+        if state not in FINISHED_STATES:
+            raise DraftboardError(f"a job can finish as {', '.join(FINISHED_STATES)}, not {state!r}")
+        values: dict[str, Any] = {"finished_at": _now(), "error": error}
+        if mlflow_run_id is not None:
+            values["mlflow_run_id"] = mlflow_run_id
+        if state == SUCCEEDED:
+            values["progress"] = 1.0
+        return self._transition(job_id, state, values)
+
+    def request_cancel(self, job_id: int) -> Job:
+        """Cancel a queued job at once; flag a running one for its worker to stop.
+
+        Raises DraftboardError for a job that has already finished.
+        """
+        with self._engine.begin() as conn:
+            # One transaction: a claim cannot slip between the two cases.
+            row = conn.execute(
+                sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == QUEUED)
+                .values(state=CANCELLED, finished_at=_now(), error="cancelled before it started")
+                .returning(*jobs.c)
+            ).one_or_none()
+            if row is None:
+                row = conn.execute(
+                    sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == RUNNING)
+                    .values(cancel_requested=True).returning(*jobs.c)
+                ).one_or_none()
+        if row is not None:
+            return _to_job(row)
+        job = self.get(job_id)
+        raise DraftboardError(f"job {job_id} already {job.state}; there is nothing to cancel")
+
+    def fail_stale(self, timeout_s: float) -> list[Job]:
+        """Fail running jobs whose last heartbeat is older than timeout_s, and return them.
+
+        They are not requeued: the dead worker's process may still be running somewhere,
+        and an eval must never run twice.
+        """
+        cutoff = _now() - timedelta(seconds=timeout_s)
+        stale = sa.and_(jobs.c.state == RUNNING, jobs.c.heartbeat_at < cutoff)
+        with self._engine.connect() as conn:
+            candidates = conn.execute(sa.select(jobs.c.id, jobs.c.worker_id, jobs.c.heartbeat_at).where(stale)).all()
+        failed = []
+        for job_id, worker_id, beat in candidates:
+            reason = f"worker {worker_id} stopped heartbeating at {beat:%Y-%m-%d %H:%M:%S} UTC"
+            stmt = (
+                sa.update(jobs).where(jobs.c.id == job_id, stale)  # a beat since the select wins
+                .values(state=FAILED, finished_at=_now(), error=reason).returning(*jobs.c)
+            )
+            with self._engine.begin() as conn:
+                row = conn.execute(stmt).one_or_none()
+            if row is not None:
+                failed.append(_to_job(row))
+        return failed
+
+    def log_tail(self, job: Job | int, n_lines: int = 50) -> str:
+        """The last n_lines of the job's log file; "" before it has one or where it is not readable here."""
+        if not isinstance(job, Job):
+            job = self.get(job)
+        return tail_text(Path(job.log_path), n_lines) if job.log_path else ""
+
+    def _first(self, query: sa.Select) -> Job | None:
+        with self._engine.connect() as conn:
+            row = conn.execute(query.limit(1)).first()
+        return None if row is None else _to_job(row)
+
+    def _update(self, stmt: sa.Update) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(stmt)
+
+    def _transition(self, job_id: int, state: str, values: dict[str, Any]) -> Job:
+        sources = [s for s in STATES if state in TRANSITIONS[s]]
+        stmt = (
+            sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(sources))
+            .values(state=state, **values).returning(*jobs.c)
+        )
+        with self._engine.begin() as conn:
+            row = conn.execute(stmt).one_or_none()
+        if row is not None:
+            return _to_job(row)
+        current = self.get(job_id).state
+        allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing, it has finished"
+        raise DraftboardError(f"job {job_id} is {current} and cannot become {state} (from {current}: {allowed})")
+
+
+def tail_text(path: Path, n_lines: int) -> str:
+    """The last n_lines of a text file, read backwards in blocks so a huge log costs little."""
+    if n_lines <= 0:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            data, pos = b"", end
+            # n_lines + 1 newlines guarantee n whole lines even when the file ends with one.
+            while pos > 0 and data.count(b"\n") <= n_lines:
+                step = min(64 * 1024, pos)
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + data
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-n_lines:])
+
+
+# `draftboard eval` flag for each eval job param, in argv order.
+_EVAL_FLAGS = {
+    "target": "--target",
+    "drafter": "--drafter",
+    "prompts": "--prompts",
+    "completions": "--completions",
+    "max_new_tokens": "--max-new-tokens",
+    "budgets": "--budgets",
+    "device": "--device",
+    "dtype": "--dtype",
+    "linear_attn": "--linear-attn",
+    "train_run_id": "--train-run-id",
+    "checkpoint_step": "--checkpoint-step",
+    "tracking_uri": "--tracking-uri",
+    "reference": "--reference",
+    "out": "--out",
+}
+_EVAL_REQUIRED = ("target", "drafter", "prompts")
+_EVAL_INTS = ("max_new_tokens", "checkpoint_step")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _eval_arg(key: str, value: Any) -> str:
+    if key == "budgets":
+        if not isinstance(value, (list, tuple)) or not value or not all(_is_int(b) and b > 0 for b in value):
+            raise DraftboardError(f"eval param budgets must be a list of positive integers, got {value!r}")
+        return ",".join(map(str, value))
+    if key in _EVAL_INTS:
+        if not _is_int(value) or value < 0:
+            raise DraftboardError(f"eval param {key} must be a non-negative integer, got {value!r}")
+        return str(value)
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise DraftboardError(f"eval param {key} must be a non-empty string, got {value!r}")
+    if text.startswith("-"):
+        # argparse would read it as a flag; "./-name" reaches the same file.
+        raise DraftboardError(f"eval param {key}={text!r} starts with '-'; write it as ./{text}")
+    return text
+
+
+def eval_command(params: Mapping[str, Any]) -> list[str]:
+    """The argv of `draftboard eval` for an eval job's params (None values: the CLI default).
+
+    Each value is its own argv item, so quotes, `;` or `$(...)` in a name stay literal text.
+    """
+    unknown = sorted(set(params) - set(_EVAL_FLAGS))
+    if unknown:
+        raise DraftboardError(f"unknown eval param(s) {', '.join(unknown)}; known: {', '.join(_EVAL_FLAGS)}")
+    missing = [key for key in _EVAL_REQUIRED if params.get(key) is None]
+    if missing:
+        raise DraftboardError(f"an eval job needs {', '.join(missing)}")
+    argv = [sys.executable, "-m", "tracker.cli", "eval"]
+    for key, flag in _EVAL_FLAGS.items():
+        if params.get(key) is not None:
+            argv += [flag, _eval_arg(key, params[key])]
+    return argv

@@ -1,0 +1,236 @@
+"""`Tracker`: draftboard's view of an MLflow tracking store.
+
+Each Tracker holds its own `MlflowClient` bound to one URI and never touches
+MLflow's global (fluent) state, so several stores can be used side by side in one
+process. The same code serves a local sqlite file and a remote `mlflow server`
+(http URI, e.g. PostgreSQL-backed with basic auth via MLFLOW_TRACKING_USERNAME /
+MLFLOW_TRACKING_PASSWORD); only the default artifact location is local.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+
+from tracker import checkpoints as ckpt
+from tracker.checkpoints import Checkpoint
+from tracker.errors import DraftboardError
+from tracker.retry import RetryPolicy
+from tracker.runs import FINGERPRINT_ARTIFACT, KIND, KINDS, EvalRun, StoreContext, TrainingRun
+
+DEFAULT_EXPERIMENT = "draftboard"
+DB_FILE = "draftboard.db"
+ARTIFACT_DIR = "mlartifacts"
+
+
+def home_dir() -> Path:
+    """DRAFTBOARD_HOME, else the current working directory."""
+    return Path(os.environ.get("DRAFTBOARD_HOME") or os.getcwd()).expanduser().resolve()
+
+
+def resolve_uri(uri: str | None = None) -> str:
+    """Explicit uri > MLFLOW_TRACKING_URI > sqlite:///<home>/draftboard.db."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home_dir() / DB_FILE}"
+
+
+def local_artifact_location(uri: str) -> str | None:
+    """`<dir of the sqlite file>/mlartifacts` for a sqlite store, else None (the server decides).
+
+    For the default store that is `<home>/mlartifacts`, next to draftboard.db, so
+    `mlflow ui --backend-store-uri sqlite:///draftboard.db` run there shows the artifacts.
+    """
+    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
+        return None
+    db = Path(uri[len("sqlite:///") :].split("?", 1)[0]).expanduser().resolve()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return (db.parent / ARTIFACT_DIR).as_uri()
+
+
+class Tracker:
+    """Runs, lineage, checkpoints and fingerprints in one MLflow experiment.
+
+    The experiment is looked up (and created if missing) on first use, so building a
+    Tracker is cheap and read-only helpers work on a store nobody has written to yet.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        *,
+        experiment: str = DEFAULT_EXPERIMENT,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.uri = resolve_uri(uri)
+        # MLflow draws a progress bar for every download, even of a 1 kB JSON; on the CLI's
+        # stderr that is noise. An explicit setting by the user still wins.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        self.experiment_name = experiment
+        self.retry = retry
+        self._artifact_location = local_artifact_location(self.uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+        except MlflowException as exc:
+            raise DraftboardError(f"cannot open tracking store {self.uri}: {exc.message}") from exc
+        self._experiment_id: str | None = None
+
+    # ------------------------------------------------------------------ experiment
+
+    @property
+    def experiment_id(self) -> str:
+        """Id of the experiment, created on first use."""
+        if self._experiment_id is None:
+            self._experiment_id = self._find_experiment(create=True)
+        return self._experiment_id
+
+    def _find_experiment(self, create: bool) -> str | None:
+        try:
+            found = self.client.get_experiment_by_name(self.experiment_name)
+            if found is None and create:
+                try:
+                    return self.client.create_experiment(
+                        self.experiment_name, artifact_location=self._artifact_location
+                    )
+                except MlflowException as exc:  # created concurrently by another process
+                    if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                        raise
+                    found = self.client.get_experiment_by_name(self.experiment_name)
+        except MlflowException as exc:
+            raise DraftboardError(f"cannot use tracking store {self.uri}: {exc.message}") from exc
+        except Exception as exc:  # connection errors from a remote store
+            raise DraftboardError(f"cannot reach tracking store {self.uri}: {exc}") from exc
+        if found is None:
+            return None
+        if found.lifecycle_stage == "deleted":
+            raise DraftboardError(
+                f"experiment {self.experiment_name!r} is deleted in {self.uri}; restore it with "
+                f"`mlflow experiments restore --experiment-id {found.experiment_id}` or use another name"
+            )
+        return found.experiment_id
+
+    def _context(self) -> StoreContext:
+        return StoreContext(self.client, self.experiment_id, self.uri, self.retry)
+
+    # ------------------------------------------------------------------ writing runs
+
+    def training_run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        target: str | None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        fingerprint: dict | None = None,
+    ) -> TrainingRun:
+        """Start a training run; use as `with tracker.training_run(...) as run:`.
+
+        The fingerprint (captured here unless given) is stored before the first step.
+        """
+        return TrainingRun(self._context(), name, params, target, tags=tags, fingerprint=fingerprint)
+
+    def eval_run(
+        self,
+        name: str,
+        *,
+        target: str,
+        train_run_id: str | None = None,
+        checkpoint: str | Path | Checkpoint | None = None,
+        checkpoint_step: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        fingerprint: dict | None = None,
+        kind: str = "eval",
+        reference_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> EvalRun:
+        """Start an eval (or reference) run with lineage tags; use as a context manager."""
+        if train_run_id is not None:
+            self.run(train_run_id)  # a typo in the lineage would otherwise go unnoticed
+        return EvalRun(
+            self._context(),
+            name,
+            target=target,
+            train_run_id=train_run_id,
+            checkpoint=checkpoint,
+            checkpoint_step=checkpoint_step,
+            params=params,
+            fingerprint=fingerprint,
+            kind=kind,
+            reference_name=reference_name,
+            tags=tags,
+        )
+
+    def set_kind(self, run_id: str, kind: str) -> None:
+        """Promote an eval run to a reference, or demote it back to an eval run."""
+        if kind not in ("eval", "reference"):
+            raise DraftboardError(f"kind must be 'eval' or 'reference', got {kind!r}")
+        current = self.run(run_id).data.tags.get(KIND)
+        if current not in ("eval", "reference"):
+            raise DraftboardError(
+                f"run {run_id} is a {current or 'non-draftboard'} run; only eval runs can become references"
+            )
+        self.client.set_tag(run_id, KIND, kind)
+
+    # ------------------------------------------------------------------ reading runs
+
+    def run(self, run_id: str) -> Run:
+        """The MLflow run; DraftboardError if the id is unknown."""
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise DraftboardError(f"no run with id {run_id!r} in {self.uri}") from exc
+            raise DraftboardError(f"cannot read run {run_id!r} from {self.uri}: {exc.message}") from exc
+
+    def find_runs(self, kind: str | None = None, filter: str | None = None) -> list[Run]:
+        """Runs of this experiment, newest first; `filter` is an MLflow search filter string."""
+        if kind is not None and kind not in KINDS:
+            raise DraftboardError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        experiment_id = self._find_experiment(create=False)
+        if experiment_id is None:
+            return []
+        clauses = [f"tags.`{KIND}` = '{kind}'"] if kind else []
+        if filter:
+            clauses.append(filter)
+        runs: list[Run] = []
+        token = None
+        try:
+            while True:
+                page = self.client.search_runs(
+                    [experiment_id],
+                    filter_string=" and ".join(clauses),
+                    order_by=["attributes.start_time DESC"],
+                    page_token=token,
+                )
+                runs.extend(page)
+                token = page.token
+                if not token:
+                    return runs
+        except MlflowException as exc:
+            raise DraftboardError(f"cannot search runs in {self.uri}: {exc.message}") from exc
+
+    def fingerprint(self, run_id: str) -> dict:
+        """The run's fingerprint.json."""
+        self.run(run_id)
+        return self._read_json(run_id, FINGERPRINT_ARTIFACT, missing="not logged by draftboard?")
+
+    def checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """Checkpoints registered on a training run, by step."""
+        self.run(run_id)
+        files = self.client.list_artifacts(run_id, ckpt.ARTIFACT_DIR)
+        records = [Checkpoint.from_dict(self._read_json(run_id, f.path)) for f in files if not f.is_dir]
+        return sorted(records, key=lambda c: c.step)
+
+    def _read_json(self, run_id: str, artifact: str, missing: str = "") -> dict:
+        with tempfile.TemporaryDirectory(prefix="draftboard-") as tmp:
+            try:
+                local = self.client.download_artifacts(run_id, artifact, tmp)
+            except Exception as exc:
+                why = f" ({missing})" if missing else ""
+                raise DraftboardError(f"run {run_id} has no readable {artifact}{why}: {exc}") from exc
+            return json.loads(Path(local).read_text())
