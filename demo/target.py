@@ -28,8 +28,8 @@ SEQ_LEN = 128
 BATCH = 16
 LR = 4e-3
 WARMUP = 10
-FULL_STEPS = 160  # ~40 s on 2 CPU cores
-QUICK_STEPS = 40
+FULL_STEPS = 400  # ~40 s on 2 idle CPU cores; held-out loss ~1.5 nats/byte
+QUICK_STEPS = 80  # ~8 s
 SPLITS = {"drafter": 6, "eval": 7}  # file index % 8 -> prompt split; every other file trains the target
 LOG_FILE = "demo_train_log.json"
 
@@ -110,7 +110,7 @@ def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0,
     stream = training_stream()
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps))
     losses = []
     start = time.perf_counter()
     model.train()
@@ -142,11 +142,11 @@ def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0,
     return out
 
 
-def _lr_factor(step: int, steps: int) -> float:
-    """Linear warmup, then cosine decay to 10% of the peak."""
-    if step < WARMUP:
-        return (step + 1) / WARMUP
-    frac = (step - WARMUP) / max(1, steps - WARMUP)
+def lr_factor(step: int, steps: int, warmup: int = WARMUP) -> float:
+    """Learning-rate multiplier: linear warmup, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
     return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 

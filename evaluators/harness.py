@@ -276,7 +276,8 @@ def metric_values(results: dict) -> dict[str, float]:
 
 
 def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,
-             checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None) -> str:
+             checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None,
+             tags: dict[str, str] | None = None) -> str:
     """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table."""
     drafter = Path(s.drafter)
     name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
@@ -284,7 +285,7 @@ def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | Non
     params = {k: v for k, v in results["settings"].items() if v is not None and k != "cache_dir"}
     with tracker.eval_run(name, target=s.target, train_run_id=train_run_id, checkpoint=s.drafter,
                           checkpoint_step=checkpoint_step, params=params, fingerprint=results["fingerprint"],
-                          kind="reference" if reference else "eval", reference_name=reference) as run:
+                          kind="reference" if reference else "eval", reference_name=reference, tags=tags) as run:
         run.log_metrics(metric_values(results), step=checkpoint_step or 0)
         run.log_json("eval_results.json", results)
         run.log_table("per_prompt.json", [

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.jsonlines import json_object
 
 
 @dataclass
@@ -24,12 +25,9 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DraftboardError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise DraftboardError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        rows.append((lineno, row))
+            rows.append((lineno, json_object(line)))
+        except DraftboardError as exc:
+            raise DraftboardError(f"{path}:{lineno}: {exc}") from None
     if not rows:
         raise DraftboardError(f"{path}: no prompts (the file is empty)")
     return rows

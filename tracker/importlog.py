@@ -16,13 +16,13 @@ not say where it was produced, so every environment field stays unknown.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.jsonlines import json_object
 from tracker.runs import IMPORTED
 from tracker.steps import MetricChecker
 
@@ -86,12 +86,7 @@ def read_log(path: str | Path) -> ParsedLog:
 
 
 def _jsonl_line(text: str, number: int) -> StepRecord:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DraftboardError(f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise DraftboardError(f"expected a JSON object, got {type(obj).__name__}")
+    obj = json_object(text)
     if "step" not in obj:
         raise DraftboardError('no "step" field; every JSON line needs one')
     step = _step(obj["step"])

@@ -1,0 +1,175 @@
+"""Eval speed, side by side in one run, on the demo's tiny hybrid target on CPU.
+
+(a) drafter stage: the harness (every anchor scored in a few batched calls, walks read off
+    afterwards) against a hand-written per-block loop (one drafter forward per block along each
+    walk: the chain walk and one walk per DDTree budget), on the same cached target features;
+    the metrics must be identical.
+(b) ten checkpoints of one run against one target: with the continuation/feature cache against
+    without it (every eval redoes the target pass).
+(c) what an eval costs beyond its target pass, as a fraction of the target pass.
+
+Usage: python benchmarks/eval_speed.py [--prompts 16] [--tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from demo import target as demo_target  # noqa: E402
+from demo.train_dflash import TrainConfig, prepare_data, train  # noqa: E402
+from evaluators import harness, metrics  # noqa: E402
+from evaluators.cache import EvalCache  # noqa: E402
+from evaluators.ddtree import ddtree_acceptance  # noqa: E402
+from evaluators.drafter import load_drafter  # noqa: E402
+from evaluators.target import content_digest, load_target  # noqa: E402
+from tracker import fingerprint  # noqa: E402
+from tracker.store import Tracker  # noqa: E402
+
+BUDGETS = (4, 8, 16, 32)
+
+
+def per_block_loop(loaded, target, walked, contexts, conts, budgets) -> dict:
+    """What a hand-written eval script does: walk, one drafter forward per visited block."""
+    drafter, block = loaded.model, loaded.model.block_size
+    embed, head = target.embed_weight, target.lm_head_weight
+    walks = {"chain": [], **{b: [] for b in budgets}}
+    with torch.no_grad():
+        for w, ctx, cont in zip(walked, contexts, conts):
+            P = len(w.input_ids)
+            for kind in walks:
+                lengths, a = [], 0
+                while a < w.n_anchors:
+                    p = P + a
+                    hidden = drafter.forward_block(ctx[None, :p], torch.arange(p),
+                                                   drafter.block_embeddings(torch.tensor([cont[a]]), embed),
+                                                   p + torch.arange(block)[None])
+                    logits = drafter.logits(hidden, head)[0]  # [block-1, V]
+                    truth = torch.tensor(cont[a + 1: a + block])
+                    if kind == "chain":
+                        length = int(metrics.chain_acceptance(logits.argmax(-1)[None], truth[None])[0])
+                    else:
+                        length = ddtree_acceptance(logits, truth, kind)
+                    lengths.append(length)
+                    a += length
+                walks[kind].append(lengths)
+    return {"tau": metrics.summarize_walks(walks["chain"], block).tau,
+            **{f"ddtree_tau_b{b}": metrics.summarize_walks(walks[b], block).tau for b in budgets}}
+
+
+def harness_drafter_stage(loaded, target, walked, contexts, conts, budgets) -> dict:
+    for w, ctx, cont in zip(walked, contexts, conts):
+        harness.score_anchors(loaded, target, w, ctx, cont, budgets)
+    res = harness.summarize(walked, loaded.model.block_size, budgets)
+    return {"tau": res["tau"], **{f"ddtree_tau_b{b}": d["tau"] for b, d in res["ddtree"].items()}}
+
+
+def prepared(settings: harness.EvalSettings):
+    """Target, drafter and the cached target pass, exactly as `evaluate` builds them."""
+    from evaluators.prompts import load_prompts
+
+    target = load_target(settings.target, "cpu", "fp32", "auto")
+    cfg = target.config
+    loaded = load_drafter(settings.drafter, target_hidden_size=cfg.hidden_size, target_num_layers=target.num_layers,
+                          target_vocab_size=cfg.vocab_size)
+    prompts = load_prompts(settings.prompts, target.tokenizer, cfg.vocab_size)
+    fp = fingerprint.capture(target.model, "cpu", "fp32", "auto", with_probe=False)
+    env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(settings.cache_dir)
+    block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
+    quiet = harness._quiet
+    conts = harness._continuations(target, prompts, settings, block, cache, env, digest, quiet)
+    stops = set(target.stop_token_ids())
+    walked = [harness.Walked(p.id, p.input_ids, *harness.completion_bounds(c, settings.max_new_tokens, stops))
+              for p, c in zip(prompts, conts)]
+    contexts = harness._features(target, walked, layers, cache, env, digest, quiet)
+    return loaded, target, walked, contexts, conts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--checkpoints", type=int, default=10)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    root = Path(tempfile.mkdtemp(prefix="draftboard-eval-speed-"))
+
+    print("setup: demo target, training data, one drafter run with "
+          f"{args.checkpoints} checkpoints", flush=True)
+    target_dir = demo_target.build_target(root / "target", steps=demo_target.FULL_STEPS)
+    data = prepare_data(target_dir, demo_target.make_prompts(64, seed=1, length=96, split="drafter"), 64)
+    tracker = Tracker(f"sqlite:///{root / 'store.db'}")
+    steps = 40 * args.checkpoints
+    run = train(TrainConfig(name="bench", target_layer_ids=[1, 2], steps=steps, ckpt_every=40), target_dir, data,
+                tracker, root / "run")
+    ckpts = [c.path for c in tracker.checkpoints(run)]
+    prompts = demo_target.make_prompts(args.prompts, seed=2, length=96, split="eval")
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    base = harness.EvalSettings(str(target_dir), ckpts[-1], str(root / "prompts.jsonl"), max_new_tokens=args.tokens,
+                                budgets=BUDGETS, device="cpu", cache_dir=str(root / "cache"))
+
+    # (c) one cold eval: target pass vs everything else
+    cold = harness.evaluate(replace(base, cache_dir=str(root / "cold")))
+    t = cold["timing"]
+    beyond = (t["total_s"] - t["target_s"]) / t["target_s"]
+    print(f"(c) cold eval: target pass {t['target_s']:.2f} s, drafter {t['drafter_s']:.2f} s, "
+          f"total {t['total_s']:.2f} s; beyond the target pass: {beyond:.2f} x the target pass")
+
+    # (a) drafter stage, same cached target pass for both
+    parts = prepared(replace(base, cache_dir=str(root / "cold")))
+    t0 = time.perf_counter()
+    fast = harness_drafter_stage(*parts, BUDGETS)
+    harness_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    slow = per_block_loop(*parts, BUDGETS)
+    loop_s = time.perf_counter() - t0
+    equal = fast == slow
+    n_blocks = sum(len(w.chain) for w in parts[2])
+    # Why every anchor is scored rather than only walk anchors: each DDTree budget walks its own
+    # anchors, so the walks together visit about as many blocks as there are anchors.
+    res = harness.summarize(parts[2], parts[0].model.block_size, BUDGETS)
+    walk_blocks = sum(len(p["acceptance_lengths"]) + sum(len(v) for v in p["ddtree_acceptance_lengths"].values())
+                      for p in res["prompts"])
+    print(f"    blocks visited by the chain walk and the {len(BUDGETS)} DDTree walks: {walk_blocks} "
+          f"({walk_blocks / n_blocks:.2f} x the number of anchors)")
+    print(f"(a) {args.prompts} prompts x {args.tokens} tokens ({n_blocks} anchors), budgets {list(BUDGETS)}: "
+          f"harness {harness_s:.2f} s, per-block loop {loop_s:.2f} s; metrics identical: {equal}")
+    print(f"    harness {json.dumps(fast)}")
+    print(f"    loop    {json.dumps(slow)}")
+
+    # (b) ten checkpoints, with and without the cache
+    t0 = time.perf_counter()
+    for i, ckpt in enumerate(ckpts):
+        harness.evaluate(replace(base, drafter=ckpt, cache_dir=str(root / f"nocache{i}")))
+    nocache_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    taus = []
+    for ckpt in ckpts:
+        taus.append(harness.evaluate(replace(base, drafter=ckpt, cache_dir=str(root / "shared")))["tau"])
+    cache_s = time.perf_counter() - t0
+    # With the cache, only the first eval pays the target pass: N full evals vs 1 full + (N-1) without it.
+    ideal = len(ckpts) * t["total_s"] / (t["total_s"] + (len(ckpts) - 1) * (t["total_s"] - t["target_s"]))
+    print(f"(b) {len(ckpts)} checkpoints: without cache {nocache_s:.1f} s, with cache {cache_s:.1f} s "
+          f"(ideal given the drafter's share: {ideal:.1f}x); tau by checkpoint {[round(x, 2) for x in taus]}")
+
+    ratios = {"harness_vs_per_block_loop": round(loop_s / harness_s, 2),
+              "ten_checkpoints_cache_vs_none": round(nocache_s / cache_s, 2)}
+    # "close to 10x minus the drafter's share": within 70% of what the drafter's share allows
+    targets = {"harness_vs_per_block_loop": 10.0, "ten_checkpoints_cache_vs_none": round(0.7 * ideal, 2)}
+    ok = equal and all(ratios[k] >= targets[k] for k in targets)
+    print(json.dumps({"benchmark": "eval_speed", "ratios": ratios, "targets": targets, "ok": ok,
+                      "metrics_identical": equal, "beyond_target_pass_fraction": round(beyond, 3)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The demo's models: byte tokenizer, tiny hybrid target, DFlash trainer (real training, small)."""
+
+import json
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from demo import bytetok
+from demo import target as demo_target
+from demo import train_dflash
+from evaluators.drafter import load_drafter
+
+TEXT = "def f(x):\n\treturn x  # héllo, 日本語, emoji 🐍\r\n  \x00end"
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_byte_functions_round_trip_utf8():
+    ids = bytetok.encode(TEXT)
+    assert ids == list(TEXT.encode("utf-8")) and max(ids) < 256
+    assert bytetok.decode(ids) == TEXT
+    assert bytetok.decode([bytetok.BOS, *bytetok.encode("hi"), bytetok.EOS, bytetok.MASK]) == "hi"
+    assert bytetok.decode([0xE6, 0x97]) == "\ufffd"  # a cut multi-byte character does not raise
+
+
+def test_hf_tokenizer_saves_and_loads_with_autotokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    bytetok.save(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tok) == bytetok.VOCAB_SIZE
+    assert (tok.bos_token_id, tok.eos_token_id, tok.mask_token_id, tok.pad_token_id) == (256, 257, 258, 257)
+    ids = tok.encode(TEXT)
+    assert ids == bytetok.encode(TEXT)
+    assert tok.decode(ids) == TEXT
+    assert tok.decode([256, *ids, 257], skip_special_tokens=True) == TEXT
+    assert tok.convert_ids_to_tokens([256, 257, 258]) == ["<|bos|>", "<|eos|>", "<|mask|>"]
+
+
+# --------------------------------------------------------------------------- target
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return demo_target.build_target(tmp_path_factory.mktemp("target"), steps=30, seed=0)
+
+
+def test_target_loss_falls(target_dir):
+    losses = demo_target.training_log(target_dir)["loss"]
+    assert len(losses) == 30
+    assert losses[0] > 5.0  # ~ln(259) at initialisation
+    assert sum(losses[-5:]) / 5 < losses[0] - 2.0
+
+
+def test_target_reloads_as_hybrid_qwen35(target_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    cfg = model.config
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert {"linear_attention", "full_attention"} <= set(cfg.layer_types)
+    assert (cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id) == (259, 257, 256, 257)
+    assert cfg.max_position_embeddings >= 1024 and not cfg.tie_word_embeddings
+    assert model.generation_config.eos_token_id == bytetok.EOS
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    assert tok.decode(tok.encode(TEXT)) == TEXT
+
+
+def test_prompts_are_deterministic_and_held_out():
+    a = demo_target.make_prompts(5, seed=3, length=40)
+    assert a == demo_target.make_prompts(5, seed=3, length=40)
+    assert a != demo_target.make_prompts(5, seed=4, length=40)
+    assert all(len(p) == 40 and max(p) < 256 for p in a)
+    splits = {name: set(demo_target.split_files(name)) for name in ("target", "drafter", "eval")}
+    assert all(splits.values())
+    assert not (splits["target"] & splits["drafter"] or splits["target"] & splits["eval"]
+                or splits["drafter"] & splits["eval"])
+
+
+# --------------------------------------------------------------------------- DFlash training
+
+
+@pytest.fixture(scope="module")
+def data(target_dir):
+    prompts = demo_target.make_prompts(16, seed=0, length=32, split="drafter")
+    return train_dflash.prepare_data(target_dir, prompts, 24)
+
+
+def test_prepare_data_self_distills(data):
+    assert len(data.sequences) == 16 and data.linear_attn_path == "fallback"
+    for seq, p, feats in zip(data.sequences, data.prompt_lens, data.features):
+        assert p == 32 and 33 <= seq.numel() <= 32 + 24
+        assert feats.shape == (data.num_layers, seq.numel(), data.hidden_size)
+    # the completion is the target's greedy choice given the prefix, read off the final features
+    seq, feats = data.sequences[0], data.features[0]
+    greedy = (feats[-1] @ data.lm_head.T).argmax(-1)  # [T, V] -> [T]
+    assert torch.equal(greedy[31:-1], seq[32:])
+
+
+def test_position_weights():
+    assert torch.equal(train_dflash.position_weights(4, None), torch.ones(3))
+    w = train_dflash.position_weights(4, 2.0)
+    assert torch.allclose(w, torch.exp(-torch.tensor([0.0, 1.0, 2.0]) / 2.0))
+
+
+def test_training_run_learns_and_checkpoints_reload(target_dir, data, tracker, store_uri, tmp_path):
+    cfg = train_dflash.TrainConfig(name="demo-test", target_layer_ids=[1, 2], steps=40, ckpt_every=20, lr=5e-3)
+    run_id = train_dflash.train(cfg, target_dir, data, tracker, tmp_path / "ckpt")
+
+    client = MlflowClient(tracking_uri=store_uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert json.loads(run.data.params["target_layer_ids"]) == [1, 2] and run.data.params["gamma"] == "4.0"
+    assert run.data.tags["env.dtype"] == "fp32" and run.data.tags["env.linear_attn"] == "fallback"
+    history = {key: [m.value for m in client.get_metric_history(run_id, key)]
+               for key in ("loss", "acc", "streak", "dds8")}
+    assert all(len(values) == 40 for values in history.values())
+    assert sum(history["loss"][-5:]) / 5 < history["loss"][0] - 1.0
+    assert sum(history["acc"][-5:]) / 5 > history["acc"][0]
+
+    checkpoints = tracker.checkpoints(run_id)
+    assert [c.step for c in checkpoints] == [20, 40]
+    loaded = load_drafter(checkpoints[-1].path, target_hidden_size=data.hidden_size,
+                          target_num_layers=data.num_layers, target_vocab_size=bytetok.VOCAB_SIZE)
+    assert loaded.config.target_layer_ids == [1, 2] and loaded.config.mask_token_id == bytetok.MASK
+    assert loaded.config.block_size == cfg.block_size
+
+
+def test_bf16_run_records_its_dtype(target_dir, data, tracker, tmp_path):
+    cfg = train_dflash.TrainConfig(name="demo-bf16", dtype="bf16", gamma=None, steps=4, ckpt_every=4)
+    run_id = train_dflash.train(cfg, target_dir, data, tracker, tmp_path / "ckpt")
+    assert tracker.run(run_id).data.tags["env.dtype"] == "bf16"
+    assert tracker.fingerprint(run_id)["numerics"]["dtype"] == "bf16"
+    loaded = load_drafter(tmp_path / "ckpt" / "step_4")
+    assert loaded.model.fc.weight.dtype == torch.float32  # fp32 master weights are what is saved
+    assert loaded.config.target_layer_ids == [2]  # z-lab's choice for 1 tapped layer of 4
+
+
+def test_train_refuses_data_of_another_target(data, tracker, tmp_path):
+    with pytest.raises(ValueError, match="prepared from"):
+        train_dflash.train(train_dflash.TrainConfig(steps=1), tmp_path, data, tracker, tmp_path / "ckpt")

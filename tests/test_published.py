@@ -1,0 +1,32 @@
+import mlflow
+
+from tracker import fingerprint
+from tracker.published import import_published, load_tables
+
+
+def test_published_tables_cite_their_source_and_setting():
+    tables = load_tables()
+    assert any(t["target"] == "Qwen/Qwen3.5-27B" and t["backend"] == "SGLang" for t in tables)
+    assert any(t["title"].startswith("DFlash paper, Table 1") for t in tables)
+    for t in tables:
+        assert t["source"]["url"] and t["source"]["publication"]
+        assert {"hardware", "backend", "temperature", "thinking", "block_size"} <= set(t)
+        assert all(isinstance(r["tau"], float) for r in t["rows"])
+
+
+def test_imported_reference_runs_are_published_and_other_targets(tracker, store_uri):
+    run_ids = import_published(tracker)
+    assert len(run_ids) == len(load_tables())
+    client = mlflow.MlflowClient(store_uri)
+    qwen35 = [client.get_run(r) for r in run_ids if client.get_run(r).data.tags["draftboard.target"] == "Qwen/Qwen3.5-27B"]
+    run = next(r for r in qwen35 if "block 16" in r.info.run_name)
+    assert run.data.tags["draftboard.kind"] == "reference"
+    assert run.data.metrics["tau_humaneval"] == 9.18
+    assert "tau" not in run.data.metrics  # the card prints no average; none is made up
+    fp = tracker.fingerprint(run.info.run_id)
+    assert fp["source"]["kind"] == "published" and fp["source"]["backend"] == "SGLang"
+    assert fp["hardware"]["gpu_name"] == "NVIDIA B200 (single)"
+    assert fp["software"]["torch"] is None and fp["numerics"]["linear_attention_path"] is None
+    assert fingerprint.env_tags(fp)["env.linear_attn"] == "unknown"
+    table1 = next(client.get_run(r) for r in run_ids if "Qwen3-8B, temperature 0" in client.get_run(r).info.run_name)
+    assert table1.data.metrics["tau"] == 6.49  # the paper's own Avg. column

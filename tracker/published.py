@@ -1,0 +1,62 @@
+"""z-lab's published DFlash numbers as reference runs that say where they come from.
+
+The numbers live in `published_zlab.json` beside this module, each table with its source,
+hardware, backend, temperature and thinking mode. Imported runs are `draftboard.kind=reference`
+for their own target (never the demo's), and their fingerprint is `published`: it states what
+the publication states and nothing else, so every comparison with a local run shows which
+fields are unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tracker import fingerprint
+
+DATA = Path(__file__).with_name("published_zlab.json")
+
+
+def load_tables(path: str | Path = DATA) -> list[dict]:
+    return json.loads(Path(path).read_text())["tables"]
+
+
+def _fingerprint(table: dict) -> dict:
+    source = {k: table.get(k) for k in ("title", "source", "drafter", "backend", "temperature", "thinking",
+                                         "block_size")}
+    known = {"hardware.gpu_name": table.get("hardware"), "hardware.device": "cuda" if table.get("hardware") else None}
+    return fingerprint.published(source, {k: v for k, v in known.items() if v is not None})
+
+
+def _slug(benchmark: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in benchmark.lower()).strip("_")
+
+
+def import_published(tracker, tags: dict[str, str] | None = None, path: str | Path = DATA) -> list[str]:
+    """One reference run per published table: `tau_<benchmark>` (and `speedup_<benchmark>`) metrics.
+
+    `tau` itself is logged only where the publication prints an average ("Avg."): an average
+    of a table's columns would be a number nobody published.
+    """
+    run_ids = []
+    for table in load_tables(path):
+        params = {"table": table["title"], "hardware": table.get("hardware"), "backend": table.get("backend"),
+                  "temperature": table.get("temperature"), "thinking": table.get("thinking"),
+                  "block_size": table.get("block_size"), "max_new_tokens": table.get("max_new_tokens"),
+                  "source": table["source"].get("url"), "publication": table["source"].get("publication")}
+        metrics = {}
+        for row in table["rows"]:
+            if row["benchmark"].lower().startswith("avg"):
+                metrics["tau"] = row["tau"]
+                metrics["streak"] = row["tau"] - 1
+                continue
+            metrics[f"tau_{_slug(row['benchmark'])}"] = row["tau"]
+            if row.get("speedup") is not None:
+                metrics[f"speedup_{_slug(row['benchmark'])}"] = row["speedup"]
+        name = f"z-lab published: {table['title']}"
+        with tracker.eval_run(name, target=table["target"], params={k: v for k, v in params.items() if v is not None},
+                              fingerprint=_fingerprint(table), kind="reference", reference_name=name,
+                              tags={**(tags or {}), "draftboard.published": "1"}) as run:
+            run.log_metrics({k: float(v) for k, v in metrics.items()}, step=0)
+            run_ids.append(run.run_id)
+    return run_ids
