@@ -26,6 +26,7 @@ from tracker.store import Tracker
 DEMO_TAG = "draftboard.demo"
 MANIFEST = "manifest.json"
 REFERENCE_NAME = "reference (demo)"
+TARGET_NAME = "qwen35-tiny-stdlib"  # the directory name is what the dashboard shows as the target
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, re
     stage = _Stages(report, len(runs(plan)) + 5)
 
     stage("target: a tiny Qwen3.5 hybrid (3 Gated DeltaNet + 1 full-attention layer) on stdlib source")
-    target_dir = demo_target.build_target(root / "target", steps=plan.target_steps,
+    target_dir = demo_target.build_target(root / TARGET_NAME, steps=plan.target_steps,
                                           progress=_every(report, plan.target_steps // 4, "  target step"))
 
     stage(f"data: {plan.train_prompts} prompts and the target's own greedy completions")

@@ -169,8 +169,9 @@ def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: tor
             raise DraftboardError(f"non-finite drafter logits for prompt {w.id!r} at completion position {bad}")
         targets = seq[a[:, None] + torch.arange(1, block, device=drafter.device)]  # [m, block-1]
         w.chain += metrics.chain_acceptance(logits.argmax(-1), targets).tolist()
-        for b, acc in ddtree_acceptance_batch(logits, targets, budgets).items():
-            w.tree[b] += acc.tolist()
+        if budgets:
+            for b, acc in ddtree_acceptance_batch(logits, targets, budgets).items():
+                w.tree[b] += acc.tolist()
 
 
 def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...]) -> dict:

@@ -5,6 +5,17 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . "${DRAFTBOARD_VENV:-.venv}/bin/activate"
 
+# The browser test drives Debian's Chromium (Playwright cannot download its own here).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: the browser test needs Debian's chromium: apt-get install chromium" >&2
+    exit 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+# Tests that need an installed service fail instead of skipping when it is missing.
+export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1
+
 # A triton install kept apart from .venv: one test puts it on PYTHONPATH to reproduce the
 # CPU box where transformers picks fla's triton kernels and the forward would crash.
 TRITON_SITE=${DRAFTBOARD_TRITON_SITE:-$PWD/.cache/triton-site}
@@ -12,6 +23,9 @@ if [ ! -d "$TRITON_SITE/triton" ]; then
   python -m pip install -q --no-deps --target "$TRITON_SITE" "triton==3.9.0"
 fi
 export DRAFTBOARD_TRITON_SITE="$TRITON_SITE"
+
+# Static check first: undefined names and unused imports fail fast.
+ruff check --quiet --select F,E9 app.py pages tracker evaluators demo benchmarks tests
 
 set +e
 python -m pytest "$@"

@@ -29,3 +29,99 @@ def machine_fp() -> dict:
     from tracker import fingerprint as fp_module
 
     return fp_module.capture(device="cpu", dtype="fp32")
+
+
+# =========================================================================== dashboard fixtures
+# Used by tests/test_app.py and tests/test_views.py (the Streamlit dashboard and its data layer).
+
+
+@pytest.fixture(scope="session")
+def dashboard_store(tmp_path_factory):
+    """A store of its own with real runs, built once per session (about 10 s on 2 cores).
+
+    - a tiny hybrid (Qwen3.5) target, two drafter checkpoints (steps 100 and 200), prompts;
+    - train run `v5` whose fingerprint matches its evals (evals at steps 100 and 200);
+    - train run `v4` whose fingerprint says linear-attn fast + bf16 while its eval (step 200)
+      ran fallback + fp32: the known critical mismatch;
+    - reference `z-lab ref` evaluated for the same target in the same environment;
+    - reference `z-lab paper` with a published fingerprint, for another target.
+    Real evals through the harness (evaluators.harness.evaluate + log_eval).
+    """
+    import copy
+    import json
+    import math
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from evaluators.harness import EvalSettings, evaluate, log_eval
+    from tiny import VOCAB, qwen35_config, save_target
+    from tracker import Tracker
+    from tracker import fingerprint as fp_module
+
+    home = tmp_path_factory.mktemp("dashboard")
+    root = home / "models"
+    torch.manual_seed(0)
+    save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), root / "target")
+    drafters = {}
+    for step, seed in ((100, 1), (200, 2)):
+        torch.manual_seed(seed)
+        cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=64, target_layer_ids=[1, 2], block_size=4,
+                            mask_token_id=1, num_target_layers=4, vocab_size=VOCAB)
+        drafters[step] = save_zlab(DFlashDrafter(cfg), cfg, root / "ckpt" / f"step_{step}")
+    prompts = torch.randint(2, 60, (3, 9), generator=torch.Generator().manual_seed(3)).tolist()
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    settings = {step: EvalSettings(target=str(root / "target"), drafter=str(path), prompts=str(root / "prompts.jsonl"),
+                                   max_new_tokens=12, budgets=(2, 4, 8), device="cpu", dtype="fp32",
+                                   linear_attn="fallback", cache_dir=str(home / "cache"))
+                for step, path in drafters.items()}
+    results = {step: evaluate(s) for step, s in settings.items()}
+
+    uri = f"sqlite:///{home / 'draftboard.db'}"
+    tracker = Tracker(uri)
+    eval_fp = results[100]["fingerprint"]
+    same_fp = {k: copy.deepcopy(v) for k, v in eval_fp.items() if k != "probe"}
+    fast_fp = copy.deepcopy(same_fp)
+    fast_fp["numerics"]["linear_attention_path"] = "fast"
+    fast_fp["numerics"]["dtype"] = "bf16"
+    target = str(root / "target")
+
+    ids = {}
+    for name, fp in (("v4", fast_fp), ("v5", same_fp)):
+        with tracker.training_run(name, {"lr": 3e-4, "block_size": 4}, target, fingerprint=fp) as run:
+            for step in range(0, 301):
+                run.log_step(step, loss=2.0 / (1 + step / 50) + (0.1 if name == "v4" else 0.0),
+                             acc=min(0.9, step / 400), streak=1 + math.log1p(step) / 3, dds8=1.5 + step / 300)
+            for step, path in drafters.items():
+                run.log_checkpoint(path, step)
+        ids[name] = run.run_id
+    ids["v5@100"] = log_eval(tracker, results[100], settings[100], train_run_id=ids["v5"], checkpoint_step=100)
+    ids["v5@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v5"], checkpoint_step=200)
+    ids["v4@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v4"], checkpoint_step=200)
+    ids["ref"] = log_eval(tracker, results[100], settings[100], reference="z-lab ref")
+    published = fp_module.published({"url": "https://example.org/dflash", "title": "DFlash"},
+                                    {"numerics.dtype": "bf16", "hardware.device": "cuda"})
+    with tracker.eval_run("z-lab paper", target="Qwen/Qwen3.5-4B", kind="reference", fingerprint=published,
+                          reference_name="z-lab paper") as ref:
+        ref.log_metrics({"tau": 6.5, "streak": 5.5, "accept_rate_pos1": 0.9, "accept_rate_pos2": 0.8,
+                         "accept_rate_pos3": 0.7, "ddtree_tau_b8": 7.0})
+    ids["published"] = ref.run_id
+    return SimpleNamespace(uri=uri, home=home, root=root, ids=ids, target=target, drafters=drafters,
+                           prompts=str(root / "prompts.jsonl"), results=results)
+
+
+# --------------------------------------------------------------------------- demo store
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory):
+    """A `draftboard demo --quick` store, built once per session (about a minute on 2 cores)."""
+    from demo.build import build_demo
+
+    home = tmp_path_factory.mktemp("demo")
+    build_demo(home, quick=True, report=lambda line: None)
+    return home

@@ -165,6 +165,48 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from demo.build import build_demo
+
+    home = os.environ.get("DRAFTBOARD_HOME") or os.getcwd()
+    manifest = build_demo(home, quick=args.quick, force=args.force)
+    print(f"raw runs: mlflow ui --backend-store-uri sqlite:///{Path(manifest['home']) / 'draftboard.db'}")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    import logging
+
+    from tracker.launchers import make_launcher
+    from tracker.worker import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    ray_options = {}
+    if args.launcher == "ray":
+        runtime_env = None
+        if args.ray_runtime_env:
+            text = args.ray_runtime_env
+            if not text.lstrip().startswith("{"):
+                try:
+                    text = Path(text).read_text()
+                except OSError as exc:
+                    raise DraftboardError(f"--ray-runtime-env: cannot read {text}: {exc}") from exc
+            try:
+                runtime_env = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DraftboardError(f"--ray-runtime-env is not JSON: {exc}") from exc
+        python = "python" if args.ray_python is None else (args.ray_python or None)  # "": keep argv[0]
+        ray_options = dict(python=python, gpus_per_job=args.ray_gpus, env=args.ray_env,
+                           runtime_env=runtime_env, poll_s=args.poll)
+    elif args.address or args.ray_python is not None or args.ray_env or args.ray_runtime_env:
+        raise DraftboardError("--address and --ray-* options need --launcher ray")
+    launcher = make_launcher(args.launcher, args.address, **ray_options)
+    claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
+                         launcher=launcher)
+    print(f"worker stopped after {claimed} job(s)")
+    return 0
+
+
 def cmd_ui(args) -> int:
     import subprocess
 
@@ -174,13 +216,30 @@ def cmd_ui(args) -> int:
     if not app.is_file():
         raise DraftboardError(f"{app} not found: run `draftboard ui` from a source checkout")
     tracker = Tracker(args.tracking_uri)
+    env = dict(os.environ, MLFLOW_TRACKING_URI=tracker.uri)
+    # The dashboard process reads its settings from the environment (tracker/dashboard.py).
+    for flag, var in (("readonly", "DRAFTBOARD_READONLY"), ("mlflow_ui", "DRAFTBOARD_MLFLOW_UI"),
+                      ("jobs_uri", "DRAFTBOARD_JOBS_URI"), ("allowed_roots", "DRAFTBOARD_ALLOWED_ROOTS")):
+        value = getattr(args, flag)
+        if value:
+            env[var] = "1" if value is True else value
     print(f"store: {tracker.uri}")
     print(f"raw runs: mlflow ui --backend-store-uri {tracker.uri}")
     print(f"dashboard: http://{args.address}:{args.port}")
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
+    # The embedded default works with one command: a local worker runs the queued evals.
+    worker = None
+    if not (args.no_worker or args.readonly):  # read-only dashboards launch nothing
+        worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker"], env=env)
+    cmd = [sys.executable, "-m", "tracker.serve", str(app), "--server.port", str(args.port),
            "--server.address", args.address, "--server.headless", "true",
-           "--browser.gatherUsageStats", "false"]
-    return subprocess.call(cmd)
+           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+           "--client.toolbarMode", "minimal"]
+    try:
+        return subprocess.call(cmd, env=env)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,7 +290,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1")
     p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME)")
     p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--no-worker", action="store_true", help="do not start a local eval worker")
+    p.add_argument("--readonly", action="store_true", help="hide launch, cancel, re-evaluate and promote controls")
+    p.add_argument("--mlflow-ui", help="base URL of `mlflow ui` for run links (DRAFTBOARD_MLFLOW_UI)")
+    p.add_argument("--jobs-uri", help="job queue database (DRAFTBOARD_JOBS_URI)")
+    p.add_argument("--allowed-roots", help="os.pathsep-separated roots Launch may read (DRAFTBOARD_ALLOWED_ROOTS)")
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("demo", help="build the demo store: a tiny hybrid target, real drafter runs and evals")
+    p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME; default: the working directory)")
+    p.add_argument("--quick", action="store_true", help="a smaller demo (about a minute on 2 cores)")
+    p.add_argument("--force", action="store_true", help="remove the demo runs and rebuild them")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("worker", help="run queued evals")
+    p.add_argument("--slots", type=int, default=1, help="evals run at once")
+    p.add_argument("--jobs-uri", default=None, help="job queue database (DRAFTBOARD_JOBS_URI)")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between queue polls")
+    p.add_argument("--stale", type=float, default=60.0, help="fail running jobs silent for this many seconds")
+    p.add_argument("--once", action="store_true", help="run what is queued now, then exit")
+    p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME)")
+    p.add_argument("--launcher", choices=["local", "ray"], default="local",
+                   help="where evals run: subprocesses here, or Ray jobs on a cluster (docs/RAY.md)")
+    p.add_argument("--address", default=None,
+                   help="Ray Jobs API of the cluster's head, e.g. http://head:8265 (default: $RAY_ADDRESS, "
+                        "else http://127.0.0.1:8265)")
+    p.add_argument("--ray-python", default=None, metavar="PYTHON",
+                   help="interpreter that runs the eval on the cluster (default: python on the node's PATH; "
+                        "'' keeps the worker's own path)")
+    p.add_argument("--ray-gpus", type=float, default=1.0, metavar="N", help="GPUs a --device cuda eval requests")
+    p.add_argument("--ray-env", action="append", default=[], metavar="NAME",
+                   help="also pass this environment variable to Ray jobs (MLFLOW_* and DRAFTBOARD_* always are)")
+    p.add_argument("--ray-runtime-env", default=None, metavar="JSON|FILE",
+                   help="a Ray runtime_env for every job, e.g. '{\"pip\": [\"draftboard[gpu]\"]}'")
+    p.set_defaults(func=cmd_worker)
     return parser
 
 

@@ -278,10 +278,9 @@ class JobQueue:
         """
         argv = _checked_command(command)
         key = dedup_key(kind, params)
-        stored_params = json.loads(json.dumps(dict(params)))
         insert = (
             sa.insert(jobs)
-            .values(kind=kind, params=stored_params, command=argv, state=QUEUED, created_at=_now(),
+            .values(kind=kind, params=dict(params), command=argv, state=QUEUED, created_at=_now(),
                     progress=0.0, cancel_requested=False, dedup_key=key)
             .returning(*jobs.c)
         )

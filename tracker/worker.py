@@ -1,10 +1,12 @@
-"""`draftboard worker`: claims queued jobs and runs each one's argv as a local subprocess.
+"""`draftboard worker`: claims queued jobs and runs each one through a launcher.
 
-One thread per running job supervises its process: it heartbeats, watches for a cancel
-request, and records the outcome; a second thread per job copies the output to the job's
-log file line by line and records the progress lines of `tracker.events`. Jobs run in their
-own process group (session), so a cancel reaches whatever the eval started, and the worker,
-not the terminal's Ctrl-C, decides how a job ends.
+The launcher (`tracker.launchers`) decides where a job's argv runs: `local` (the default) as
+a subprocess of the worker, `ray` as a Ray job on a cluster (docs/RAY.md). Everything about
+the queue stays here: one thread per running job supervises it, heartbeats, watches for a
+cancel request, and records the outcome, while the job's output reaches its log file and its
+progress lines (`tracker.events`) reach the queue. Local jobs run in their own process group
+(session), so a cancel reaches whatever the eval started, and the worker, not the terminal's
+Ctrl-C, decides how a job ends.
 """
 
 from __future__ import annotations
@@ -16,31 +18,24 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import threading
 import time
-from collections import deque
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from tracker import events
 from tracker.errors import DraftboardError
 from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job, JobQueue, home_dir
+from tracker.launchers import (DRAIN_S, ERROR_TAIL_LINES, PROGRESS_MIN_INTERVAL_S, Execution, JobOutput,
+                               LaunchError, Launcher, LocalLauncher)
+
+__all__ = ["run_worker", "make_worker_id", "TICK_S", "DRAIN_S", "ERROR_TAIL_LINES", "PROGRESS_MIN_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
-# Output lines (protocol lines excluded) quoted in a failed job's error.
-ERROR_TAIL_LINES = 20
-# Progress writes per job are throttled to this interval, except stage changes and
-# completion: a harness reporting every token must not keep the queue's write lock busy.
-PROGRESS_MIN_INTERVAL_S = 0.25
-# How often a job's supervisor looks for its process exiting or the worker stopping.
+# How often a job's supervisor looks for its job ending or the worker stopping.
 TICK_S = 0.05
-# After a job's process exits, how long its output may take to drain before leftover
-# processes still holding the pipe are killed.
-DRAIN_S = 5.0
 
 # How a job's supervision ended.
 _EXITED, _CANCELLED, _LOST, _ABORTED = "exited", "cancelled", "lost", "aborted"
@@ -61,15 +56,18 @@ def run_worker(
     once: bool = False,
     stop_event: threading.Event | None = None,
     grace_s: float = 10.0,
+    launcher: Launcher | None = None,
 ) -> int:
     """Run queued jobs, up to `slots` at a time, until stop_event is set; return how many ran.
 
     Each round fails jobs of other workers that stopped heartbeating for stale_s, then
-    claims jobs for the free slots. once=True returns as soon as no job is queued and
-    none of this worker's jobs is running. A cancel request stops a job's process group
-    with SIGTERM, then SIGKILL after grace_s. When the worker stops (stop_event, SIGTERM
-    in the main thread, Ctrl-C) its running jobs are stopped the same way and marked failed.
-    Logs go to log_dir (default <DRAFTBOARD_HOME>/logs) as job-<id>.log.
+    claims jobs for the free slots (unless the launcher reports it cannot take jobs now,
+    e.g. its Ray cluster is unreachable). once=True returns as soon as no job is queued and
+    none of this worker's jobs is running. launcher: where jobs run (default: a
+    LocalLauncher, subprocesses of this process). A cancel request stops a job (locally:
+    SIGTERM to its process group, then SIGKILL after grace_s). When the worker stops
+    (stop_event, SIGTERM in the main thread, Ctrl-C) its running jobs are stopped the same
+    way and marked failed. Logs go to log_dir (default <DRAFTBOARD_HOME>/logs) as job-<id>.log.
     """
     if slots < 1:
         raise DraftboardError(f"a worker needs at least one slot, got {slots}")
@@ -78,6 +76,7 @@ def run_worker(
             f"heartbeat interval ({heartbeat_s} s) must be positive and shorter than the stale timeout "
             f"({stale_s} s), or healthy jobs would be failed as stale"
         )
+    launcher = launcher or LocalLauncher()
     queue = JobQueue(queue_uri)
     logs = Path(log_dir) if log_dir is not None else home_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -86,7 +85,8 @@ def run_worker(
     wake = threading.Event()  # set when a job ends, so its slot is refilled at once
     runners: list[_JobRunner] = []
     claimed = 0
-    log.info("worker %s: %d slot(s) on %s", worker_id, slots, queue.uri)
+    blocked: str | None = None  # why the launcher cannot take jobs, as last logged
+    log.info("worker %s: %d slot(s) on %s, jobs run %s", worker_id, slots, queue.uri, launcher.describe())
     with _stop_on_sigterm(stop, wake):
         try:
             while not stop.is_set():
@@ -95,9 +95,16 @@ def run_worker(
                 try:
                     for job in queue.fail_stale(stale_s):
                         log.warning("job %d failed: %s", job.id, job.error)
-                    while len(runners) < slots and (job := queue.claim(worker_id)) is not None:
+                    reason = launcher.unavailable() if len(runners) < slots else None
+                    if reason != blocked:
+                        if reason:
+                            log.warning("not claiming jobs: %s", reason)
+                        else:
+                            log.info("%s is available again", launcher.describe())
+                        blocked = reason
+                    while not reason and len(runners) < slots and (job := queue.claim(worker_id)) is not None:
                         log.info("job %d (%s) claimed", job.id, job.kind)
-                        runner = _JobRunner(queue, job, worker_id, logs, heartbeat_s, grace_s, wake)
+                        runner = _JobRunner(queue, job, worker_id, logs, heartbeat_s, grace_s, wake, launcher)
                         runner.start()
                         runners.append(runner)
                         claimed += 1
@@ -134,77 +141,22 @@ def _stop_on_sigterm(stop: threading.Event, wake: threading.Event) -> Iterator[N
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-class _OutputPump(threading.Thread):
-    """Copies a job's output into its log file and records the protocol lines it carries."""
-
-    def __init__(self, stream: IO[str], log_file: IO[str], queue: JobQueue, job_id: int) -> None:
-        # Daemon: a pipe held open by a process that escaped the job's group must not keep
-        # the worker alive at exit.
-        super().__init__(name=f"job-{job_id}-output", daemon=True)
-        self._stream, self._log_file, self._queue, self._job_id = stream, log_file, queue, job_id
-        self._lock = threading.Lock()
-        self._tail: deque[str] = deque(maxlen=ERROR_TAIL_LINES)
-        self._run_id: str | None = None
-        self._stage: str | None = None
-        self._last_write = float("-inf")
-
-    def run(self) -> None:
-        with self._log_file, self._stream:
-            for line in self._stream:
-                self._log_file.write(line)
-                self._log_file.flush()  # the dashboard tails this file while the job runs
-                event = events.parse_event(line)
-                if event is None:
-                    with self._lock:
-                        self._tail.append(line.rstrip("\n"))
-                else:
-                    self._record(event)
-
-    def tail(self) -> list[str]:
-        with self._lock:
-            return list(self._tail)
-
-    def run_id(self) -> str | None:
-        with self._lock:
-            return self._run_id
-
-    def _record(self, event: dict) -> None:
-        if event["event"] == events.RESULT:
-            run_id = event.get("run_id")
-            with self._lock:
-                self._run_id = run_id if isinstance(run_id, str) and run_id else None
-            return
-        if event["event"] != events.PROGRESS:
-            return
-        fraction = events.progress_fraction(event)
-        if fraction is None:
-            return
-        stage = str(event.get("stage") or "") or None
-        now = time.monotonic()
-        if stage == self._stage and fraction < 1.0 and now - self._last_write < PROGRESS_MIN_INTERVAL_S:
-            return
-        self._stage, self._last_write = stage, now
-        try:
-            self._queue.update_progress(self._job_id, fraction, stage)
-        except SQLAlchemyError as exc:
-            log.warning("job %d: progress not recorded (%s)", self._job_id, exc)
-
-
 class _JobRunner(threading.Thread):
     """Runs one claimed job to its end and records the outcome."""
 
-    def __init__(self, queue: JobQueue, job: Job, worker_id: str, log_dir: Path,
-                 heartbeat_s: float, grace_s: float, on_done: threading.Event) -> None:
+    def __init__(self, queue: JobQueue, job: Job, worker_id: str, log_dir: Path, heartbeat_s: float,
+                 grace_s: float, on_done: threading.Event, launcher: Launcher) -> None:
         super().__init__(name=f"job-{job.id}")
         self._queue, self._job, self._worker_id = queue, job, worker_id
         self._log_path = (log_dir / f"job-{job.id}.log").resolve()
         self._heartbeat_s, self._grace_s = heartbeat_s, grace_s
         self._on_done = on_done
+        self._launcher = launcher
         self._abort = threading.Event()
         self.done = threading.Event()  # set before the thread exits: its slot is free
 
     def abort(self) -> None:
-        """Stop the job's process (SIGTERM, then SIGKILL after the grace period) and fail the job."""
+        """Stop the job (as on a cancel request) and fail it."""
         self._abort.set()
 
     def run(self) -> None:
@@ -220,52 +172,37 @@ class _JobRunner(threading.Thread):
     def _run(self) -> None:
         job = self._job
         log_file = open(self._log_path, "w", encoding="utf-8")
-        log_file.write(f"[draftboard] job {job.id} ({job.kind}) on worker {self._worker_id}: "
-                       f"{json.dumps(job.command)}\n")
-        log_file.flush()
+        output = JobOutput(log_file, self._queue, job.id)
         try:
-            proc = subprocess.Popen(
-                job.command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                encoding="utf-8",
-                errors="replace",
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines reach the log as printed
-            )
-        except (OSError, ValueError) as exc:
-            message = f"cannot start {job.command[0]}: {exc}"
-            log_file.write(f"[draftboard] {message}\n")
-            log_file.close()
+            header = self._launcher.header(job)
+        except DraftboardError:  # a command the launcher cannot express: launch() says why
+            header = json.dumps(job.command)
+        output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}: {header}")
+        try:
+            execution = self._launcher.launch(job, output)
+        except LaunchError as exc:
+            output.note(str(exc))
+            output.close()
             self._queue.attach_process(job.id, self._worker_id, None, str(self._log_path))
-            self._finish(FAILED, error=message)
+            self._finish(FAILED, error=str(exc))
             return
-        pump = _OutputPump(proc.stdout, log_file, self._queue, job.id)
-        pump.start()
         try:
-            self._queue.attach_process(job.id, self._worker_id, proc.pid, str(self._log_path))
-            outcome, killed = self._supervise(proc)
+            self._queue.attach_process(job.id, self._worker_id, execution.pid, str(self._log_path))
+            outcome, note = self._supervise(execution)
         except BaseException:
-            _terminate(proc, self._grace_s)  # a job recorded as failed must not keep running
+            execution.stop(self._grace_s)  # a job recorded as failed must not keep running
             raise
-        pump.join(DRAIN_S)
-        if pump.is_alive():
-            _signal_group(proc, signal.SIGKILL)
-            pump.join(DRAIN_S)
-        self._record(outcome, killed, proc.returncode, pump)
+        execution.drain()
+        self._record(outcome, note, execution, output)
 
-    def _supervise(self, proc: subprocess.Popen) -> tuple[str, bool]:
-        """Wait for the process while heartbeating; (outcome, whether SIGKILL was needed)."""
+    def _supervise(self, execution: Execution) -> tuple[str, str]:
+        """Wait for the job to end while heartbeating; (outcome, note on how it was stopped)."""
         next_beat = time.monotonic() + self._heartbeat_s
         while True:
-            try:
-                proc.wait(timeout=TICK_S)
-                return _EXITED, False
-            except subprocess.TimeoutExpired:
-                pass
+            if execution.wait(TICK_S):
+                return _EXITED, ""
             if self._abort.is_set():
-                return _ABORTED, _terminate(proc, self._grace_s)
+                return _ABORTED, execution.stop(self._grace_s)
             if time.monotonic() < next_beat:
                 continue
             next_beat = time.monotonic() + self._heartbeat_s
@@ -275,25 +212,29 @@ class _JobRunner(threading.Thread):
                 log.warning("job %d: heartbeat failed (%s)", self._job.id, exc)
                 continue
             if job.state != RUNNING or job.worker_id != self._worker_id:
-                return _LOST, _terminate(proc, self._grace_s)
+                return _LOST, execution.stop(self._grace_s)
             if job.cancel_requested:
-                return _CANCELLED, _terminate(proc, self._grace_s)
+                return _CANCELLED, execution.stop(self._grace_s)
 
-    def _record(self, outcome: str, killed: bool, returncode: int, pump: _OutputPump) -> None:
+    def _record(self, outcome: str, note: str, execution: Execution, output: JobOutput) -> None:
         job_id = self._job.id
-        kill_note = f"; killed with SIGKILL after {self._grace_s:g} s grace" if killed else ""
+        note = f"; {note}" if note else ""
         if outcome == _LOST:
             # Another worker failed it as stale; its record already says why.
-            log.warning("job %d was taken from this worker; its process was stopped", job_id)
+            log.warning("job %d was taken from this worker; it was stopped%s", job_id, note)
         elif outcome == _CANCELLED:
-            self._finish(CANCELLED, error=f"cancelled on request{kill_note}")
+            self._finish(CANCELLED, error=f"cancelled on request{note}")
         elif outcome == _ABORTED:
-            self._finish(FAILED, error=f"worker {self._worker_id} stopped while the job ran{kill_note}")
-        elif returncode == 0:
-            self._finish(SUCCEEDED, mlflow_run_id=pump.run_id())
+            self._finish(FAILED, error=f"worker {self._worker_id} stopped while the job ran{note}")
         else:
-            lines = "\n".join(pump.tail())
-            self._finish(FAILED, error=f"{_describe_exit(returncode)}; last output:\n{lines}")
+            state, why = execution.outcome()
+            if state == SUCCEEDED:
+                self._finish(SUCCEEDED, mlflow_run_id=output.run_id())
+            elif state == CANCELLED:
+                self._finish(CANCELLED, error=why)
+            else:
+                lines = "\n".join(output.tail())
+                self._finish(FAILED, error=f"{why}; last output:\n{lines}")
 
     def _finish(self, state: str, error: str | None = None, mlflow_run_id: str | None = None) -> None:
         try:
@@ -302,30 +243,3 @@ class _JobRunner(threading.Thread):
             log.warning("job %d: outcome %s not recorded: %s", self._job.id, state, exc)
             return
         log.info("job %d %s", job.id, job.state)
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    # The job leads its own session, so its process group id is its pid.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _terminate(proc: subprocess.Popen, grace_s: float) -> bool:
-    """SIGTERM the job's process group, SIGKILL it after grace_s; True if SIGKILL was needed."""
-    _signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-        return False
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-        return True

@@ -1,0 +1,95 @@
+"""Environments: fingerprints side by side, train-vs-eval pairs, re-evaluation in the training environment."""
+
+import streamlit as st
+
+from tracker import dashboard as ui
+from tracker.envmatrix import (
+    SEVERITY_COLORS,
+    fingerprint_matrix,
+    pairs_frame,
+    reeval_plan,
+    train_eval_pairs,
+)
+from tracker.errors import DraftboardError
+from tracker.launch import submit_eval
+from tracker.views import eval_label
+
+cfg = ui.settings()
+st.title("Environments")
+index = ui.load_index_or_stop(cfg)
+ui.store_sidebar(cfg, index)
+
+# ------------------------------------------------------------------ train vs eval
+st.subheader("Training run vs its evals",
+             help="each eval's fingerprint against its training run's; critical = can change the numbers "
+                  "(linear-attention path, dtype, device kind, attention implementation, torch/transformers/fla "
+                  "minor version, TF32, hidden-state probe)")
+pairs = train_eval_pairs(index)
+if not pairs:
+    st.info("No eval is linked to a training run yet (evals carry the tag `draftboard.train_run_id`).")
+else:
+    table = pairs_frame(index, pairs)
+    n_crit = int((table["critical"] > 0).sum())
+    if n_crit:
+        st.error(f"{n_crit} eval(s) ran in an environment that differs critically from their training run.",
+                 icon=":material/warning:")
+    st.dataframe(table, hide_index=True, key="env_pairs", column_order=[c for c in table.columns
+                                                                       if c != "eval_run_id"],
+                 column_config={"differences": st.column_config.TextColumn(width="large")})
+
+    # -------------------------------------------------------------- re-evaluate
+    if not cfg.readonly:
+        eval_ids = [p.eval.run_id for p in pairs]
+        pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
+                            format_func=lambda r: f"{eval_label(index, index.runs[r])} — {index.runs[r].env_badges}",
+                            help="the same target, drafter, prompts and settings as this eval, with its training "
+                                 "run's linear-attention path, dtype and device")
+        plan = reeval_plan(index, pick, cfg.store_uri, ui.eval_results_loader(cfg.store_uri))
+        if plan.blocked:
+            st.caption(f"Cannot re-evaluate: {plan.blocked}")
+        elif plan.changes:
+            st.caption("Changes: " + ", ".join(plan.changes))
+        else:
+            st.caption("This eval already ran in its training run's environment.")
+        if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=bool(plan.blocked),
+                     icon=":material/replay:", type="primary" if plan.changes else "secondary"):
+            try:
+                job = submit_eval(ui.queue_for(cfg.jobs_uri), plan.params)
+            except DraftboardError as exc:
+                st.error(str(exc))
+            else:
+                if job.existing:
+                    st.info(f"Already {job.state}: job #{job.id} has the same checkpoint and settings.")
+                else:
+                    st.success(f"Queued job #{job.id}.")
+                st.page_link("pages/launch.py", label="Follow it in the queue", icon=":material/list:")
+
+# ------------------------------------------------------------------ matrix
+st.subheader("Fingerprint matrix", help="one column per run; cells are graded against the baseline column")
+options = list(index.runs)
+if "env_runs" not in st.session_state:
+    first = next((p for p in pairs if p.critical), pairs[0] if pairs else None)
+    st.session_state["env_runs"] = [first.train.run_id, first.eval.run_id] if first else options[:3]
+else:
+    st.session_state["env_runs"] = [r for r in st.session_state["env_runs"] if r in index.runs]
+chosen = st.multiselect("Runs", options, key="env_runs", format_func=lambda r: ui.run_option_label(index, r))
+if not chosen:
+    st.info("Choose runs to see their fingerprints side by side.")
+    st.stop()
+c1, c2 = st.columns([3, 1])
+baseline = c1.selectbox("Baseline", chosen, key="env_baseline", format_func=lambda r: ui.run_option_label(index, r))
+show_all = c2.toggle("Show all fields", key="env_all", help="off: only fields that differ somewhere")
+labels = {r: index.label(r) for r in chosen}
+matrix = fingerprint_matrix({labels[r]: index.runs[r].fingerprint for r in chosen}, labels[baseline],
+                            only_differing=not show_all)
+legend = " ".join(f'<span style="background:{color};padding:1px 6px;border-radius:4px">{name}</span>'
+                  for name, color in SEVERITY_COLORS.items())
+st.markdown(f"Cells differing from **{labels[baseline]}**: {legend}", unsafe_allow_html=True)
+if matrix.values.empty:
+    st.success("No differences: these runs' numbers are comparable.")
+else:
+    summary = ", ".join(f"{label}: {c['critical']} critical, {c['warning']} warning"
+                        for label, c in matrix.counts.items() if label != matrix.baseline)
+    if summary:
+        st.caption(summary)
+    st.dataframe(matrix.styled(), key="env_matrix", height=min(36 * (len(matrix.values) + 1) + 4, 700))

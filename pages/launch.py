@@ -1,0 +1,201 @@
+"""Launch eval: queue `draftboard eval` for a checkpoint, and follow the job queue live."""
+
+import os
+
+import streamlit as st
+
+from tracker import dashboard as ui
+from tracker.envmatrix import eval_settings_of
+from tracker.errors import DraftboardError
+from tracker.jobs import QUEUED, RUNNING
+from tracker.launch import (
+    DEFAULT_BUDGETS,
+    DEVICES,
+    DTYPES,
+    LINEAR_ATTN_CHOICES,
+    LaunchForm,
+    describe_job,
+    eval_params,
+    submit_eval,
+    training_linear_attn,
+)
+
+OTHER = "__path__"
+
+cfg = ui.settings()
+st.title("Launch eval")
+try:
+    index = ui.run_index(cfg.store_uri)
+except DraftboardError as exc:
+    st.error(f"Cannot read the store: {exc}")
+    st.stop()
+ui.store_sidebar(cfg, index)
+try:
+    queue = ui.queue_for(cfg.jobs_uri)
+except DraftboardError as exc:
+    st.error(f"Cannot open the job queue: {exc}")
+    st.stop()
+
+
+def _on_train_change() -> None:
+    """Pre-fill the target, device and dtype from the chosen training run."""
+    run = index.get(st.session_state.get("launch_train_run"))
+    if run is None:
+        return
+    if run.target:
+        st.session_state["launch_target"] = run.target
+    if run.device in DEVICES:
+        st.session_state["launch_device"] = run.device
+    if run.dtype in DTYPES:
+        st.session_state["launch_dtype"] = run.dtype
+    st.session_state["launch_linear"] = ("match training run" if training_linear_attn(run.fingerprint)[0]
+                                         else "auto")
+    # The prompts and budgets of this run's latest eval (else the store's), so a repeat is one click.
+    own = index.evals_of(run.run_id)
+    previous = own[-1] if own else next(iter(index.of_kind("eval")), None)
+    if previous is not None:
+        settings = eval_settings_of(previous)
+        if settings.get("prompts") and not st.session_state.get("launch_prompts"):
+            st.session_state["launch_prompts"] = settings["prompts"]
+        if settings.get("budgets"):
+            st.session_state["launch_budgets"] = ",".join(map(str, settings["budgets"]))
+        if settings.get("max_new_tokens"):
+            st.session_state["launch_max_new"] = settings["max_new_tokens"]
+
+
+if cfg.readonly:
+    st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon=":material/lock:")
+else:
+    roots = cfg.allowed_roots
+    st.caption("Paths must lie under the allowed roots: " + ", ".join(f"`{r}`" for r in roots) +
+               f" (DRAFTBOARD_ALLOWED_ROOTS, separated by `{os.pathsep}`).")
+    trains = [r.run_id for r in index.of_kind("train")]
+    if "launch_train_run" not in st.session_state:
+        st.session_state["launch_train_run"] = trains[0] if trains else None
+        _on_train_change()
+    c1, c2 = st.columns(2)
+    train_id = c1.selectbox("Training run", [None, *trains], key="launch_train_run", on_change=_on_train_change,
+                            format_func=lambda r: "none (a checkpoint path)" if r is None
+                            else ui.run_option_label(index, r),
+                            help="the run the checkpoint belongs to: the eval is linked to it")
+    train = index.get(train_id)
+    checkpoints = []
+    if train is not None:
+        try:
+            checkpoints = ui.tracker_for(cfg.store_uri).checkpoints(train.run_id)
+        except DraftboardError as exc:
+            st.warning(str(exc))
+    by_step = {c.step: c for c in checkpoints}
+    ck_options = [*sorted(by_step, reverse=True), OTHER]
+    pick = c2.selectbox("Checkpoint", ck_options, key="launch_checkpoint",
+                        format_func=lambda s: "a path under the allowed roots…" if s == OTHER
+                        else f"step {s} · {by_step[s].size_bytes / 1e6:.1f} MB · {by_step[s].sha256[:12]}",
+                        help="checkpoints registered on the training run (run.log_checkpoint), newest first")
+    drafter_path, step = None, None
+    if pick == OTHER:
+        c3, c4 = st.columns([3, 1])
+        drafter_path = c3.text_input("Checkpoint path", key="launch_drafter_path",
+                                     placeholder="/path/to/drafter (z-lab directory, .safetensors or .pt)")
+        if train is not None:
+            step = c4.number_input("Checkpoint step", min_value=0, value=None, step=1, key="launch_step",
+                                   help="the training step of this checkpoint (links the eval to the curve)")
+    else:
+        step = pick
+        st.caption(f"`{by_step[pick].path}`")
+
+    c1, c2 = st.columns(2)
+    target = c1.text_input("Target", key="launch_target", placeholder="/path/to/target model directory",
+                           help="the target model directory (transformers format)")
+    prompts = c2.text_input("Prompts file", key="launch_prompts", placeholder="/path/to/prompts.jsonl",
+                            help='JSON lines: {"id", "input_ids"} or {"id", "prompt"} or {"id", "messages"}')
+    c1, c2, c3, c4, c5 = st.columns(5)
+    st.session_state.setdefault("launch_budgets", DEFAULT_BUDGETS)
+    st.session_state.setdefault("launch_max_new", 256)
+    budgets = c1.text_input("DDTree budgets", key="launch_budgets",
+                            help="node budgets B for ddtree_tau_b{B}, comma-separated")
+    max_new = c2.number_input("Max new tokens", min_value=1, step=1, key="launch_max_new",
+                              help="tokens generated per prompt (greedy, by the target)")
+    device = c3.selectbox("Device", DEVICES, key="launch_device")
+    dtype = c4.selectbox("Dtype", DTYPES, key="launch_dtype")
+    linear = c5.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
+                          help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "
+                               "torch; match training run: the path in the training run's fingerprint")
+    if linear == "match training run":
+        resolved, why = training_linear_attn(train.fingerprint if train else None)
+        if resolved:
+            st.caption(f"Linear attention: {why} → `--linear-attn {resolved}`")
+        else:
+            st.warning(f"Linear attention: {why}")
+    c1, c2 = st.columns([1, 3])
+    as_reference = c1.checkbox("Reference", key="launch_reference",
+                               help="log the eval as a reference run (`--reference NAME`), a baseline for Compare")
+    ref_name = c2.text_input("Reference name", key="launch_reference_name", disabled=not as_reference,
+                             placeholder="e.g. z-lab v1")
+
+    if st.button("Queue eval", key="launch_submit", type="primary", icon=":material/rocket_launch:"):
+        form = LaunchForm(
+            target=target, prompts=prompts, drafter=drafter_path,
+            checkpoint_path=by_step[pick].path if pick != OTHER else None,
+            train_run_id=train.run_id if train else None, checkpoint_step=step,
+            budgets=budgets, max_new_tokens=int(max_new), device=device, dtype=dtype, linear_attn=linear,
+            training_fingerprint=train.fingerprint if train else None,
+            reference=as_reference, reference_name=ref_name or "",
+        )
+        try:
+            job = submit_eval(queue, eval_params(form, cfg.store_uri, roots))
+        except DraftboardError as exc:
+            st.error(str(exc), icon=":material/block:")
+        else:
+            if job.existing:
+                st.info(f"This checkpoint was already submitted with these settings: job #{job.id} ({job.state}). "
+                        "No duplicate was queued.", icon=":material/content_copy:")
+                if job.mlflow_run_id:
+                    st.page_link(ui.RUN_DETAIL_PAGE, label="Open the existing result",
+                                 query_params={"run": job.mlflow_run_id}, icon=":material/science:")
+            else:
+                st.success(f"Queued job #{job.id}.", icon=":material/check:")
+
+# ------------------------------------------------------------------ queue
+st.subheader("Queue", help="evals run by `draftboard worker` (started by `draftboard ui`)")
+active = any(j.state in (QUEUED, RUNNING) for j in queue.list(states=[QUEUED, RUNNING], limit=1))
+
+
+def _cancel(job_id: int) -> None:
+    """Runs before the rerun, so the list drawn next already shows the cancellation."""
+    try:
+        queue.request_cancel(job_id)
+    except DraftboardError as exc:
+        st.toast(str(exc))
+
+
+@st.fragment(run_every=2 if active else 10)
+def job_list() -> None:
+    jobs = queue.list(limit=25)
+    if not jobs:
+        st.info("No jobs yet. Queued evals appear here with their progress.")
+        return
+    labels = {r: index.label(r) for r in index.runs}
+    for job in jobs:
+        view = describe_job(job, labels)
+        with st.container(border=True, key=f"job_{job.id}"):
+            head, side = st.columns([5, 1])
+            head.markdown(f"**{view.title}**")
+            head.progress(view.progress, text=view.progress_text)
+            head.caption(view.when)
+            if view.error and view.state != "succeeded":
+                head.caption(f"error: {view.error.splitlines()[0][:300]}")
+            if view.run_id:
+                side.page_link(ui.RUN_DETAIL_PAGE, label="Open eval run", query_params={"run": view.run_id},
+                               icon=":material/science:")
+            if view.can_cancel and not cfg.readonly:
+                side.button("Cancel", key=f"cancel_{job.id}", icon=":material/cancel:", on_click=_cancel,
+                            args=(job.id,), help="a queued job is dropped; a running one is stopped by its worker")
+            tail = queue.log_tail(job, 30) if job.log_path else ""
+            if tail:
+                with st.expander("Log tail"):
+                    st.code(tail, language=None)
+            if job.state == "succeeded" and view.run_id and view.run_id not in index.runs:
+                ui.refresh()  # the eval run is new: show it elsewhere too
+
+
+job_list()

@@ -1,0 +1,78 @@
+"""Runs: every training, eval and reference run in one table."""
+
+import streamlit as st
+
+from tracker import dashboard as ui
+from tracker import metric_docs
+from tracker.views import filter_runs, runs_table
+
+cfg = ui.settings()
+st.title("Runs")
+index = ui.load_index_or_stop(cfg)
+ui.store_sidebar(cfg, index)
+
+with st.sidebar:
+    st.subheader("Filters")
+    kinds = st.multiselect("Kind", ["train", "eval", "reference"], key="runs_kind",
+                           help="train: training runs; eval: evaluations of checkpoints; reference: runs to compare "
+                                "against (e.g. z-lab's drafter, published numbers)")
+    targets = st.multiselect("Target", index.targets(), key="runs_target", help="the target model a run belongs to")
+    tags = st.multiselect("Tag", index.user_tags(), key="runs_tag",
+                          help="runs carrying every chosen tag (key=value), e.g. env.linear_attn=fallback")
+search = st.text_input("Search by name", key="runs_search", placeholder="name or run id prefix",
+                       label_visibility="collapsed")
+
+runs = filter_runs(index, kinds, targets, tags, search)
+if not runs:
+    st.info("No run matches the filters.", icon=":material/filter_alt_off:")
+    st.stop()
+
+table = runs_table(index, runs)
+n_bad = int(table["env check"].str.startswith("🔴").sum())
+cols = st.columns(4)
+cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
+cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
+cols[2].metric("References", sum(r.kind == "reference" for r in runs))
+cols[3].metric("Critical env mismatches", n_bad,
+               help="runs whose environment differs critically from the runs they are compared with "
+                    "(a training run vs its evals): their numbers are not comparable")
+
+tau_help = metric_docs.help_text("tau") + " For a training run: over its evals (latest checkpoint / best)."
+event = st.dataframe(
+    table,
+    key="runs_table",
+    hide_index=True,
+    on_select="rerun",
+    selection_mode="multi-row",
+    column_order=[c for c in table.columns if c != "run_id"],
+    column_config={
+        "env check": st.column_config.TextColumn(
+            "env", help="🔴 the environment differs critically from the runs it is compared with "
+                        "(training run vs its evals): the fields are named. ⚪ no fingerprint.", width="medium"),
+        "name": st.column_config.TextColumn("name", width="medium"),
+        "kind": st.column_config.TextColumn("kind", help="train / eval / reference; published = numbers from a "
+                                                         "publication, for another target or environment"),
+        "target": st.column_config.TextColumn("target", help="the target model (last path component)"),
+        "steps": st.column_config.NumberColumn("steps", help="training: the last logged step; eval: the "
+                                                             "checkpoint's training step"),
+        "tau latest": st.column_config.NumberColumn("tau (latest)", format="%.3f", help=tau_help),
+        "tau best": st.column_config.NumberColumn("tau (best)", format="%.3f", help=tau_help),
+        "linear-attn": st.column_config.TextColumn(
+            "linear-attn", help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
+                                "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
+        "device": st.column_config.TextColumn("device", help="device kind (GPU model)"),
+        "dtype": st.column_config.TextColumn("dtype", help="dtype of the target's forward pass"),
+        "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm"),
+        "detail": st.column_config.LinkColumn("detail", display_text="open", help="the run's detail page"),
+    },
+)
+selected = [table.iloc[i]["run_id"] for i in event.selection.rows] if event and event.selection else []
+with st.container(horizontal=True):
+    if st.button("Open run detail", key="runs_open", disabled=len(selected) != 1,
+                 help="select one row in the table"):
+        st.switch_page(ui.RUN_DETAIL_PAGE, query_params={"run": selected[0]})
+    if st.button("Compare selected", key="runs_compare", disabled=not selected,
+                 help="select rows in the table"):
+        st.switch_page(ui.COMPARE_PAGE, query_params={"runs": ",".join(selected)})
+    st.download_button("Download CSV", table.to_csv(index=False).encode(), "runs.csv", "text/csv",
+                       key="runs_csv", on_click="ignore")

@@ -1,0 +1,224 @@
+"""The dashboard, page by page, with Streamlit's AppTest on a store of real runs (conftest `dashboard_store`)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tracker.jobs import QUEUED, JobQueue
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+TIMEOUT = 60
+
+
+@pytest.fixture
+def app_env(dashboard_store, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dashboard_store.uri)
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(dashboard_store.home))
+    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
+    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(dashboard_store.root))
+    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
+    monkeypatch.setenv("DRAFTBOARD_MLFLOW_UI", "http://mlflow.example:5000")
+    return dashboard_store
+
+
+def _page(page: str, **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _text(at: AppTest) -> str:
+    """Everything the page wrote as text (markdown, captions, alerts, titles)."""
+    parts = []
+    for kind in ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success"):
+        parts.extend(str(el.value) for el in getattr(at, kind))
+    return "\n".join(parts)
+
+
+def _frames(at: AppTest):
+    return [df.value for df in at.dataframe]
+
+
+def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
+    at = _page("pages/runs.py")
+    table = _frames(at)[0]
+    assert set(app_env.ids.values()) <= set(table["run_id"])
+    by_id = table.set_index("run_id")
+    v4 = by_id.loc[app_env.ids["v4"]]
+    assert v4["env check"].startswith("🔴") and "linear-attn fallback vs training: fast" in v4["env check"]
+    assert by_id.loc[app_env.ids["v4@200"], "env check"].startswith("🔴")
+    assert not by_id.loc[app_env.ids["v5"], "env check"].startswith("🔴")
+    assert by_id.loc[app_env.ids["published"], "kind"] == "reference · published"
+    assert by_id.loc[app_env.ids["published"], "target"] == "Qwen3.5-4B"
+    # A training run's tau comes from its evals; its steps from its curve.
+    assert by_id.loc[app_env.ids["v5"], "steps"] == 300
+    assert by_id.loc[app_env.ids["v5"], "tau latest"] == pytest.approx(app_env.results[200]["tau"])
+
+    at.multiselect(key="runs_kind").set_value(["eval"]).run()
+    kinds = set(_frames(at)[0]["kind"])
+    assert kinds == {"eval"}
+    at.text_input(key="runs_search").set_value("z-lab").run()
+    assert not at.exception
+    assert "No run matches" in _text(at)
+
+
+def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
+    at = _page("pages/run_detail.py", run=app_env.ids["v4"])
+    assert at.title[0].value == "v4"
+    frames = _frames(at)
+    checkpoints = next(f for f in frames if "sha256" in f.columns)
+    assert list(checkpoints["step"]) == [100, 200]
+    assert checkpoints.set_index("step").loc[200, "env check"].startswith("🔴")
+    fingerprint = next(f for f in frames if list(f.columns) == ["section", "field", "value"])
+    assert "linear_attention_path" in set(fingerprint["field"])
+    links = [b.proto.url for b in at.get("link_button")]
+    assert any(url.startswith("http://mlflow.example:5000/#/experiments/") and url.endswith(app_env.ids["v4"])
+               for url in links)
+    assert "Critical environment difference" in _text(at)
+
+
+def test_promote_and_demote_an_eval(app_env):
+    run_id = app_env.ids["v5@100"]
+    at = _page("pages/run_detail.py", run=run_id)
+    at.button(key="detail_promote").click().run()
+    assert not at.exception
+    from tracker import Tracker
+
+    tracker = Tracker(app_env.uri)
+    assert tracker.run(run_id).data.tags["draftboard.kind"] == "reference"
+    at.button(key="detail_promote").click().run()
+    assert tracker.run(run_id).data.tags["draftboard.kind"] == "eval"
+
+
+def test_compare_banner_names_the_mismatched_fields(app_env):
+    ids = app_env.ids
+    at = _page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
+    text = _text(at)
+    # The default reference: same target, closest environment.
+    assert "z-lab ref" in text and "closest" in text
+    errors = "\n".join(e.value for e in at.error)
+    assert "v4 (training): linear-attn fast vs reference: fallback" in errors
+    assert "v5" not in errors
+    warnings = "\n".join(w.value for w in at.warning)
+    assert "v4 @ step 200 (eval): linear-attn fallback vs its training run: fast" in warnings
+    export = next(f for f in _frames(at) if "chart" in f.columns)
+    assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
+            "ddtree vs budget"} <= set(export["chart"])
+    assert len(at.get("download_button")) >= 4
+
+
+def test_compare_says_when_no_reference_matches_the_target(app_env, tmp_path):
+    # Only the published reference for another target: choosing it by hand shows its badge.
+    at = _page("pages/compare.py", runs=app_env.ids["v5"])
+    at.selectbox(key="compare_reference").set_value(app_env.ids["published"]).run()
+    assert not at.exception
+    assert "published numbers for target `Qwen/Qwen3.5-4B`" in _text(at)
+
+
+def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
+    at = _page("pages/environments.py")
+    pairs = _frames(at)[0]
+    assert pairs.iloc[0]["eval_run_id"] == app_env.ids["v4@200"] and pairs.iloc[0]["critical"] > 0
+    matrix = _frames(at)[1]
+    assert "numerics.linear_attention_path" in matrix.index
+    # Choosing other runs (the baseline no longer among them) re-renders cleanly.
+    at.multiselect(key="env_runs").set_value([app_env.ids["v5"], app_env.ids["ref"], app_env.ids["published"]]).run()
+    assert not at.exception
+    assert list(_frames(at)[1].columns) == ["v5", "z-lab ref", "z-lab paper"]
+    at.button(key="env_reeval").click().run()
+    assert not at.exception
+    jobs = JobQueue().list()
+    assert len(jobs) == 1 and jobs[0].state == QUEUED
+    params = jobs[0].params
+    assert params["linear_attn"] == "fast" and params["dtype"] == "bf16" and params["device"] == "cpu"
+    assert params["train_run_id"] == app_env.ids["v4"] and params["checkpoint_step"] == 200
+    assert params["drafter"] == str(app_env.drafters[200]) and params["tracking_uri"] == app_env.uri
+
+
+def test_launch_creates_a_job_and_dedups_the_second(app_env):
+    at = _page("pages/launch.py")
+    at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
+    assert at.text_input(key="launch_target").value == app_env.target
+    at.text_input(key="launch_prompts").set_value(app_env.prompts)
+    at.text_input(key="launch_budgets").set_value("2,8")
+    at.number_input(key="launch_max_new").set_value(12)
+    at.selectbox(key="launch_checkpoint").set_value(100)
+    at.run()
+    at.button(key="launch_submit").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("Queued job #1" in s.value for s in at.success), _text(at)
+    jobs = JobQueue().list()
+    assert len(jobs) == 1
+    cmd = jobs[0].command
+    assert cmd[cmd.index("--drafter") + 1] == str(app_env.drafters[100])
+    assert cmd[cmd.index("--linear-attn") + 1] == "fallback"  # matched from the training run
+    assert cmd[cmd.index("--train-run-id") + 1] == app_env.ids["v5"]
+    assert "job #1" in _text(at) or any("#1" in m.value for m in at.markdown)
+
+    at.button(key="launch_submit").click().run()
+    assert any("already submitted" in i.value for i in at.info)
+    assert len(JobQueue().list()) == 1
+    # The queue below: a progress bar per job and a cancel button.
+    assert len(at.get("progress")) == 1
+    at.button(key="cancel_1").click().run()
+    assert not at.exception
+    assert JobQueue().get(1).state == "cancelled"
+
+
+def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
+    at = _page("pages/launch.py")
+    at.selectbox(key="launch_checkpoint").set_value("__path__").run()
+    at.text_input(key="launch_drafter_path").set_value(str(tmp_path))
+    at.text_input(key="launch_prompts").set_value(app_env.prompts)
+    at.button(key="launch_submit").click().run()
+    assert any("outside the allowed roots" in e.value for e in at.error)
+    assert JobQueue().list() == []
+
+
+def test_readonly_hides_the_controls(app_env, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_READONLY", "1")
+    at = _page("pages/launch.py")
+    assert not [b for b in at.button if b.key == "launch_submit"]
+    at = _page("pages/run_detail.py", run=app_env.ids["v5@100"])
+    assert not [b for b in at.button if b.key == "detail_promote"]
+    at = _page("pages/environments.py")
+    assert not [b for b in at.button if b.key == "env_reeval"]
+
+
+def test_empty_store_says_how_to_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
+    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
+    for page in ("pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/run_detail.py",
+                 "pages/launch.py"):
+        at = _page(page)
+        if page != "pages/launch.py":
+            assert "draftboard demo" in _text(at)
+
+
+PAGES = ("pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/launch.py", "pages/run_detail.py")
+
+
+def test_pages_never_import_torch_or_transformers(app_env):
+    """In a fresh interpreter: every page renders on the real store without pulling in the model stack."""
+    code = (
+        "import sys\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        f"for page in {PAGES!r}:\n"
+        f"    at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})\n"
+        "    at.switch_page(page)\n"
+        "    at.run()\n"
+        "    assert not at.exception, (page, [e.message for e in at.exception])\n"
+        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=os.environ.copy(), capture_output=True, text=True,
+                          cwd=Path(APP).parent, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,404 @@
+"""The Ray launcher against a real local Ray head (loopback Jobs API, CPU only) and a real SQLite queue.
+
+One module-scoped head serves every test here (starting one takes ~10 s on 2 cores). The head
+is started the way a cluster node would be set up: the venv's `python` first on PATH and the
+source tree on PYTHONPATH stand for "draftboard is installed on the nodes". It runs as
+`ray start --head --block` in its own session, so stopping that process stops exactly this
+cluster (`ray stop` would stop every Ray on the machine).
+"""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+# CI sets DRAFTBOARD_REQUIRE_RAY=1 so that a missing or broken Ray fails instead of skipping.
+if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
+    pytest.importorskip("ray.job_submission", reason="the Ray launcher tests need ray[default]",
+                        exc_type=ImportError)
+
+from tracker.errors import DraftboardError
+from tracker.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue, eval_command
+from tracker.launchers import LocalLauncher, RayLauncher, make_launcher, ray_entrypoint, ray_env, ray_gpus
+from tracker.worker import run_worker
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD_START_TIMEOUT_S = 90.0
+FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
+
+
+def wait_until(predicate, timeout=30.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"condition not met within {timeout} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A Ray head on this machine: Jobs API on 127.0.0.1, 2 CPUs, no GPU; stopped at the end."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    ray_bin = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
+    if not ray_bin:
+        pytest.fail("ray is importable but its `ray` command is not installed")
+    temp_dir = tempfile.mkdtemp(prefix="dbray-", dir="/tmp")  # short: Ray puts unix sockets under it
+    dashboard_port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    env.update(
+        RAY_USAGE_STATS_ENABLED="0",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH", "")] if p),
+    )
+    # Every port this head would otherwise take at a fixed default gets a free one, so two
+    # test sessions on one machine do not collide.
+    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--port", str(free_port()), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+           "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
+           "--num-cpus", "2", "--num-gpus", "0", "--disable-usage-stats", "--include-log-monitor", "false",
+           "--temp-dir", temp_dir]
+    out = open(Path(temp_dir) / "ray-start.log", "w")
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, cwd=temp_dir, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        from ray.job_submission import JobSubmissionClient
+
+        address = f"http://127.0.0.1:{dashboard_port}"
+        deadline = started + HEAD_START_TIMEOUT_S
+        client = None
+        while client is None:
+            if proc.poll() is not None:
+                pytest.fail(f"ray start exited with {proc.returncode}:\n"
+                            + (Path(temp_dir) / "ray-start.log").read_text()[-3000:])
+            if time.monotonic() > deadline:
+                pytest.fail(f"the Ray Jobs API at {address} did not answer within {HEAD_START_TIMEOUT_S:g} s")
+            try:
+                client = JobSubmissionClient(address)
+                client.list_jobs()
+            except Exception:
+                client = None
+                time.sleep(0.2)
+        print(f"ray head ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        yield SimpleNamespace(address=address, client=client, temp_dir=temp_dir)
+    finally:
+        with_term = time.monotonic()
+        try:
+            proc.terminate()  # `ray start --block` stops the processes of its cluster on SIGTERM
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # Anything of this cluster that outlived it (only processes under its own temp dir).
+        for pid in _processes_mentioning(temp_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out.close()
+        print(f"ray head stopped in {time.monotonic() - with_term:.1f} s", file=sys.stderr)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def queue(tmp_path):
+    q = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    yield q
+    q.close()
+
+
+@pytest.fixture
+def launcher(ray_head):
+    """A RayLauncher on the test head; `launcher.submitted` records each submit_job's arguments
+    (the Jobs API does not report a job's entrypoint resources back)."""
+    launcher = RayLauncher(ray_head.address, poll_s=0.2)
+    launcher.submitted = []
+    real = launcher.client.submit_job
+
+    def spy(**kwargs):
+        launcher.submitted.append(kwargs)
+        return real(**kwargs)
+
+    launcher.client.submit_job = spy
+    return launcher
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def ray_job(ray_head, launcher, index: int = -1):
+    """The Ray job of the launcher's index-th submission, as the Jobs API's JSON (None before it exists).
+
+    Raw JSON: the SDK's JobDetails model drops some fields.
+    """
+    import requests
+
+    if not launcher.submitted:
+        return None
+    r = requests.get(f"{ray_head.address}/api/jobs/{launcher.submitted[index]['submission_id']}", timeout=10)
+    return SimpleNamespace(**r.json()) if r.ok else None
+
+
+@pytest.fixture
+def worker_thread(queue, tmp_path):
+    started = []
+
+    def start(launcher, **kw):
+        stop = threading.Event()
+        thread = threading.Thread(target=run_worker, args=(queue.uri,), daemon=True,
+                                  kwargs={**FAST, "log_dir": tmp_path / "logs", "stop_event": stop,
+                                          "launcher": launcher, **kw})
+        thread.start()
+        started.append((thread, stop))
+        return thread, stop
+
+    yield start
+    for thread, stop in started:
+        stop.set()
+        thread.join(timeout=60)
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+
+def test_entrypoint_quotes_every_argument_and_uses_the_cluster_python():
+    name = "x; touch /tmp/pwned $(id) `id` 'q' \"d\" && |"
+    argv = eval_command({"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "reference": name,
+                         "device": "cuda"})
+    line = ray_entrypoint(argv)
+    assert shlex.split(line) == ["python", *argv[1:]]  # /bin/sh sees exactly the argv, one word each
+    assert line.startswith("python -m tracker.cli eval ")
+    assert ray_entrypoint(argv, python="/opt/venv/bin/python").startswith("/opt/venv/bin/python -m")
+    assert shlex.split(ray_entrypoint(argv, python=None)) == argv  # keep the worker's interpreter
+    assert shlex.split(ray_entrypoint(["/usr/bin/env", "x y"])) == ["/usr/bin/env", "x y"]  # not python: kept
+
+
+def test_gpu_request_and_passed_environment():
+    assert ray_gpus({"device": "cuda"}) == 1 and ray_gpus({"device": "cuda"}, 2) == 2
+    assert ray_gpus({"device": "cpu"}) == 0 and ray_gpus({}) == 0
+    env = ray_env({"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_TRACKING_TOKEN": "t",
+                   "DRAFTBOARD_HOME": "/h", "DRAFTBOARD_JOBS_URI": "postgresql://u:secret@db/jobs",
+                   "AWS_SECRET_ACCESS_KEY": "k", "HOME": "/root"}, extra=["AWS_SECRET_ACCESS_KEY", "UNSET"])
+    assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_TRACKING_TOKEN": "t", "DRAFTBOARD_HOME": "/h",
+                   "AWS_SECRET_ACCESS_KEY": "k", "PYTHONUNBUFFERED": "1"}
+    assert isinstance(make_launcher("local"), LocalLauncher)
+    with pytest.raises(DraftboardError, match="unknown launcher"):
+        make_launcher("slurm")
+
+
+def test_unreachable_jobs_api_is_a_clear_error():
+    with pytest.raises(DraftboardError, match="cannot reach the Ray Jobs API at http://127.0.0.1:"):
+        RayLauncher(f"http://127.0.0.1:{free_port()}")
+
+
+# --------------------------------------------------------------------------- against a Ray head
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny Qwen3.5 target, a z-lab-format drafter and token-id prompts (as tests/test_harness.py)."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from tiny import VOCAB, qwen35_config, save_target
+
+    root = tmp_path_factory.mktemp("ray-models")
+    torch.manual_seed(0)
+    save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), root / "target")
+    torch.manual_seed(1)
+    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, intermediate_size=64, target_layer_ids=[1, 2], block_size=4,
+                        mask_token_id=1, num_target_layers=4, vocab_size=VOCAB)
+    save_zlab(DFlashDrafter(cfg), cfg, root / "drafter")
+    prompts = torch.randint(2, 60, (3, 9), generator=torch.Generator().manual_seed(3)).tolist()
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    return root
+
+
+def test_eval_through_ray_lands_in_mlflow_like_a_local_one(ray_head, launcher, tiny_models, tracker, store_uri,
+                                                          tmp_path, monkeypatch):
+    import mlflow
+
+    home = tmp_path / "home"
+    # The eval learns where to log and where its cache lives from the worker's environment,
+    # passed to the Ray job as runtime_env env_vars.
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    with tracker.training_run("train-for-ray-eval", {"lr": 1e-3}, str(tiny_models / "target")) as train:
+        train.log_step(0, loss=1.0)
+    params = {"target": str(tiny_models / "target"), "drafter": str(tiny_models / "drafter"),
+              "prompts": str(tiny_models / "prompts.jsonl"), "max_new_tokens": 12, "budgets": [2, 8],
+              "device": "cpu", "train_run_id": train.run_id, "checkpoint_step": 100}
+    ray_queue = JobQueue(f"sqlite:///{tmp_path / 'ray-jobs.db'}")
+    job = ray_queue.submit("eval", params, eval_command(params))
+
+    started = time.monotonic()
+    assert run_worker(ray_queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST) == 1
+    print(f"eval through ray: {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+    done = ray_queue.get(job.id)
+    log = Path(done.log_path).read_text()
+    assert done.state == SUCCEEDED, f"{done.error}\n{log}"
+    assert done.error is None and done.mlflow_run_id and done.pid is None
+    assert done.progress == 1.0 and done.stage == "drafter", log  # progress lines were read from the Ray job's log
+    assert f"ray job draftboard-job-{job.id}-" in log and "tau " in log and '"event": "result"' in log
+    assert (home / "cache").is_dir()  # DRAFTBOARD_HOME reached the eval
+
+    info = ray_job(ray_head, launcher)
+    assert info.status == "SUCCEEDED" and info.entrypoint.startswith("python -m tracker.cli eval ")
+    assert info.runtime_env["env_vars"]["MLFLOW_TRACKING_URI"] == store_uri
+    assert info.metadata["draftboard_job"] == str(job.id)
+    [submitted] = launcher.submitted
+    assert submitted["entrypoint_num_gpus"] == 0 and submitted["entrypoint_num_cpus"] == 1  # device=cpu
+
+    client = mlflow.MlflowClient(store_uri)
+    run = client.get_run(done.mlflow_run_id)
+    assert run.data.tags["draftboard.kind"] == "eval" and run.data.tags["draftboard.train_run_id"] == train.run_id
+    assert run.data.tags["draftboard.checkpoint_step"] == "100"
+    logged = json.loads(Path(client.download_artifacts(done.mlflow_run_id, "eval_results.json",
+                                                       str(tmp_path / "a"))).read_text())
+    assert run.data.metrics["tau"] == pytest.approx(logged["tau"])
+    assert {"ddtree_tau_b2", "dds8", "accept_rate_pos1", "tau_all_anchors"} <= set(run.data.metrics)
+
+    # The same job through the local launcher gives the same numbers.
+    local_queue = JobQueue(f"sqlite:///{tmp_path / 'local-jobs.db'}")
+    local = local_queue.submit("eval", params, eval_command(params))
+    started = time.monotonic()
+    assert run_worker(local_queue.uri, once=True, log_dir=tmp_path / "local-logs", launcher=LocalLauncher(),
+                      **FAST) == 1
+    print(f"eval through the local launcher: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    local = local_queue.get(local.id)
+    assert local.state == SUCCEEDED and local.stage == done.stage
+    local_run = client.get_run(local.mlflow_run_id)
+    assert local_run.data.metrics == run.data.metrics
+    assert {k: v for k, v in local_run.data.tags.items() if k.startswith(("draftboard.", "env."))} == \
+        {k: v for k, v in run.data.tags.items() if k.startswith(("draftboard.", "env."))}
+
+
+def test_shell_metacharacters_in_arguments_stay_literal(ray_head, launcher, queue, tmp_path):
+    marks = [tmp_path / f"pwned{i}" for i in range(5)]
+    args = [f"x; touch {marks[0]}", f"$(touch {marks[1]})", f"`touch {marks[2]}`", f"a' ; touch {marks[3]}; '",
+            f"&& touch {marks[4]} | cat"]
+    job = queue.submit("eval", {"i": "meta"}, py("import sys, json; print(json.dumps(sys.argv[1:]))") + args)
+    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST)
+    done = queue.get(job.id)
+    assert done.state == SUCCEEDED, done.error
+    assert json.dumps(args) in Path(done.log_path).read_text()
+    assert not any(mark.exists() for mark in marks)
+
+
+def test_failing_ray_job_reports_exit_code_and_last_lines(ray_head, launcher, queue, tmp_path):
+    code = """
+        import sys
+        for i in range(1, 31):
+            print(f"line {i}")
+        print("Traceback: boom", file=sys.stderr)
+        sys.exit(3)
+    """
+    job = queue.submit("eval", {"i": "fail"}, py(code))
+    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST)
+    failed = queue.get(job.id)
+    assert failed.state == FAILED
+    assert failed.error.startswith(f"exit code 3 (Ray job draftboard-job-{job.id}-")
+    assert "line 30" in failed.error and "Traceback: boom" in failed.error and "line 5\n" not in failed.error
+
+
+def test_cancel_stops_the_running_ray_job(ray_head, launcher, queue, worker_thread, tmp_path):
+    code = """
+        import signal, sys, time
+        def bye(*_):
+            print("got SIGTERM, cleaning up", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """
+    job = queue.submit("eval", {"i": "cancel"}, py(code))
+    worker_thread(launcher)
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    queue.request_cancel(job.id)
+
+    cancelled = wait_until(lambda: queue.get(job.id).finished and queue.get(job.id))
+    assert cancelled.state == CANCELLED and cancelled.error == "cancelled on request"
+    assert "got SIGTERM, cleaning up" in Path(cancelled.log_path).read_text()
+    assert ray_job(ray_head, launcher).status == "STOPPED"
+
+
+def test_gpu_job_waits_for_a_gpu_and_can_be_cancelled_while_pending(ray_head, launcher, queue, worker_thread):
+    job = queue.submit("eval", {"device": "cuda"}, py("print('started:' + 'yes')"))
+    worker_thread(launcher)
+    wait_until(lambda: (info := ray_job(ray_head, launcher)) is not None and info.status == "PENDING")
+    assert launcher.submitted[0]["entrypoint_num_gpus"] == 1  # this head has none: the job waits for one
+    queue.request_cancel(job.id)
+
+    # Ray cannot stop a PENDING job (ray-project/ray#58353); the queue's job is cancelled anyway.
+    cancelled = wait_until(lambda: queue.get(job.id).finished and queue.get(job.id))
+    assert cancelled.state == CANCELLED
+    assert re.fullmatch(r"cancelled on request; Ray job draftboard-job-\d+-\w+ was still PENDING; .+", cancelled.error)
+    assert "started:yes" not in Path(cancelled.log_path).read_text()
+
+
+def test_no_job_is_claimed_while_the_cluster_is_unreachable(ray_head, launcher, queue, tmp_path, monkeypatch):
+    def down():
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(launcher.client, "get_version", down)
+    job = queue.submit("eval", {"i": "later"}, py("print('hi')"))
+    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST) == 0
+    assert queue.get(job.id).state == QUEUED  # kept for when the cluster is back, not failed
+
+
+def test_worker_cli_runs_jobs_on_ray(ray_head, queue, tmp_path, monkeypatch, capsys):
+    from tracker.cli import main
+
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SHARED_SECRET", "s3")
+    job = queue.submit("eval", {"i": "cli"}, py("import os; print('env', os.environ['EXTRA'], os.environ['SHARED_SECRET'])"))
+    assert main(["worker", "--launcher", "ray", "--address", ray_head.address, "--jobs-uri", queue.uri, "--once",
+                 "--poll", "0.2", "--ray-env", "SHARED_SECRET",
+                 "--ray-runtime-env", '{"env_vars": {"EXTRA": "from-runtime-env"}}']) == 0
+    done = queue.get(job.id)
+    assert done.state == SUCCEEDED, done.error
+    assert "env from-runtime-env s3" in Path(done.log_path).read_text()
+    assert done.log_path.startswith(str(tmp_path / "home" / "logs"))
+    assert "worker stopped after 1 job(s)" in capsys.readouterr().out
+
+    assert main(["worker", "--address", ray_head.address, "--once"]) == 2
+    assert "need --launcher ray" in capsys.readouterr().err

@@ -1,0 +1,406 @@
+"""The dashboard's data layer: SQL histories, run index, reference choice, env matrix, launch checks."""
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from tracker import metric_docs
+from tracker.compare import closest_reference, compare_data, reference_label
+from tracker.envmatrix import (
+    fingerprint_matrix,
+    pairs_frame,
+    reeval_plan,
+    train_eval_pairs,
+    training_environment,
+)
+from tracker.errors import DraftboardError
+from tracker.jobs import QUEUED, RUNNING, Job
+from tracker.launch import (
+    LaunchForm,
+    allowed_roots,
+    check_path,
+    describe_job,
+    eval_params,
+    parse_budgets,
+)
+from tracker.metrics_sql import (
+    downsample,
+    history_signature,
+    is_database_uri,
+    load_histories,
+)
+from tracker.views import (
+    RunIndex,
+    RunInfo,
+    checkpoints_frame,
+    filter_runs,
+    lineage_mismatches,
+    load_run_index,
+    local_artifact_dir,
+    mlflow_ui_url,
+    runs_table,
+    same_target,
+    summarize_rows,
+    tau_of,
+)
+
+# --------------------------------------------------------------------------- hand-made fingerprints and runs
+
+
+def fp(path="fallback", dtype="fp32", device="cpu", gpu=None, torch="2.6.0", cpu="Xeon", source=None):
+    out = {
+        "software": {"python": "3.11.9", "torch": torch, "transformers": "5.2.0", "flash-linear-attention": None},
+        "hardware": {"device": device, "gpu_name": gpu, "gpu_count": 0 if gpu is None else 1, "cpu": cpu},
+        "numerics": {"dtype": dtype, "linear_attention_path": path, "attn_implementation": "sdpa",
+                     "tf32_matmul": False},
+        "code": {"git_commit": "abc", "dirty": False},
+    }
+    if source:
+        out["source"] = source
+    return out
+
+
+def run(run_id, kind, fingerprint=None, *, target="/models/Qwen3.5-4B", train=None, step=None, metrics=None,
+        name=None, start=0, params=None, metric_steps=None, ref_name=None):
+    tags = {"draftboard.kind": kind}
+    if target:
+        tags["draftboard.target"] = target
+    if train:
+        tags["draftboard.train_run_id"] = train
+    if step is not None:
+        tags["draftboard.checkpoint_step"] = str(step)
+    if ref_name:
+        tags["draftboard.reference_name"] = ref_name
+    if fingerprint is not None:
+        n = fingerprint["numerics"]
+        tags.update({"env.linear_attn": str(n["linear_attention_path"]), "env.dtype": str(n["dtype"]),
+                     "env.device": str(fingerprint["hardware"]["device"])})
+    return RunInfo(run_id=run_id, name=name or run_id, kind=kind, status="FINISHED", experiment_id="1",
+                   start_time=start, end_time=None, artifact_uri="", tags=tags, params=params or {},
+                   metrics=metrics or {}, metric_steps=metric_steps or {}, fingerprint=fingerprint)
+
+
+# --------------------------------------------------------------------------- SQL histories
+
+
+@pytest.fixture(scope="module")
+def history_runs(tracker):
+    """Two runs with NaN, inf, a repeated step, irregular steps, and an eval run with one point."""
+    with tracker.training_run("hist-a", {}, "/m/T", fingerprint=fp()) as a:
+        for step in range(50):
+            a.log_step(step * 10 + 5, loss=1.0 / (step + 1), acc=step / 50)
+        a.log_step(100, loss=float("nan"))
+        a.log_step(110, loss=float("inf"), acc=-float("inf"))
+        a.log_step(55, loss=0.123)  # the same step again, later
+    with tracker.training_run("hist-b", {}, "/m/T", fingerprint=fp()) as b:
+        for step in (0, 1, 2, 7, 30, 31, 1000):
+            b.log_step(step, loss=step * 0.5, grad_norm=2.0)
+    with tracker.eval_run("hist-eval", target="/m/T", fingerprint=fp()) as e:
+        e.log_metrics({"tau": 3.5, "accept_rate_pos1": 0.8}, step=400)
+    return [a.run_id, b.run_id, e.run_id]
+
+
+def _history_frame(client, run_ids):
+    rows = []
+    for run_id in run_ids:
+        for key in client.get_run(run_id).data.metrics:
+            rows.extend((run_id, key, m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key))
+    frame = pd.DataFrame(rows, columns=["run_id", "key", "step", "value", "timestamp"])
+    return frame.sort_values(["run_id", "key", "step", "timestamp", "value"], ignore_index=True)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    a = a.sort_values(["run_id", "key", "step", "timestamp", "value"], ignore_index=True)
+    b = b.sort_values(["run_id", "key", "step", "timestamp", "value"], ignore_index=True)
+    assert list(a["run_id"]) == list(b["run_id"]) and list(a["key"]) == list(b["key"])
+    assert list(a["step"]) == list(b["step"]) and list(a["timestamp"]) == list(b["timestamp"])
+    np.testing.assert_array_equal(a["value"].to_numpy(float), b["value"].to_numpy(float))  # NaN == NaN here
+
+
+def test_sql_histories_equal_get_metric_history(store_uri, history_runs):
+    client = MlflowClient(store_uri)
+    expected = _history_frame(client, history_runs)
+    got = load_histories(store_uri, history_runs)
+    assert list(got.columns) == ["run_id", "key", "step", "value", "timestamp"]
+    _same(got, expected)
+    assert got["value"].isna().sum() == 1 and (got["step"] == 55).sum() == 3  # NaN kept, duplicate step kept
+    only_loss = load_histories(store_uri, history_runs, keys=["loss"])
+    _same(only_loss, expected[expected["key"] == "loss"])
+    # The http fallback (client calls from a thread pool) gives the same rows.
+    _same(load_histories("http://unused.invalid", history_runs, client=client), expected)
+
+
+def test_downsampling_keeps_first_last_and_every_kth_step(store_uri, history_runs):
+    full = load_histories(store_uri, history_runs[:1], keys=["acc"])
+    small = load_histories(store_uri, history_runs[:1], keys=["acc"], max_points=10)
+    steps = list(small["step"])
+    assert steps[0] == full["step"].min() and steps[-1] == full["step"].max()
+    assert len(small) <= 12 and set(steps) <= set(full["step"])
+    rows = [(int(s), v, 0.0, int(t)) for s, v, t in zip(full["step"], full["value"], full["timestamp"])]
+    assert [r[0] for r in downsample(rows, 10)] == steps  # SQL and Python apply the same rule
+    assert len(load_histories(store_uri, history_runs[:1], keys=["acc"], max_points=10_000)) == len(full)
+
+
+def test_signature_changes_with_new_steps_and_empty_inputs(tracker, store_uri, tmp_path):
+    with tracker.training_run("sig", {}, "/m/T", fingerprint=fp()) as r:
+        r.log_step(1, loss=1.0)
+    before = history_signature(store_uri, [r.run_id])
+    with tracker.training_run("sig2", {}, "/m/T", fingerprint=fp()) as r2:
+        r2.log_step(1, loss=1.0)
+    assert history_signature(store_uri, [r.run_id]) == before
+    MlflowClient(store_uri).log_metric(r.run_id, "loss", 0.5, step=2)
+    assert history_signature(store_uri, [r.run_id]) != before
+    assert load_histories(store_uri, []).empty
+    missing = f"sqlite:///{tmp_path / 'nothing.db'}"
+    assert load_histories(missing, ["x"]).empty and not (tmp_path / "nothing.db").exists()
+    assert is_database_uri("postgresql+psycopg2://u@h/db") and not is_database_uri("http://h:5000")
+
+
+# --------------------------------------------------------------------------- run index from a real store
+
+
+def test_load_run_index_reads_lineage_fingerprints_and_checkpoints(dashboard_store):
+    from tracker import Tracker
+
+    tracker = Tracker(dashboard_store.uri)
+    index = load_run_index(tracker)
+    ids = dashboard_store.ids
+    assert set(ids.values()) <= set(index.runs)
+    v4 = index.runs[ids["v4"]]
+    assert v4.fingerprint["numerics"]["linear_attention_path"] == "fast" and v4.steps == 300
+    assert [e.run_id for e in index.evals_of(ids["v5"])] == [ids["v5@100"], ids["v5@200"]]
+    assert index.runs[ids["published"]].published and not index.runs[ids["ref"]].published
+    mismatches = lineage_mismatches(index, v4)
+    assert [m.run_id for m in mismatches] == [ids["v4@200"]]
+    assert {r.field for r in mismatches[0].critical} >= {"numerics.linear_attention_path", "numerics.dtype"}
+    assert lineage_mismatches(index, index.runs[ids["v5"]]) == []
+    table = checkpoints_frame(index, v4, tracker.checkpoints(ids["v4"]))
+    assert list(table["step"]) == [100, 200] and table["sha256"].str.len().eq(16).all()
+    assert table.set_index("step").loc[100, "evals"] == "not evaluated"
+    assert local_artifact_dir(v4.artifact_uri).is_dir()
+
+
+def test_mlflow_ui_url_format():
+    r = run("abc123", "train", fp())
+    assert mlflow_ui_url(r, "http://h:5000/") == "http://h:5000/#/experiments/1/runs/abc123"
+    assert mlflow_ui_url(r).startswith("http://127.0.0.1:5000/#/")
+
+
+# --------------------------------------------------------------------------- runs table
+
+
+def _lineage_index():
+    train_fast = run("t4", "train", fp(path="fast", dtype="bf16"), name="v4", metric_steps={"loss": 900})
+    train_same = run("t5", "train", fp(), name="v5", metric_steps={"loss": 500, "acc": 499})
+    return RunIndex([
+        train_fast, train_same,
+        run("e4", "eval", fp(), train="t4", step=200, metrics={"tau": 2.0}),
+        run("e5a", "eval", fp(), train="t5", step=100, metrics={"tau": 2.5}, start=1),
+        run("e5b", "eval", fp(), train="t5", step=200, metrics={"tau": 2.2}, start=2),
+        run("ref", "reference", fp(), metrics={"tau": 3.0}, ref_name="z-lab"),
+    ])
+
+
+def test_runs_table_marks_critical_lineage_mismatches_and_taus():
+    index = _lineage_index()
+    table = runs_table(index, list(index.runs.values())).set_index("run_id")
+    assert table.loc["t4", "env check"].startswith("🔴")
+    assert "linear-attn fallback vs training: fast; dtype fp32 vs training: bf16" in table.loc["t4", "env check"]
+    assert table.loc["e4", "env check"].startswith("🔴") and table.loc["t5", "env check"] == ""
+    assert tau_of(index, index.runs["t5"]) == (2.2, 2.5)  # latest checkpoint, best
+    assert table.loc["t5", "steps"] == 500 and table.loc["e5a", "steps"] == 100
+    assert [r.run_id for r in filter_runs(index, kinds=["eval"], search="e5")] == ["e5a", "e5b"]
+    assert [r.run_id for r in filter_runs(index, tags=["env.linear_attn=fast"])] == ["t4"]
+
+
+def test_summaries_name_the_headline_field_first():
+    from tracker import fingerprint as fpm
+
+    rows = fpm.diff(fp(path="fallback", dtype="fp32"), fp(path="fast", dtype="bf16"))
+    assert summarize_rows(rows, "e", "ref") == "e: linear-attn fallback vs ref: fast; dtype fp32 vs ref: bf16"
+
+
+# --------------------------------------------------------------------------- references
+
+
+def test_closest_reference_prefers_same_target_then_fewest_critical_then_warnings():
+    train = run("t", "train", fp(), name="v5")
+    ev = run("e", "eval", fp(), train="t", step=100, metrics={"tau": 2.0})
+    fast = run("r-fast", "reference", fp(path="fast"), start=5)
+    gpu = run("r-cpu2", "reference", fp(torch="2.6.1"), start=1)  # patch version: a warning
+    other = run("r-other", "reference", fp(), target="/models/Llama-3-8B", start=9)
+    published = run("r-pub", "reference", fp(path=None, dtype=None, device=None, torch=None,
+                                             source={"kind": "published"}), target="Qwen/Qwen3.5-4B", start=3)
+
+    choice = closest_reference(RunIndex([train, ev, fast, gpu, other, published]), ["t"])
+    assert choice.run_id == "r-cpu2" and choice.critical == 0 and choice.warning == 1 and choice.matches
+    assert choice.candidates[-1] == "r-fast" and "r-other" not in choice.candidates
+
+    choice = closest_reference(RunIndex([train, ev, fast, other, published]), ["t"])
+    assert choice.run_id == "r-pub" and "published" in choice.message  # unknown fields are warnings
+
+    choice = closest_reference(RunIndex([train, ev, fast, other]), ["t"])
+    assert choice.run_id == "r-fast" and not choice.matches and "no reference matches" in choice.message
+
+    choice = closest_reference(RunIndex([train, ev, other]), ["t"])
+    assert choice.run_id is None and "no reference was evaluated for Qwen3.5-4B" in choice.message
+    assert same_target("/a/Qwen3.5-4B", "Qwen/qwen3.5-4b") and not same_target("/a/X", None)
+    index = RunIndex([published])
+    assert reference_label(index, published) == "r-pub · published · Qwen3.5-4B"
+    tagged = run("r-tag", "reference", fp())
+    tagged = RunInfo(**{**tagged.__dict__, "tags": {**tagged.tags, "draftboard.published": "1"}})
+    assert tagged.published and tagged.kind_label == "reference · published"
+
+
+def test_compare_data_dashes_and_names_mismatches_against_the_reference():
+    index = RunIndex([
+        run("t4", "train", fp(path="fast"), name="v4"),
+        run("e4a", "eval", fp(), train="t4", step=100, metrics={"tau": 2.0, "accept_rate_pos1": 0.5,
+                                                                  "ddtree_tau_b8": 2.5}),
+        run("e4b", "eval", fp(), train="t4", step=200, metrics={"tau": 2.4, "accept_rate_pos1": 0.6,
+                                                                  "ddtree_tau_b8": 2.9}),
+        run("e4c", "eval", fp(path="fast"), train="t4", step=200, metrics={"tau": 2.9}, name="reeval"),
+        run("ref", "reference", fp(path="fast"), metrics={"tau": 3.0, "accept_rate_pos1": 0.7}, ref_name="z"),
+    ])
+    hist = pd.DataFrame({"run_id": ["t4"] * 3, "key": ["loss"] * 3, "step": [0, 1, 2], "value": [3.0, 2.0, 1.0],
+                         "timestamp": [0, 0, 0]})
+    data = compare_data(index, ["t4"], "ref", hist)
+    assert set(data.eval_points["series"]) == {"v4 [fallback/cpu/fp32]", "v4 [fast/cpu/fp32]"}
+    dashed = data.eval_points.groupby("series")["dashed"].first()
+    assert dashed["v4 [fallback/cpu/fp32]"] and not dashed["v4 [fast/cpu/fp32]"]
+    assert data.banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs reference: fast"]
+    assert data.lineage_banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs its "
+                                   "training run: fast"]
+    assert not data.train_curves["dashed"].any() and data.reference_values["tau"] == 3.0
+    assert list(data.accept_by_position["series"]) == ["v4 [fallback/cpu/fp32] @ step 200", "reference: z · "
+                                                       "fast/cpu/fp32 · Qwen3.5-4B"]
+    assert data.ddtree["budget"].tolist() == [8] and "tau" in data.eval_metrics and data.train_metrics == ["loss"]
+    export = data.export_frame()
+    assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
+            "ddtree vs budget"} == set(export["chart"])
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def test_fingerprint_matrix_grades_cells_by_severity():
+    fps = {"base": fp(), "bf16": fp(dtype="bf16"), "patch": fp(torch="2.6.1"), "cpu": fp(cpu="EPYC"), "none": None}
+    m = fingerprint_matrix(fps, "base")
+    sev = m.severity
+    assert sev.loc["numerics.dtype", "bf16"] == "critical" and sev.loc["numerics.dtype", "patch"] == ""
+    assert sev.loc["software.torch", "patch"] == "warning" and sev.loc["hardware.cpu", "cpu"] == "info"
+    assert (sev["base"] == "").all() and (sev["none"] == "warning").all()
+    assert m.values.loc["numerics.dtype", "bf16"] == "bf16" and m.values.loc["numerics.dtype", "none"] == "no fingerprint"
+    assert "software.transformers" not in m.values.index  # equal everywhere: hidden
+    assert list(m.values.index)[0] == "numerics.dtype"  # most severe first
+    assert m.counts["bf16"] == {"critical": 1, "warning": 0, "info": 0}
+    assert "software.transformers" in fingerprint_matrix(fps, "base", only_differing=False).values.index
+    m.styled().to_html()  # renders
+
+
+def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_path):
+    index = _lineage_index()
+    pairs = train_eval_pairs(index)
+    assert [p.eval.run_id for p in pairs][0] == "e4" and pairs[0].critical == 2
+    frame = pairs_frame(index, pairs)
+    assert frame.iloc[0]["check"] == "🔴" and frame.iloc[-1]["check"] == "🟢"
+
+    params = {"target": str(tmp_path / "target"), "drafter": str(tmp_path / "ck"), "prompts": str(tmp_path / "p"),
+              "max_new_tokens": "64", "budgets": "[4, 8]", "device": "cpu", "dtype": "fp32",
+              "linear_attn": "auto", "batch_size": "8"}
+    ev = run("e4", "eval", fp(), train="t4", step=200, params=params)
+    index = RunIndex([index.runs["t4"], ev])
+    plan = reeval_plan(index, "e4", "sqlite:///x.db")
+    assert plan.blocked is None and plan.changes == ["linear-attn fallback → fast", "dtype fp32 → bf16"]
+    assert plan.params == {"target": params["target"], "drafter": params["drafter"], "prompts": params["prompts"],
+                           "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
+                           "linear_attn": "fast", "train_run_id": "t4", "tracking_uri": "sqlite:///x.db",
+                           "checkpoint_step": 200}
+    from tracker.jobs import eval_command
+
+    assert "--linear-attn" in eval_command(plan.params)
+
+    partial = RunIndex([run("t", "train", fp(path="partial")), run("e", "eval", fp(), train="t", params=params)])
+    assert "cannot force" in reeval_plan(partial, "e", "u").blocked
+    assert training_environment(None)[1] == "the training run has no fingerprint"
+    alone = RunIndex([run("e", "eval", fp(), params=params)])
+    assert "not linked" in reeval_plan(alone, "e", "u").blocked
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def test_allowed_roots_and_path_checks(tmp_path, monkeypatch):
+    inside = tmp_path / "root" / "ck"
+    inside.mkdir(parents=True)
+    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", os.pathsep.join([str(tmp_path / "root"), str(tmp_path / "b")]))
+    roots = allowed_roots()
+    assert roots == [(tmp_path / "root").resolve(), (tmp_path / "b").resolve()]
+    assert check_path(str(inside), roots, "checkpoint") == str(inside.resolve())
+    with pytest.raises(DraftboardError, match="outside the allowed roots"):
+        check_path(str(tmp_path / "root" / ".." / "elsewhere"), roots, "checkpoint")
+    with pytest.raises(DraftboardError, match="does not exist"):
+        check_path(str(tmp_path / "root" / "missing"), roots, "checkpoint")
+    monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS")
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    assert allowed_roots() == [(tmp_path / "home").resolve()]
+    assert parse_budgets(" 8, 4,8 ") == [4, 8]
+    for bad in ("", "a,b", "0,4"):
+        with pytest.raises(DraftboardError, match="budgets"):
+            parse_budgets(bad)
+
+
+def test_eval_params_match_training_run_and_reference(tmp_path):
+    for name in ("target", "ck", "prompts.jsonl"):
+        (tmp_path / name).mkdir() if name != "prompts.jsonl" else (tmp_path / name).write_text("{}\n")
+    form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "prompts.jsonl"),
+                      checkpoint_path="/registered/ckpt", train_run_id="t", checkpoint_step=100, budgets="4,8",
+                      max_new_tokens=32, linear_attn="match training run", training_fingerprint=fp(path="fast"),
+                      reference=True, reference_name="z-lab v1")
+    params = eval_params(form, "sqlite:///s.db", [tmp_path])
+    assert params["linear_attn"] == "fast" and params["drafter"] == "/registered/ckpt"
+    assert params["reference"] == "z-lab v1" and params["checkpoint_step"] == 100 and params["budgets"] == [4, 8]
+    form.training_fingerprint = fp(path="partial")
+    with pytest.raises(DraftboardError, match="cannot be forced"):
+        eval_params(form, "u", [tmp_path])
+    form.linear_attn, form.reference_name = "auto", " "
+    with pytest.raises(DraftboardError, match="needs a name"):
+        eval_params(form, "u", [tmp_path])
+    form.checkpoint_path, form.drafter, form.reference = None, "/etc", False
+    with pytest.raises(DraftboardError, match="outside the allowed roots"):
+        eval_params(form, "u", [tmp_path])
+
+
+def test_describe_job_for_the_queue_list():
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    job = Job(id=3, kind="eval", params={"drafter": "/x/step_200", "train_run_id": "t", "checkpoint_step": 200,
+                                          "linear_attn": "fast", "device": "cuda", "dtype": "bf16"},
+              command=["x"], state=RUNNING, created_at=now - timedelta(minutes=5), started_at=now - timedelta(seconds=30),
+              finished_at=None, worker_id="w", heartbeat_at=now, pid=1, log_path=None, progress=0.25,
+              stage="drafter", mlflow_run_id=None, error=None, cancel_requested=False, dedup_key="k")
+    view = describe_job(job, {"t": "v4"}, now)
+    assert view.title == "🏃 #3 eval v4 @ step 200 · fast/cuda/bf16 · running"
+    assert view.progress_text == "drafter · 25%" and view.when == "started 30s ago" and view.can_cancel
+    queued = describe_job(Job(**{**job.__dict__, "state": QUEUED, "started_at": None, "stage": None,
+                                 "progress": 0.0}), {}, now)
+    assert queued.progress_text.startswith("waiting for a worker") and queued.when == "queued 5m ago"
+
+
+# --------------------------------------------------------------------------- metric docs
+
+
+def test_metric_docs_cover_the_fixed_names_and_families():
+    assert metric_docs.describe("tau").unit == "tokens / block" and metric_docs.is_eval_metric("tau")
+    assert "position 3" in metric_docs.describe("accept_rate_pos3").title
+    assert "budget 16" in metric_docs.describe("ddtree_tau_b16").title
+    assert "ddtree_tau_b8` - 1" in metric_docs.describe("dds8").definition
+    assert "no definition" in metric_docs.describe("my_metric").definition
+    assert metric_docs.describe("tau_gsm8k").title == "Mean acceptance length on gsm8k"
+    assert metric_docs.describe("tau_pooled").title == "Mean acceptance length, pooled"
+    assert metric_docs.sort_metrics(["dds16", "loss", "dds8", "tau", "zeta"]) == ["tau", "loss", "dds8", "dds16",
+                                                                                  "zeta"]
+    assert all(d.help().startswith("**") for d in metric_docs.glossary())

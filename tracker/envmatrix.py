@@ -1,0 +1,290 @@
+"""The Environments page's data: fingerprint matrices, train-vs-eval pairs, re-evaluation plans.
+
+`fingerprint_matrix` lays the chosen runs' fingerprints side by side (one row per field) and
+grades every cell against a baseline run with `fingerprint.diff`'s severities, so a red cell
+is a difference that can change the numbers. `train_eval_pairs` lists every eval next to its
+training run, critical differences first. `reeval_plan` builds the eval job that repeats an
+eval with its training run's linear-attention path, dtype and device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tracker import fingerprint as fpm
+from tracker.views import (
+    RunIndex,
+    RunInfo,
+    _text,
+    eval_label,
+    field_name,
+    summarize_rows,
+)
+
+SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def _matrix_fields(fp: dict) -> dict[str, Any]:
+    """Flattened fingerprint without the per-layer probe statistics (the digest stays)."""
+    flat = fpm.flatten({k: v for k, v in fp.items() if k != "probe"})
+    flat = {k: v for k, v in flat.items()
+            if not k.startswith(fpm.IGNORED_FIELDS) or k == "source.kind"}
+    probe = fp.get("probe")
+    if isinstance(probe, dict):
+        flat["probe.digest"] = probe.get("digest")
+    return flat
+
+
+@dataclass
+class Matrix:
+    values: pd.DataFrame  # index: field, columns: run labels; text cells
+    severity: pd.DataFrame  # same shape: "", "critical", "warning", "info" (vs the baseline column)
+    baseline: str
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> severity -> count
+
+    def styled(self):
+        """A pandas Styler with differing cells coloured by severity (for st.dataframe)."""
+        colors = self.severity.apply(lambda col: col.map(lambda s: f"background-color: {SEVERITY_COLORS[s]}"
+                                                         if s in SEVERITY_COLORS else ""))
+        return self.values.style.apply(lambda _: colors, axis=None)
+
+
+def fingerprint_matrix(fps: dict[str, dict | None], baseline: str | None = None,
+                       only_differing: bool = True) -> Matrix:
+    """Fields x runs; `fps` maps a column label to a fingerprint (None: missing), in column order."""
+    labels = list(fps)
+    if not labels:
+        empty = pd.DataFrame()
+        return Matrix(empty, empty, "")
+    baseline = baseline if baseline in fps else labels[0]
+    flats = {label: (_matrix_fields(fp) if fp else {}) for label, fp in fps.items()}
+    base_fp = fps.get(baseline)
+    severities: dict[str, dict[str, str]] = {}
+    counts = {}
+    for label, fp in fps.items():
+        sev = {}
+        if label != baseline and fp and base_fp:
+            for row in fpm.diff(base_fp, fp):
+                field_key = "probe.digest" if row.field == "probe.max_rel_diff" else row.field
+                sev[field_key] = row.severity
+        elif label != baseline:
+            sev = {"*": "warning"}  # fingerprint missing: nothing can be compared
+        severities[label] = sev
+        counts[label] = {s: sum(v == s for k, v in sev.items() if k != "*") for s in ("critical", "warning", "info")}
+    fields = sorted(set().union(*[set(f) for f in flats.values()]),
+                    key=lambda f: (_section_order(f), f))
+    rows_values, rows_sev = {}, {}
+    for f in fields:
+        cells = [flats[label].get(f) for label in labels]
+        sev_cells = [severities[label].get(f, severities[label].get("*", "")) if label != baseline else ""
+                     for label in labels]
+        # Columns without a fingerprint are marked, but do not make every row "differ".
+        present = [i for i, label in enumerate(labels) if flats[label]]
+        differs = (any(sev_cells[i] for i in present)
+                   or len({json.dumps(cells[i], default=str, sort_keys=True) for i in present}) > 1)
+        if only_differing and not differs:
+            continue
+        rows_values[f] = [_cell(c, flats[label], f) for c, label in zip(cells, labels)]
+        rows_sev[f] = sev_cells
+    values = pd.DataFrame.from_dict(rows_values, orient="index", columns=labels)
+    severity = pd.DataFrame.from_dict(rows_sev, orient="index", columns=labels)
+    # Most severe first (by the worst cell of each row), then by field.
+    order = {"critical": 0, "warning": 1, "info": 2, "": 3}
+    if not values.empty:
+        worst = severity.apply(lambda row: min(order[s] for s in row), axis=1)
+        keys = sorted(values.index, key=lambda f: (worst[f], _section_order(f), f))
+        values, severity = values.loc[keys], severity.loc[keys]
+    values.index.name = "field"
+    severity.index.name = "field"
+    return Matrix(values, severity, baseline, counts)
+
+
+def _cell(value: Any, flat: dict, field_key: str) -> str:
+    if not flat:
+        return "no fingerprint"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return _text(value)
+
+
+def _section_order(field_key: str) -> int:
+    order = ("numerics", "hardware", "software", "probe", "code", "source")
+    section = field_key.split(".", 1)[0]
+    return order.index(section) if section in order else len(order)
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+@dataclass(frozen=True)
+class Pair:
+    train: RunInfo
+    eval: RunInfo
+    rows: tuple  # DiffRow, eval vs train
+
+    @property
+    def critical(self) -> int:
+        return sum(r.severity == "critical" for r in self.rows)
+
+    @property
+    def warning(self) -> int:
+        return sum(r.severity == "warning" for r in self.rows)
+
+
+def train_eval_pairs(index: RunIndex, run_ids: Sequence[str] | None = None) -> list[Pair]:
+    """Every (training run, eval) pair, or those touching `run_ids`; critical differences first."""
+    wanted = None if run_ids is None else set(run_ids)
+    pairs = []
+    for ev in index.of_kind("eval", "reference"):
+        train = index.train_of(ev)
+        if train is None:
+            continue
+        if wanted is not None and ev.run_id not in wanted and train.run_id not in wanted:
+            continue
+        rows = fpm.diff(ev.fingerprint, train.fingerprint) if ev.fingerprint and train.fingerprint else []
+        pairs.append(Pair(train, ev, tuple(rows)))
+    pairs.sort(key=lambda p: (-p.critical, -p.warning, p.train.name, p.eval.checkpoint_step or 0))
+    return pairs
+
+
+def pairs_frame(index: RunIndex, pairs: Sequence[Pair]) -> pd.DataFrame:
+    rows = []
+    for p in pairs:
+        crit = [r for r in p.rows if r.severity == "critical"]
+        rows.append({
+            "check": "🔴" if crit else ("🟠" if p.warning else "🟢"),
+            "training run": index.label(p.train.run_id),
+            "eval": eval_label(index, p.eval),
+            "step": p.eval.checkpoint_step,
+            "critical": p.critical,
+            "warning": p.warning,
+            "differences": summarize_rows(crit, "", "training") if crit else
+            ", ".join(field_name(r.field) for r in p.rows if r.severity == "warning")[:200],
+            "training env": p.train.env_badges,
+            "eval env": p.eval.env_badges,
+            "eval_run_id": p.eval.run_id,
+        })
+    frame = pd.DataFrame(rows, columns=["check", "training run", "eval", "step", "critical", "warning",
+                                        "differences", "training env", "eval env", "eval_run_id"])
+    frame["step"] = frame["step"].astype("Int64")
+    return frame
+
+
+# --------------------------------------------------------------------------- re-evaluation
+
+FORCEABLE_LINEAR = ("fast", "fallback")
+DTYPES = ("fp32", "bf16")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class ReevalPlan:
+    params: dict | None  # eval job params (tracker.jobs.eval_command), None when blocked
+    changes: list[str]  # "linear-attn fallback -> fast"
+    blocked: str | None = None  # why the eval cannot be repeated under the training environment
+
+
+def training_environment(fp: dict | None) -> tuple[dict[str, str], str | None]:
+    """({linear_attn, dtype, device} of a training fingerprint as eval flags, None) or ({}, why not)."""
+    if not fp:
+        return {}, "the training run has no fingerprint"
+    num, hw = fp.get("numerics") or {}, fp.get("hardware") or {}
+    path, dtype, device = num.get("linear_attention_path"), num.get("dtype"), hw.get("device")
+    if path not in FORCEABLE_LINEAR:
+        why = ("unknown (an imported or published run)" if path is None else
+               f"'{path}', which `--linear-attn` cannot force (only fast or fallback)")
+        return {}, f"the training run's linear-attention path is {why}"
+    if dtype not in DTYPES:
+        return {}, f"the training run's dtype is {_text(dtype)}; evals run in {' or '.join(DTYPES)}"
+    if device not in DEVICES:
+        return {}, f"the training run's device is {_text(device)}; evals run on {' or '.join(DEVICES)}"
+    return {"linear_attn": path, "dtype": dtype, "device": device}, None
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _budgets(value) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        parsed = [v for v in str(value).strip("()[] ").split(",") if v.strip()]
+    try:
+        return [int(v) for v in parsed]
+    except (TypeError, ValueError):
+        return None
+
+
+def eval_settings_of(run: RunInfo, results: dict | None = None) -> dict:
+    """The settings an eval ran with, from its params (paths from eval_results.json when relative)."""
+    p = run.params
+    settings = {
+        "target": p.get("target") or run.target,
+        "drafter": p.get("drafter") or run.checkpoint,
+        "prompts": p.get("prompts"),
+        "completions": p.get("completions"),
+        "max_new_tokens": _int(p.get("max_new_tokens")),
+        "budgets": _budgets(p.get("budgets")),
+        "device": p.get("device"),
+        "dtype": p.get("dtype"),
+        "linear_attn": p.get("linear_attn"),
+    }
+    if results:
+        for key in ("target", "drafter"):
+            section = results.get(key)
+            if isinstance(section, dict) and section.get("path") and not Path(str(settings[key] or "")).is_absolute():
+                settings[key] = section["path"]
+    return settings
+
+
+def reeval_plan(index: RunIndex, eval_run_id: str, tracking_uri: str,
+                results: Callable[[RunInfo], dict | None] | None = None) -> ReevalPlan:
+    """The job that repeats an eval (same target, drafter, prompts, settings) in its training run's environment."""
+    ev = index.get(eval_run_id)
+    if ev is None:
+        return ReevalPlan(None, [], f"no run {eval_run_id}")
+    train = index.train_of(ev)
+    if train is None:
+        return ReevalPlan(None, [], "this eval is not linked to a training run (tag draftboard.train_run_id)")
+    env, why = training_environment(train.fingerprint)
+    if why:
+        return ReevalPlan(None, [], why)
+    settings = eval_settings_of(ev)
+    if any(settings[k] and not Path(settings[k]).is_absolute() for k in ("target", "drafter")) and results:
+        settings = eval_settings_of(ev, results(ev))
+    missing = [k for k in ("target", "drafter", "prompts") if not settings.get(k)]
+    if missing:
+        return ReevalPlan(None, [], f"the eval run does not record its {', '.join(missing)} (params)")
+    relative = [k for k in ("target", "drafter", "prompts") if not Path(settings[k]).is_absolute()]
+    if relative:
+        return ReevalPlan(None, [], f"the eval run recorded a relative {', '.join(relative)} path "
+                                    f"({settings[relative[0]]}); re-run it from the CLI in its directory")
+    ev_fp = ev.fingerprint or {}
+    current = {
+        "linear_attn": (ev_fp.get("numerics") or {}).get("linear_attention_path"),
+        "dtype": (ev_fp.get("numerics") or {}).get("dtype"),
+        "device": (ev_fp.get("hardware") or {}).get("device"),
+    }
+    names = {"linear_attn": "linear-attn", "dtype": "dtype", "device": "device"}
+    changes = [f"{names[k]} {_text(current[k])} → {env[k]}" for k in env if current[k] != env[k]]
+    params = {k: v for k, v in settings.items() if v is not None}
+    params.update(env)
+    params.update({"train_run_id": train.run_id, "tracking_uri": tracking_uri})
+    if ev.checkpoint_step is not None:
+        params["checkpoint_step"] = ev.checkpoint_step
+    return ReevalPlan(params, changes)

@@ -1,0 +1,207 @@
+"""The Launch page's logic: which paths may be evaluated, the eval job's params, the queue's view.
+
+Evals launched from the dashboard run on the dashboard's machine (a local `draftboard
+worker`), so the paths typed into the form are checked against allowed roots:
+`DRAFTBOARD_ALLOWED_ROOTS` (os.pathsep-separated), default `DRAFTBOARD_HOME`. Checkpoints
+registered on a training run are trusted (the store recorded them). The job itself is
+`tracker.jobs.eval_command(params)` submitted to the `JobQueue`, whose dedup answers a second
+submission of the same checkpoint and settings with the first job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tracker.errors import DraftboardError
+from tracker.jobs import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Job,
+    JobQueue,
+    eval_command,
+    home_dir,
+)
+
+LINEAR_ATTN_CHOICES = ("auto", "fast", "fallback", "match training run")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("fp32", "bf16")
+DEFAULT_BUDGETS = "4,8,16,32"
+STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
+
+
+def allowed_roots(env: dict | None = None) -> list[Path]:
+    """DRAFTBOARD_ALLOWED_ROOTS (os.pathsep-separated), else [DRAFTBOARD_HOME]."""
+    env = os.environ if env is None else env
+    text = env.get("DRAFTBOARD_ALLOWED_ROOTS", "")
+    roots = [Path(p).expanduser().resolve() for p in text.split(os.pathsep) if p.strip()]
+    return roots or [home_dir()]
+
+
+def check_path(path: str, roots: Sequence[Path], what: str) -> str:
+    """The resolved path if it exists under one of `roots`; DraftboardError with a clear message otherwise."""
+    if not path or not path.strip():
+        raise DraftboardError(f"{what}: enter a path")
+    resolved = Path(path.strip()).expanduser().resolve()
+    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+        shown = ", ".join(str(r) for r in roots)
+        raise DraftboardError(f"{what}: {resolved} is outside the allowed roots ({shown}); the dashboard only "
+                              "evaluates files under them. Set DRAFTBOARD_ALLOWED_ROOTS (paths separated by "
+                              f"'{os.pathsep}') to allow more.")
+    if not resolved.exists():
+        raise DraftboardError(f"{what}: {resolved} does not exist")
+    return str(resolved)
+
+
+def parse_budgets(text: str) -> list[int]:
+    """`4,8,16` -> [4, 8, 16]; DraftboardError on anything else."""
+    try:
+        budgets = sorted({int(part) for part in str(text).replace(" ", "").split(",") if part})
+    except ValueError:
+        raise DraftboardError(f"budgets: expected comma-separated positive integers like {DEFAULT_BUDGETS}, "
+                              f"got {text!r}") from None
+    if not budgets or budgets[0] < 1:
+        raise DraftboardError(f"budgets: expected positive integers like {DEFAULT_BUDGETS}, got {text!r}")
+    return budgets
+
+
+def training_linear_attn(fp: dict | None) -> tuple[str | None, str]:
+    """(the `--linear-attn` value that reproduces a training run's path, explanation)."""
+    path = ((fp or {}).get("numerics") or {}).get("linear_attention_path")
+    if path in ("fast", "fallback"):
+        return path, f"training run used the {path} path"
+    if path is None:
+        return None, "the training run's linear-attention path is unknown (no fingerprint, or imported)"
+    return None, f"the training run's path is '{path}', which cannot be forced; choose auto, fast or fallback"
+
+
+@dataclass
+class LaunchForm:
+    """What the Launch page collects."""
+
+    target: str
+    prompts: str
+    drafter: str | None = None  # a path typed by the user (checked against the roots)
+    checkpoint_path: str | None = None  # a registered checkpoint's path (trusted)
+    train_run_id: str | None = None
+    checkpoint_step: int | None = None
+    budgets: str = DEFAULT_BUDGETS
+    max_new_tokens: int = 256
+    device: str = "cpu"
+    dtype: str = "fp32"
+    linear_attn: str = "auto"
+    training_fingerprint: dict | None = None
+    reference: bool = False
+    reference_name: str = ""
+
+
+def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> dict:
+    """Validated eval job params for `tracker.jobs.eval_command`; DraftboardError says what is wrong."""
+    if form.checkpoint_path:
+        drafter = form.checkpoint_path
+    elif form.drafter:
+        drafter = check_path(form.drafter, roots, "checkpoint")
+    else:
+        raise DraftboardError("choose a registered checkpoint or enter a checkpoint path")
+    target = check_path(form.target, roots, "target")
+    prompts = check_path(form.prompts, roots, "prompts file")
+    if form.device not in DEVICES:
+        raise DraftboardError(f"device must be one of {', '.join(DEVICES)}")
+    if form.dtype not in DTYPES:
+        raise DraftboardError(f"dtype must be one of {', '.join(DTYPES)}")
+    linear = form.linear_attn
+    if linear == "match training run":
+        linear, why = training_linear_attn(form.training_fingerprint)
+        if linear is None:
+            raise DraftboardError(f"linear-attention path: {why}")
+    elif linear not in LINEAR_ATTN_CHOICES:
+        raise DraftboardError(f"linear-attention path must be one of {', '.join(LINEAR_ATTN_CHOICES)}")
+    if not isinstance(form.max_new_tokens, int) or form.max_new_tokens < 1:
+        raise DraftboardError("max new tokens must be a positive integer")
+    params = {
+        "target": target,
+        "drafter": drafter,
+        "prompts": prompts,
+        "max_new_tokens": int(form.max_new_tokens),
+        "budgets": parse_budgets(form.budgets),
+        "device": form.device,
+        "dtype": form.dtype,
+        "linear_attn": linear,
+        "tracking_uri": tracking_uri,
+    }
+    if form.train_run_id:
+        params["train_run_id"] = form.train_run_id
+        if form.checkpoint_step is not None:
+            params["checkpoint_step"] = int(form.checkpoint_step)
+    if form.reference:
+        name = form.reference_name.strip()
+        if not name:
+            raise DraftboardError("a reference needs a name (e.g. z-lab v1)")
+        params["reference"] = name
+    eval_command(params)  # the same checks the worker's argv gets
+    return params
+
+
+def submit_eval(queue: JobQueue, params: dict) -> Job:
+    """Queue an eval job, or get back the queued/running/succeeded one with the same params (existing=True)."""
+    return queue.submit("eval", params, eval_command(params))
+
+
+# --------------------------------------------------------------------------- queue view
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: int
+    title: str  # "⏳ #3 eval v4 @ step 200 · queued"
+    state: str
+    progress: float
+    progress_text: str
+    when: str
+    can_cancel: bool
+    run_id: str | None
+    error: str | None
+    job: Job
+
+
+def _ago(ts: datetime | None, now: datetime) -> str:
+    if ts is None:
+        return "—"
+    seconds = max(0, int((now - ts).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600}h ago"
+    return ts.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: datetime | None = None) -> JobView:
+    """What the queue list shows for one job."""
+    now = now or datetime.now(timezone.utc)
+    p = job.params
+    what = Path(str(p.get("drafter", "?"))).name
+    train = (run_labels or {}).get(p.get("train_run_id") or "")
+    if train and p.get("checkpoint_step") is not None:
+        what = f"{train} @ step {p['checkpoint_step']}"
+    if p.get("reference"):
+        what = f"reference {p['reference']} ({what})"
+    env = f"{p.get('linear_attn', 'auto')}/{p.get('device', '?')}/{p.get('dtype', '?')}"
+    title = f"{STATE_ICONS.get(job.state, '')} #{job.id} eval {what} · {env} · {job.state}"
+    stage = job.stage or ("waiting for a worker" if job.state == QUEUED else "")
+    if job.state == RUNNING and job.cancel_requested:
+        stage = f"cancelling… ({stage})" if stage else "cancelling…"
+    progress = 1.0 if job.state == SUCCEEDED else min(max(job.progress, 0.0), 1.0)
+    text = f"{stage} · {progress:.0%}" if stage else f"{progress:.0%}"
+    when = (f"finished {_ago(job.finished_at, now)}" if job.finished_at else
+            f"started {_ago(job.started_at, now)}" if job.started_at else f"queued {_ago(job.created_at, now)}")
+    return JobView(job.id, title, job.state, progress, text, when,
+                   can_cancel=job.state in (QUEUED, RUNNING) and not job.cancel_requested,
+                   run_id=job.mlflow_run_id, error=job.error, job=job)

@@ -1,0 +1,268 @@
+"""Metric histories of many runs at once, read straight from the MLflow database.
+
+`MlflowClient.get_metric_history` costs one call (and one ORM object per point) per run and
+metric: 20 runs x 4 metrics x 10,000 steps take tens of seconds. When the tracking URI is a
+database (sqlite, PostgreSQL, MySQL) this module reads MLflow's `metrics` table with plain,
+read-only SELECTs (sqlite is opened with `mode=ro`; PostgreSQL transactions are READ ONLY),
+one indexed query per (run, metric) on MLflow's (run_uuid, key, step) index. For an http
+store it falls back to `get_metric_history` calls issued from a thread pool.
+
+Downsampling (`max_points`): plots never need more points than the screen has pixels. With
+`max_points=N` a history with more than N points keeps every k-th *step*, counted from its
+first step in units of its logging interval (the gap between its first two steps), so that
+about N points remain; the first and the last step are always kept. The choice is made by
+the database on the index alone, so skipped points are never read. Every k-th point can
+hide a single-step spike; `max_points=None` reads everything.
+
+Rows come back as a DataFrame with columns run_id, key, step, value, timestamp, sorted by
+(run_id, key, step, timestamp); NaN values are NaN (MLflow stores them as 0 + a flag).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+
+COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
+PLOT_MAX_POINTS = 1500  # per curve, the dashboard's default (a wide chart is ~1500 px)
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+_engines: dict[str, sa.Engine | None] = {}
+_engines_lock = threading.Lock()
+
+
+def is_database_uri(uri: str) -> bool:
+    """True for MLflow database URIs (sqlite:///..., postgresql://..., mysql+pymysql://...)."""
+    scheme = uri.split(":", 1)[0].lower()
+    return scheme.split("+", 1)[0] in DATABASE_SCHEMES and "://" in uri
+
+
+def _sqlite_readonly_url(uri: str) -> str | None:
+    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet."""
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        return None
+    return f"sqlite:///file:{file.as_posix()}?mode=ro&uri=true"
+
+
+def readonly_engine(uri: str) -> sa.Engine | None:
+    """A shared read-only engine for a database tracking URI; None for other URIs or a missing sqlite file."""
+    if not is_database_uri(uri):
+        return None
+    with _engines_lock:
+        engine = _engines.get(uri)
+        if engine is not None:
+            return engine
+        if uri.startswith("sqlite"):
+            url = _sqlite_readonly_url(uri)
+            if url is None:
+                return None  # not created yet; look again next time
+            engine = sa.create_engine(url)
+        else:
+            engine = sa.create_engine(uri, pool_pre_ping=True)
+        _engines[uri] = engine
+        return engine
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+    return conn
+
+
+def _chunks(items: Sequence[str], size: int = 500) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# --------------------------------------------------------------------------- signature
+
+
+def history_signature(uri: str, run_ids: Sequence[str], client=None) -> tuple:
+    """A cheap value that changes when any of the runs logs a new latest step.
+
+    From MLflow's `latest_metrics` table (one row per run and metric) on a database store;
+    from each run's latest metrics otherwise. Used as a cache key, so new steps show up.
+    """
+    run_ids = sorted(set(run_ids))
+    engine = readonly_engine(uri)
+    if engine is not None:
+        rows: list[tuple] = []
+        stmt = sa.text("SELECT run_uuid, key, step, timestamp FROM latest_metrics WHERE run_uuid IN :ids")
+        stmt = stmt.bindparams(sa.bindparam("ids", expanding=True))
+        with _connect(engine) as conn:
+            for chunk in _chunks(run_ids):
+                rows.extend(tuple(r) for r in conn.execute(stmt, {"ids": list(chunk)}))
+        return tuple(sorted(rows))
+    if client is None:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+    sig = []
+    for run_id in run_ids:
+        data = client.get_run(run_id).data
+        objs = getattr(data, "_metric_objs", None) or []
+        sig.extend((run_id, m.key, m.step, m.timestamp) for m in objs)
+    return tuple(sorted(sig))
+
+
+# --------------------------------------------------------------------------- histories
+
+
+def load_histories(
+    uri: str,
+    run_ids: Sequence[str],
+    keys: Sequence[str] | None = None,
+    max_points: int | None = None,
+    client=None,
+) -> pd.DataFrame:
+    """Histories of `keys` (default: every metric each run has) for `run_ids`; see the module doc."""
+    if max_points is not None and max_points < 2:
+        raise ValueError(f"max_points must be at least 2, got {max_points}")
+    run_ids = list(dict.fromkeys(run_ids))
+    if not run_ids:
+        return _frame([])
+    engine = readonly_engine(uri)
+    if engine is not None:
+        return _frame(_sql_histories(engine, run_ids, keys, max_points))
+    if is_database_uri(uri):
+        return _frame([])  # sqlite file not created yet: nothing logged
+    return _frame(_client_histories(uri, run_ids, keys, max_points, client))
+
+
+Block = tuple[str, str, np.ndarray]  # run_id, key, [n, 4] array of step, value, is_nan, timestamp
+
+
+def _frame(blocks: list[Block]) -> pd.DataFrame:
+    """One DataFrame from per-(run, key) blocks, built column-wise (no per-row Python objects)."""
+    blocks = sorted((b for b in blocks if len(b[2])), key=lambda b: (b[0], b[1]))
+    if not blocks:
+        return pd.DataFrame({"run_id": pd.Series([], dtype=object), "key": pd.Series([], dtype=object),
+                             "step": pd.Series([], dtype="int64"), "value": pd.Series([], dtype="float64"),
+                             "timestamp": pd.Series([], dtype="int64")})
+    data = np.concatenate([b[2] for b in blocks])
+    sizes = [len(b[2]) for b in blocks]
+    value = np.where(data[:, 2] != 0, np.nan, data[:, 1])
+    frame = pd.DataFrame({
+        "run_id": np.repeat(np.array([b[0] for b in blocks], dtype=object), sizes),
+        "key": np.repeat(np.array([b[1] for b in blocks], dtype=object), sizes),
+        "step": data[:, 0].astype("int64"),
+        "value": value,
+        "timestamp": data[:, 3].astype("int64"),
+    })
+    # SQL returns each block ordered by (step, timestamp); the client fallback may not.
+    if not all(np.all(np.diff(b[2][:, 0]) >= 0) for b in blocks):
+        frame = frame.sort_values(["run_id", "key", "step", "timestamp"], kind="stable", ignore_index=True)
+    return frame
+
+
+def _array(rows: list[tuple]) -> np.ndarray:
+    """[n, 4] float64 array; steps and millisecond timestamps are exact below 2**53."""
+    return np.array(rows, dtype=np.float64).reshape(-1, 4)
+
+
+_PAIRS = sa.text(
+    "SELECT run_uuid, key, step FROM latest_metrics WHERE run_uuid IN :ids"
+).bindparams(sa.bindparam("ids", expanding=True))
+_FIRST_TWO = sa.text(
+    "SELECT DISTINCT step FROM metrics WHERE run_uuid = :run AND key = :key ORDER BY step LIMIT 2"
+)
+# ORDER BY step makes the planner use MLflow's (run_uuid, key, step) index; without it sqlite
+# may scan the primary-key index (key first) across every run.
+_ALL = sa.text(
+    "SELECT step, value, is_nan, timestamp FROM metrics WHERE run_uuid = :run AND key = :key "
+    "ORDER BY step, timestamp"
+)
+_EVERY_KTH = sa.text(
+    "SELECT step, value, is_nan, timestamp FROM metrics WHERE run_uuid = :run AND key = :key "
+    "AND ((step - :first) % :stride = 0 OR step = :last) ORDER BY step, timestamp"
+)
+
+
+def _stride(first: int, second: int | None, last: int, max_points: int | None) -> int:
+    """Step stride that leaves about max_points of a history logged every (second - first) steps."""
+    if max_points is None or second is None:
+        return 1
+    interval = max(1, second - first)
+    span_points = (max(last, first) - first) // interval + 1
+    k = -(-span_points // max_points)  # ceil
+    # k == 1: everything fits; read all rows, including steps off the interval's grid.
+    return 1 if k <= 1 else interval * k
+
+
+def _sql_histories(engine: sa.Engine, run_ids: list[str], keys: Sequence[str] | None,
+                   max_points: int | None) -> list[Block]:
+    wanted = None if keys is None else set(keys)
+    blocks: list[Block] = []
+    with _connect(engine) as conn:
+        # latest_metrics has one row per (run, key): which histories exist, and the last step.
+        pairs = []
+        for chunk in _chunks(run_ids):
+            for run_id, key, last in conn.execute(_PAIRS, {"ids": list(chunk)}):
+                if wanted is None or key in wanted:
+                    pairs.append((run_id, key, int(last)))
+        raw = conn.connection.dbapi_connection if engine.dialect.name == "sqlite" else None
+        for run_id, key, last in pairs:
+            stride, first = 1, 0
+            if max_points is not None:
+                found = [int(r[0]) for r in conn.execute(_FIRST_TWO, {"run": run_id, "key": key})]
+                if len(found) == 2:
+                    first = found[0]
+                    stride = _stride(found[0], found[1], last, max_points)
+            if stride > 1:
+                params = {"run": run_id, "key": key, "first": first, "stride": stride, "last": last}
+                rows = _execute(conn, raw, _EVERY_KTH, params)
+            else:
+                rows = _execute(conn, raw, _ALL, {"run": run_id, "key": key})
+            blocks.append((run_id, key, _array(rows)))
+    return blocks
+
+
+def _execute(conn: sa.Connection, raw, stmt: sa.TextClause, params: dict) -> list[tuple]:
+    """Run a SELECT; on sqlite through the DB-API cursor (no per-row SQLAlchemy objects)."""
+    if raw is not None:  # sqlite3 understands the same `:name` placeholders
+        return raw.execute(stmt.text, params).fetchall()
+    return [tuple(r) for r in conn.execute(stmt, params)]
+
+
+def _client_histories(uri: str, run_ids: list[str], keys: Sequence[str] | None, max_points: int | None,
+                      client=None) -> list[Block]:
+    if client is None:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+    pairs = []
+    for run_id in run_ids:
+        names = client.get_run(run_id).data.metrics.keys()
+        pairs.extend((run_id, key) for key in names if keys is None or key in keys)
+
+    def fetch(pair: tuple[str, str]) -> Block:
+        run_id, key = pair
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        rows = [(m.step, m.value, float(m.value != m.value), m.timestamp) for m in history]
+        return run_id, key, _array(downsample(rows, max_points))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(fetch, pairs))
+
+
+def downsample(rows: list[tuple], max_points: int | None) -> list[tuple]:
+    """The in-Python twin of the SQL rule, for the (step, ...) rows of one history."""
+    if max_points is None or not rows:
+        return rows
+    steps = sorted({r[0] for r in rows})
+    first, last = steps[0], steps[-1]
+    stride = _stride(first, steps[1] if len(steps) > 1 else None, last, max_points)
+    if stride == 1:
+        return rows
+    return [r for r in rows if (r[0] - first) % stride == 0 or r[0] == last]
