@@ -17,11 +17,21 @@ class Prompt:
     completion_ids: list[int] | None = None  # fixed continuation to reuse instead of generating
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+def _read_text(path: Path) -> str:
     if not path.is_file():
         raise DraftboardError(f"{path}: no such file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftboardError(f"{path}: not UTF-8 text (byte {exc.start}); expected JSON lines") from None
+    except OSError as exc:
+        raise DraftboardError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:
+    text = _read_text(path) if text is None else text
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -85,21 +95,21 @@ def load_prompts(path: str | Path, tokenizer, vocab_size: int, enable_thinking: 
 def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int) -> list[Prompt]:
     """Fixed continuations from JSON lines {id, input_ids, completion_ids} or a results JSON."""
     path = Path(path)
-    if not path.is_file():
-        raise DraftboardError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and "prompts" in doc:  # a previous `draftboard eval --out`
+        if not isinstance(doc["prompts"], list):
+            raise DraftboardError(f"{path}: 'prompts' must be a list of {{id, completion_ids}} objects")
         rows = [(i + 1, r) for i, r in enumerate(doc["prompts"])]
     else:
-        rows = _read_jsonl(path)
+        rows = _read_jsonl(path, text)
     by_id = {}
     for lineno, row in rows:
         where = f"{path}:{lineno}"
-        if "id" not in row or "completion_ids" not in row:
+        if not isinstance(row, dict) or "id" not in row or "completion_ids" not in row:
             raise DraftboardError(f"{where}: a completion needs 'id' and 'completion_ids'")
         by_id[str(row["id"])] = (where, row)
     out = []

@@ -142,7 +142,7 @@ else:
             reference=as_reference, reference_name=ref_name or "",
         )
         try:
-            job = submit_eval(queue, eval_params(form, cfg.store_uri, roots))
+            job = submit_eval(queue, eval_params(form, cfg.store_uri, roots), ui.tracker_for(cfg.store_uri))
         except DraftboardError as exc:
             st.error(str(exc), icon=":material/block:")
         else:

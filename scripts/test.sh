@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the tests need, then run them. Extra arguments go to pytest.
+# Install everything the tests need, start the services they use (scripts/services.sh), then run
+# them. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -26,6 +27,21 @@ export DRAFTBOARD_TRITON_SITE="$TRITON_SITE"
 
 # Static check first: undefined names and unused imports fail fast.
 ruff check --quiet --select F,E9 app.py pages tracker evaluators demo benchmarks tests
+
+# Server mode: a throwaway PostgreSQL cluster and an `mlflow server` on it (basic auth, proxied
+# artifacts), on free loopback ports; the tracker, queue and worker tests run against them as well
+# as against SQLite (tests/conftest.py). Stopped on exit, however the run ends. Services already
+# described by the environment (DRAFTBOARD_TEST_SERVER_URI and DRAFTBOARD_TEST_PG_URI) are used as
+# they are and left running.
+if [ -z "${DRAFTBOARD_TEST_SERVER_URI:-}" ] || [ -z "${DRAFTBOARD_TEST_PG_URI:-}" ]; then
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  unset DRAFTBOARD_SERVICES_DIR  # start our own, so that stopping them at exit stops nobody else's
+  trap 'bash scripts/services.sh stop "${DRAFTBOARD_SERVICES_DIR:-}"' EXIT
+  services_env=$(bash scripts/services.sh start)  # a failed start stops what it began
+  eval "$services_env"
+fi
+export DRAFTBOARD_REQUIRE_SERVER=1
 
 set +e
 python -m pytest "$@"

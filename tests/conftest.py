@@ -1,26 +1,155 @@
-"""Shared fixtures: one real MLflow sqlite store for the whole session.
+"""Shared fixtures: the tracking store and the job queue, each on every backend draftboard supports.
 
-Creating an MLflow sqlite store runs its migrations (1-2 s), so the tests share one;
-each test makes its own runs, so sharing cannot leak results between tests.
+`store_uri` / `tracker` are parametrized over the embedded store (an MLflow sqlite file) and
+an `mlflow server` (PostgreSQL backend, proxied artifacts, basic auth) started by
+scripts/services.sh; `jobs_uri` over a SQLite file and PostgreSQL (a fresh schema per test).
+Creating an MLflow store runs its migrations (1-2 s), so each backend's store is shared by the
+session; each test makes its own runs, so sharing cannot leak results between tests.
+
+The server and PostgreSQL variants read DRAFTBOARD_TEST_SERVER_URI, DRAFTBOARD_TEST_ADMIN_USER,
+DRAFTBOARD_TEST_ADMIN_PASSWORD and DRAFTBOARD_TEST_PG_URI (scripts/services.sh exports them;
+scripts/test.sh starts it). Without them those variants are skipped, unless
+DRAFTBOARD_REQUIRE_SERVER is set (test.sh sets it): then they fail.
+
+A test that cannot run against the server is marked `@pytest.mark.sqlite_only(reason=...)`;
+its server variant is deselected, not skipped, and the reason stays in the code.
 """
 
 import os
+import secrets
+import time
+from types import SimpleNamespace
 
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # tests must not reach the network
 
+SERVER_ENV = ("DRAFTBOARD_TEST_SERVER_URI", "DRAFTBOARD_TEST_ADMIN_USER", "DRAFTBOARD_TEST_ADMIN_PASSWORD")
+PG_ENV = "DRAFTBOARD_TEST_PG_URI"
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "sqlite_only(reason): runs against the embedded sqlite store only (the reason says why)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the server variant of tests marked sqlite_only."""
+    keep, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (callspec is not None and callspec.params.get("store_uri") == "server"
+                and item.get_closest_marker("sqlite_only") is not None):
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def _missing_service(what: str, names) -> None:
+    """Skip (or, with DRAFTBOARD_REQUIRE_SERVER, fail) a test whose service is not configured."""
+    message = f"{what}: set {', '.join(names)} (scripts/services.sh start; scripts/test.sh does it)"
+    if os.environ.get("DRAFTBOARD_REQUIRE_SERVER"):
+        pytest.fail(f"DRAFTBOARD_REQUIRE_SERVER is set but {message}", pytrace=False)
+    pytest.skip(message)
+
 
 @pytest.fixture(scope="session")
-def store_uri(tmp_path_factory) -> str:
+def mlflow_server():
+    """The MLflow server of scripts/services.sh: uri, admin user and password.
+
+    Its admin credentials become MLFLOW_TRACKING_USERNAME/PASSWORD for the session, which is
+    how every client (Tracker, MlflowClient, eval subprocesses, Ray jobs) authenticates.
+    Experiments left by an earlier session on a reused server are renamed away, so that each
+    session starts from an empty `draftboard` experiment as it does on sqlite.
+    """
+    if not all(os.environ.get(name) for name in SERVER_ENV):
+        _missing_service("no MLflow test server", SERVER_ENV)
+    server = SimpleNamespace(uri=os.environ["DRAFTBOARD_TEST_SERVER_URI"].rstrip("/"),
+                             user=os.environ["DRAFTBOARD_TEST_ADMIN_USER"],
+                             password=os.environ["DRAFTBOARD_TEST_ADMIN_PASSWORD"])
+    saved = {name: os.environ.get(name) for name in CREDENTIALS}
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = server.user, server.password
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=server.uri)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for experiment in client.search_experiments():
+        if experiment.name != "Default" and not experiment.name.startswith("old-session-"):
+            client.rename_experiment(experiment.experiment_id, f"old-session-{stamp}-{experiment.name}")
+    yield server
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def sqlite_store_uri(tmp_path_factory) -> str:
+    """The session's embedded store: an MLflow sqlite file (made once: its migrations take 1-2 s)."""
     return f"sqlite:///{tmp_path_factory.mktemp('store') / 'draftboard.db'}"
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: with a session-scoped parameter pytest would run every module's
+# sqlite tests, then every module's server tests, building each module's fixtures (models,
+# a Ray cluster) twice. Both variants still share one store per backend per session.
+@pytest.fixture(scope="module", params=["sqlite", "server"])
+def store_uri(request) -> str:
+    """A tracking URI: the embedded sqlite store, or the MLflow server (see the module doc)."""
+    if request.param == "server":
+        return request.getfixturevalue("mlflow_server").uri
+    return request.getfixturevalue("sqlite_store_uri")
+
+
+@pytest.fixture(scope="module")
 def tracker(store_uri):
     from tracker import Tracker
 
     return Tracker(store_uri)
+
+
+@pytest.fixture(scope="session")
+def postgres_uri() -> str:
+    """DRAFTBOARD_TEST_PG_URI: a PostgreSQL database the tests may create schemas in."""
+    if not os.environ.get(PG_ENV):
+        _missing_service("no PostgreSQL for the job queue", [PG_ENV])
+    return os.environ[PG_ENV]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def jobs_uri(request, tmp_path) -> str:
+    """A job queue URI on an empty database: a SQLite file, or a fresh PostgreSQL schema.
+
+    The PostgreSQL variant creates a schema of its own and points the URI's search_path at
+    it (libpq `options`), so each test starts from nothing; the schema is dropped afterwards.
+    """
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.db'}"
+        return
+    yield from postgres_schema(request.getfixturevalue("postgres_uri"))
+
+
+def postgres_schema(base_uri: str):
+    import sqlalchemy as sa
+
+    from tracker.jobs import _engine_url
+
+    schema = f"test_{secrets.token_hex(6)}"
+    admin = sa.create_engine(_engine_url(base_uri), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    separator = "&" if "?" in base_uri else "?"
+    try:
+        yield f"{base_uri}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")

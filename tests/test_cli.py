@@ -56,3 +56,31 @@ def test_console_script_entry_point_exit_status(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and out.stdout == ""
+
+
+def test_import_log_cli_round_trip_and_env_diff_by_run_id(tmp_path, store_uri, fp_file, capsys):
+    log = tmp_path / "train.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 3.0 / (s + 1), "streak": 0.1 * s}) + "\n" for s in range(5)))
+    assert main(["import-log", str(log), "--name", "v3 (imported)", "--tracking-uri", store_uri]) == 0
+    run_id = capsys.readouterr().out.strip().split()[-1]
+    import mlflow
+
+    history = mlflow.MlflowClient(store_uri).get_metric_history(run_id, "loss")
+    assert [m.step for m in history] == [0, 1, 2, 3, 4]
+    # An imported run's environment is unknown, so nothing critical can be claimed either way.
+    rc = main(["env-diff", run_id, str(fp_file), "--tracking-uri", store_uri])
+    out = capsys.readouterr().out
+    assert rc == 0 and "critical" in out and "warning" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["import-log", "{tmp}/missing.log", "--name", "x"], "missing.log"),
+    (["import-log", "{tmp}/bad.jsonl", "--name", "x"], "bad.jsonl:2: malformed JSON"),
+    (["env-diff", "0123456789abcdef0123456789abcdef", "{tmp}/bad.jsonl"], "0123456789abcdef"),
+])
+def test_cli_bad_input_is_one_error_line_exit_2(tmp_path, store_uri, capsys, args, message):
+    (tmp_path / "bad.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, loss\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args] + ["--tracking-uri", store_uri]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

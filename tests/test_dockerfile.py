@@ -274,7 +274,7 @@ def test_compose_mlflow_server(compose):
         assert flag in argv and argv[argv.index(flag) + 1] == value, f"mlflow server needs {flag} {value}"
     assert "--serve-artifacts" in argv
     env = _env(mlflow)
-    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://") and "@postgres:5432/mlflow" in (
+    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://") and "@postgres:5432/mlflow" in (
         env["MLFLOW_BACKEND_STORE_URI"])
     for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_SERVER_ALLOWED_HOSTS"):
         assert env.get(key), f"the basic-auth server needs {key}"

@@ -1,4 +1,5 @@
-"""The job queue on real SQLite files: state machine, dedup, atomic claims, cancel, logs."""
+"""The job queue on real databases (a SQLite file; PostgreSQL: conftest `jobs_uri`): state machine,
+dedup, atomic claims, cancel, logs."""
 
 import sqlite3
 import sys
@@ -29,8 +30,8 @@ CMD = [sys.executable, "-c", "pass"]
 
 
 @pytest.fixture
-def db_uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'jobs.db'}"
+def db_uri(jobs_uri):
+    return jobs_uri
 
 
 @pytest.fixture

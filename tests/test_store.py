@@ -208,6 +208,8 @@ def test_store_resolution(monkeypatch, tmp_path):
     assert local_artifact_location("sqlite:///x.db") == (tmp_path / "mlartifacts").as_uri()
 
 
+@pytest.mark.sqlite_only(reason="a server keeps artifacts where its --artifacts-destination says "
+                                "(tests/test_server_mode.py checks that)")
 def test_artifacts_live_next_to_the_sqlite_file(tracker, store_uri):
     db = Path(store_uri[len("sqlite:///") :])
     experiment = MlflowClient(tracking_uri=store_uri).get_experiment(tracker.experiment_id)

@@ -1,4 +1,5 @@
-"""The worker against real subprocesses and a real SQLite queue: logs, progress, cancel, stale jobs."""
+"""The worker against real subprocesses and a real queue (SQLite and PostgreSQL: conftest `jobs_uri`):
+logs, progress, cancel, stale jobs."""
 
 import json
 import os
@@ -59,8 +60,8 @@ WAIT_FOR_GATE = """
 
 
 @pytest.fixture
-def queue(tmp_path):
-    q = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+def queue(jobs_uri):
+    q = JobQueue(jobs_uri)
     yield q
     q.close()
 

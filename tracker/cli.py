@@ -226,6 +226,10 @@ def cmd_ui(args) -> int:
     print(f"store: {tracker.uri}")
     print(f"raw runs: mlflow ui --backend-store-uri {tracker.uri}")
     print(f"dashboard: http://{args.address}:{args.port}")
+    from tracker.launch import allowed_roots
+
+    # The dashboard and the worker it starts refuse the same paths.
+    env.setdefault("DRAFTBOARD_ALLOWED_ROOTS", os.pathsep.join(str(root) for root in allowed_roots(env)))
     # The embedded default works with one command: a local worker runs the queued evals.
     worker = None
     if not (args.no_worker or args.readonly):  # read-only dashboards launch nothing

@@ -7,26 +7,46 @@ workers, dashboards and CLI calls cannot move a job along an illegal edge or cla
 and the same statements serve SQLite (WAL, shared by processes on one machine) and
 PostgreSQL (shared across machines; the claim's FOR UPDATE SKIP LOCKED only renders there).
 
+The schema is versioned with Alembic (`tracker/migrations/`, version table
+`draftboard_jobs_version`): opening a queue upgrades its database to the newest revision,
+under a lock (SQLite's write lock, a PostgreSQL advisory lock) so that workers starting
+together migrate once. A database made before migrations existed is adopted as revision 0001.
+
 Callers get `Job` dataclasses; rows and connections never leave this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
+import logging
 import os
+import sqlite3
 import sys
+import time
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 
 from tracker.errors import DraftboardError
 
+log = logging.getLogger(__name__)
+
 JOBS_DB = "jobs.db"
+# Alembic's version table, named for this schema: it must not meet another tool's
+# `alembic_version` (MLflow's, say) in a database pointed at by mistake.
+VERSION_TABLE = "draftboard_jobs_version"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+FIRST_REVISION = "0001"  # the schema of queues made before migrations existed
+# Key of the PostgreSQL advisory lock held while migrating ("draftbrd" as an int64).
+_PG_MIGRATION_LOCK = int.from_bytes(b"draftbrd", "big") & 0x7FFF_FFFF_FFFF_FFFF
 # Long enough to ride out a dashboard read or another worker's commit, short enough that a
 # wedged process holding the write lock surfaces as an error instead of a silent hang.
 BUSY_TIMEOUT_MS = 30_000
@@ -225,14 +245,38 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     # WAL lets the dashboard read while a worker writes; NORMAL sync is crash-safe in WAL
     # and saves an fsync per heartbeat (a power cut can lose only the last beats).
-    cursor.execute("PRAGMA journal_mode = WAL")
+    # Turning a new file to WAL takes an exclusive lock, and SQLite answers "database is
+    # locked" at once, without its busy handler, while another connection holds the file
+    # (workers and a dashboard opening a new queue together): wait for it here instead.
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.close()
 
 
+def _engine_url(uri: str) -> sa.engine.URL:
+    """The URL to connect with: `postgresql://` falls back to psycopg2 when psycopg 3 is absent.
+
+    SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg (3); the `postgres` extra installs
+    psycopg2, so without this the documented `DRAFTBOARD_JOBS_URI=postgresql://...` would fail.
+    """
+    url = sa.engine.make_url(uri)
+    if (url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None
+            and importlib.util.find_spec("psycopg2") is not None):
+        url = url.set(drivername="postgresql+psycopg2")
+    return url
+
+
 def _open_engine(uri: str) -> sa.Engine:
     try:
-        engine = sa.create_engine(uri)
+        engine = sa.create_engine(_engine_url(uri))
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise DraftboardError(f"cannot open job queue {uri}: {exc}") from exc
     if engine.dialect.name == "sqlite":
@@ -248,6 +292,84 @@ def _open_engine(uri: str) -> sa.Engine:
     return engine
 
 
+# --------------------------------------------------------------------------- schema migrations
+
+
+def _alembic_config(connection: sa.Connection | None = None):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
+
+
+@functools.cache
+def schema_head() -> str:
+    """The newest revision in tracker/migrations."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def schema_revision(conn: sa.Connection) -> str | None:
+    """The revision a queue database is at; None before any (empty, or made before migrations)."""
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection in a transaction that holds the database's migration lock until it ends."""
+    if engine.dialect.name == "sqlite":
+        # pysqlite would run DDL outside any transaction; take the write lock ourselves
+        # (BEGIN IMMEDIATE waits busy_timeout for it), so that the schema and its version
+        # row change together and a second process waits, then finds the work done.
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+        return
+    with engine.begin() as conn:  # PostgreSQL: DDL is transactional
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        yield conn
+
+
+def upgrade_schema(engine: sa.Engine, revision: str = "head") -> None:
+    """Migrate the queue database to `revision` (default: the newest); a no-op when it is there.
+
+    A database with a `jobs` table but no version table was made before migrations existed:
+    it is stamped FIRST_REVISION (its schema) and upgraded from there.
+    """
+    from alembic import command
+
+    target = schema_head() if revision == "head" else revision
+    with engine.connect() as conn:
+        if schema_revision(conn) == target:
+            return  # the common case: one SELECT, no lock
+    # Alembic narrates every step at INFO ("Context impl SQLiteImpl." ...); in a worker's log
+    # one line of ours says it all. An application that set alembic's level keeps it.
+    alembic_log = logging.getLogger("alembic")
+    if alembic_log.level == logging.NOTSET:
+        alembic_log.setLevel(logging.WARNING)
+    with _migration_lock(engine) as conn:
+        config = _alembic_config(conn)
+        current = schema_revision(conn)
+        if current is None and sa.inspect(conn).has_table(jobs.name):
+            command.stamp(config, FIRST_REVISION)
+            current = FIRST_REVISION
+        if current != target:
+            command.upgrade(config, revision)
+            log.info("job queue schema: %s -> %s", current or "empty", target)
+
+
 class JobQueue:
     """The jobs table behind one database URL (see `resolve_jobs_uri`).
 
@@ -258,14 +380,18 @@ class JobQueue:
         self.uri = resolve_jobs_uri(uri)
         self._engine = _open_engine(self.uri)
         self._display = self._engine.url.render_as_string(hide_password=True)
+        from alembic.util import CommandError
+
         try:
-            with self._engine.begin() as conn:
-                # IF NOT EXISTS: several workers may start at once on a new file.
-                conn.execute(sa.schema.CreateTable(jobs, if_not_exists=True))
-                for index in jobs.indexes:
-                    conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+            upgrade_schema(self._engine)
         except SQLAlchemyError as exc:
-            raise DraftboardError(f"cannot open job queue {self._display}: {exc.orig or exc}") from exc
+            self._engine.dispose()
+            raise DraftboardError(f"cannot open job queue {self._display}: {getattr(exc, 'orig', None) or exc}") from exc
+        except CommandError as exc:  # e.g. a revision from a newer draftboard
+            self._engine.dispose()
+            raise DraftboardError(
+                f"cannot migrate job queue {self._display}: {exc} (was it made by a newer draftboard?)"
+            ) from exc
 
     def close(self) -> None:
         """Release the connections (the queue can still be used; it reconnects)."""

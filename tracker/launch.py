@@ -5,7 +5,10 @@ worker`), so the paths typed into the form are checked against allowed roots:
 `DRAFTBOARD_ALLOWED_ROOTS` (os.pathsep-separated), default `DRAFTBOARD_HOME`. Checkpoints
 registered on a training run are trusted (the store recorded them). The job itself is
 `tracker.jobs.eval_command(params)` submitted to the `JobQueue`, whose dedup answers a second
-submission of the same checkpoint and settings with the first job.
+submission of the same checkpoint and settings with the first job. Before queueing, an eval
+for a tracking server is refused unless the dashboard's own credentials may write to its
+experiment (`check_can_write`): an account with READ only would otherwise queue evals whose
+results could never be logged (the worker usually logs with the same account).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracker.errors import DraftboardError
 from tracker.jobs import (
@@ -28,6 +32,9 @@ from tracker.jobs import (
     eval_command,
     home_dir,
 )
+
+if TYPE_CHECKING:
+    from tracker.store import Tracker
 
 LINEAR_ATTN_CHOICES = ("auto", "fast", "fallback", "match training run")
 DEVICES = ("cpu", "cuda")
@@ -148,9 +155,55 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
     return params
 
 
-def submit_eval(queue: JobQueue, params: dict) -> Job:
-    """Queue an eval job, or get back the queued/running/succeeded one with the same params (existing=True)."""
-    return queue.submit("eval", params, eval_command(params))
+# The experiment tag `check_can_write` sets: the last time (UTC, ISO 8601) a launch checked access.
+WRITE_CHECK_TAG = "draftboard.write_check"
+
+
+def check_can_write(tracking_uri: str | None, tracker: Tracker | None = None) -> None:
+    """DraftboardError (one line) unless this process's MLflow credentials may write to the experiment.
+
+    Only tracking servers (http, https) are checked, by the write an eval needs first: an
+    update of the experiment (`set_experiment_tag` of WRITE_CHECK_TAG), which MLflow's
+    basic-auth app allows from EDIT up, like creating a run. A server that says 401 or 403 is
+    refused; an experiment not created yet is not (whoever logs first creates it). Local
+    stores are left to the file system. `tracker`: one already open on tracking_uri.
+    """
+    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
+        return
+    from mlflow.exceptions import MlflowException
+
+    from tracker.store import Tracker, access_problem
+
+    tracker = tracker if tracker is not None else Tracker(tracking_uri)
+    experiment_id = tracker._find_experiment(create=False)  # DraftboardError on 401 / no server
+    if experiment_id is None:
+        return
+    try:
+        tracker.client.set_experiment_tag(experiment_id, WRITE_CHECK_TAG,
+                                          datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    except MlflowException as exc:
+        if exc.error_code == "PERMISSION_DENIED":
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none set)"
+            raise DraftboardError(
+                f"not queued: MLflow user {user} may not write to experiment '{tracker.experiment_name}' on "
+                f"{tracking_uri}; an MLflow admin must grant it EDIT there (docs/DEPLOY.md, Users and permissions)"
+            ) from exc
+        raise DraftboardError(
+            f"not queued: cannot check write access to {tracking_uri}: {access_problem(exc) or exc.message}"
+        ) from exc
+    except Exception as exc:  # the server went away between the two requests
+        raise DraftboardError(f"not queued: cannot reach tracking store {tracking_uri}: {exc}") from exc
+
+
+def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -> Job:
+    """Queue an eval job, or get back the queued/running/succeeded one with the same params (existing=True).
+
+    Refused (DraftboardError) when params' tracking server would not accept its results from
+    this process's credentials (`check_can_write`; `tracker`: one open on that URI).
+    """
+    command = eval_command(params)
+    check_can_write(params.get("tracking_uri"), tracker)
+    return queue.submit("eval", params, command)
 
 
 # --------------------------------------------------------------------------- queue view

@@ -21,6 +21,7 @@ Ray is imported only when a RayLauncher is made, so the local path never needs i
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import secrets
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -221,10 +223,48 @@ class LocalLauncher(Launcher):
                 errors="replace",
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines reach the log as printed
+                preexec_fn=_die_with_parent_hook(),
             )
         except (OSError, ValueError) as exc:
             raise LaunchError(f"cannot start {job.command[0]}: {exc}") from exc
         return _LocalExecution(proc, output, job.id)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent_hook():
+    """A preexec_fn that has the kernel SIGKILL the job when its worker dies (Linux; else None).
+
+    The job leads its own session, so a worker killed with SIGKILL (or OOM-killed) would leave it
+    running as an orphan: still holding the GPU, and logging an MLflow run that its job, failed
+    as stale by another worker, never links. The "parent" of PR_SET_PDEATHSIG is the thread that
+    started the job, the job's runner thread, which lives until the job has ended. The hook only
+    calls functions resolved before the fork (a preexec_fn must not import or take locks).
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent, sigkill = os.getpid(), int(signal.SIGKILL)
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill)
+        if os.getppid() != parent:  # the worker died between the fork and the prctl
+            os.kill(os.getpid(), sigkill)
+
+    return hook
+
+
+@functools.cache
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 class _OutputPump(threading.Thread):

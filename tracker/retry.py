@@ -8,6 +8,7 @@ credentials) are raised at once so a misconfiguration is not hidden for minutes.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -34,6 +35,16 @@ _PERMANENT_CODES = frozenset(
 )
 
 
+# OS errors of a local artifact write that waiting cannot fix: the path is not a directory or not
+# writable, or the disk (or the process's file-size limit) is full. Retrying them would block a
+# checkpoint registration or an eval's results for the whole window before the same error.
+# Network errors (requests' ConnectionError is an OSError too) carry other or no errno.
+_PERMANENT_ERRNOS = frozenset(
+    {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS,
+     errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENAMETOOLONG}
+)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long to keep retrying one failed store call, and how fast.
@@ -52,6 +63,8 @@ def is_transient(exc: BaseException) -> bool:
     """True when retrying the same store call may succeed (outage, lock, timeout)."""
     if isinstance(exc, MlflowException):
         return exc.error_code not in _PERMANENT_CODES
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return False
     return isinstance(exc, Exception)
 
 

@@ -99,6 +99,7 @@ class _Run:
         except Exception as exc:
             raise DraftboardError(f"cannot create run {name!r} in {store.where}: {exc}") from exc
         self.run_id: str = run.info.run_id
+        self.artifact_uri: str = run.info.artifact_uri
         try:
             flat = [Param(k, v) for k, v in flatten_params(params).items()]
             for i in range(0, len(flat), _MAX_PARAMS_PER_BATCH):
@@ -155,6 +156,19 @@ class _Run:
         if self._closed:
             raise DraftboardError(f"run {self.run_id} is closed; log inside its `with` block")
 
+    def _send(self, fn, what: str) -> None:
+        """fn under the store's retry policy; a failure becomes one DraftboardError saying what failed.
+
+        (A raw OSError from a full disk or an unwritable artifact directory would otherwise
+        reach the caller, e.g. `draftboard eval`, as a traceback instead of an `error:` line.)
+        """
+        try:
+            call_with_retry(fn, self._store.retry, what)
+        except DraftboardError:
+            raise
+        except Exception as exc:
+            raise DraftboardError(f"{what} failed: {describe_error(exc)}") from exc
+
 
 class TrainingRun(_Run):
     """A training run: `log_step` is buffered (see steps.py), `log_checkpoint` is written at once."""
@@ -199,7 +213,7 @@ class TrainingRun(_Run):
             self._client.log_dict(self.run_id, record.to_dict(), record.artifact_file)
             self._client.set_tag(self.run_id, CHECKPOINT_COUNT, count)
 
-        call_with_retry(send, self._store.retry, f"registering checkpoint {record.path}")
+        self._send(send, f"registering checkpoint {record.path} in {self.artifact_uri}")
         return record
 
     def _flush(self) -> None:
@@ -250,9 +264,8 @@ class EvalRun(_Run):
         batch = [Metric(k, float(v), timestamp, at) for k, v in metrics.items()]
         for i in range(0, len(batch), MAX_METRICS_PER_BATCH):
             chunk = batch[i : i + MAX_METRICS_PER_BATCH]
-            call_with_retry(
+            self._send(
                 lambda: self._client.log_batch(self.run_id, metrics=chunk, synchronous=True),
-                self._store.retry,
                 f"logging metrics to {self._store.where}",
             )
 
@@ -263,11 +276,8 @@ class EvalRun(_Run):
             text = json.dumps(obj, indent=2)
         except (TypeError, ValueError) as exc:
             raise DraftboardError(f"{artifact_name}: object is not JSON-serializable ({exc})") from exc
-        call_with_retry(
-            lambda: self._client.log_text(self.run_id, text, artifact_name),
-            self._store.retry,
-            f"writing {artifact_name}",
-        )
+        self._send(lambda: self._client.log_text(self.run_id, text, artifact_name),
+                   f"writing {artifact_name} to {self.artifact_uri}")
 
     def log_table(self, artifact_name: str, rows: list[dict]) -> None:
         """Store rows as an MLflow table artifact (viewable in the MLflow UI's evaluation tab)."""
@@ -279,8 +289,5 @@ class EvalRun(_Run):
         import pandas as pd  # only needed here; it is slow to import
 
         frame = pd.DataFrame.from_records(list(rows))
-        call_with_retry(
-            lambda: self._client.log_table(self.run_id, data=frame, artifact_file=artifact_name),
-            self._store.retry,
-            f"writing {artifact_name}",
-        )
+        self._send(lambda: self._client.log_table(self.run_id, data=frame, artifact_file=artifact_name),
+                   f"writing {artifact_name} to {self.artifact_uri}")

@@ -53,6 +53,22 @@ def local_artifact_location(uri: str) -> str | None:
     return (db.parent / ARTIFACT_DIR).as_uri()
 
 
+def access_problem(exc: BaseException) -> str | None:
+    """What an authentication or authorization refusal from a tracking server means, else None."""
+    code = getattr(exc, "error_code", None)
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if code == "UNAUTHENTICATED":
+        if not user:
+            return ("the server requires a login (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD to an account of this server")
+        return (f"the server refused the login of MLflow user {user!r} (HTTP 401): check "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+    if code == "PERMISSION_DENIED":
+        who = f"MLflow user {user!r}" if user else "this MLflow user"
+        return f"permission denied (HTTP 403): {who} lacks the permission for this request"
+    return None
+
+
 class Tracker:
     """Runs, lineage, checkpoints and fingerprints in one MLflow experiment.
 
@@ -102,7 +118,7 @@ class Tracker:
                         raise
                     found = self.client.get_experiment_by_name(self.experiment_name)
         except MlflowException as exc:
-            raise DraftboardError(f"cannot use tracking store {self.uri}: {exc.message}") from exc
+            raise DraftboardError(f"cannot use tracking store {self.uri}: {access_problem(exc) or exc.message}") from exc
         except Exception as exc:  # connection errors from a remote store
             raise DraftboardError(f"cannot reach tracking store {self.uri}: {exc}") from exc
         if found is None:
@@ -185,7 +201,9 @@ class Tracker:
         except MlflowException as exc:
             if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise DraftboardError(f"no run with id {run_id!r} in {self.uri}") from exc
-            raise DraftboardError(f"cannot read run {run_id!r} from {self.uri}: {exc.message}") from exc
+            raise DraftboardError(
+                f"cannot read run {run_id!r} from {self.uri}: {access_problem(exc) or exc.message}"
+            ) from exc
 
     def find_runs(self, kind: str | None = None, filter: str | None = None) -> list[Run]:
         """Runs of this experiment, newest first; `filter` is an MLflow search filter string."""
@@ -212,7 +230,7 @@ class Tracker:
                 if not token:
                     return runs
         except MlflowException as exc:
-            raise DraftboardError(f"cannot search runs in {self.uri}: {exc.message}") from exc
+            raise DraftboardError(f"cannot search runs in {self.uri}: {access_problem(exc) or exc.message}") from exc
 
     def fingerprint(self, run_id: str) -> dict:
         """The run's fingerprint.json."""

@@ -30,7 +30,8 @@ from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job, JobQueue, h
 from tracker.launchers import (DRAIN_S, ERROR_TAIL_LINES, PROGRESS_MIN_INTERVAL_S, Execution, JobOutput,
                                LaunchError, Launcher, LocalLauncher)
 
-__all__ = ["run_worker", "make_worker_id", "TICK_S", "DRAIN_S", "ERROR_TAIL_LINES", "PROGRESS_MIN_INTERVAL_S"]
+__all__ = ["run_worker", "make_worker_id", "check_allowed_paths", "TICK_S", "DRAIN_S", "ERROR_TAIL_LINES",
+           "PROGRESS_MIN_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,96 @@ TICK_S = 0.05
 
 # How a job's supervision ended.
 _EXITED, _CANCELLED, _LOST, _ABORTED = "exited", "cancelled", "lost", "aborted"
+
+
+# The eval flags (and job params) naming files the eval reads: checked against the allowed roots.
+_PATH_FLAGS = {"--target": "target", "--drafter": "drafter", "--prompts": "prompts", "--completions": "completions"}
+ROOTS_VAR = "DRAFTBOARD_ALLOWED_ROOTS"
+
+
+def _eval_options() -> list[str]:
+    """Every long option of `draftboard eval` (to resolve abbreviations as argparse does)."""
+    import argparse
+
+    from tracker.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [o for o in sub.choices["eval"]._option_string_actions if o.startswith("--")]
+
+
+def _argv_values(argv: list[str], flags: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(flag, value) for each of flags in a `draftboard eval` argv, as argparse would read it
+    (`--flag value`, `--flag=value`, unique prefixes such as `--targ`); [] for other commands."""
+    is_eval = "tracker.cli" in argv[:4] or os.path.basename(argv[0]) == "draftboard"
+    if not is_eval or "eval" not in argv:
+        return []
+    options, found = _eval_options(), []
+    rest = argv[argv.index("eval") + 1:]
+    for i, token in enumerate(rest):
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        name, eq, value = token.partition("=")
+        matches = [o for o in options if o == name] or [o for o in options if o.startswith(name)]
+        if len(matches) == 1 and matches[0] in flags:
+            if eq:
+                found.append((matches[0], value))
+            elif i + 1 < len(rest):
+                found.append((matches[0], rest[i + 1]))
+    return found
+
+
+def check_allowed_paths(job: Job, environ: dict | None = None) -> None:
+    """Refuse (LaunchError) an eval job reading a path outside DRAFTBOARD_ALLOWED_ROOTS.
+
+    The same roots as the dashboard's Launch check (`tracker.launch.allowed_roots`), applied to
+    the argv that will run (--target, --drafter, --prompts, --completions) and to the job's
+    params, so a job queued around the dashboard is held to them too. As on the Launch page, a
+    drafter registered as a checkpoint of the job's training run (--train-run-id) is trusted.
+    Without DRAFTBOARD_ALLOWED_ROOTS in the worker's environment nothing is checked: a worker
+    on a Ray head or a GPU box reads paths of the cluster, which its own home says nothing about.
+    Paths need not exist here (they may exist only on a Ray cluster).
+    """
+    from tracker.launch import allowed_roots
+
+    environ = os.environ if environ is None else environ
+    if not environ.get(ROOTS_VAR, "").strip():
+        return
+    roots = allowed_roots(environ)
+    pairs = _argv_values(job.command, tuple(_PATH_FLAGS))
+    if job.kind == "eval":
+        pairs += [(flag, job.params[key]) for flag, key in _PATH_FLAGS.items() if isinstance(job.params.get(key), str)]
+    for flag, value in pairs:
+        path = Path(value).expanduser().resolve()
+        if any(path == root or path.is_relative_to(root) for root in roots):
+            continue
+        if flag == "--drafter" and _registered_checkpoint(job, value):
+            continue
+        shown = ", ".join(str(r) for r in roots)
+        raise LaunchError(f"refused: {flag} {path} is outside the allowed roots ({shown}) of this worker's "
+                          f"{ROOTS_VAR}; nothing was run")
+
+
+def _registered_checkpoint(job: Job, drafter: str) -> bool:
+    """True if drafter is a checkpoint registered on the job's training run (read from its store)."""
+    def setting(flag: str, key: str) -> str | None:  # the argv's value (argparse keeps the last), else the param
+        values = [v for _, v in _argv_values(job.command, (flag,))]
+        return values[-1] if values else job.params.get(key)
+
+    run_id = setting("--train-run-id", "train_run_id")
+    if not run_id:
+        return False
+    uri = setting("--tracking-uri", "tracking_uri")
+    from tracker.store import Tracker  # MLflow: imported only for this case
+
+    try:
+        registered = Tracker(uri).checkpoints(run_id)
+    except DraftboardError as exc:
+        log.warning("job %d: cannot read the checkpoints of run %s: %s", job.id, run_id, exc)
+        return False
+    wanted = Path(drafter).expanduser().resolve()
+    return any(c.path == drafter or Path(c.path).expanduser().resolve() == wanted for c in registered)
 
 
 def make_worker_id() -> str:
@@ -179,6 +270,7 @@ class _JobRunner(threading.Thread):
             header = json.dumps(job.command)
         output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}: {header}")
         try:
+            check_allowed_paths(job)
             execution = self._launcher.launch(job, output)
         except LaunchError as exc:
             output.note(str(exc))

@@ -86,11 +86,18 @@ def page(tmp_path):
         browser.close()
 
 
+def _settled(page) -> None:
+    """Wait until the app has finished the rerun a widget change started."""
+    page.locator("[data-testid='stStatusWidget']").wait_for(state="hidden")
+
+
 def _choose(page, label: str, option: str) -> None:
-    """Pick `option` in the Streamlit selectbox labelled `label`."""
+    """Pick `option` in the Streamlit selectbox labelled `label`, and let the app apply it."""
     box = page.locator("[data-testid='stSelectbox']").filter(has_text=label)
     box.click()
     page.get_by_role("option", name=option).first.click()
+    box.filter(has_text=option).wait_for()
+    _settled(page)
 
 
 def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, tmp_path):
