@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from apptest import APP, page_text, run_page
 from tracker.jobs import QUEUED, JobQueue
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-TIMEOUT = 60
 
 
 @pytest.fixture
@@ -25,22 +24,6 @@ def app_env(dashboard_store, tmp_path, monkeypatch):
     return dashboard_store
 
 
-def _page(page: str, **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for key, value in query.items():
-        at.query_params[key] = value
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
-
-
-def _text(at: AppTest) -> str:
-    """Everything the page wrote as text (markdown, captions, alerts, titles)."""
-    parts = []
-    for kind in ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success"):
-        parts.extend(str(el.value) for el in getattr(at, kind))
-    return "\n".join(parts)
 
 
 def _frames(at: AppTest):
@@ -48,7 +31,7 @@ def _frames(at: AppTest):
 
 
 def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
-    at = _page("pages/runs.py")
+    at = run_page("pages/runs.py")
     table = _frames(at)[0]
     assert set(app_env.ids.values()) <= set(table["run_id"])
     by_id = table.set_index("run_id")
@@ -67,11 +50,11 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     assert kinds == {"eval"}
     at.text_input(key="runs_search").set_value("z-lab").run()
     assert not at.exception
-    assert "No run matches" in _text(at)
+    assert "No run matches" in page_text(at)
 
 
 def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
-    at = _page("pages/run_detail.py", run=app_env.ids["v4"])
+    at = run_page("pages/run_detail.py", run=app_env.ids["v4"])
     assert at.title[0].value == "v4"
     frames = _frames(at)
     checkpoints = next(f for f in frames if "sha256" in f.columns)
@@ -82,12 +65,12 @@ def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     links = [b.proto.url for b in at.get("link_button")]
     assert any(url.startswith("http://mlflow.example:5000/#/experiments/") and url.endswith(app_env.ids["v4"])
                for url in links)
-    assert "Critical environment difference" in _text(at)
+    assert "Critical environment difference" in page_text(at)
 
 
 def test_promote_and_demote_an_eval(app_env):
     run_id = app_env.ids["v5@100"]
-    at = _page("pages/run_detail.py", run=run_id)
+    at = run_page("pages/run_detail.py", run=run_id)
     at.button(key="detail_promote").click().run()
     assert not at.exception
     from tracker import Tracker
@@ -100,8 +83,8 @@ def test_promote_and_demote_an_eval(app_env):
 
 def test_compare_banner_names_the_mismatched_fields(app_env):
     ids = app_env.ids
-    at = _page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
-    text = _text(at)
+    at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
+    text = page_text(at)
     # The default reference: same target, closest environment.
     assert "z-lab ref" in text and "closest" in text
     errors = "\n".join(e.value for e in at.error)
@@ -117,14 +100,14 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
 
 def test_compare_says_when_no_reference_matches_the_target(app_env, tmp_path):
     # Only the published reference for another target: choosing it by hand shows its badge.
-    at = _page("pages/compare.py", runs=app_env.ids["v5"])
+    at = run_page("pages/compare.py", runs=app_env.ids["v5"])
     at.selectbox(key="compare_reference").set_value(app_env.ids["published"]).run()
     assert not at.exception
-    assert "published numbers for target `Qwen/Qwen3.5-4B`" in _text(at)
+    assert "published numbers for target `Qwen/Qwen3.5-4B`" in page_text(at)
 
 
 def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
-    at = _page("pages/environments.py")
+    at = run_page("pages/environments.py")
     pairs = _frames(at)[0]
     assert pairs.iloc[0]["eval_run_id"] == app_env.ids["v4@200"] and pairs.iloc[0]["critical"] > 0
     matrix = _frames(at)[1]
@@ -144,7 +127,7 @@ def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
 
 
 def test_launch_creates_a_job_and_dedups_the_second(app_env):
-    at = _page("pages/launch.py")
+    at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
     assert at.text_input(key="launch_target").value == app_env.target
     at.text_input(key="launch_prompts").set_value(app_env.prompts)
@@ -154,14 +137,14 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at.run()
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
-    assert any("Queued job #1" in s.value for s in at.success), _text(at)
+    assert any("Queued job #1" in s.value for s in at.success), page_text(at)
     jobs = JobQueue().list()
     assert len(jobs) == 1
     cmd = jobs[0].command
     assert cmd[cmd.index("--drafter") + 1] == str(app_env.drafters[100])
     assert cmd[cmd.index("--linear-attn") + 1] == "fallback"  # matched from the training run
     assert cmd[cmd.index("--train-run-id") + 1] == app_env.ids["v5"]
-    assert "job #1" in _text(at) or any("#1" in m.value for m in at.markdown)
+    assert "job #1" in page_text(at) or any("#1" in m.value for m in at.markdown)
 
     at.button(key="launch_submit").click().run()
     assert any("already submitted" in i.value for i in at.info)
@@ -174,7 +157,7 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
 
 
 def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
-    at = _page("pages/launch.py")
+    at = run_page("pages/launch.py")
     at.selectbox(key="launch_checkpoint").set_value("__path__").run()
     at.text_input(key="launch_drafter_path").set_value(str(tmp_path))
     at.text_input(key="launch_prompts").set_value(app_env.prompts)
@@ -185,11 +168,11 @@ def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
 
 def test_readonly_hides_the_controls(app_env, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_READONLY", "1")
-    at = _page("pages/launch.py")
+    at = run_page("pages/launch.py")
     assert not [b for b in at.button if b.key == "launch_submit"]
-    at = _page("pages/run_detail.py", run=app_env.ids["v5@100"])
+    at = run_page("pages/run_detail.py", run=app_env.ids["v5@100"])
     assert not [b for b in at.button if b.key == "detail_promote"]
-    at = _page("pages/environments.py")
+    at = run_page("pages/environments.py")
     assert not [b for b in at.button if b.key == "env_reeval"]
 
 
@@ -198,9 +181,9 @@ def test_empty_store_says_how_to_start(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
     for page in ("pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/run_detail.py",
                  "pages/launch.py"):
-        at = _page(page)
+        at = run_page(page)
         if page != "pages/launch.py":
-            assert "draftboard demo" in _text(at)
+            assert "draftboard demo" in page_text(at)
 
 
 PAGES = ("pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/launch.py", "pages/run_detail.py")
@@ -212,7 +195,7 @@ def test_pages_never_import_torch_or_transformers(app_env):
         "import sys\n"
         "from streamlit.testing.v1 import AppTest\n"
         f"for page in {PAGES!r}:\n"
-        f"    at = AppTest.from_file({APP!r}, default_timeout={TIMEOUT})\n"
+        f"    at = AppTest.from_file({APP!r}, default_timeout=60)\n"
         "    at.switch_page(page)\n"
         "    at.run()\n"
         "    assert not at.exception, (page, [e.message for e in at.exception])\n"

@@ -1,14 +1,12 @@
 """Every page on the `draftboard demo --quick` store, as a newcomer first sees it."""
 
-from pathlib import Path
 
 import mlflow
 import pytest
-from streamlit.testing.v1 import AppTest
 
+from apptest import page_text, run_page
 from tracker.jobs import JobQueue
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/launch.py", "pages/run_detail.py"]
 
 
@@ -22,28 +20,15 @@ def demo_env(demo_home, tmp_path, monkeypatch):
     return demo_home
 
 
-def _run(page: str, **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    for key, value in query.items():
-        at.query_params[key] = value
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
-
-
-def _text(at: AppTest) -> str:
-    kinds = ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success")
-    return "\n".join(str(el.value) for kind in kinds for el in getattr(at, kind))
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_on_the_demo_store(demo_env, page):
-    _run(page)
+    run_page(page)
 
 
 def test_runs_page_shows_the_demo_runs(demo_env):
-    table = _run("pages/runs.py").dataframe[0].value
+    table = run_page("pages/runs.py").dataframe[0].value
     names = set(table["name"])
     assert {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)",
             "reference (demo)"} <= names
@@ -54,13 +39,13 @@ def test_compare_names_the_bf16_training_mismatch(demo_env):
     client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
     exp = client.get_experiment_by_name("draftboard").experiment_id
     v3 = client.search_runs([exp], "attributes.run_name = 'drafter-v3 (uniform loss, bf16)'")[0]
-    text = _text(_run("pages/compare.py", runs=v3.info.run_id))
+    text = page_text(run_page("pages/compare.py", runs=v3.info.run_id))
     assert "reference (demo)" in text
     assert "dtype bf16 vs reference: fp32" in text  # the banner names the field and both values
 
 
 def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
-    at = _run("pages/launch.py")
+    at = run_page("pages/launch.py")
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
     jobs = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").list()

@@ -10,6 +10,7 @@ limit (RLIMIT_FSIZE). Synchronization always waits on a condition with a deadlin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -24,12 +25,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import waiting
 from mlflow import MlflowClient
+from tiny import VOCAB, qwen35_config, save_target
 from transformers import Qwen3_5ForCausalLM
 
 from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from evaluators.harness import EvalSettings, evaluate
-from tiny import VOCAB, qwen35_config, save_target
 from tracker import events
 from tracker.cli import main
 from tracker.errors import DraftboardError
@@ -43,15 +45,7 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 OUTAGE_S = 30.0
 
 
-def wait_until(predicate, timeout=30.0, interval=0.02, what="condition"):
-    """Poll predicate until it returns something truthy (returned); fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"{what} not met within {timeout} s")
+wait_until = functools.partial(waiting.wait_until, timeout=30.0)
 
 
 def py(code: str) -> list[str]:

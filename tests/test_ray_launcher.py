@@ -7,6 +7,7 @@ source tree on PYTHONPATH stand for "draftboard is installed on the nodes". It r
 cluster (`ray stop` would stop every Ray on the machine).
 """
 
+import functools
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import waiting
 
 # CI sets DRAFTBOARD_REQUIRE_RAY=1 so that a missing or broken Ray fails instead of skipping.
 if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
@@ -32,7 +34,14 @@ if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
 
 from tracker.errors import DraftboardError
 from tracker.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue, eval_command
-from tracker.launchers import LocalLauncher, RayLauncher, make_launcher, ray_entrypoint, ray_env, ray_gpus
+from tracker.launchers import (
+    LocalLauncher,
+    RayLauncher,
+    make_launcher,
+    ray_entrypoint,
+    ray_env,
+    ray_gpus,
+)
 from tracker.worker import run_worker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,14 +49,7 @@ HEAD_START_TIMEOUT_S = 90.0
 FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
 
 
-def wait_until(predicate, timeout=30.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"condition not met within {timeout} s")
+wait_until = functools.partial(waiting.wait_until, timeout=30.0, interval=0.05)
 
 
 def free_port() -> int:
@@ -232,10 +234,10 @@ def test_unreachable_jobs_api_is_a_clear_error():
 def tiny_models(tmp_path_factory):
     """A tiny Qwen3.5 target, a z-lab-format drafter and token-id prompts (as tests/test_harness.py)."""
     import torch
+    from tiny import VOCAB, qwen35_config, save_target
     from transformers import Qwen3_5ForCausalLM
 
     from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
-    from tiny import VOCAB, qwen35_config, save_target
 
     root = tmp_path_factory.mktemp("ray-models")
     torch.manual_seed(0)

@@ -7,7 +7,6 @@ import re
 import sys
 import textwrap
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -16,20 +15,10 @@ from tracker import events
 from tracker.errors import DraftboardError
 from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
 from tracker.worker import run_worker
+from waiting import wait_until
 
 # Fast enough for tests; the defaults (1 s poll, 5 s heartbeat) suit real evals.
 FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
-
-
-def wait_until(predicate, timeout=10.0, interval=0.02):
-    """Poll predicate until it returns something truthy (returned) or fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"condition not met within {timeout} s")
 
 
 def py(code: str) -> list[str]:

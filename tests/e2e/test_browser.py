@@ -8,16 +8,18 @@ output directory (printed on failure).
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import mlflow
 import pytest
+from playwright.sync_api import expect
+from waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -31,14 +33,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _healthy(url: str) -> bool:
@@ -64,7 +58,7 @@ def dashboard(demo_home, tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until(lambda: proc.poll() is not None or _healthy(url), 90, "the dashboard to serve")
+        wait_until(lambda: proc.poll() is not None or _healthy(url), 90, 0.2, "the dashboard to serve")
         assert proc.poll() is None, (tmp_path / "ui.log").read_text()[-3000:]
         yield url, home
     finally:
@@ -96,7 +90,8 @@ def _choose(page, label: str, option: str) -> None:
     box = page.locator("[data-testid='stSelectbox']").filter(has_text=label)
     box.click()
     page.get_by_role("option", name=option).first.click()
-    box.filter(has_text=option).wait_for()
+    # The choice shows as the value of the box's input; then the rerun it starts must finish.
+    expect(box.locator("input")).to_have_value(re.compile("^" + re.escape(option)))
     _settled(page)
 
 

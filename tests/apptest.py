@@ -1,0 +1,24 @@
+"""Running one dashboard page with Streamlit's AppTest, and reading what it wrote."""
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+def run_page(page: str, timeout: float = 60, **query) -> AppTest:
+    """Render `page` through app.py (its navigation and layout); fail on any exception."""
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def page_text(at: AppTest) -> str:
+    """Everything the page wrote as text (markdown, captions, alerts, titles)."""
+    kinds = ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success")
+    return "\n".join(str(el.value) for kind in kinds for el in getattr(at, kind))
