@@ -10,7 +10,6 @@ limit (RLIMIT_FSIZE). Synchronization always waits on a condition with a deadlin
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -24,13 +23,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-import waiting
+from waiting import wait_until
 from mlflow import MlflowClient
-from tiny import VOCAB, qwen35_config, save_target
-from transformers import Qwen3_5ForCausalLM
+from tiny import hybrid_eval_files
 
-from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from evaluators.harness import EvalSettings, evaluate
 from tracker import events
 from tracker.cli import main
@@ -45,7 +41,6 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 OUTAGE_S = 30.0
 
 
-wait_until = functools.partial(waiting.wait_until, timeout=30.0)
 
 
 def py(code: str) -> list[str]:
@@ -69,17 +64,7 @@ def finished(queue: JobQueue, job_id: int):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A tiny hybrid target, a drafter for it, three prompts, and an SQLite store of this module's own."""
-    root = tmp_path_factory.mktemp("fault-models")
-    torch.manual_seed(0)
-    save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), root / "target")
-    torch.manual_seed(1)
-    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=8, intermediate_size=64, target_layer_ids=[1, 2], block_size=4,
-                        mask_token_id=1, num_target_layers=4, vocab_size=VOCAB)
-    save_zlab(DFlashDrafter(cfg), cfg, root / "drafter")
-    prompts = torch.randint(2, 60, (3, 9), generator=torch.Generator().manual_seed(3)).tolist()
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
-                                                for i, p in enumerate(prompts)))
+    root = hybrid_eval_files(tmp_path_factory.mktemp("fault-models"), prompt_id=lambda i: f"p{i}")
     store = f"sqlite:///{root / 'store' / 'draftboard.db'}"
     return dict(root=root, target=str(root / "target"), drafter=str(root / "drafter"),
                 prompts=str(root / "prompts.jsonl"), store=store)

@@ -7,7 +7,6 @@ source tree on PYTHONPATH stand for "draftboard is installed on the nodes". It r
 cluster (`ray stop` would stop every Ray on the machine).
 """
 
-import functools
 import json
 import os
 import re
@@ -25,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import waiting
+from waiting import wait_until
 
 # CI sets DRAFTBOARD_REQUIRE_RAY=1 so that a missing or broken Ray fails instead of skipping.
 if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
@@ -49,7 +48,6 @@ HEAD_START_TIMEOUT_S = 90.0
 FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
 
 
-wait_until = functools.partial(waiting.wait_until, timeout=30.0, interval=0.05)
 
 
 def free_port() -> int:
@@ -233,24 +231,9 @@ def test_unreachable_jobs_api_is_a_clear_error():
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     """A tiny Qwen3.5 target, a z-lab-format drafter and token-id prompts (as tests/test_harness.py)."""
-    import torch
-    from tiny import VOCAB, qwen35_config, save_target
-    from transformers import Qwen3_5ForCausalLM
+    from tiny import hybrid_eval_files
 
-    from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
-
-    root = tmp_path_factory.mktemp("ray-models")
-    torch.manual_seed(0)
-    save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), root / "target")
-    torch.manual_seed(1)
-    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=8, intermediate_size=64, target_layer_ids=[1, 2], block_size=4,
-                        mask_token_id=1, num_target_layers=4, vocab_size=VOCAB)
-    save_zlab(DFlashDrafter(cfg), cfg, root / "drafter")
-    prompts = torch.randint(2, 60, (3, 9), generator=torch.Generator().manual_seed(3)).tolist()
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
-                                                for i, p in enumerate(prompts)))
-    return root
+    return hybrid_eval_files(tmp_path_factory.mktemp("ray-models"), prompt_id=int)
 
 
 def test_eval_through_ray_lands_in_mlflow_like_a_local_one(ray_head, launcher, tiny_models, tracker, store_uri,

@@ -86,3 +86,28 @@ def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, ma
         loss.backward()
         opt.step()
     return drafter.eval(), dcfg
+
+
+def hybrid_eval_files(root, prompt_id=str):
+    """A tiny Qwen3.5 target, an untrained z-lab-format drafter and 3 token-id prompts under `root`.
+
+    What an end-to-end eval needs on disk (`target/`, `drafter/`, `prompts.jsonl`); returns `root`.
+    """
+    import json
+
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
+
+    torch.manual_seed(0)
+    save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), root / "target")
+    torch.manual_seed(1)
+    cfg = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, intermediate_size=64, target_layer_ids=[1, 2], block_size=4,
+                        mask_token_id=1, num_target_layers=4, vocab_size=VOCAB)
+    save_zlab(DFlashDrafter(cfg), cfg, root / "drafter")
+    prompts = torch.randint(2, 60, (3, 9), generator=torch.Generator().manual_seed(3)).tolist()
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": prompt_id(i), "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    return root

@@ -5,7 +5,7 @@ import time
 import pytest
 
 
-def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):
+def wait_until(predicate, timeout=30.0, interval=0.02, what="condition"):
     """Poll `predicate` until it returns something truthy (returned); fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
