@@ -123,25 +123,26 @@ with tab_train:
         st.download_button("Download shown training data (CSV)", csv_bytes(shown), "training_curves.csv",
                            "text/csv", key="compare_train_csv", on_click="ignore")
 
+def per_run_tab(title: str, metric: str, frame, figure, empty: str, csv_name: str, key: str) -> None:
+    """A chart of each run's latest evaluated checkpoint, with its data as CSV."""
+    st.markdown(f"**{title}**", help=metric_docs.help_text(metric))
+    if frame.empty:
+        st.info(empty)
+        return
+    st.caption("Training runs: their latest evaluated checkpoint.")
+    st.plotly_chart(figure(frame), key=f"compare_{key}")
+    st.download_button("Download (CSV)", csv_bytes(frame), csv_name, "text/csv", key=f"compare_{key}_csv",
+                       on_click="ignore")
+
+
 with tab_pos:
-    st.markdown("**Acceptance rate by draft position**", help=metric_docs.help_text("accept_rate_pos1"))
-    if data.accept_by_position.empty:
-        st.info("No per-position acceptance for these runs.")
-    else:
-        st.caption("Training runs: their latest evaluated checkpoint.")
-        st.plotly_chart(charts.accept_by_position(data.accept_by_position), key="compare_positions")
-        st.download_button("Download (CSV)", csv_bytes(data.accept_by_position), "accept_by_position.csv",
-                           "text/csv", key="compare_pos_csv", on_click="ignore")
+    per_run_tab("Acceptance rate by draft position", "accept_rate_pos1", data.accept_by_position,
+                charts.accept_by_position, "No per-position acceptance for these runs.", "accept_by_position.csv",
+                "positions")
 
 with tab_tree:
-    st.markdown("**DDTree tau against node budget**", help=metric_docs.help_text("ddtree_tau_b8"))
-    if data.ddtree.empty:
-        st.info("No DDTree results for these runs.")
-    else:
-        st.caption("Training runs: their latest evaluated checkpoint.")
-        st.plotly_chart(charts.ddtree_vs_budget(data.ddtree), key="compare_ddtree")
-        st.download_button("Download (CSV)", csv_bytes(data.ddtree), "ddtree_vs_budget.csv", "text/csv",
-                           key="compare_tree_csv", on_click="ignore")
+    per_run_tab("DDTree tau against node budget", "ddtree_tau_b8", data.ddtree, charts.ddtree_vs_budget,
+                "No DDTree results for these runs.", "ddtree_vs_budget.csv", "ddtree")
 
 with tab_data:
     export = data.export_frame()

@@ -254,3 +254,32 @@ def demo_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo")
     build_demo(home, quick=True, report=lambda line: None)
     return home
+
+
+# --------------------------------------------------------------------------- worker threads
+
+# Fast enough for tests; the defaults (1 s poll, 5 s heartbeat) suit real evals.
+FAST_WORKER = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
+
+
+@pytest.fixture
+def worker_threads(tmp_path):
+    """start(queue_uri, **run_worker kwargs) -> (thread, stop, result); stopped and joined after the test."""
+    import threading
+
+    from tracker.worker import run_worker
+
+    started = []
+
+    def start(queue_uri: str, **kw):
+        stop, result = threading.Event(), {}
+        args = {**FAST_WORKER, "log_dir": tmp_path / "logs", **kw}
+        thread = threading.Thread(target=lambda: result.setdefault("n", run_worker(queue_uri, stop_event=stop, **args)))
+        thread.start()
+        started.append((thread, stop))
+        return thread, stop, result
+
+    yield start
+    for thread, stop in started:
+        stop.set()
+        thread.join(timeout=30)

@@ -34,9 +34,7 @@ from tracker.errors import DraftboardError
 from tracker.jobs import FAILED, RUNNING, SUCCEEDED, JobQueue, eval_command
 from tracker.retry import RetryPolicy
 from tracker.store import Tracker
-from tracker.worker import run_worker
 
-FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 OUTAGE_S = 30.0
 
@@ -130,23 +128,8 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture
-def worker(tmp_path):
-    """Start worker threads on a queue; each is stopped and joined at the end of the test."""
-    started = []
-
-    def start(queue_uri: str, **kw):
-        stop, result = threading.Event(), {}
-        args = {**FAST, "log_dir": tmp_path / "logs", **kw}
-        thread = threading.Thread(target=lambda: result.setdefault("n", run_worker(queue_uri, stop_event=stop,
-                                                                                   **args)))
-        thread.start()
-        started.append((thread, stop))
-        return thread, stop, result
-
-    yield start
-    for thread, stop in started:
-        stop.set()
-        thread.join(timeout=30)
+def worker(worker_threads):
+    return worker_threads
 
 
 # --------------------------------------------------------------------------- 1. eval killed mid-run

@@ -15,10 +15,10 @@ from tracker import events
 from tracker.errors import DraftboardError
 from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
 from tracker.worker import run_worker
+from conftest import FAST_WORKER
 from waiting import wait_until
 
-# Fast enough for tests; the defaults (1 s poll, 5 s heartbeat) suit real evals.
-FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
+FAST = FAST_WORKER
 
 
 def py(code: str) -> list[str]:
@@ -56,23 +56,9 @@ def queue(jobs_uri):
 
 
 @pytest.fixture
-def worker(queue, tmp_path):
+def worker(queue, worker_threads):
     """Start a worker thread on the queue; it is stopped (and joined) at the end of the test."""
-    started = []
-
-    def start(**kw):
-        stop = threading.Event()
-        result = {}
-        args = {**FAST, "log_dir": tmp_path / "logs", **kw}
-        thread = threading.Thread(target=lambda: result.setdefault("n", run_worker(queue.uri, stop_event=stop, **args)))
-        thread.start()
-        started.append((thread, stop))
-        return thread, stop, result
-
-    yield start
-    for thread, stop in started:
-        stop.set()
-        thread.join(timeout=30)
+    return lambda **kw: worker_threads(queue.uri, **kw)
 
 
 def test_success_streams_output_progress_and_result(queue, tmp_path, monkeypatch):
