@@ -1,8 +1,8 @@
 """draftboard dashboard: `streamlit run app.py` (or `draftboard ui`).
 
 The pages in pages/ only render; the data comes from tracker/ (views, compare, envmatrix,
-launch, metrics_sql) through the cached loaders of tracker.dashboard. Configuration is read
-from the environment (see tracker/dashboard.py).
+launch, metrics_sql) through the cached loaders of tracker.dashboard.ui. Configuration is read
+from the environment (see tracker/dashboard/ui.py).
 """
 
 import sys

@@ -44,7 +44,7 @@ def postgres_schema(uri: str) -> Iterator[str]:
     """`uri` with a fresh schema of its own as search_path; the schema is dropped afterwards."""
     import sqlalchemy as sa
 
-    from tracker.jobs import _engine_url
+    from tracker.jobs.queue import _engine_url
 
     schema = f"bench_{secrets.token_hex(6)}"
     admin = sa.create_engine(_engine_url(uri), isolation_level="AUTOCOMMIT")
@@ -62,7 +62,7 @@ def postgres_settings(uri: str) -> str:
     """The server settings that decide commit cost, for the report (a throwaway cluster runs without fsync)."""
     import sqlalchemy as sa
 
-    from tracker.jobs import _engine_url
+    from tracker.jobs.queue import _engine_url
 
     engine = sa.create_engine(_engine_url(uri))
     try:

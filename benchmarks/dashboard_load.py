@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 from mlflow import MlflowClient
 
 from tracker import Tracker
-from tracker.compare import compare_data, train_runs_for_histories
-from tracker.metrics_sql import PLOT_MAX_POINTS, history_signature, load_histories
-from tracker.views import load_run_index
+from tracker.dashboard.compare import compare_data, train_runs_for_histories
+from tracker.store.history import PLOT_MAX_POINTS, history_signature, load_histories
+from tracker.dashboard.views import load_run_index
 
 RUNS, STEPS = 20, 10_000
 METRICS = ("loss", "acc", "streak", "dds8")

@@ -33,7 +33,7 @@ from evaluators.ddtree import ddtree_acceptance  # noqa: E402
 from evaluators.drafter import load_drafter  # noqa: E402
 from evaluators.target import content_digest, load_target  # noqa: E402
 from tracker import fingerprint  # noqa: E402
-from tracker.store import Tracker  # noqa: E402
+from tracker.store.tracker import Tracker  # noqa: E402
 
 BUDGETS = (4, 8, 16, 32)
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _services import postgres_schema, postgres_settings, services  # noqa: E402
 
-from tracker.jobs import SUCCEEDED, JobQueue  # noqa: E402
+from tracker.jobs.queue import SUCCEEDED, JobQueue  # noqa: E402
 
 RATIO_TARGET = 1.0
 

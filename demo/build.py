@@ -20,8 +20,8 @@ from pathlib import Path
 from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.harness import EvalSettings, evaluate, log_eval
-from tracker.published import import_published
-from tracker.store import Tracker
+from tracker.store.importers.published import import_published
+from tracker.store.tracker import Tracker
 
 DEMO_TAG = "draftboard.demo"
 MANIFEST = "manifest.json"

@@ -16,9 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("DRAFTBOARD_HOME", ".")) / "cache"
+from tracker import config
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -31,7 +29,7 @@ def _atomic_write(path: Path, write) -> None:
 
 class EvalCache:
     def __init__(self, root: str | Path | None = None):
-        self.root = Path(root) if root is not None else default_cache_dir()
+        self.root = Path(root) if root is not None else config.cache_dir()
 
     def _continuations_path(self, key: str) -> Path:
         return self.root / "continuations" / f"{key}.json"

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from tracker import linear_attn as kernel_path
+from tracker.config import DTYPES
 from tracker.errors import DraftboardError
-from tracker.fingerprint import DTYPES
 
 _SAMPLE_BYTES = 1 << 20  # bytes hashed at each end of a weight file
 

@@ -2,9 +2,10 @@
 
 import streamlit as st
 
-from tracker import charts, metric_docs
-from tracker import dashboard as ui
-from tracker.compare import (
+from tracker.dashboard import charts
+from tracker.dashboard import metric_docs
+from tracker.dashboard import ui
+from tracker.dashboard.compare import (
     closest_reference,
     compare_data,
     csv_bytes,

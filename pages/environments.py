@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from tracker import dashboard as ui
-from tracker.envmatrix import (
+from tracker.dashboard import ui
+from tracker.dashboard.envmatrix import (
     SEVERITY_COLORS,
     fingerprint_matrix,
     pairs_frame,
@@ -11,8 +11,8 @@ from tracker.envmatrix import (
     train_eval_pairs,
 )
 from tracker.errors import DraftboardError
-from tracker.launch import submit_eval
-from tracker.views import eval_label
+from tracker.dashboard.launch_form import submit_eval
+from tracker.dashboard.views import eval_label
 
 cfg = ui.settings()
 st.title("Environments")

@@ -4,11 +4,11 @@ import os
 
 import streamlit as st
 
-from tracker import dashboard as ui
-from tracker.envmatrix import eval_settings_of
+from tracker.dashboard import ui
+from tracker.dashboard.envmatrix import eval_settings_of
 from tracker.errors import DraftboardError
-from tracker.jobs import QUEUED, RUNNING
-from tracker.launch import (
+from tracker.jobs.queue import QUEUED, RUNNING
+from tracker.dashboard.launch_form import (
     DEFAULT_BUDGETS,
     DEVICES,
     DTYPES,

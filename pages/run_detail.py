@@ -2,11 +2,12 @@
 
 import streamlit as st
 
-from tracker import charts, metric_docs
-from tracker import dashboard as ui
-from tracker.compare import run_acceptance
+from tracker.dashboard import charts
+from tracker.dashboard import metric_docs
+from tracker.dashboard import ui
+from tracker.dashboard.compare import run_acceptance
 from tracker.errors import DraftboardError
-from tracker.views import (
+from tracker.dashboard.views import (
     checkpoints_frame,
     diff_frame,
     env_diff,

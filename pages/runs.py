@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from tracker import dashboard as ui
-from tracker import metric_docs
-from tracker.views import filter_runs, runs_table
+from tracker.dashboard import ui
+from tracker.dashboard import metric_docs
+from tracker.dashboard.views import filter_runs, runs_table
 
 cfg = ui.settings()
 st.title("Runs")

@@ -137,7 +137,7 @@ def jobs_uri(request, tmp_path) -> str:
 def postgres_schema(base_uri: str):
     import sqlalchemy as sa
 
-    from tracker.jobs import _engine_url
+    from tracker.jobs.queue import _engine_url
 
     schema = f"test_{secrets.token_hex(6)}"
     admin = sa.create_engine(_engine_url(base_uri), isolation_level="AUTOCOMMIT")
@@ -267,7 +267,7 @@ def worker_threads(tmp_path):
     """start(queue_uri, **run_worker kwargs) -> (thread, stop, result); stopped and joined after the test."""
     import threading
 
-    from tracker.worker import run_worker
+    from tracker.jobs.worker import run_worker
 
     started = []
 

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from apptest import APP, page_text, run_page
-from tracker.jobs import QUEUED, JobQueue
+from tracker.jobs.queue import QUEUED, JobQueue
 
 
 

@@ -5,7 +5,7 @@ import mlflow
 import pytest
 
 from apptest import page_text, run_page
-from tracker.jobs import JobQueue
+from tracker.jobs.queue import JobQueue
 
 PAGES = ["pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/launch.py", "pages/run_detail.py"]
 

@@ -10,7 +10,7 @@ Already covered elsewhere, not repeated here:
   duplicate-id and too-long prompts (test_bad_prompts_are_one_error_line), a missing prompts file
   and target_layer_ids out of range (test_missing_prompts_file_and_out_of_range_layers).
 - tests/test_app.py::test_launch_refuses_paths_outside_the_allowed_roots (the Launch page) and
-  tests/test_views.py::test_allowed_roots_and_path_checks (`tracker.launch.check_path`).
+  tests/test_views.py::test_allowed_roots_and_path_checks (`tracker.dashboard.launch_form.check_path`).
 - tests/test_jobs.py::test_eval_command_keeps_values_literal and
   tests/test_ray_launcher.py::test_shell_metacharacters_in_arguments_stay_literal (argv quoting).
 
@@ -37,10 +37,11 @@ from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from tiny import VOCAB, qwen35_config, save_target
 from tracker.cli import main
 from tracker.errors import DraftboardError
-from tracker.jobs import FAILED, SUCCEEDED, JobQueue, eval_command
-from tracker.launch import LaunchForm, allowed_roots, eval_params
-from tracker.store import Tracker
-from tracker.worker import check_allowed_paths, run_worker
+from tracker.jobs.queue import FAILED, SUCCEEDED, JobQueue, eval_command
+from tracker.config import allowed_roots
+from tracker.dashboard.launch_form import LaunchForm, eval_params
+from tracker.store.tracker import Tracker
+from tracker.jobs.worker import check_allowed_paths, run_worker
 
 FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
 

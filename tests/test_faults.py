@@ -31,9 +31,9 @@ from evaluators.harness import EvalSettings, evaluate
 from tracker import events
 from tracker.cli import main
 from tracker.errors import DraftboardError
-from tracker.jobs import FAILED, RUNNING, SUCCEEDED, JobQueue, eval_command
-from tracker.retry import RetryPolicy
-from tracker.store import Tracker
+from tracker.jobs.queue import FAILED, RUNNING, SUCCEEDED, JobQueue, eval_command
+from tracker.store.retry import RetryPolicy
+from tracker.store.tracker import Tracker
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 OUTAGE_S = 30.0
@@ -188,7 +188,7 @@ def test_eval_killed_mid_run_fails_its_job_keeps_the_log_and_the_queue_goes_on(m
 
 # --------------------------------------------------------------------------- 2. worker killed
 
-WORKER = "import sys; from tracker.worker import run_worker; " \
+WORKER = "import sys; from tracker.jobs.worker import run_worker; " \
          "run_worker(sys.argv[1], poll_s=0.05, heartbeat_s=0.1, stale_s=1.0, log_dir=sys.argv[2])"
 
 
@@ -374,7 +374,7 @@ DISK_FULL = """
 import json, resource, sys
 from evaluators.harness import EvalSettings, log_eval
 from tracker.errors import DraftboardError
-from tracker.store import Tracker
+from tracker.store.tracker import Tracker
 results = json.loads(open(sys.argv[1]).read())
 tracker = Tracker(sys.argv[2])
 tracker.experiment_id  # the store is reachable; then the disk fills up

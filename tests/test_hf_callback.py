@@ -6,8 +6,8 @@ from mlflow import MlflowClient
 from transformers import Qwen3ForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from tiny import VOCAB, qwen3_config
-from tracker.checkpoints import digest
-from tracker.hf_callback import DraftboardCallback
+from tracker.store.checkpoints import digest
+from tracker.store.hf_callback import DraftboardCallback
 
 
 class _TokenData(torch.utils.data.Dataset):

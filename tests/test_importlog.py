@@ -6,7 +6,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker.errors import DraftboardError
-from tracker.importlog import StepRecord, import_log, parse_log, read_log
+from tracker.store.importers.training_log import StepRecord, import_log, parse_log, read_log
 
 
 def _history(store_uri, run_id, key):

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from tracker.errors import DraftboardError
-from tracker.jobs import (
+from tracker.jobs.queue import (
     CANCELLED,
     FAILED,
     QUEUED,
@@ -23,7 +23,6 @@ from tracker.jobs import (
     dedup_key,
     eval_command,
     jobs,
-    resolve_jobs_uri,
 )
 
 CMD = [sys.executable, "-c", "pass"]
@@ -39,15 +38,6 @@ def queue(db_uri):
     q = JobQueue(db_uri)
     yield q
     q.close()
-
-
-def test_uri_explicit_beats_env_beats_home(tmp_path, monkeypatch):
-    monkeypatch.delenv("DRAFTBOARD_JOBS_URI", raising=False)
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
-    assert resolve_jobs_uri() == f"sqlite:///{tmp_path.resolve() / 'jobs.db'}"
-    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", "sqlite:////elsewhere/q.db")
-    assert resolve_jobs_uri() == "sqlite:////elsewhere/q.db"
-    assert resolve_jobs_uri("sqlite:////explicit.db") == "sqlite:////explicit.db"
 
 
 def test_default_queue_file_lives_in_home_and_uses_wal(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 import mlflow
 
 from tracker import fingerprint
-from tracker.published import import_published, load_tables
+from tracker.store.importers.published import import_published, load_tables
 
 
 def test_published_tables_cite_their_source_and_setting():

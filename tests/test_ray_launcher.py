@@ -32,8 +32,8 @@ if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
                         exc_type=ImportError)
 
 from tracker.errors import DraftboardError
-from tracker.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue, eval_command
-from tracker.launchers import (
+from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue, eval_command
+from tracker.jobs.launchers import (
     LocalLauncher,
     RayLauncher,
     make_launcher,
@@ -41,7 +41,7 @@ from tracker.launchers import (
     ray_env,
     ray_gpus,
 )
-from tracker.worker import run_worker
+from tracker.jobs.worker import run_worker
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD_START_TIMEOUT_S = 90.0

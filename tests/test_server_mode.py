@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from tracker import Tracker
 from tracker.errors import DraftboardError
-from tracker.jobs import (
+from tracker.jobs.queue import (
     FIRST_REVISION,
     SUCCEEDED,
     VERSION_TABLE,
@@ -31,7 +31,7 @@ from tracker.jobs import (
     schema_revision,
     upgrade_schema,
 )
-from tracker.launch import WRITE_CHECK_TAG, check_can_write, submit_eval
+from tracker.dashboard.launch_form import WRITE_CHECK_TAG, check_can_write, submit_eval
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 CMD = [sys.executable, "-c", "pass"]
@@ -165,7 +165,7 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
 
 
 def test_artifacts_go_through_the_server_and_the_dashboard_reads_them(mlflow_server, tmp_path):
-    from tracker.views import EVAL_RESULTS_ARTIFACT, load_run_index, read_json_artifact
+    from tracker.dashboard.views import EVAL_RESULTS_ARTIFACT, load_run_index, read_json_artifact
 
     tracker = Tracker(mlflow_server.uri)
     weights = tmp_path / "w.bin"
@@ -207,7 +207,7 @@ _LOGGING_JOB = """
 def test_worker_on_postgresql_logs_a_job_to_the_server(mlflow_server, postgres_uri, tmp_path, monkeypatch):
     from conftest import postgres_schema
 
-    from tracker.worker import run_worker
+    from tracker.jobs.worker import run_worker
 
     schema = postgres_schema(postgres_uri)
     try:
@@ -229,7 +229,7 @@ def test_worker_on_postgresql_logs_a_job_to_the_server(mlflow_server, postgres_u
 
 
 def _schema_diff(uri: str) -> list:
-    """Differences between the database's schema and tracker.jobs' table definition (alembic autogenerate)."""
+    """Differences between the database's schema and tracker.jobs.queue's table definition (alembic autogenerate)."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
@@ -243,7 +243,7 @@ def _schema_diff(uri: str) -> list:
 
 
 def _engine(uri: str) -> sa.Engine:
-    from tracker.jobs import _engine_url
+    from tracker.jobs.queue import _engine_url
 
     return sa.create_engine(_engine_url(uri))
 
@@ -262,7 +262,7 @@ def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
     """A database left at an older revision (or none) is brought to head by the next JobQueue."""
     from alembic.script import ScriptDirectory
 
-    from tracker.jobs import _alembic_config
+    from tracker.jobs.queue import _alembic_config
 
     revisions = [r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()]
     assert FIRST_REVISION in revisions and schema_head() == revisions[0]
@@ -282,7 +282,7 @@ def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
 
 def test_a_queue_made_before_migrations_is_adopted_with_its_jobs(jobs_uri):
     engine = _engine(jobs_uri)
-    with engine.begin() as conn:  # what JobQueue did before tracker/migrations existed
+    with engine.begin() as conn:  # what JobQueue did before tracker/jobs/migrations existed
         conn.execute(sa.schema.CreateTable(jobs))
         for index in jobs.indexes:
             conn.execute(sa.schema.CreateIndex(index))

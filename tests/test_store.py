@@ -13,10 +13,10 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from tracker import Tracker
 from tracker import fingerprint as fp_module
-from tracker.checkpoints import Checkpoint, digest
+from tracker.store.checkpoints import Checkpoint, digest
 from tracker.errors import DraftboardError
-from tracker.retry import RetryPolicy
-from tracker.store import local_artifact_location, resolve_uri
+from tracker.store.retry import RetryPolicy
+from tracker.store.tracker import local_artifact_location
 
 
 def _history(client, run_id, key):
@@ -194,16 +194,8 @@ def test_run_logged_outside_draftboard_has_no_fingerprint_and_no_checkpoints(tra
     assert tracker.checkpoints(run_id) == []
 
 
-def test_store_resolution(monkeypatch, tmp_path):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
-    assert resolve_uri() == f"sqlite:///{tmp_path / 'draftboard.db'}"
-    monkeypatch.delenv("DRAFTBOARD_HOME")
+def test_local_artifact_location(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert resolve_uri() == f"sqlite:///{tmp_path / 'draftboard.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
-    assert resolve_uri() == "http://mlflow.internal:5000"
-    assert resolve_uri("sqlite:///x.db") == "sqlite:///x.db"
     assert local_artifact_location("http://mlflow.internal:5000") is None
     assert local_artifact_location("sqlite:///x.db") == (tmp_path / "mlartifacts").as_uri()
 

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from tracker import metric_docs
-from tracker.compare import closest_reference, compare_data, reference_label
-from tracker.envmatrix import (
+from tracker import config
+from tracker.dashboard import metric_docs
+from tracker.dashboard.compare import closest_reference, compare_data, reference_label
+from tracker.dashboard.envmatrix import (
     fingerprint_matrix,
     pairs_frame,
     reeval_plan,
@@ -18,22 +19,21 @@ from tracker.envmatrix import (
     training_environment,
 )
 from tracker.errors import DraftboardError
-from tracker.jobs import QUEUED, RUNNING, Job
-from tracker.launch import (
+from tracker.jobs.queue import QUEUED, RUNNING, Job
+from tracker.dashboard.launch_form import (
     LaunchForm,
-    allowed_roots,
     check_path,
     describe_job,
     eval_params,
     parse_budgets,
 )
-from tracker.metrics_sql import (
+from tracker.store.history import (
     downsample,
     history_signature,
     is_database_uri,
     load_histories,
 )
-from tracker.views import (
+from tracker.dashboard.views import (
     RunIndex,
     RunInfo,
     checkpoints_frame,
@@ -320,7 +320,7 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
                            "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
                            "linear_attn": "fast", "train_run_id": "t4", "tracking_uri": "sqlite:///x.db",
                            "checkpoint_step": 200}
-    from tracker.jobs import eval_command
+    from tracker.jobs.queue import eval_command
 
     assert "--linear-attn" in eval_command(plan.params)
 
@@ -338,16 +338,12 @@ def test_allowed_roots_and_path_checks(tmp_path, monkeypatch):
     inside = tmp_path / "root" / "ck"
     inside.mkdir(parents=True)
     monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", os.pathsep.join([str(tmp_path / "root"), str(tmp_path / "b")]))
-    roots = allowed_roots()
-    assert roots == [(tmp_path / "root").resolve(), (tmp_path / "b").resolve()]
+    roots = config.allowed_roots()
     assert check_path(str(inside), roots, "checkpoint") == str(inside.resolve())
     with pytest.raises(DraftboardError, match="outside the allowed roots"):
         check_path(str(tmp_path / "root" / ".." / "elsewhere"), roots, "checkpoint")
     with pytest.raises(DraftboardError, match="does not exist"):
         check_path(str(tmp_path / "root" / "missing"), roots, "checkpoint")
-    monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS")
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
-    assert allowed_roots() == [(tmp_path / "home").resolve()]
     assert parse_budgets(" 8, 4,8 ") == [4, 8]
     for bad in ("", "a,b", "0,4"):
         with pytest.raises(DraftboardError, match="budgets"):

@@ -13,8 +13,8 @@ import pytest
 
 from tracker import events
 from tracker.errors import DraftboardError
-from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
-from tracker.worker import run_worker
+from tracker.jobs.queue import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
+from tracker.jobs.worker import run_worker
 from conftest import FAST_WORKER
 from waiting import wait_until
 

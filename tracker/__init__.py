@@ -9,7 +9,7 @@ __all__ = ["Tracker"]
 
 def __getattr__(name: str):
     if name == "Tracker":
-        from tracker.store import Tracker
+        from tracker.store.tracker import Tracker
 
         return Tracker
     raise AttributeError(f"module 'tracker' has no attribute {name!r}")

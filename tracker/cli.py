@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from tracker import config
 from tracker.errors import DraftboardError
 
 EXIT_BAD_INPUT = 2
@@ -20,9 +21,9 @@ EXIT_CRITICAL_DIFF = 1
 
 
 def _add_env_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--linear-attn", choices=["auto", "fast", "fallback"], default="auto",
+    p.add_argument("--device", choices=config.DEVICES, default=None, help="default: cuda if available")
+    p.add_argument("--dtype", choices=config.EVAL_DTYPES, default="fp32")
+    p.add_argument("--linear-attn", choices=config.LINEAR_ATTN_MODES, default="auto",
                    help="which implementation runs the Gated DeltaNet layers (see docs/DESIGN.md)")
 
 
@@ -59,7 +60,7 @@ def _load_fingerprint(ref: str, tracking_uri: str | None) -> dict:
         return data.get("fingerprint", data) if isinstance(data, dict) else data
     if os.sep in ref or ref.endswith(".json"):
         raise DraftboardError(f"{ref}: no such file")
-    from tracker.store import Tracker
+    from tracker.store.tracker import Tracker
 
     return Tracker(tracking_uri).fingerprint(ref)
 
@@ -93,8 +94,8 @@ def format_table(header: list[str], rows: list[tuple], width: int = 60) -> str:
 
 
 def cmd_import_log(args) -> int:
-    from tracker.importlog import import_log
-    from tracker.store import Tracker
+    from tracker.store.importers.training_log import import_log
+    from tracker.store.tracker import Tracker
 
     run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target)
     print(f"imported {args.file} as run {run_id}")
@@ -149,7 +150,7 @@ def cmd_eval(args) -> int:
         progress.close()
     run_id = None
     if not args.no_log:
-        from tracker.store import Tracker
+        from tracker.store.tracker import Tracker
 
         run_id = log_eval(Tracker(args.tracking_uri), results, settings, train_run_id=args.train_run_id,
                           checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
@@ -168,8 +169,7 @@ def cmd_eval(args) -> int:
 def cmd_demo(args) -> int:
     from demo.build import build_demo
 
-    home = os.environ.get("DRAFTBOARD_HOME") or os.getcwd()
-    manifest = build_demo(home, quick=args.quick, force=args.force)
+    manifest = build_demo(config.home_dir(), quick=args.quick, force=args.force)
     print(f"raw runs: mlflow ui --backend-store-uri sqlite:///{Path(manifest['home']) / 'draftboard.db'}")
     return 0
 
@@ -177,8 +177,8 @@ def cmd_demo(args) -> int:
 def cmd_worker(args) -> int:
     import logging
 
-    from tracker.launchers import make_launcher
-    from tracker.worker import run_worker
+    from tracker.jobs.launchers import make_launcher
+    from tracker.jobs.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ray_options = {}
@@ -210,26 +210,24 @@ def cmd_worker(args) -> int:
 def cmd_ui(args) -> int:
     import subprocess
 
-    from tracker.store import Tracker
+    from tracker.store.tracker import Tracker
 
     app = Path(__file__).resolve().parent.parent / "app.py"
     if not app.is_file():
         raise DraftboardError(f"{app} not found: run `draftboard ui` from a source checkout")
     tracker = Tracker(args.tracking_uri)
     env = dict(os.environ, MLFLOW_TRACKING_URI=tracker.uri)
-    # The dashboard process reads its settings from the environment (tracker/dashboard.py).
-    for flag, var in (("readonly", "DRAFTBOARD_READONLY"), ("mlflow_ui", "DRAFTBOARD_MLFLOW_UI"),
-                      ("jobs_uri", "DRAFTBOARD_JOBS_URI"), ("allowed_roots", "DRAFTBOARD_ALLOWED_ROOTS")):
+    # The dashboard process reads its settings from the environment (tracker/dashboard/ui.py).
+    for flag, var in (("readonly", config.READONLY_VAR), ("mlflow_ui", config.MLFLOW_UI_VAR),
+                      ("jobs_uri", config.JOBS_VAR), ("allowed_roots", config.ROOTS_VAR)):
         value = getattr(args, flag)
         if value:
             env[var] = "1" if value is True else value
     print(f"store: {tracker.uri}")
     print(f"raw runs: mlflow ui --backend-store-uri {tracker.uri}")
     print(f"dashboard: http://{args.address}:{args.port}")
-    from tracker.launch import allowed_roots
-
     # The dashboard and the worker it starts refuse the same paths.
-    env.setdefault("DRAFTBOARD_ALLOWED_ROOTS", os.pathsep.join(str(root) for root in allowed_roots(env)))
+    env.setdefault(config.ROOTS_VAR, os.pathsep.join(str(root) for root in config.allowed_roots(env)))
     # The embedded default works with one command: a local worker runs the queued evals.
     worker = None
     if not (args.no_worker or args.readonly):  # read-only dashboards launch nothing
@@ -296,13 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--no-worker", action="store_true", help="do not start a local eval worker")
     p.add_argument("--readonly", action="store_true", help="hide launch, cancel, re-evaluate and promote controls")
-    p.add_argument("--mlflow-ui", help="base URL of `mlflow ui` for run links (DRAFTBOARD_MLFLOW_UI)")
+    p.add_argument("--mlflow-ui", help="base URL of a running `mlflow ui` for run links (DRAFTBOARD_MLFLOW_UI_URL)")
     p.add_argument("--jobs-uri", help="job queue database (DRAFTBOARD_JOBS_URI)")
     p.add_argument("--allowed-roots", help="os.pathsep-separated roots Launch may read (DRAFTBOARD_ALLOWED_ROOTS)")
     p.set_defaults(func=cmd_ui)
 
     p = sub.add_parser("demo", help="build the demo store: a tiny hybrid target, real drafter runs and evals")
-    p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME; default: the working directory)")
+    p.add_argument("--home", default=None, help="home directory (DRAFTBOARD_HOME; default: ./.draftboard)")
     p.add_argument("--quick", action="store_true", help="a smaller demo (about a minute on 2 cores)")
     p.add_argument("--force", action="store_true", help="remove the demo runs and rebuild them")
     p.set_defaults(func=cmd_demo)
@@ -334,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "home", None):
-        os.environ["DRAFTBOARD_HOME"] = str(Path(args.home).resolve())
+        os.environ[config.HOME_VAR] = str(Path(args.home).resolve())
     try:
         return args.func(args)
     except DraftboardError as exc:

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tracker import config
 from tracker import linear_attn as kernel_path
 
 SCHEMA = "draftboard.fingerprint/1"
@@ -33,7 +34,6 @@ PACKAGES = {  # fingerprint key -> distribution name
     "flash-attn": "flash-attn",
     "draftboard": "draftboard",
 }
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 PROBE_SEED, PROBE_LEN = 1234, 64
 PROBE_RTOL = 1e-3  # relative difference of probe statistics above which numbers differ
 
@@ -181,8 +181,8 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, li
     """
     device = device or default_device()
     dtype = dtype or "fp32"
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if dtype not in config.DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(config.DTYPES)}")
     module = kernel_path.module_of(target) if target is not None else kernel_path.DEFAULT_MODULE
     resolution = kernel_path.apply(linear_attn, device, module)
     attn_impl = getattr(getattr(target, "config", None), "_attn_implementation", None)

@@ -1,6 +1,6 @@
 """`draftboard worker`: claims queued jobs and runs each one through a launcher.
 
-The launcher (`tracker.launchers`) decides where a job's argv runs: `local` (the default) as
+The launcher (`tracker.jobs.launchers`) decides where a job's argv runs: `local` (the default) as
 a subprocess of the worker, `ray` as a Ray job on a cluster (docs/RAY.md). Everything about
 the queue stays here: one thread per running job supervises it, heartbeats, watches for a
 cancel request, and records the outcome, while the job's output reaches its log file and its
@@ -26,8 +26,9 @@ from typing import Iterator
 from sqlalchemy.exc import SQLAlchemyError
 
 from tracker.errors import DraftboardError
-from tracker.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job, JobQueue, home_dir
-from tracker.launchers import (DRAIN_S, ERROR_TAIL_LINES, PROGRESS_MIN_INTERVAL_S, Execution, JobOutput,
+from tracker import config
+from tracker.jobs.queue import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job, JobQueue
+from tracker.jobs.launchers import (DRAIN_S, ERROR_TAIL_LINES, PROGRESS_MIN_INTERVAL_S, Execution, JobOutput,
                                LaunchError, Launcher, LocalLauncher)
 
 __all__ = ["run_worker", "make_worker_id", "check_allowed_paths", "TICK_S", "DRAIN_S", "ERROR_TAIL_LINES",
@@ -44,7 +45,6 @@ _EXITED, _CANCELLED, _LOST, _ABORTED = "exited", "cancelled", "lost", "aborted"
 
 # The eval flags (and job params) naming files the eval reads: checked against the allowed roots.
 _PATH_FLAGS = {"--target": "target", "--drafter": "drafter", "--prompts": "prompts", "--completions": "completions"}
-ROOTS_VAR = "DRAFTBOARD_ALLOWED_ROOTS"
 
 
 def _eval_options() -> list[str]:
@@ -83,7 +83,7 @@ def _argv_values(argv: list[str], flags: tuple[str, ...]) -> list[tuple[str, str
 def check_allowed_paths(job: Job, environ: dict | None = None) -> None:
     """Refuse (LaunchError) an eval job reading a path outside DRAFTBOARD_ALLOWED_ROOTS.
 
-    The same roots as the dashboard's Launch check (`tracker.launch.allowed_roots`), applied to
+    The same roots as the dashboard's Launch check (`tracker.config.allowed_roots`), applied to
     the argv that will run (--target, --drafter, --prompts, --completions) and to the job's
     params, so a job queued around the dashboard is held to them too. As on the Launch page, a
     drafter registered as a checkpoint of the job's training run (--train-run-id) is trusted.
@@ -91,12 +91,9 @@ def check_allowed_paths(job: Job, environ: dict | None = None) -> None:
     on a Ray head or a GPU box reads paths of the cluster, which its own home says nothing about.
     Paths need not exist here (they may exist only on a Ray cluster).
     """
-    from tracker.launch import allowed_roots
-
-    environ = os.environ if environ is None else environ
-    if not environ.get(ROOTS_VAR, "").strip():
+    if not config.roots_configured(environ):
         return
-    roots = allowed_roots(environ)
+    roots = config.allowed_roots(environ)
     pairs = _argv_values(job.command, tuple(_PATH_FLAGS))
     if job.kind == "eval":
         pairs += [(flag, job.params[key]) for flag, key in _PATH_FLAGS.items() if isinstance(job.params.get(key), str)]
@@ -108,7 +105,7 @@ def check_allowed_paths(job: Job, environ: dict | None = None) -> None:
             continue
         shown = ", ".join(str(r) for r in roots)
         raise LaunchError(f"refused: {flag} {path} is outside the allowed roots ({shown}) of this worker's "
-                          f"{ROOTS_VAR}; nothing was run")
+                          f"{config.ROOTS_VAR}; nothing was run")
 
 
 def _registered_checkpoint(job: Job, drafter: str) -> bool:
@@ -121,7 +118,7 @@ def _registered_checkpoint(job: Job, drafter: str) -> bool:
     if not run_id:
         return False
     uri = setting("--tracking-uri", "tracking_uri")
-    from tracker.store import Tracker  # MLflow: imported only for this case
+    from tracker.store.tracker import Tracker  # MLflow: imported only for this case
 
     try:
         registered = Tracker(uri).checkpoints(run_id)
@@ -169,7 +166,7 @@ def run_worker(
         )
     launcher = launcher or LocalLauncher()
     queue = JobQueue(queue_uri)
-    logs = Path(log_dir) if log_dir is not None else home_dir() / "logs"
+    logs = Path(log_dir) if log_dir is not None else config.logs_dir()
     logs.mkdir(parents=True, exist_ok=True)
     worker_id = make_worker_id()
     stop = stop_event or threading.Event()

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from tracker.errors import DraftboardError
 from tracker.jsonlines import json_object
-from tracker.runs import IMPORTED
-from tracker.steps import MetricChecker
+from tracker.store.runs import IMPORTED
+from tracker.store.steps import MetricChecker
 
 _PAIR = re.compile(r"(?<![\w.\-/])([A-Za-z_][\w.\-/]*)=([^\s,;]+)")
 

@@ -1,4 +1,4 @@
-"""Plotly figures for the dashboard, built from the frames of `tracker.compare` / `tracker.views`.
+"""Plotly figures for the dashboard, built from the frames of `tracker.dashboard.compare` / `tracker.dashboard.views`.
 
 Axis titles carry units, hovers carry the environment, and series whose environment differs
 critically from the reference are dashed (points with open markers).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracker import metric_docs
+from tracker.dashboard import metric_docs
 
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC",
            "#EECA3B"]

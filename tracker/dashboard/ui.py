@@ -1,12 +1,12 @@
 """Streamlit glue shared by the pages: settings from the environment, cached loaders, small widgets.
 
 Only the dashboard imports this module (it imports Streamlit). The data work is in
-`tracker.views`, `tracker.compare`, `tracker.envmatrix`, `tracker.launch` and
-`tracker.metrics_sql`; this module caches their results per store and draws the pieces every
+`tracker.dashboard.views`, `tracker.dashboard.compare`, `tracker.dashboard.envmatrix`, `tracker.dashboard.launch_form` and
+`tracker.store.history`; this module caches their results per store and draws the pieces every
 page shares (store info, badges, banners, empty states).
 
 Environment:
-- `MLFLOW_TRACKING_URI` / `DRAFTBOARD_HOME`: the store (as `tracker.store.resolve_uri`).
+- `MLFLOW_TRACKING_URI` / `DRAFTBOARD_HOME`: the store (as `tracker.store.tracker.resolve_uri`).
 - `DRAFTBOARD_JOBS_URI`: the job queue (default `<home>/jobs.db`).
 - `DRAFTBOARD_READONLY=1`: hide launch, cancel, re-evaluate and promote controls.
 - `DRAFTBOARD_MLFLOW_UI`: base URL of `mlflow ui` for run links (default http://127.0.0.1:5000).
@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from tracker import metrics_sql
-from tracker.launch import allowed_roots
-from tracker.views import (
+from tracker import config
+from tracker.store import history as metrics_sql
+from tracker.dashboard.views import (
     DEFAULT_MLFLOW_UI,
     EVAL_RESULTS_ARTIFACT,
     FINGERPRINT_ARTIFACT,
@@ -36,7 +36,6 @@ from tracker.views import (
     read_json_artifact,
 )
 
-PAGES_DIR = Path(__file__).resolve().parent.parent / "pages"
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
 DEFAULT_MAX_POINTS = metrics_sql.PLOT_MAX_POINTS  # per curve on the Compare page
@@ -54,15 +53,12 @@ class Settings:
 
 def settings() -> Settings:
     """Read on every rerun, so a test (or a restart with other env vars) sees its own values."""
-    from tracker.jobs import resolve_jobs_uri
-    from tracker.store import resolve_uri
-
     return Settings(
-        store_uri=resolve_uri(None),
-        jobs_uri=resolve_jobs_uri(None),
-        readonly=os.environ.get("DRAFTBOARD_READONLY", "").strip().lower() in ("1", "true", "yes", "on"),
+        store_uri=config.store_uri(),
+        jobs_uri=config.jobs_uri(),
+        readonly=config.readonly(),
         mlflow_ui=os.environ.get("DRAFTBOARD_MLFLOW_UI") or DEFAULT_MLFLOW_UI,
-        allowed_roots=tuple(allowed_roots()),
+        allowed_roots=tuple(config.allowed_roots()),
     )
 
 
@@ -71,14 +67,14 @@ def settings() -> Settings:
 
 @st.cache_resource(show_spinner=False)
 def tracker_for(uri: str):
-    from tracker.store import Tracker
+    from tracker.store.tracker import Tracker
 
     return Tracker(uri)
 
 
 @st.cache_resource(show_spinner=False)
 def queue_for(uri: str):
-    from tracker.jobs import JobQueue
+    from tracker.jobs.queue import JobQueue
 
     return JobQueue(uri)
 

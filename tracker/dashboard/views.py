@@ -20,8 +20,8 @@ from urllib.parse import unquote, urlparse
 import pandas as pd
 
 from tracker import fingerprint as fpm
-from tracker import metric_docs
-from tracker.runs import (
+from tracker.dashboard import metric_docs
+from tracker.store.runs import (
     CHECKPOINT,
     CHECKPOINT_SHA256,
     CHECKPOINT_STEP,
@@ -34,7 +34,7 @@ from tracker.runs import (
 )
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
-PUBLISHED_TAG = "draftboard.published"  # set by tracker.published on imported publication tables
+PUBLISHED_TAG = "draftboard.published"  # set by tracker.store.importers.published on imported publication tables
 EVAL_RESULTS_ARTIFACT = "eval_results.json"
 
 # Readable names of fingerprint fields, for banners and tables.

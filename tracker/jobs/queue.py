@@ -7,7 +7,7 @@ workers, dashboards and CLI calls cannot move a job along an illegal edge or cla
 and the same statements serve SQLite (WAL, shared by processes on one machine) and
 PostgreSQL (shared across machines; the claim's FOR UPDATE SKIP LOCKED only renders there).
 
-The schema is versioned with Alembic (`tracker/migrations/`, version table
+The schema is versioned with Alembic (`tracker/jobs/migrations/`, version table
 `draftboard_jobs_version`): opening a queue upgrades its database to the newest revision,
 under a lock (SQLite's write lock, a PostgreSQL advisory lock) so that workers starting
 together migrate once. A database made before migrations existed is adopted as revision 0001.
@@ -35,11 +35,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 
+from tracker import config
 from tracker.errors import DraftboardError
 
 log = logging.getLogger(__name__)
 
-JOBS_DB = "jobs.db"
 # Alembic's version table, named for this schema: it must not meet another tool's
 # `alembic_version` (MLflow's, say) in a database pointed at by mistake.
 VERSION_TABLE = "draftboard_jobs_version"
@@ -64,19 +64,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # A job in one of these states stands for its params: submitting them again returns it.
 # Failed and cancelled jobs do not, so the user can retry.
 DEDUP_STATES = (QUEUED, RUNNING, SUCCEEDED)
-
-
-def home_dir() -> Path:
-    """DRAFTBOARD_HOME, else the current working directory (as `tracker.store.home_dir`).
-
-    Kept here so that the queue and the worker do not import MLflow.
-    """
-    return Path(os.environ.get("DRAFTBOARD_HOME") or os.getcwd()).expanduser().resolve()
-
-
-def resolve_jobs_uri(uri: str | None = None) -> str:
-    """Explicit uri > DRAFTBOARD_JOBS_URI > sqlite:///<home>/jobs.db."""
-    return uri or os.environ.get("DRAFTBOARD_JOBS_URI") or f"sqlite:///{home_dir() / JOBS_DB}"
 
 
 class UTCDateTime(sa.types.TypeDecorator):
@@ -306,7 +293,7 @@ def _alembic_config(connection: sa.Connection | None = None):
 
 @functools.cache
 def schema_head() -> str:
-    """The newest revision in tracker/migrations."""
+    """The newest revision in tracker/jobs/migrations."""
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
@@ -371,13 +358,13 @@ def upgrade_schema(engine: sa.Engine, revision: str = "head") -> None:
 
 
 class JobQueue:
-    """The jobs table behind one database URL (see `resolve_jobs_uri`).
+    """The jobs table behind one database URL (see `tracker.config.jobs_uri`).
 
     Safe to share between threads; several processes (workers, dashboard) each open their own.
     """
 
     def __init__(self, uri: str | None = None) -> None:
-        self.uri = resolve_jobs_uri(uri)
+        self.uri = config.jobs_uri(uri)
         self._engine = _open_engine(self.uri)
         self._display = self._engine.url.render_as_string(hide_password=True)
         from alembic.util import CommandError

@@ -1,6 +1,6 @@
 """How `draftboard worker` runs a claimed job: as a local subprocess, or as a Ray job.
 
-The worker (`tracker.worker`) owns everything about the queue: claiming, heartbeats, cancel
+The worker (`tracker.jobs.worker`) owns everything about the queue: claiming, heartbeats, cancel
 requests, stale jobs, recording the outcome. A launcher only starts the job's argv somewhere
 and hands back an `Execution` the worker can wait on, stop, and ask how it ended; both kinds
 copy the job's output into its log file through a `JobOutput`, which also records the
@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tracker import events
 from tracker.errors import DraftboardError
-from tracker.jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobQueue
+from tracker.jobs.queue import CANCELLED, FAILED, SUCCEEDED, Job, JobQueue
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ _RAY_PENDING, _RAY_SUCCEEDED, _RAY_FAILED, _RAY_STOPPED = "PENDING", "SUCCEEDED"
 # How long a stop request waits for a PENDING Ray job to react before giving up on it.
 PENDING_STOP_WAIT_S = 3.0
 _RAY_TERMINAL = (_RAY_SUCCEEDED, _RAY_FAILED, _RAY_STOPPED)
-# argv[0] of a job built by `tracker.jobs.eval_command` is the submitting host's interpreter.
+# argv[0] of a job built by `tracker.jobs.queue.eval_command` is the submitting host's interpreter.
 _PYTHON_NAME = re.compile(r"python[0-9.]*")
 
 
@@ -344,7 +344,7 @@ def ray_entrypoint(argv: Sequence[str], python: str | None = "python") -> str:
 
     The Jobs API runs entrypoints with `/bin/sh -c`; `shlex.join` makes `;`, `$(...)`, quotes
     and spaces in a name plain text. When python is given and argv[0] is a Python interpreter
-    (`tracker.jobs.eval_command` puts the submitting host's there), it is replaced by python:
+    (`tracker.jobs.queue.eval_command` puts the submitting host's there), it is replaced by python:
     the cluster's interpreter, by default the first `python` on the node's PATH.
     """
     argv = [os.fspath(a) for a in argv]

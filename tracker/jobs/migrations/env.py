@@ -1,14 +1,14 @@
-"""Alembic environment of the job queue's schema (the `jobs` table of `tracker.jobs`).
+"""Alembic environment of the job queue's schema (the `jobs` table of `tracker.jobs.queue`).
 
-`tracker.jobs.JobQueue` runs these migrations itself when it opens a queue (`upgrade_schema`),
+`tracker.jobs.queue.JobQueue` runs these migrations itself when it opens a queue (`upgrade_schema`),
 passing its connection in `config.attributes["connection"]`. For a developer writing the next
 revision, the alembic CLI works too:
 
-    alembic -c tracker/migrations/alembic.ini -x url=sqlite:////tmp/jobs.db upgrade head
-    alembic -c tracker/migrations/alembic.ini -x url=sqlite:////tmp/jobs.db revision --autogenerate -m "what changes"
+    alembic -c tracker/jobs/migrations/alembic.ini -x url=sqlite:////tmp/jobs.db upgrade head
+    alembic -c tracker/jobs/migrations/alembic.ini -x url=sqlite:////tmp/jobs.db revision --autogenerate -m "what changes"
 
 Revisions describe history: they spell out their tables and constants instead of importing
-them from `tracker.jobs`, whose definitions follow the newest revision.
+them from `tracker.jobs.queue`, whose definitions follow the newest revision.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from tracker.jobs import VERSION_TABLE, metadata
+from tracker.jobs.queue import VERSION_TABLE, metadata
 
 config = context.config
 

@@ -4,7 +4,7 @@ Evals launched from the dashboard run on the dashboard's machine (a local `draft
 worker`), so the paths typed into the form are checked against allowed roots:
 `DRAFTBOARD_ALLOWED_ROOTS` (os.pathsep-separated), default `DRAFTBOARD_HOME`. Checkpoints
 registered on a training run are trusted (the store recorded them). The job itself is
-`tracker.jobs.eval_command(params)` submitted to the `JobQueue`, whose dedup answers a second
+`tracker.jobs.queue.eval_command(params)` submitted to the `JobQueue`, whose dedup answers a second
 submission of the same checkpoint and settings with the first job. Before queueing, an eval
 for a tracking server is refused unless the dashboard's own credentials may write to its
 experiment (`check_can_write`): an account with READ only would otherwise queue evals whose
@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tracker import config
 from tracker.errors import DraftboardError
-from tracker.jobs import (
+from tracker.jobs.queue import (
     CANCELLED,
     FAILED,
     QUEUED,
@@ -30,25 +31,15 @@ from tracker.jobs import (
     Job,
     JobQueue,
     eval_command,
-    home_dir,
 )
 
 if TYPE_CHECKING:
-    from tracker.store import Tracker
+    from tracker.store.tracker import Tracker
 
 LINEAR_ATTN_CHOICES = ("auto", "fast", "fallback", "match training run")
-DEVICES = ("cpu", "cuda")
-DTYPES = ("fp32", "bf16")
-DEFAULT_BUDGETS = "4,8,16,32"
+DEVICES, DTYPES = config.DEVICES, config.EVAL_DTYPES  # the form's choices (pages import only tracker.dashboard)
+DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
-
-
-def allowed_roots(env: dict | None = None) -> list[Path]:
-    """DRAFTBOARD_ALLOWED_ROOTS (os.pathsep-separated), else [DRAFTBOARD_HOME]."""
-    env = os.environ if env is None else env
-    text = env.get("DRAFTBOARD_ALLOWED_ROOTS", "")
-    roots = [Path(p).expanduser().resolve() for p in text.split(os.pathsep) if p.strip()]
-    return roots or [home_dir()]
 
 
 def check_path(path: str, roots: Sequence[Path], what: str) -> str:
@@ -109,7 +100,7 @@ class LaunchForm:
 
 
 def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> dict:
-    """Validated eval job params for `tracker.jobs.eval_command`; DraftboardError says what is wrong."""
+    """Validated eval job params for `tracker.jobs.queue.eval_command`; DraftboardError says what is wrong."""
     if form.checkpoint_path:
         drafter = form.checkpoint_path
     elif form.drafter:
@@ -172,7 +163,7 @@ def check_can_write(tracking_uri: str | None, tracker: Tracker | None = None) ->
         return
     from mlflow.exceptions import MlflowException
 
-    from tracker.store import Tracker, access_problem
+    from tracker.store.tracker import Tracker, access_problem
 
     tracker = tracker if tracker is not None else Tracker(tracking_uri)
     experiment_id = tracker._find_experiment(create=False)  # DraftboardError on 401 / no server

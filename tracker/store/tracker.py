@@ -19,25 +19,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
-from tracker import checkpoints as ckpt
-from tracker.checkpoints import Checkpoint
+from tracker.store import checkpoints as ckpt
+from tracker.store.checkpoints import Checkpoint
+from tracker import config
 from tracker.errors import DraftboardError
-from tracker.retry import RetryPolicy
-from tracker.runs import FINGERPRINT_ARTIFACT, KIND, KINDS, EvalRun, StoreContext, TrainingRun
+from tracker.store.retry import RetryPolicy
+from tracker.store.runs import FINGERPRINT_ARTIFACT, KIND, KINDS, EvalRun, StoreContext, TrainingRun
 
 DEFAULT_EXPERIMENT = "draftboard"
-DB_FILE = "draftboard.db"
-ARTIFACT_DIR = "mlartifacts"
-
-
-def home_dir() -> Path:
-    """DRAFTBOARD_HOME, else the current working directory."""
-    return Path(os.environ.get("DRAFTBOARD_HOME") or os.getcwd()).expanduser().resolve()
-
-
-def resolve_uri(uri: str | None = None) -> str:
-    """Explicit uri > MLFLOW_TRACKING_URI > sqlite:///<home>/draftboard.db."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home_dir() / DB_FILE}"
 
 
 def local_artifact_location(uri: str) -> str | None:
@@ -50,7 +39,7 @@ def local_artifact_location(uri: str) -> str | None:
         return None
     db = Path(uri[len("sqlite:///") :].split("?", 1)[0]).expanduser().resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
-    return (db.parent / ARTIFACT_DIR).as_uri()
+    return (db.parent / config.ARTIFACT_DIR).as_uri()
 
 
 def access_problem(exc: BaseException) -> str | None:
@@ -83,7 +72,7 @@ class Tracker:
         experiment: str = DEFAULT_EXPERIMENT,
         retry: RetryPolicy = RetryPolicy(),
     ) -> None:
-        self.uri = resolve_uri(uri)
+        self.uri = config.store_uri(uri)
         # MLflow draws a progress bar for every download, even of a 1 kB JSON; on the CLI's
         # stderr that is noise. An explicit setting by the user still wins.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

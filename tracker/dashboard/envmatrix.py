@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from tracker import fingerprint as fpm
-from tracker.views import (
+from tracker.dashboard.views import (
     RunIndex,
     RunInfo,
     _text,
@@ -188,7 +188,7 @@ DEVICES = ("cpu", "cuda")
 
 @dataclass
 class ReevalPlan:
-    params: dict | None  # eval job params (tracker.jobs.eval_command), None when blocked
+    params: dict | None  # eval job params (tracker.jobs.queue.eval_command), None when blocked
     changes: list[str]  # "linear-attn fallback -> fast"
     blocked: str | None = None  # why the eval cannot be repeated under the training environment
 

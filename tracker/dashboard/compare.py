@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracker import fingerprint as fpm
-from tracker import metric_docs
-from tracker.views import (
+from tracker.dashboard import metric_docs
+from tracker.dashboard.views import (
     RunIndex,
     RunInfo,
     ddtree_points,

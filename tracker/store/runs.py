@@ -19,11 +19,11 @@ from typing import Any, Mapping
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
 
-from tracker import checkpoints as ckpt
-from tracker.checkpoints import Checkpoint
+from tracker.store import checkpoints as ckpt
+from tracker.store.checkpoints import Checkpoint
 from tracker.errors import DraftboardError
-from tracker.retry import RetryPolicy, call_with_retry
-from tracker.steps import MAX_METRICS_PER_BATCH, MetricChecker, StepFlusher, check_step
+from tracker.store.retry import RetryPolicy, call_with_retry
+from tracker.store.steps import MAX_METRICS_PER_BATCH, MetricChecker, StepFlusher, check_step
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 from mlflow.entities import Metric
 
 from tracker.errors import DraftboardError
-from tracker.retry import RetryPolicy, call_with_retry, is_transient
+from tracker.store.retry import RetryPolicy, call_with_retry, is_transient
 
 MAX_METRICS_PER_BATCH = 1000
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from tracker.runs import TrainingRun
+from tracker.store.runs import TrainingRun
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class DraftboardCallback(TrainerCallback):
         if self.run is not None:
             self.close(TrainingInterrupted("a new train() began before the previous one ended"))
         if self._tracker is None:
-            from tracker.store import Tracker
+            from tracker.store.tracker import Tracker
 
             self._tracker = Tracker()
         name = self._name or args.run_name or Path(args.output_dir).name

@@ -1,0 +1,101 @@
+"""Every setting draftboard reads from the environment, its default, and the closed choice sets.
+
+This module is the one owner of these names and defaults: the CLI, the dashboard, the worker and
+the harness ask here instead of reading `os.environ` themselves. It imports nothing heavy, so the
+worker and the CLI can use it without pulling in MLflow or torch.
+
+Where things live without any variable set:
+- the MLflow store: `sqlite:///draftboard.db` in the working directory (docs/DESIGN.md, fixed), with
+  its artifacts in `./mlartifacts`;
+- everything else draftboard writes (the job queue, eval logs, the target cache, the demo): the home
+  folder, `./.draftboard`. It is never the working directory itself, so that cleaning up after
+  draftboard (`demo --force`, cache pruning) can never reach a project's own files.
+With `DRAFTBOARD_HOME` set, the store moves into that folder too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+HOME_VAR = "DRAFTBOARD_HOME"
+STORE_VAR = "MLFLOW_TRACKING_URI"
+JOBS_VAR = "DRAFTBOARD_JOBS_URI"
+ROOTS_VAR = "DRAFTBOARD_ALLOWED_ROOTS"
+READONLY_VAR = "DRAFTBOARD_READONLY"
+MLFLOW_UI_VAR = "DRAFTBOARD_MLFLOW_UI_URL"
+CACHE_DIR_VAR = "DRAFTBOARD_CACHE_DIR"
+
+DEFAULT_HOME = ".draftboard"
+STORE_DB = "draftboard.db"
+JOBS_DB = "jobs.db"
+ARTIFACT_DIR = "mlartifacts"
+
+# Closed choice sets shared by the CLI, the Launch form, the worker and the harness.
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # flag value -> torch dtype name
+EVAL_DTYPES = ("fp32", "bf16")  # what `draftboard eval --dtype` accepts
+DEVICES = ("cpu", "cuda")
+LINEAR_ATTN_MODES = ("auto", "fast", "fallback")
+DEFAULT_BUDGETS = (4, 8, 16, 32)
+# A DDTree budget is a node count per block; the search costs O(budget log budget) per block, so a
+# budget of 10**6 would tie a worker up for hours. 4096 is 128x the largest budget the DDTree paper
+# reports.
+MAX_BUDGET = 4096
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def home_dir(env: Mapping[str, str] | None = None) -> Path:
+    """DRAFTBOARD_HOME, else ./.draftboard (never the working directory itself)."""
+    text = _env(env).get(HOME_VAR)
+    return Path(text or DEFAULT_HOME).expanduser().resolve()
+
+
+def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """Explicit uri > MLFLOW_TRACKING_URI > <DRAFTBOARD_HOME>/draftboard.db > ./draftboard.db."""
+    env = _env(env)
+    if uri or env.get(STORE_VAR):
+        return uri or env[STORE_VAR]
+    folder = home_dir(env) if env.get(HOME_VAR) else Path.cwd()
+    return f"sqlite:///{folder / STORE_DB}"
+
+
+def jobs_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """Explicit uri > DRAFTBOARD_JOBS_URI > sqlite:///<home>/jobs.db."""
+    return uri or _env(env).get(JOBS_VAR) or f"sqlite:///{home_dir(env) / JOBS_DB}"
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """DRAFTBOARD_CACHE_DIR, else <home>/cache: the target continuations and features."""
+    text = _env(env).get(CACHE_DIR_VAR)
+    return Path(text).expanduser().resolve() if text else home_dir(env) / "cache"
+
+
+def logs_dir(env: Mapping[str, str] | None = None) -> Path:
+    """<home>/logs: one log file per job. The dashboard reads log tails only from here."""
+    return home_dir(env) / "logs"
+
+
+def allowed_roots(env: Mapping[str, str] | None = None) -> list[Path]:
+    """DRAFTBOARD_ALLOWED_ROOTS (os.pathsep-separated), else [home]: where evals may read files."""
+    text = _env(env).get(ROOTS_VAR, "")
+    roots = [Path(p).expanduser().resolve() for p in text.split(os.pathsep) if p.strip()]
+    return roots or [home_dir(env)]
+
+
+def roots_configured(env: Mapping[str, str] | None = None) -> bool:
+    return bool(_env(env).get(ROOTS_VAR, "").strip())
+
+
+def readonly(env: Mapping[str, str] | None = None) -> bool:
+    return _env(env).get(READONLY_VAR, "").strip().lower() in _TRUE
+
+
+def mlflow_ui_url(env: Mapping[str, str] | None = None) -> str | None:
+    """Base URL of a running `mlflow ui` for run links; None when nobody configured one."""
+    return (_env(env).get(MLFLOW_UI_VAR) or "").strip().rstrip("/") or None

@@ -1,0 +1,93 @@
+"""The names draftboard writes into MLflow, built and parsed in one place.
+
+Tags, artifact names and the eval metric families of docs/DESIGN.md ("Metric names", "MLflow
+conventions", both fixed). Whoever writes a name builds it here, and whoever reads one parses it
+here, so a family such as `ddtree_tau_b{B}` is spelled exactly once. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --------------------------------------------------------------------------- tags
+KIND = "draftboard.kind"
+KINDS = ("train", "eval", "reference")
+TARGET = "draftboard.target"
+TRAIN_RUN_ID = "draftboard.train_run_id"
+CHECKPOINT = "draftboard.checkpoint"
+CHECKPOINT_STEP = "draftboard.checkpoint_step"
+CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
+CHECKPOINT_COUNT = "draftboard.checkpoints"
+REFERENCE_NAME = "draftboard.reference_name"
+ERROR = "draftboard.error"
+IMPORTED = "draftboard.imported"
+PUBLISHED = "draftboard.published"
+
+ENV_HASH = "env.hash"
+ENV_LINEAR_ATTN = "env.linear_attn"
+ENV_DEVICE = "env.device"
+ENV_DTYPE = "env.dtype"
+ENV_GPU = "env.gpu"
+
+# --------------------------------------------------------------------------- artifacts
+FINGERPRINT_ARTIFACT = "fingerprint.json"
+EVAL_RESULTS_ARTIFACT = "eval_results.json"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def checkpoint_artifact(step: int) -> str:
+    return f"{CHECKPOINTS_DIR}/step_{step}.json"
+
+
+# --------------------------------------------------------------------------- eval metrics
+# The scalars `draftboard eval` logs under their own names.
+EVAL_SCALARS = ("tau", "tau_pooled", "tau_all_anchors", "streak")
+
+_ACCEPT_RATE = "accept_rate_pos"
+_DDTREE_TAU = "ddtree_tau_b"
+_DDS = "dds"
+_FAMILIES = {"accept_rate_pos": _ACCEPT_RATE, "ddtree_tau": _DDTREE_TAU, "dds": _DDS}
+_PATTERN = re.compile(r"^(accept_rate_pos|ddtree_tau_b|dds)(\d+)$")
+
+
+def accept_rate_metric(position: int) -> str:
+    """`accept_rate_pos{k}`: fraction of walk blocks whose draft k was accepted."""
+    return f"{_ACCEPT_RATE}{position}"
+
+
+def ddtree_tau_metric(budget: int) -> str:
+    """`ddtree_tau_b{B}`: DDTree acceptance length at node budget B."""
+    return f"{_DDTREE_TAU}{budget}"
+
+
+def dds_metric(budget: int) -> str:
+    """`dds{B}` = `ddtree_tau_b{B}` - 1."""
+    return f"{_DDS}{budget}"
+
+
+def parse_metric(name: str) -> tuple[str, int] | None:
+    """`("accept_rate_pos" | "ddtree_tau" | "dds", number)` for a family name, else None.
+
+    >>> parse_metric("ddtree_tau_b8"), parse_metric("accept_rate_pos3"), parse_metric("tau")
+    (('ddtree_tau', 8), ('accept_rate_pos', 3), None)
+    """
+    match = _PATTERN.match(name)
+    if not match:
+        return None
+    family = next(k for k, prefix in _FAMILIES.items() if prefix == match.group(1))
+    return family, int(match.group(2))
+
+
+def family_values(metrics: dict[str, float], family: str) -> dict[int, float]:
+    """{number: value} of one family (`accept_rate_pos`, `ddtree_tau`, `dds`) among logged metrics."""
+    found = {}
+    for name, value in metrics.items():
+        parsed = parse_metric(name)
+        if parsed and parsed[0] == family:
+            found[parsed[1]] = value
+    return dict(sorted(found.items()))
+
+
+def is_eval_metric(name: str) -> bool:
+    """True for the names `draftboard eval` logs: the scalars and the three families."""
+    return name in EVAL_SCALARS or parse_metric(name) is not None
