@@ -133,5 +133,8 @@ EXPOSE 8501 5000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=5).read().strip() != b'ok')"]
 
+# Reachable from outside the container, so the dashboard asks for a login: run the image with
+# DRAFTBOARD_UI_PASSWORD set (or override the command with --readonly); without it, `ui` exits with
+# one line naming the variable (docs/SECURITY.md).
 ENTRYPOINT ["draftboard"]
-CMD ["ui", "--address", "0.0.0.0", "--port", "8501"]
+CMD ["ui", "--address", "0.0.0.0", "--port", "8501", "--auth"]

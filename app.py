@@ -1,8 +1,8 @@
 """draftboard dashboard: `streamlit run app.py` (or `draftboard ui`).
 
-The pages in pages/ only render; the data comes from tracker/ (views, compare, envmatrix,
-launch, metrics_sql) through the cached loaders of tracker.dashboard.ui. Configuration is read
-from the environment (see tracker/dashboard/ui.py).
+The router, and the setup every page shares (Streamlit's convention: shared setup lives in the
+entrypoint): settings, the run index and the store sidebar, from `tracker.dashboard.ui.setup`.
+The pages in pages/ only render; they read what was set up here with `ui.shared()`.
 """
 
 import sys
@@ -12,13 +12,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `streamlit run app.p
 
 import streamlit as st
 
+from tracker.dashboard import ui
+
 st.set_page_config(page_title="draftboard", page_icon=":material/stacked_line_chart:", layout="wide")
 
-pages = [
+LAUNCH = st.Page("pages/launch.py", title="Launch eval", icon=":material/rocket_launch:", url_path="launch")
+page = st.navigation([
     st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs", default=True),
     st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
     st.Page("pages/environments.py", title="Environments", icon=":material/memory:", url_path="environments"),
-    st.Page("pages/launch.py", title="Launch eval", icon=":material/rocket_launch:", url_path="launch"),
+    LAUNCH,  # the only page with something to do on an empty store: evaluate a checkpoint by its path
     st.Page("pages/run_detail.py", title="Run detail", icon=":material/article:", url_path="run"),
-]
-st.navigation(pages).run()
+])
+ui.setup(page.title, needs_runs=page.url_path != LAUNCH.url_path)
+page.run()

@@ -44,10 +44,10 @@ def postgres_schema(uri: str) -> Iterator[str]:
     """`uri` with a fresh schema of its own as search_path; the schema is dropped afterwards."""
     import sqlalchemy as sa
 
-    from tracker.jobs.queue import _engine_url
+    from tracker.jobs.queue import engine_url
 
     schema = f"bench_{secrets.token_hex(6)}"
-    admin = sa.create_engine(_engine_url(uri), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(engine_url(uri), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     try:
@@ -62,9 +62,9 @@ def postgres_settings(uri: str) -> str:
     """The server settings that decide commit cost, for the report (a throwaway cluster runs without fsync)."""
     import sqlalchemy as sa
 
-    from tracker.jobs.queue import _engine_url
+    from tracker.jobs.queue import engine_url
 
-    engine = sa.create_engine(_engine_url(uri))
+    engine = sa.create_engine(engine_url(uri))
     try:
         with engine.connect() as conn:
             values = {name: conn.execute(sa.text(f"SHOW {name}")).scalar()

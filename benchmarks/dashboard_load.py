@@ -37,8 +37,8 @@ from mlflow import MlflowClient
 
 from tracker import Tracker
 from tracker.dashboard.compare import compare_data, train_runs_for_histories
+from tracker.dashboard.index import load_run_index
 from tracker.store.history import PLOT_MAX_POINTS, history_signature, load_histories
-from tracker.dashboard.views import load_run_index
 
 RUNS, STEPS = 20, 10_000
 METRICS = ("loss", "acc", "streak", "dds8")

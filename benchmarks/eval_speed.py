@@ -82,7 +82,7 @@ def prepared(settings: harness.EvalSettings):
     loaded = load_drafter(settings.drafter, target_hidden_size=cfg.hidden_size, target_num_layers=target.num_layers,
                           target_vocab_size=cfg.vocab_size)
     prompts = load_prompts(settings.prompts, target.tokenizer, cfg.vocab_size)
-    fp = fingerprint.capture(target.model, "cpu", "fp32", "auto", with_probe=False)
+    fp = fingerprint.capture(target.model, "cpu", "fp32", with_probe=False)
     env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(settings.cache_dir)
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
     quiet = harness._quiet

@@ -11,20 +11,26 @@ invented: every number comes from the trainer and the harness, or from a cited p
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
+
 from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
-from evaluators.harness import EvalSettings, evaluate, log_eval
+from evaluators.harness import EvalSettings, evaluate
+from evaluators.logging import log_eval
+from tracker.errors import DraftboardError
+from tracker.store import names
 from tracker.store.importers.published import import_published
 from tracker.store.tracker import Tracker
 
-DEMO_TAG = "draftboard.demo"
+DEMO_DIR = "draftboard-demo"  # in home; not `demo`, the name of this package's own folder in a checkout
 MANIFEST = "manifest.json"
+MANIFEST_SCHEMA = "draftboard.demo/1"
+_MANIFEST_TMP = f".{MANIFEST}.tmp"  # written, then renamed over the manifest
 REFERENCE_NAME = "reference (demo)"
 TARGET_NAME = "qwen35-tiny-stdlib"  # the directory name is what the dashboard shows as the target
 
@@ -68,21 +74,29 @@ Report = Callable[[str], None]
 
 
 def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, report: Report = print) -> dict:
-    """Build the demo store under `home` (cached: returns the manifest at once when present)."""
+    """Build the demo store under `home` (cached: returns the manifest at once when present).
+
+    The demo's files go to `<home>/draftboard-demo/`, its runs to the store `<home>/draftboard.db`
+    (shared with anything else there). `force` first removes what a previous build's manifest
+    lists, and only that; a folder the demo did not create is never written to or removed.
+    """
     home = Path(home).resolve()
-    root = home / "demo"
-    manifest_path = root / MANIFEST
+    root = home / DEMO_DIR
+    previous = read_manifest(root)  # first: a folder that is not the demo's stops everything
+    if previous is not None and previous["complete"] and not force:
+        report(f"demo store already built in {home} ({previous['seconds']:.0f} s, "
+               f"{len(previous['train_runs'])} training runs); --force rebuilds it")
+        return previous
+    if previous is not None and not force:
+        raise DraftboardError(f"the demo build in {root} did not finish; `draftboard demo --force` "
+                              "removes what it made and builds again")
     tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
-    if manifest_path.is_file() and not force:
-        manifest = json.loads(manifest_path.read_text())
-        report(f"demo store already built in {home} ({manifest['seconds']:.0f} s, "
-               f"{len(manifest['train_runs'])} training runs); --force rebuilds it")
-        return manifest
-    if force:
-        _remove_demo(tracker, root)
+    if previous is not None:
+        remove_demo(home, tracker, report)
     plan = QUICK if quick else FULL
+    record = _Record(home, root, quick)
     t0 = time.perf_counter()
-    stage = _Stages(report, len(runs(plan)) + 5)
+    stage = _Stages(report, len(runs(plan)) + 5, record.save)
 
     stage("target: a tiny Qwen3.5 hybrid (3 Gated DeltaNet + 1 full-attention layer) on stdlib source")
     target_dir = demo_target.build_target(root / TARGET_NAME, steps=plan.target_steps,
@@ -96,69 +110,148 @@ def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, re
     prompts_file.write_text("".join(json.dumps({"id": f"stdlib-{i}", "input_ids": p}) + "\n"
                                     for i, p in enumerate(eval_prompts)))
 
+    tagged = _Tagged(tracker, record)
     train_runs = {}
     for cfg in runs(plan):
         stage(f"train: {cfg.name}, {cfg.steps} steps")
-        train_runs[cfg.name] = train(cfg, target_dir, data, _Tagged(tracker), root / "runs" / _slug(cfg.name),
+        train_runs[cfg.name] = train(cfg, target_dir, data, tagged, root / "runs" / _slug(cfg.name),
                                      progress=_every(report, cfg.steps // 2, "  step"))
 
     stage(f"evals of every checkpoint ({plan.eval_prompts} held-out prompts x {plan.max_new_tokens} tokens, fp32)")
     settings = EvalSettings(target=str(target_dir), drafter="", prompts=str(prompts_file),
-                            max_new_tokens=plan.max_new_tokens, budgets=(4, 8, 16, 32), device="cpu",
+                            max_new_tokens=plan.max_new_tokens, device="cpu",
                             dtype="fp32", cache_dir=str(home / "cache"))
     for name, run_id in train_runs.items():
         for ckpt in tracker.checkpoints(run_id):
             s = replace(settings, drafter=ckpt.path)
             results = evaluate(s)
-            log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
-                     name=f"eval {name} @ step {ckpt.step}", tags={DEMO_TAG: "1"})
+            record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
+                                name=f"eval {name} @ step {ckpt.step}", tags={names.DEMO: "1"}))
             report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
                    f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
 
     ref_cfg = reference_run(plan)
     stage(f"reference: the v2 recipe trained {ref_cfg.steps} steps, evaluated as {REFERENCE_NAME!r}")
-    ref_train = train(ref_cfg, target_dir, data, _Tagged(tracker), root / "runs" / "reference")
+    ref_train = train(ref_cfg, target_dir, data, tagged, root / "runs" / "reference")
     ref_ckpt = tracker.checkpoints(ref_train)[-1]
     s = replace(settings, drafter=ref_ckpt.path)
     results = evaluate(s)
-    reference = log_eval(tracker, results, s, train_run_id=ref_train, checkpoint_step=ref_ckpt.step,
-                         reference=REFERENCE_NAME, name=REFERENCE_NAME, tags={DEMO_TAG: "1"})
+    reference = record.run(log_eval(tracker, results, s, train_run_id=ref_train, checkpoint_step=ref_ckpt.step,
+                                    reference=REFERENCE_NAME, name=REFERENCE_NAME, tags={names.DEMO: "1"}))
     report(f"  {REFERENCE_NAME}: tau {results['tau']:.2f}")
 
     stage("published: z-lab's DFlash numbers (other targets, other environments)")
-    published = import_published(tracker, tags={DEMO_TAG: "1"})
+    published = [record.run(run_id) for run_id in import_published(tracker, tags={names.DEMO: "1"})]
 
-    manifest = {"home": str(home), "quick": quick, "plan": asdict(plan), "target": str(target_dir),
-                "prompts": str(prompts_file), "train_runs": train_runs, "reference_train_run": ref_train,
-                "reference": reference, "published": published, "seconds": time.perf_counter() - t0}
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-    report(f"demo store ready in {manifest['seconds']:.0f} s: {tracker.uri}")
-    return manifest
+    record.data.update({"plan": asdict(plan), "target": str(target_dir), "prompts": str(prompts_file),
+                        "train_runs": train_runs, "reference_train_run": ref_train, "reference": reference,
+                        "published": published, "seconds": time.perf_counter() - t0, "complete": True})
+    record.save()
+    report(f"demo store ready in {record.data['seconds']:.0f} s: {tracker.uri}")
+    return record.data
+
+
+def read_manifest(root: Path) -> dict | None:
+    """The manifest of the demo build in `root`; None when there is no `root` yet.
+
+    DraftboardError when `root` exists without a readable manifest: then the demo did not make it,
+    and it will neither write into it nor remove it.
+    """
+    if not root.exists() and not root.is_symlink():
+        return None
+    try:
+        if root.is_symlink():  # the demo makes a folder, never a link to somebody else's
+            raise ValueError("the folder is a symbolic link")
+        data = json.loads((root / MANIFEST).read_bytes())
+        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA or not all(
+                isinstance(data.get(key), list) and all(isinstance(v, str) for v in data[key])
+                for key in ("files", "runs")):
+            raise ValueError(f"not a {MANIFEST_SCHEMA} manifest")
+    except (OSError, ValueError) as exc:
+        raise DraftboardError(f"{root} exists but was not made by `draftboard demo` ({MANIFEST}: {exc}); "
+                              "move it away or use another --home") from exc
+    return data
+
+
+def remove_demo(home: str | Path, tracker: Tracker, report: Report = print) -> None:
+    """Delete what the manifest in `<home>/draftboard-demo` lists: its files and its runs, nothing else.
+
+    Folders are removed only once empty, so a file someone put inside the demo's folder stays,
+    and the store, the eval cache and any other file of `home` are never touched.
+    """
+    root = Path(home).resolve() / DEMO_DIR
+    manifest = read_manifest(root)
+    if manifest is None:
+        return
+    for run_id in manifest["runs"]:
+        try:
+            tracker.client.delete_run(run_id)
+        except MlflowException as exc:  # already deleted by hand: nothing left to remove
+            report(f"run {run_id}: {exc.message}")
+    real_root = root.resolve()
+    for rel in manifest["files"]:
+        path = root / rel
+        if real_root not in path.resolve().parents:  # a `..` or a symlink out of the folder
+            report(f"skipped {rel}: outside {root}")
+            continue
+        path.unlink(missing_ok=True)
+    (root / _MANIFEST_TMP).unlink(missing_ok=True)
+    (root / MANIFEST).unlink()
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+    if left:
+        raise DraftboardError(f"removed the demo, but {root} still holds files it did not create "
+                              f"({', '.join(left[:5])}{', ...' if len(left) > 5 else ''}); move them away")
+    root.rmdir()
+
+
+class _Record:
+    """The manifest of the build in progress: saved after every stage, so even a crashed build
+    can be removed exactly. It lists every file under the demo folder and every run it created."""
+
+    def __init__(self, home: Path, root: Path, quick: bool):
+        self.root = root
+        root.mkdir(parents=True)  # read_manifest made sure it did not exist
+        self.data = {"schema": MANIFEST_SCHEMA, "home": str(home), "quick": quick, "complete": False,
+                     "files": [], "runs": []}
+        self.save()
+
+    def run(self, run_id: str) -> str:
+        self.data["runs"].append(run_id)
+        self.save()
+        return run_id
+
+    def save(self) -> None:
+        tmp = self.root / _MANIFEST_TMP
+        own = {self.root / MANIFEST, tmp}
+        self.data["files"] = sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
+                                    if p.is_file() and p not in own)
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.root / MANIFEST)  # never a half-written manifest
 
 
 class _Tagged:
-    """The tracker, with every training run tagged as demo data (so --force can remove it)."""
+    """The tracker, with every training run tagged as demo data and recorded in the manifest."""
 
-    def __init__(self, tracker: Tracker):
-        self._tracker = tracker
+    def __init__(self, tracker: Tracker, record: _Record):
+        self._tracker, self._record = tracker, record
 
     def training_run(self, name, params, target, *, tags=None, fingerprint=None):
-        return self._tracker.training_run(name, params, target, tags={**(tags or {}), DEMO_TAG: "1"},
-                                          fingerprint=fingerprint)
-
-
-def _remove_demo(tracker: Tracker, root: Path) -> None:
-    """Delete the demo's runs (only those: a shared store keeps everything else) and files."""
-    for run in tracker.find_runs(filter=f"tags.`{DEMO_TAG}` = '1'"):
-        tracker.client.delete_run(run.info.run_id)
-    shutil.rmtree(root, ignore_errors=True)
+        run = self._tracker.training_run(name, params, target, tags={**(tags or {}), names.DEMO: "1"},
+                                         fingerprint=fingerprint)
+        self._record.run(run.run_id)
+        return run
 
 
 class _Stages:
-    def __init__(self, report: Report, total: int):
+    def __init__(self, report: Report, total: int, checkpoint: Callable[[], None]):
         self.report, self.total, self.n, self.t = report, total, 0, time.perf_counter()
+        self.checkpoint = checkpoint
 
     def __call__(self, text: str) -> None:
+        self.checkpoint()  # the files of the stage before are in the manifest before the next starts
         self.n += 1
         self.report(f"[{self.n}/{self.total}] {text}  (+{time.perf_counter() - self.t:.0f} s)")
 

@@ -28,11 +28,13 @@ import torch.nn.functional as F
 from demo import bytetok
 from demo.target import lr_factor, use_cpu_threads
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids, save_zlab
+from evaluators.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids, parse_dtype, save_zlab
 from evaluators.metrics import chain_acceptance
+from tracker.config import EVAL_DTYPES
 
 DDTREE_BUDGET = 8
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # autocast dtype of the drafter's compute
+# The drafter's compute dtype per eval dtype flag; below fp32 it runs under autocast.
+COMPUTE_DTYPES = {flag: parse_dtype(flag) for flag in EVAL_DTYPES}
 
 
 @dataclass
@@ -86,7 +88,7 @@ class TrainData:
 
 @torch.no_grad()
 def prepare_data(target_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, *,
-                 linear_attn: str = "auto", batch_size: int = 16, progress=None) -> TrainData:
+                 linear_attn_mode: str = "auto", batch_size: int = 16, progress=None) -> TrainData:
     """Greedy completions of `prompts` (KV cache) and every layer's features of prompt + completion.
 
     A completion that reaches EOS ends there (EOS included). `progress(done, total)` is called
@@ -94,12 +96,12 @@ def prepare_data(target_dir: str | Path, prompts: list[list[int]], max_new_token
     """
     from transformers import AutoModelForCausalLM
 
-    from tracker import linear_attn as kernel_path
+    from tracker import linear_attn
 
     use_cpu_threads()
     target_dir = Path(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    resolution = kernel_path.apply(linear_attn, "cpu", kernel_path.module_of(model))
+    resolution = linear_attn.apply(linear_attn_mode, "cpu", linear_attn.module_of(model))
     sequences, prompt_lens, features = [], [], []
     t0 = time.perf_counter()
     gen_s = 0.0
@@ -248,16 +250,17 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     Checkpoints (z-lab format) go to `<out_dir>/step_<N>/` every `ckpt_every` steps and at the
     last step. `progress(step, steps, loss)` is called after every step.
     """
-    from tracker import fingerprint
+    from tracker import fingerprint, linear_attn
 
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
+    if cfg.dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(COMPUTE_DTYPES)}")
     if Path(target_dir).resolve() != data.target_dir.resolve():
         raise ValueError(f"data was prepared from {data.target_dir}, not {target_dir}")
     use_cpu_threads()
     dcfg = drafter_config(cfg, data)
     ids = dcfg.target_layer_ids
-    fp = fingerprint.capture(data.target, "cpu", cfg.dtype, cfg.linear_attn, probe_layers=ids)
+    linear_attn.apply(cfg.linear_attn, "cpu", linear_attn.module_of(data.target))  # capture() only reads
+    fp = fingerprint.capture(data.target, "cpu", cfg.dtype, probe_layers=ids)
     if fp["numerics"]["linear_attention_path"] != data.linear_attn_path:
         raise ValueError(f"linear_attn={cfg.linear_attn!r} resolves to {fp['numerics']['linear_attention_path']}, "
                          f"but the features were computed on {data.linear_attn_path}")
@@ -279,7 +282,8 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     with tracker.training_run(cfg.name, params, str(target_dir), fingerprint=fp) as run:
         for step in range(1, cfg.steps + 1):
             seq_ids = [usable[i] for i in torch.randint(len(usable), (cfg.batch,), generator=gen).tolist()]
-            with torch.autocast("cpu", dtype=DTYPES[cfg.dtype], enabled=DTYPES[cfg.dtype] is not None):
+            compute = COMPUTE_DTYPES[cfg.dtype]
+            with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
                 batch = forward_batch(drafter, contexts, data, seq_ids, cfg.anchors_per_seq, gen)
                 loss = weighted_loss(batch, weights)
             opt.zero_grad(set_to_none=True)

@@ -23,11 +23,12 @@ import torch
 from evaluators import metrics
 from evaluators.cache import EvalCache
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import LoadedDrafter, load_drafter
+from evaluators.drafter import LoadedDrafter, TargetDims, open_drafter
 from evaluators.prompts import Prompt, attach_completions, load_prompts
-from evaluators.target import (Target, cache_key, content_digest, greedy_continuations, load_target, load_tokenizer,
-                               tapped_features, text_config)
+from evaluators.target import (Target, cache_key, check_weights, content_digest, greedy_continuations,
+                               layer_hidden_states, load_target, load_tokenizer, text_config)
 from tracker import fingerprint
+from tracker.config import DEFAULT_BUDGETS, MAX_BUDGET
 from tracker.errors import DraftboardError
 
 SCHEMA = "draftboard.eval/1"
@@ -41,7 +42,7 @@ class EvalSettings:
     prompts: str
     completions: str | None = None
     max_new_tokens: int = 256
-    budgets: tuple[int, ...] = (4, 8, 16, 32)
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS
     device: str | None = None
     dtype: str = "fp32"
     linear_attn: str = "auto"
@@ -54,6 +55,9 @@ class EvalSettings:
             raise DraftboardError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not self.budgets or any(b < 1 for b in self.budgets):
             raise DraftboardError(f"--budgets must be positive integers, got {list(self.budgets)}")
+        if max(self.budgets) > MAX_BUDGET:
+            raise DraftboardError(f"--budgets: {max(self.budgets)} is above the limit of {MAX_BUDGET} nodes per "
+                                  "block (a DDTree search costs O(B log B) per block)")
         self.budgets = tuple(sorted(set(self.budgets)))
 
 
@@ -132,7 +136,7 @@ def _features(target: Target, walked: list[Walked], layers: list[int], cache: Ev
     if missing:
         fresh: dict[int, list[torch.Tensor]] = {i: [] for i in missing}
         for n, seq in enumerate(seqs, 1):
-            feats = tapped_features(target, seq, missing)
+            feats = layer_hidden_states(target, seq, missing)
             for i in missing:
                 if not torch.isfinite(feats[i]).all():
                     pos = int((~torch.isfinite(feats[i])).any(-1).nonzero()[0])
@@ -216,20 +220,22 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
     """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1)."""
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
-    # Cheap checks first: a bad prompts file fails before any weights are read.
+    # Cheap checks first: bad prompts, a target or drafter whose config does not match its
+    # weight files fail before any weights are read or anything is sized from a config.
     cfg = text_config(s.target)
     prompts = load_prompts(s.prompts, load_tokenizer(s.target), cfg.vocab_size, s.enable_thinking)
     if s.completions:
         prompts = attach_completions(prompts, s.completions, cfg.vocab_size)
+    check_weights(s.target)
+    checked = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size))
 
     progress("load", 0, 2)
     target = load_target(s.target, device, s.dtype, s.linear_attn)
-    loaded = load_drafter(s.drafter, target_hidden_size=cfg.hidden_size, target_num_layers=target.num_layers,
-                          target_vocab_size=cfg.vocab_size, device=device, dtype=s.dtype)
+    loaded = checked.load(device, s.dtype)
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
     _check_context(prompts, s.max_new_tokens, block, target.max_positions)
     progress("load", 1, 2)
-    fp = fingerprint.capture(target.model, device, s.dtype, s.linear_attn, probe_layers=layers)
+    fp = fingerprint.capture(target.model, device, s.dtype, probe_layers=layers)  # load_target applied the mode
     progress("load", 2, 2)
 
     env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(s.cache_dir)
@@ -263,35 +269,3 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
                     "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id},
     })
     return results
-
-
-def metric_values(results: dict) -> dict[str, float]:
-    """The MLflow metrics of an eval, under the fixed names (DESIGN.md)."""
-    out = {k: float(results[k]) for k in ("tau", "tau_pooled", "tau_all_anchors", "streak")}
-    for k, rate in enumerate(results["accept_rate_by_position"], 1):
-        out[f"accept_rate_pos{k}"] = float(rate)
-    for budget, d in results["ddtree"].items():
-        out[f"ddtree_tau_b{budget}"] = float(d["tau"])
-        out[f"dds{budget}"] = float(d["dds"])
-    return out
-
-
-def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,
-             checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None,
-             tags: dict[str, str] | None = None) -> str:
-    """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table."""
-    drafter = Path(s.drafter)
-    name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
-                                 else f"eval {drafter.parent.name} @ step {checkpoint_step}")
-    params = {k: v for k, v in results["settings"].items() if v is not None and k != "cache_dir"}
-    with tracker.eval_run(name, target=s.target, train_run_id=train_run_id, checkpoint=s.drafter,
-                          checkpoint_step=checkpoint_step, params=params, fingerprint=results["fingerprint"],
-                          kind="reference" if reference else "eval", reference_name=reference, tags=tags) as run:
-        run.log_metrics(metric_values(results), step=checkpoint_step or 0)
-        run.log_json("eval_results.json", results)
-        run.log_table("per_prompt.json", [
-            {"id": p["id"], "prompt_tokens": len(p["input_ids"]), "completion_tokens": len(p["completion_ids"]),
-             "blocks": len(p["acceptance_lengths"]),
-             "tau": sum(p["acceptance_lengths"]) / max(1, len(p["acceptance_lengths"]))}
-            for p in results["prompts"]])
-        return run.run_id

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from tracker import linear_attn as kernel_path
+from evaluators.limits import check_sizes
+from evaluators.weights import (SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line,
+                                safetensors_shapes)
+from tracker import linear_attn
 from tracker.config import DTYPES
 from tracker.errors import DraftboardError
 
@@ -31,7 +35,7 @@ class Target:
     path: Path
     device: str
     dtype: str
-    resolution: kernel_path.Resolution
+    resolution: linear_attn.Resolution
     tokenizer: object | None  # None when the directory has no tokenizer files
 
     @property
@@ -99,17 +103,84 @@ def _check_dir(path: Path) -> None:
         raise DraftboardError(f"target {path}: no config.json (expected a transformers model directory)")
 
 
-def text_config(path: str | Path):
-    """The target's (text) config without loading weights: vocab and context checks come first."""
+def model_config(path: str | Path):
+    """The target's config.json as transformers reads it, without loading weights."""
     from transformers import AutoConfig
 
     path = Path(path)
     _check_dir(path)
     try:
-        cfg = AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:
         raise DraftboardError(f"target {path}: unreadable config.json: {str(exc).splitlines()[0]}") from exc
+
+
+def text_config(path: str | Path):
+    """The target's (text) config without loading weights: vocab and context checks come first."""
+    cfg = model_config(path)
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The safetensors files from_pretrained reads: the index's shards, else model.safetensors."""
+    if (path / SAFETENSORS_INDEX).is_file():
+        return sorted(set(index_shards(inside(path, SAFETENSORS_INDEX, "weights index")).values()))
+    if (path / SAFETENSORS).is_file():
+        return [inside(path, SAFETENSORS, "weights file")]
+    return []
+
+
+def _by_suffix(keys) -> dict[str, list[str]]:
+    """Every dotted tail of every key -> the keys ending in it (`a.b.c` -> `b.c`, `c`)."""
+    tails: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            tails.setdefault(".".join(parts[i:]), []).append(key)
+    return tails
+
+
+def check_weights(path: str | Path) -> None:
+    """The target folder against its config, before from_pretrained allocates anything.
+
+    Every entry of the folder resolves inside it; the config's sizes are bounded; every
+    safetensors header is whole (a truncated file is refused here); the model the config
+    describes, built on the meta device (no memory), has the shapes the files hold and no more
+    elements than they hold. Checkpoints name their tensors in more than one way (a
+    multimodal release keeps the text model under `model.language_model.`), so a parameter is
+    matched by its full name, else by the one stored name ending in its name without the first
+    component. Targets stored only as `.bin` get the bounds check.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    cfg = model_config(path)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    check_sizes(text.to_dict(), f"target {path} config.json")
+    files = _safetensors_files(path)
+    if not files:
+        return
+    stored, where = safetensors_shapes(files)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise DraftboardError(f"target {path}: config.json does not describe a causal LM: {one_line(exc)}") from exc
+    tails = _by_suffix(stored)
+    for name, param in model.state_dict().items():
+        same = [name] if name in stored else tails.get(name.split(".", 1)[-1], [])
+        if len(same) == 1 and stored[same[0]] != tuple(param.shape):
+            raise DraftboardError(
+                f"target {path}: config.json gives {name} the shape {list(param.shape)} but "
+                f"{where[same[0]].name} holds {same[0]} {list(stored[same[0]])}: config and weights do not belong together"
+            )
+    needed = sum(p.numel() for p in model.parameters())
+    held = sum(math.prod(shape) for shape in stored.values())
+    if needed > held and getattr(cfg, "quantization_config", None) is None:
+        raise DraftboardError(
+            f"target {path}: config.json describes {needed:,} parameters but the weight files hold {held:,}: "
+            "config and weights do not belong together"
+        )
 
 
 def load_tokenizer(path: str | Path):
@@ -122,8 +193,9 @@ def load_tokenizer(path: str | Path):
     return None
 
 
-def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn: str = "auto") -> Target:
+def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn_mode: str = "auto") -> Target:
     """Load a causal LM (Qwen3.5 text or multimodal, Qwen3, Llama, ...) for evaluation."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -132,10 +204,10 @@ def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", line
         raise DraftboardError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]))
-    except (OSError, ValueError, KeyError) as exc:
-        raise DraftboardError(f"target {path}: cannot load: {str(exc).splitlines()[0]}") from exc
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+        raise DraftboardError(f"target {path}: cannot load: {one_line(exc)}") from exc
     model.to(device).eval()
-    resolution = kernel_path.apply(linear_attn, device, kernel_path.module_of(model))
+    resolution = linear_attn.apply(linear_attn_mode, device, linear_attn.module_of(model))
     return Target(model, path, device, dtype, resolution, load_tokenizer(path))
 
 
@@ -222,7 +294,7 @@ class FeatureTap:
 
 
 @torch.no_grad()
-def tapped_features(target: Target, sequence: list[int], layer_ids: list[int]) -> dict[int, torch.Tensor]:
+def layer_hidden_states(target: Target, sequence: list[int], layer_ids: list[int]) -> dict[int, torch.Tensor]:
     """Hidden states of `layer_ids` for one token sequence: {layer: [T, H]} (float32, CPU)."""
     limit = target.max_positions
     if limit is not None and len(sequence) > limit:

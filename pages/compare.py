@@ -2,25 +2,21 @@
 
 import streamlit as st
 
-from tracker.dashboard import charts
-from tracker.dashboard import metric_docs
-from tracker.dashboard import ui
+from tracker.dashboard import charts, metric_docs, ui
 from tracker.dashboard.compare import (
     closest_reference,
     compare_data,
-    csv_bytes,
     default_selection,
     reference_label,
     train_runs_for_histories,
 )
+from tracker.dashboard.escape import csv_bytes, md, md_code
 
 AUTO = "__closest__"
 NONE = "__none__"
 
-cfg = ui.settings()
+cfg, index = ui.shared()
 st.title("Compare")
-index = ui.load_index_or_stop(cfg)
-ui.store_sidebar(cfg, index)
 
 options = [r.run_id for r in index.of_kind("train", "eval")]
 if not options:
@@ -66,22 +62,20 @@ with st.sidebar:
 reference_id = choice.run_id if ref_pick == AUTO else (None if ref_pick == NONE else ref_pick)
 if ref_pick == AUTO:
     if choice.run_id is None or not choice.matches:
-        st.warning(f"Reference: {choice.message}", icon=":material/info:")
+        st.warning(f"Reference: {md(choice.message)}", icon=":material/info:")
     else:
-        st.caption(f"Reference: {choice.message}")
+        st.caption(f"Reference: {md(choice.message)}")
 
 hist = ui.histories(cfg.store_uri, train_runs_for_histories(index, chosen),
                     max_points=None if full else ui.DEFAULT_MAX_POINTS, index=index)
 data = compare_data(index, chosen, reference_id, hist, ui.eval_results_loader(cfg.store_uri))
 ref = data.reference
 if ref is not None and ref.published:
-    st.info(f"The reference **{ref.name}** is published numbers for target `{ref.target or 'unknown'}`: its "
+    st.info(f"The reference **{md(ref.name)}** is published numbers for target {md_code(ref.target or 'unknown')}: its "
             "environment is unknown, so differences are warnings, not proof of comparability.",
             icon=":material/menu_book:")
-ui.mismatch_banner(data.banner, "Environment differs critically from the reference — drawn dashed, not comparable:")
-if data.lineage_banner:
-    st.warning("**Evaluated in a different environment than trained:**\n" +
-               "\n".join(f"- {line}" for line in data.lineage_banner[:8]), icon=":material/warning:")
+ui.bullet_list(data.banner, "Environment differs critically from the reference — drawn dashed, not comparable:")
+ui.bullet_list(data.lineage_banner, "Evaluated in a different environment than trained:", st.warning)
 
 tab_eval, tab_train, tab_pos, tab_tree, tab_data = st.tabs(
     ["Eval by checkpoint", "Training curves", "Acceptance by position", "DDTree vs budget", "Data"])
@@ -94,12 +88,12 @@ with tab_eval:
         wanted = [m for m in ("tau", "streak") if m in data.eval_metrics] or data.eval_metrics[:1]
         keys = st.multiselect("Eval metrics", data.eval_metrics, default=wanted, key="compare_eval_metrics",
                               help="\n\n".join(metric_docs.help_text(k) for k in data.eval_metrics
-                                               if not k.startswith("accept_rate_pos")))
+                                               if metric_docs.family(k) != "accept_rate_pos"))
         ref_label = reference_label(index, ref) if ref is not None else None
         cols = st.columns(2)
         for i, key in enumerate(keys):
             with cols[i % 2]:
-                st.markdown(f"**{key}** · {metric_docs.describe(key).title}", help=metric_docs.help_text(key))
+                st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
                 st.plotly_chart(charts.eval_curves(data.eval_points, key, data.reference_values.get(key), ref_label),
                                 key=f"compare_eval_{key}")
         shown = data.eval_points[data.eval_points["key"].isin(keys)]
@@ -116,7 +110,7 @@ with tab_train:
         cols = st.columns(2)
         for i, key in enumerate(keys):
             with cols[i % 2]:
-                st.markdown(f"**{key}** · {metric_docs.describe(key).title}", help=metric_docs.help_text(key))
+                st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
                 st.plotly_chart(charts.step_curves(data.train_curves, key), key=f"compare_train_{key}")
         shown = data.train_curves[data.train_curves["key"].isin(keys)]
         st.caption(f"{len(shown):,} points shown" + ("" if full else
@@ -124,9 +118,9 @@ with tab_train:
         st.download_button("Download shown training data (CSV)", csv_bytes(shown), "training_curves.csv",
                            "text/csv", key="compare_train_csv", on_click="ignore")
 
-def per_run_tab(title: str, metric: str, frame, figure, empty: str, csv_name: str, key: str) -> None:
+def per_run_tab(title: str, family: str, frame, figure, empty: str, csv_name: str, key: str) -> None:
     """A chart of each run's latest evaluated checkpoint, with its data as CSV."""
-    st.markdown(f"**{title}**", help=metric_docs.help_text(metric))
+    st.markdown(f"**{title}**", help=metric_docs.family_help(family))
     if frame.empty:
         st.info(empty)
         return
@@ -137,12 +131,12 @@ def per_run_tab(title: str, metric: str, frame, figure, empty: str, csv_name: st
 
 
 with tab_pos:
-    per_run_tab("Acceptance rate by draft position", "accept_rate_pos1", data.accept_by_position,
+    per_run_tab("Acceptance rate by draft position", "accept_rate_pos", data.accept_by_position,
                 charts.accept_by_position, "No per-position acceptance for these runs.", "accept_by_position.csv",
                 "positions")
 
 with tab_tree:
-    per_run_tab("DDTree tau against node budget", "ddtree_tau_b8", data.ddtree, charts.ddtree_vs_budget,
+    per_run_tab("DDTree tau against node budget", "ddtree_tau", data.ddtree, charts.ddtree_vs_budget,
                 "No DDTree results for these runs.", "ddtree_vs_budget.csv", "ddtree")
 
 with tab_data:

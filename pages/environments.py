@@ -3,21 +3,13 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import (
-    SEVERITY_COLORS,
-    fingerprint_matrix,
-    pairs_frame,
-    reeval_plan,
-    train_eval_pairs,
-)
-from tracker.errors import DraftboardError
+from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, reeval_plan
+from tracker.dashboard.escape import md
 from tracker.dashboard.launch_form import submit_eval
-from tracker.dashboard.views import eval_label
+from tracker.dashboard.lineage import train_eval_pairs
 
-cfg = ui.settings()
+cfg, index = ui.shared()
 st.title("Environments")
-index = ui.load_index_or_stop(cfg)
-ui.store_sidebar(cfg, index)
 
 # ------------------------------------------------------------------ train vs eval
 st.subheader("Training run vs its evals",
@@ -41,23 +33,20 @@ else:
     if not cfg.readonly:
         eval_ids = [p.eval.run_id for p in pairs]
         pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
-                            format_func=lambda r: f"{eval_label(index, index.runs[r])} — {index.runs[r].env_badges}",
+                            format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
                             help="the same target, drafter, prompts and settings as this eval, with its training "
                                  "run's linear-attention path, dtype and device")
         plan = reeval_plan(index, pick, cfg.store_uri, ui.eval_results_loader(cfg.store_uri))
         if plan.blocked:
-            st.caption(f"Cannot re-evaluate: {plan.blocked}")
+            st.caption(f"Cannot re-evaluate: {md(plan.blocked)}")
         elif plan.changes:
-            st.caption("Changes: " + ", ".join(plan.changes))
+            st.caption("Changes: " + md(", ".join(plan.changes)))
         else:
             st.caption("This eval already ran in its training run's environment.")
         if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=bool(plan.blocked),
                      icon=":material/replay:", type="primary" if plan.changes else "secondary"):
-            try:
+            with ui.reported():
                 job = submit_eval(ui.queue_for(cfg.jobs_uri), plan.params)
-            except DraftboardError as exc:
-                st.error(str(exc))
-            else:
                 if job.existing:
                     st.info(f"Already {job.state}: job #{job.id} has the same checkpoint and settings.")
                 else:
@@ -82,14 +71,12 @@ show_all = c2.toggle("Show all fields", key="env_all", help="off: only fields th
 labels = {r: index.label(r) for r in chosen}
 matrix = fingerprint_matrix({labels[r]: index.runs[r].fingerprint for r in chosen}, labels[baseline],
                             only_differing=not show_all)
-legend = " ".join(f'<span style="background:{color};padding:1px 6px;border-radius:4px">{name}</span>'
-                  for name, color in SEVERITY_COLORS.items())
-st.markdown(f"Cells differing from **{labels[baseline]}**: {legend}", unsafe_allow_html=True)
+st.markdown(f"Cells differing from **{md(labels[baseline])}**: {SEVERITY_LEGEND}")
 if matrix.values.empty:
     st.success("No differences: these runs' numbers are comparable.")
 else:
     summary = ", ".join(f"{label}: {c['critical']} critical, {c['warning']} warning"
                         for label, c in matrix.counts.items() if label != matrix.baseline)
     if summary:
-        st.caption(summary)
+        st.caption(md(summary))
     st.dataframe(matrix.styled(), key="env_matrix", height=min(36 * (len(matrix.values) + 1) + 4, 700))

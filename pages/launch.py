@@ -1,13 +1,10 @@
 """Launch eval: queue `draftboard eval` for a checkpoint, and follow the job queue live."""
 
-import os
-
 import streamlit as st
 
 from tracker.dashboard import ui
 from tracker.dashboard.envmatrix import eval_settings_of
-from tracker.errors import DraftboardError
-from tracker.jobs.queue import QUEUED, RUNNING
+from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
     DEFAULT_BUDGETS,
     DEVICES,
@@ -22,19 +19,9 @@ from tracker.dashboard.launch_form import (
 
 OTHER = "__path__"
 
-cfg = ui.settings()
+cfg, index = ui.shared(needs_runs=False)
 st.title("Launch eval")
-try:
-    index = ui.run_index(cfg.store_uri)
-except DraftboardError as exc:
-    st.error(f"Cannot read the store: {exc}")
-    st.stop()
-ui.store_sidebar(cfg, index)
-try:
-    queue = ui.queue_for(cfg.jobs_uri)
-except DraftboardError as exc:
-    st.error(f"Cannot open the job queue: {exc}")
-    st.stop()
+queue = ui.open_queue_or_stop(cfg)
 
 
 def _on_train_change() -> None:
@@ -66,9 +53,7 @@ def _on_train_change() -> None:
 if cfg.readonly:
     st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon=":material/lock:")
 else:
-    roots = cfg.allowed_roots
-    st.caption("Paths must lie under the allowed roots: " + ", ".join(f"`{r}`" for r in roots) +
-               f" (DRAFTBOARD_ALLOWED_ROOTS, separated by `{os.pathsep}`).")
+    st.caption(ui.allowed_roots_caption(cfg))
     trains = [r.run_id for r in index.of_kind("train")]
     if "launch_train_run" not in st.session_state:
         st.session_state["launch_train_run"] = trains[0] if trains else None
@@ -79,13 +64,7 @@ else:
                             else ui.run_option_label(index, r),
                             help="the run the checkpoint belongs to: the eval is linked to it")
     train = index.get(train_id)
-    checkpoints = []
-    if train is not None:
-        try:
-            checkpoints = ui.tracker_for(cfg.store_uri).checkpoints(train.run_id)
-        except DraftboardError as exc:
-            st.warning(str(exc))
-    by_step = {c.step: c for c in checkpoints}
+    by_step = {c.step: c for c in (ui.checkpoints(cfg, train.run_id) if train is not None else [])}
     ck_options = [*sorted(by_step, reverse=True), OTHER]
     pick = c2.selectbox("Checkpoint", ck_options, key="launch_checkpoint",
                         format_func=lambda s: "a path under the allowed roots…" if s == OTHER
@@ -101,7 +80,7 @@ else:
                                    help="the training step of this checkpoint (links the eval to the curve)")
     else:
         step = pick
-        st.caption(f"`{by_step[pick].path}`")
+        st.caption(md_code(by_step[pick].path))
 
     c1, c2 = st.columns(2)
     target = c1.text_input("Target", key="launch_target", placeholder="/path/to/target model directory",
@@ -123,9 +102,9 @@ else:
     if linear == "match training run":
         resolved, why = training_linear_attn(train.fingerprint if train else None)
         if resolved:
-            st.caption(f"Linear attention: {why} → `--linear-attn {resolved}`")
+            st.caption(f"Linear attention: {md(why)} → {md_code('--linear-attn ' + resolved)}")
         else:
-            st.warning(f"Linear attention: {why}")
+            st.warning(f"Linear attention: {md(why)}")
     c1, c2 = st.columns([1, 3])
     as_reference = c1.checkbox("Reference", key="launch_reference",
                                help="log the eval as a reference run (`--reference NAME`), a baseline for Compare")
@@ -141,11 +120,9 @@ else:
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
         )
-        try:
-            job = submit_eval(queue, eval_params(form, cfg.store_uri, roots), ui.tracker_for(cfg.store_uri))
-        except DraftboardError as exc:
-            st.error(str(exc), icon=":material/block:")
-        else:
+        with ui.reported(lambda text: st.error(text, icon=":material/block:")):
+            params = eval_params(form, cfg.store_uri, cfg.allowed_roots)
+            job = submit_eval(queue, params, ui.tracker_for(cfg.store_uri))
             if job.existing:
                 st.info(f"This checkpoint was already submitted with these settings: job #{job.id} ({job.state}). "
                         "No duplicate was queued.", icon=":material/content_copy:")
@@ -157,15 +134,13 @@ else:
 
 # ------------------------------------------------------------------ queue
 st.subheader("Queue", help="evals run by `draftboard worker` (started by `draftboard ui`)")
-active = any(j.state in (QUEUED, RUNNING) for j in queue.list(states=[QUEUED, RUNNING], limit=1))
+active = ui.queue_busy(queue)
 
 
 def _cancel(job_id: int) -> None:
     """Runs before the rerun, so the list drawn next already shows the cancellation."""
-    try:
+    with ui.reported(st.toast):
         queue.request_cancel(job_id)
-    except DraftboardError as exc:
-        st.toast(str(exc))
 
 
 @st.fragment(run_every=2 if active else 10)
@@ -179,11 +154,11 @@ def job_list() -> None:
         view = describe_job(job, labels)
         with st.container(border=True, key=f"job_{job.id}"):
             head, side = st.columns([5, 1])
-            head.markdown(f"**{view.title}**")
-            head.progress(view.progress, text=view.progress_text)
-            head.caption(view.when)
+            head.markdown(f"**{md(view.title)}**")
+            head.progress(view.progress, text=md(view.progress_text))
+            head.caption(md(view.when))
             if view.error and view.state != "succeeded":
-                head.caption(f"error: {view.error.splitlines()[0][:300]}")
+                head.caption(f"error: {md(view.error.splitlines()[0][:300])}")
             if view.run_id:
                 side.page_link(ui.RUN_DETAIL_PAGE, label="Open eval run", query_params={"run": view.run_id},
                                icon=":material/science:")

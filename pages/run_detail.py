@@ -2,27 +2,19 @@
 
 import streamlit as st
 
-from tracker.dashboard import charts
-from tracker.dashboard import metric_docs
-from tracker.dashboard import ui
+from tracker.dashboard import charts, lineage, metric_docs, ui
 from tracker.dashboard.compare import run_acceptance
-from tracker.errors import DraftboardError
-from tracker.dashboard.views import (
+from tracker.dashboard.escape import md, md_code
+from tracker.dashboard.tables import (
     checkpoints_frame,
     diff_frame,
-    env_diff,
-    eval_label,
     fingerprint_frame,
-    lineage_mismatches,
     metrics_frame,
-    mismatch_text,
     mlflow_ui_url,
     params_frame,
 )
 
-cfg = ui.settings()
-index = ui.load_index_or_stop(cfg)
-ui.store_sidebar(cfg, index)
+cfg, index = ui.shared()
 
 run_ids = list(index.runs)
 wanted = st.query_params.get("run")
@@ -34,37 +26,38 @@ if st.query_params.get("run") != run_id:
     st.query_params["run"] = run_id
 run = index.runs[run_id]
 
-st.title(run.name)
+st.title(md(run.name))
 ui.env_badges(run)
-meta = [f"**{run.kind_label}**", f"status {run.status}", f"target `{run.target or 'unknown'}`", f"id `{run.run_id}`"]
+meta = [f"**{md(run.kind_label)}**", f"status {md(run.status)}", f"target {md_code(run.target or 'unknown')}",
+        f"id {md_code(run.run_id)}"]
 st.markdown(" · ".join(meta))
 if run.error:
-    st.error(f"The run failed: {run.error}")
-st.link_button("Open in mlflow ui", mlflow_ui_url(run, cfg.mlflow_ui), icon=":material/open_in_new:",
-               help=f"the same run in `mlflow ui` at {cfg.mlflow_ui} (set DRAFTBOARD_MLFLOW_UI to change)")
+    st.error(f"The run failed: {md(run.error)}")
+if cfg.mlflow_ui:
+    st.link_button("Open in mlflow ui", mlflow_ui_url(run, cfg.mlflow_ui), icon=":material/open_in_new:",
+                   help=f"the same run in `mlflow ui` at {md_code(cfg.mlflow_ui)}")
 
 # Lineage and environment check.
 train = index.train_of(run)
 if train is not None:
     step = f" at step {run.checkpoint_step}" if run.checkpoint_step is not None else ""
-    st.markdown(f"Checkpoint{step} of training run **{index.label(train.run_id)}**: `{run.checkpoint or '?'}`")
-    st.page_link(ui.RUN_DETAIL_PAGE, label=f"Open {index.label(train.run_id)}", icon=":material/arrow_upward:",
+    st.markdown(f"Checkpoint{step} of training run **{md(index.label(train.run_id))}**: "
+                f"{md_code(run.checkpoint or '?')}")
+    st.page_link(ui.RUN_DETAIL_PAGE, label=f"Open {md(index.label(train.run_id))}", icon=":material/arrow_upward:",
                  query_params={"run": train.run_id})
-for m in lineage_mismatches(index, run):
-    st.error(f"**Critical environment difference** — {mismatch_text(index, m)}", icon=":material/warning:")
+for pair in lineage.mismatches(index, run):
+    st.error(f"**Critical environment difference** — {md(lineage.mismatch_text(index, pair))}",
+             icon=":material/warning:")
 
 if run.kind in ("eval", "reference") and not cfg.readonly:
     target_kind = "eval" if run.kind == "reference" else "reference"
     label = "Demote to eval" if run.kind == "reference" else "Promote to reference"
     if st.button(label, key="detail_promote", icon=":material/star:",
                  help="references are the baselines the Compare page measures against"):
-        try:
+        with ui.reported():
             ui.tracker_for(cfg.store_uri).set_kind(run.run_id, target_kind)
-        except DraftboardError as exc:
-            st.error(str(exc))
-        else:
             ui.refresh()
-            st.toast(f"{run.name} is now a {target_kind} run")
+            st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
 
 tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance", "Params", "Fingerprint"])
@@ -82,7 +75,7 @@ with tabs[0]:
             cols = st.columns(2)
             for i, key in enumerate(chosen):
                 with cols[i % 2]:
-                    st.markdown(f"**{key}**", help=metric_docs.help_text(key))
+                    st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
                     st.plotly_chart(charts.step_curves(frame, key), key=f"detail_curve_{key}")
             st.caption(f"Curves show at most {ui.DEFAULT_MAX_POINTS} points each (every k-th step).")
     metrics = metrics_frame(run)
@@ -93,31 +86,27 @@ with tabs[0]:
 
 with tabs[1]:
     if run.kind == "train":
-        try:
-            checkpoints = ui.tracker_for(cfg.store_uri).checkpoints(run.run_id)
-        except DraftboardError as exc:
-            checkpoints = []
-            st.warning(str(exc))
-        table = checkpoints_frame(index, run, checkpoints)
+        table = checkpoints_frame(index, run, ui.checkpoints(cfg, run.run_id))
         if table.empty:
             st.info("No checkpoints registered (`run.log_checkpoint(path, step)`) and no evals yet.")
         else:
-            st.dataframe(table, hide_index=True, key="detail_checkpoints", column_config={
+            st.dataframe(table, hide_index=True, key="detail_checkpoints",
+                         column_order=[c for c in table.columns if c != "critical"], column_config={
                 "size (MB)": st.column_config.NumberColumn(format="%.3f"),
                 "tau": st.column_config.NumberColumn("best tau", format="%.3f", help=metric_docs.help_text("tau")),
                 "evals": st.column_config.TextColumn(width="large"),
             })
         evals = index.evals_of(run.run_id, ("eval", "reference"))
         for ev in evals:
-            st.page_link(ui.RUN_DETAIL_PAGE, label=f"{eval_label(index, ev)} — {ev.name} [{ev.env_badges}]",
+            st.page_link(ui.RUN_DETAIL_PAGE, label=md(f"{index.eval_label(ev)} — {ev.name} [{ev.env_badges}]"),
                          query_params={"run": ev.run_id}, icon=":material/science:")
     else:
         positions, trees = run_acceptance(run, ui.eval_results_loader(cfg.store_uri))
         if not positions.empty:
-            st.markdown("**Acceptance rate by draft position**", help=metric_docs.help_text("accept_rate_pos1"))
+            st.markdown("**Acceptance rate by draft position**", help=metric_docs.family_help("accept_rate_pos"))
             st.plotly_chart(charts.accept_by_position(positions), key="detail_positions")
         if not trees.empty:
-            st.markdown("**DDTree tau vs node budget**", help=metric_docs.help_text("ddtree_tau_b8"))
+            st.markdown("**DDTree tau vs node budget**", help=metric_docs.family_help("ddtree_tau"))
             st.plotly_chart(charts.ddtree_vs_budget(trees), key="detail_ddtree")
         if positions.empty and trees.empty:
             st.info("This run has no per-position or DDTree results.")
@@ -134,12 +123,13 @@ with tabs[3]:
         st.warning("No fingerprint.json on this run (not logged by draftboard?).")
     else:
         if run.source_kind not in (None, "captured"):
-            st.info(f"Fingerprint source: **{run.source_kind}** — fields the source does not state are unknown.")
+            st.info(f"Fingerprint source: **{md(run.source_kind)}** — fields the source does not state are unknown.")
         st.dataframe(fingerprint_frame(run.fingerprint), hide_index=True, key="detail_fingerprint",
                      column_config={"value": st.column_config.TextColumn(width="large")})
-        if train is not None:
-            rows = env_diff(run, train)
-            st.markdown(f"**Differences from its training run** ({index.label(train.run_id)})")
+        own = lineage.vs_training(index, run)
+        if own is not None:
+            rows = own.rows
+            st.markdown(f"**Differences from its training run** ({md(index.label(train.run_id))})")
             if rows:
                 st.dataframe(diff_frame(rows, "this eval", "training run"), hide_index=True, key="detail_diff")
             elif rows == []:

@@ -2,14 +2,12 @@
 
 import streamlit as st
 
-from tracker.dashboard import ui
-from tracker.dashboard import metric_docs
-from tracker.dashboard.views import filter_runs, runs_table
+from tracker.dashboard import metric_docs, ui
+from tracker.dashboard.escape import csv_bytes
+from tracker.dashboard.tables import filter_runs, runs_table
 
-cfg = ui.settings()
+index = ui.shared().index
 st.title("Runs")
-index = ui.load_index_or_stop(cfg)
-ui.store_sidebar(cfg, index)
 
 with st.sidebar:
     st.subheader("Filters")
@@ -28,7 +26,7 @@ if not runs:
     st.stop()
 
 table = runs_table(index, runs)
-n_bad = int(table["env check"].str.startswith("🔴").sum())
+n_bad = int((table["critical"] > 0).sum())
 cols = st.columns(4)
 cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
 cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
@@ -44,7 +42,7 @@ event = st.dataframe(
     hide_index=True,
     on_select="rerun",
     selection_mode="multi-row",
-    column_order=[c for c in table.columns if c != "run_id"],
+    column_order=[c for c in table.columns if c not in ("critical", "run_id")],
     column_config={
         "env check": st.column_config.TextColumn(
             "env", help="🔴 the environment differs critically from the runs it is compared with "
@@ -74,5 +72,5 @@ with st.container(horizontal=True):
     if st.button("Compare selected", key="runs_compare", disabled=not selected,
                  help="select rows in the table"):
         st.switch_page(ui.COMPARE_PAGE, query_params={"runs": ",".join(selected)})
-    st.download_button("Download CSV", table.to_csv(index=False).encode(), "runs.csv", "text/csv",
+    st.download_button("Download CSV", csv_bytes(table), "runs.csv", "text/csv",
                        key="runs_csv", on_click="ignore")

@@ -1,5 +1,6 @@
 """Running one dashboard page with Streamlit's AppTest, and reading what it wrote."""
 
+import re
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -18,7 +19,12 @@ def run_page(page: str, timeout: float = 60, **query) -> AppTest:
     return at
 
 
+def shown(markdown: str) -> str:
+    """Markdown as a reader sees its text: backslash escapes (tracker.dashboard.escape.md) removed."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(markdown))
+
+
 def page_text(at: AppTest) -> str:
-    """Everything the page wrote as text (markdown, captions, alerts, titles)."""
+    """Everything the page wrote as text (markdown, captions, alerts, titles), as a reader sees it."""
     kinds = ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success")
-    return "\n".join(str(el.value) for kind in kinds for el in getattr(at, kind))
+    return "\n".join(shown(el.value) for kind in kinds for el in getattr(at, kind))

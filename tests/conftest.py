@@ -137,10 +137,10 @@ def jobs_uri(request, tmp_path) -> str:
 def postgres_schema(base_uri: str):
     import sqlalchemy as sa
 
-    from tracker.jobs.queue import _engine_url
+    from tracker.jobs.queue import engine_url
 
     schema = f"test_{secrets.token_hex(6)}"
-    admin = sa.create_engine(_engine_url(base_uri), isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(engine_url(base_uri), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     separator = "&" if "?" in base_uri else "?"
@@ -155,9 +155,9 @@ def postgres_schema(base_uri: str):
 @pytest.fixture(scope="session")
 def machine_fp() -> dict:
     """This machine's fingerprint, captured once (the first capture imports the modeling code)."""
-    from tracker import fingerprint as fp_module
+    from tracker import fingerprint
 
-    return fp_module.capture(device="cpu", dtype="fp32")
+    return fingerprint.capture(device="cpu", dtype="fp32")
 
 
 # =========================================================================== dashboard fixtures
@@ -174,7 +174,7 @@ def dashboard_store(tmp_path_factory):
       ran fallback + fp32: the known critical mismatch;
     - reference `z-lab ref` evaluated for the same target in the same environment;
     - reference `z-lab paper` with a published fingerprint, for another target.
-    Real evals through the harness (evaluators.harness.evaluate + log_eval).
+    Real evals through the harness (evaluators.harness.evaluate + evaluators.logging.log_eval).
     """
     import copy
     import json
@@ -185,10 +185,11 @@ def dashboard_store(tmp_path_factory):
     from transformers import Qwen3_5ForCausalLM
 
     from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
-    from evaluators.harness import EvalSettings, evaluate, log_eval
+    from evaluators.harness import EvalSettings, evaluate
+    from evaluators.logging import log_eval
     from tiny import VOCAB, qwen35_config, save_target
     from tracker import Tracker
-    from tracker import fingerprint as fp_module
+    from tracker import fingerprint
 
     home = tmp_path_factory.mktemp("dashboard")
     root = home / "models"
@@ -232,7 +233,7 @@ def dashboard_store(tmp_path_factory):
     ids["v5@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v5"], checkpoint_step=200)
     ids["v4@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v4"], checkpoint_step=200)
     ids["ref"] = log_eval(tracker, results[100], settings[100], reference="z-lab ref")
-    published = fp_module.published({"url": "https://example.org/dflash", "title": "DFlash"},
+    published = fingerprint.published({"url": "https://example.org/dflash", "title": "DFlash"},
                                     {"numerics.dtype": "bf16", "hardware.device": "cuda"})
     with tracker.eval_run("z-lab paper", target="Qwen/Qwen3.5-4B", kind="reference", fingerprint=published,
                           reference_name="z-lab paper") as ref:
@@ -247,12 +248,22 @@ def dashboard_store(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_home(tmp_path_factory):
-    """A `draftboard demo --quick` store, built once per session (about a minute on 2 cores)."""
+def demo_foreign_files() -> dict[str, str]:
+    """Files someone else keeps in the demo's home (a `demo/` package among them): never the demo's."""
+    return {"demo/__init__.py": "# someone's own package\n", "notes.txt": "keep me\n"}
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory, demo_foreign_files):
+    """A `draftboard demo --quick --force` store, built once per session (about a minute on 2 cores),
+    in a home that already held `demo_foreign_files` (tests/test_security_store.py checks they survived)."""
     from demo.build import build_demo
 
     home = tmp_path_factory.mktemp("demo")
-    build_demo(home, quick=True, report=lambda line: None)
+    for rel, text in demo_foreign_files.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    build_demo(home, quick=True, force=True, report=lambda line: None)
     return home
 
 
@@ -262,18 +273,37 @@ def demo_home(tmp_path_factory):
 FAST_WORKER = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
 
 
+def eval_params(**extra) -> dict:
+    """Valid eval job params (paths made up: no roots are configured unless a test sets them)."""
+    return {"target": "/models/t", "drafter": "/ckpt/d", "prompts": "/data/p.jsonl", **extra}
+
+
+def script_entry(code: str) -> list[str]:
+    """A launcher entry whose `draftboard` is this Python script. The worker still builds the job's
+    arguments from its params (`eval --target ...`, the script's sys.argv[1:]); the script stands in
+    for an eval that is slow, ignores signals or fails, which a real eval does not do on demand."""
+    import sys
+    import textwrap
+
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
 @pytest.fixture
-def worker_threads(tmp_path):
-    """start(queue_uri, **run_worker kwargs) -> (thread, stop, result); stopped and joined after the test."""
+def worker_threads(tmp_path, monkeypatch):
+    """start(queue_uri, **run_worker kwargs) -> (thread, stop, result); stopped and joined after the test.
+
+    Job logs go to <DRAFTBOARD_HOME>/logs, the one folder log tails are read from: a home of the
+    test's own unless the test sets another before starting a worker."""
     import threading
 
     from tracker.jobs.worker import run_worker
 
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     started = []
 
     def start(queue_uri: str, **kw):
         stop, result = threading.Event(), {}
-        args = {**FAST_WORKER, "log_dir": tmp_path / "logs", **kw}
+        args = {**FAST_WORKER, **kw}
         thread = threading.Thread(target=lambda: result.setdefault("n", run_worker(queue_uri, stop_event=stop, **args)))
         thread.start()
         started.append((thread, stop))
@@ -283,3 +313,25 @@ def worker_threads(tmp_path):
     for thread, stop in started:
         stop.set()
         thread.join(timeout=30)
+
+
+@pytest.fixture
+def start_ui(tmp_path):
+    """start(*ui flags, children=N, env=...) -> (Ui, its descendants): a real `draftboard ui` serving
+    (tests/uiprocess.py), with N children running; whatever is left is killed after the test."""
+    from uiprocess import Ui, free_port, gone
+
+    started = []
+
+    def start(*flags: str, children: int = 2, env: dict | None = None):
+        ui = Ui(tmp_path / "home", free_port(), *flags, env=env)
+        started.append((ui, []))
+        started[-1] = (ui, ui.wait_serving(children))
+        return started[-1]
+
+    yield start
+    for ui, descendants in started:
+        ui.kill()
+        for proc in descendants:
+            if not gone(proc):
+                proc.kill()

@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest import APP, page_text, run_page
+from apptest import APP, page_text, run_page, shown
 from tracker.jobs.queue import QUEUED, JobQueue
-
-
 
 @pytest.fixture
 def app_env(dashboard_store, tmp_path, monkeypatch):
@@ -20,10 +18,8 @@ def app_env(dashboard_store, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
     monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(dashboard_store.root))
     monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
-    monkeypatch.setenv("DRAFTBOARD_MLFLOW_UI", "http://mlflow.example:5000")
+    monkeypatch.setenv("DRAFTBOARD_MLFLOW_UI_URL", "http://mlflow.example:5000")
     return dashboard_store
-
-
 
 
 def _frames(at: AppTest):
@@ -39,6 +35,8 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     assert v4["env check"].startswith("🔴") and "linear-attn fallback vs training: fast" in v4["env check"]
     assert by_id.loc[app_env.ids["v4@200"], "env check"].startswith("🔴")
     assert not by_id.loc[app_env.ids["v5"], "env check"].startswith("🔴")
+    # The headline count is the number of runs with a critical mismatch (v4 and its eval).
+    assert [m.value for m in at.metric if m.label == "Critical env mismatches"] == ["2"]
     assert by_id.loc[app_env.ids["published"], "kind"] == "reference · published"
     assert by_id.loc[app_env.ids["published"], "target"] == "Qwen3.5-4B"
     # A training run's tau comes from its evals; its steps from its curve.
@@ -68,6 +66,12 @@ def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     assert "Critical environment difference" in page_text(at)
 
 
+def test_run_detail_links_to_mlflow_ui_only_when_configured(app_env, monkeypatch):
+    monkeypatch.delenv("DRAFTBOARD_MLFLOW_UI_URL")
+    at = run_page("pages/run_detail.py", run=app_env.ids["v4"])
+    assert at.title[0].value == "v4" and not at.get("link_button")
+
+
 def test_promote_and_demote_an_eval(app_env):
     run_id = app_env.ids["v5@100"]
     at = run_page("pages/run_detail.py", run=run_id)
@@ -87,10 +91,10 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
     text = page_text(at)
     # The default reference: same target, closest environment.
     assert "z-lab ref" in text and "closest" in text
-    errors = "\n".join(e.value for e in at.error)
+    errors = "\n".join(shown(e.value) for e in at.error)
     assert "v4 (training): linear-attn fast vs reference: fallback" in errors
     assert "v5" not in errors
-    warnings = "\n".join(w.value for w in at.warning)
+    warnings = "\n".join(shown(w.value) for w in at.warning)
     assert "v4 @ step 200 (eval): linear-attn fallback vs its training run: fast" in warnings
     export = next(f for f in _frames(at) if "chart" in f.columns)
     assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
@@ -140,10 +144,10 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     assert any("Queued job #1" in s.value for s in at.success), page_text(at)
     jobs = JobQueue().list()
     assert len(jobs) == 1
-    cmd = jobs[0].command
-    assert cmd[cmd.index("--drafter") + 1] == str(app_env.drafters[100])
-    assert cmd[cmd.index("--linear-attn") + 1] == "fallback"  # matched from the training run
-    assert cmd[cmd.index("--train-run-id") + 1] == app_env.ids["v5"]
+    params = jobs[0].params
+    assert params["drafter"] == str(app_env.drafters[100])
+    assert params["linear_attn"] == "fallback"  # matched from the training run
+    assert params["train_run_id"] == app_env.ids["v5"]
     assert "job #1" in page_text(at) or any("#1" in m.value for m in at.markdown)
 
     at.button(key="launch_submit").click().run()
@@ -162,7 +166,7 @@ def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
     at.text_input(key="launch_drafter_path").set_value(str(tmp_path))
     at.text_input(key="launch_prompts").set_value(app_env.prompts)
     at.button(key="launch_submit").click().run()
-    assert any("outside the allowed roots" in e.value for e in at.error)
+    assert any("outside the allowed roots" in shown(e.value) for e in at.error)
     assert JobQueue().list() == []
 
 

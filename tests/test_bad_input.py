@@ -11,8 +11,10 @@ Already covered elsewhere, not repeated here:
   and target_layer_ids out of range (test_missing_prompts_file_and_out_of_range_layers).
 - tests/test_app.py::test_launch_refuses_paths_outside_the_allowed_roots (the Launch page) and
   tests/test_views.py::test_allowed_roots_and_path_checks (`tracker.dashboard.launch_form.check_path`).
-- tests/test_jobs.py::test_eval_command_keeps_values_literal and
-  tests/test_ray_launcher.py::test_shell_metacharacters_in_arguments_stay_literal (argv quoting).
+- tests/test_eval_job.py (a job's params -> the CLI's arguments, the roots check's folder walk),
+  tests/test_worker.py::test_the_job_runs_the_cli_with_arguments_built_from_its_params and
+  tests/test_ray_launcher.py::test_shell_metacharacters_in_arguments_stay_literal (argv quoting);
+  tests/test_security_jobs.py (commands smuggled into the queue).
 
 Added here: the loader errors above through the CLI, NaN target features, undecodable prompts
 and completions files, the worker's own allowed-roots check (and its agreement with the
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import sys
 import uuid
 from pathlib import Path
 
@@ -37,11 +38,11 @@ from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from tiny import VOCAB, qwen35_config, save_target
 from tracker.cli import main
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import FAILED, SUCCEEDED, JobQueue, eval_command
+from tracker.jobs.queue import FAILED, SUCCEEDED, JobQueue
 from tracker.config import allowed_roots
 from tracker.dashboard.launch_form import LaunchForm, eval_params
 from tracker.store.tracker import Tracker
-from tracker.jobs.worker import check_allowed_paths, run_worker
+from tracker.jobs.worker import job_args, run_worker
 
 FAST = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
 
@@ -181,6 +182,7 @@ def test_undecodable_or_malformed_files_are_one_error_line(models, tmp_path, cap
 
 def test_dashboard_and_worker_both_refuse_a_path_outside_the_allowed_roots(models, tmp_path, monkeypatch):
     root, good, uri = models
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(root))
     outside = tmp_path / "elsewhere" / "target"
     outside.mkdir(parents=True)
@@ -189,20 +191,15 @@ def test_dashboard_and_worker_both_refuse_a_path_outside_the_allowed_roots(model
         eval_params(form, uri, allowed_roots())  # the dashboard's Launch check
 
     # The same params queued around the dashboard: the worker refuses them before starting anything.
-    # Job 1's command would leave a marker if it ran; job 2 hides the path behind an argparse prefix.
-    marker = tmp_path / "ran"
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
-    params = {"target": str(outside), "drafter": str(good), "prompts": str(root / "prompts.jsonl")}
-    first = queue.submit("eval", params, [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"])
-    argv = eval_command({**params, "target": str(root / "target")}) + [f"--targ={outside}", "--no-log"]
-    second = queue.submit("eval", {"note": "abbreviated flag"}, argv)
-    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST) == 2
-    for job, flag in ((first, "--target"), (second, "--target")):
-        done = queue.get(job.id)
-        assert done.state == FAILED and done.pid is None, done
-        assert done.error.startswith(f"refused: {flag} {outside.resolve()} is outside the allowed roots ({root})")
-        assert "\n" not in done.error and done.error in queue.log_tail(done, 1)
-    assert not marker.exists()
+    params = {"target": str(outside), "drafter": str(good), "prompts": str(root / "prompts.jsonl"), "tracking_uri": uri}
+    job = queue.submit("eval", params)
+    assert run_worker(queue.uri, once=True, **FAST) == 1
+    done = queue.get(job.id)
+    assert done.state == FAILED and done.pid is None, done
+    assert done.error == (f"refused: --target {outside.resolve()} is outside the allowed roots ({root}) of this "
+                          "worker's DRAFTBOARD_ALLOWED_ROOTS; nothing was run")
+    assert done.error in queue.log_tail(done, 1)
     assert _eval_runs_of(uri, outside) == []
 
 
@@ -215,22 +212,21 @@ def test_worker_trusts_registered_checkpoints_like_the_dashboard_and_checks_noth
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
 
     def job(**extra):
-        params = {"target": str(root / "target"), "drafter": str(elsewhere), "prompts": str(root / "prompts.jsonl"),
-                  "tracking_uri": uri, **extra}
-        return queue.submit("eval", params, eval_command(params))
+        return queue.submit("eval", {"target": str(root / "target"), "drafter": str(elsewhere),
+                                     "prompts": str(root / "prompts.jsonl"), "tracking_uri": uri, **extra})
 
     linked, unlinked = job(train_run_id=run.run_id, checkpoint_step=5), job()
     monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS", raising=False)
-    check_allowed_paths(unlinked)  # no roots configured for the worker: nothing is checked
+    assert str(elsewhere) in job_args(unlinked)  # no roots configured for the worker: no path is checked
 
     monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(root))
-    check_allowed_paths(linked)  # a checkpoint the training run registered is trusted
+    assert str(elsewhere) in job_args(linked)  # a checkpoint the training run registered is trusted
     with pytest.raises(DraftboardError, match=r"refused: --drafter .*step_5 is outside the allowed roots"):
-        check_allowed_paths(unlinked)
+        job_args(unlinked)
     other = _save_drafter(tmp_path / "ckpt" / "step_6")
-    spoofed = queue.submit("eval", {"x": 1}, eval_command({**linked.params, "drafter": str(other)}))
+    spoofed = queue.submit("eval", {**linked.params, "drafter": str(other)})
     with pytest.raises(DraftboardError, match=r"refused: --drafter .*step_6"):
-        check_allowed_paths(spoofed)  # linked to the run, but not one of its checkpoints
+        job_args(spoofed)  # linked to the run, but not one of its checkpoints
 
 
 # --------------------------------------------------------------------------- shell metacharacters
@@ -268,8 +264,9 @@ def test_shell_metacharacters_in_cli_names_are_stored_literally(models, tmp_path
     assert not any(m.exists() for m in (log_marker, eval_marker, id_marker))
 
 
-def test_shell_metacharacters_in_a_queued_jobs_params_reach_the_eval_as_literal_text(models, tmp_path):
+def test_shell_metacharacters_in_a_queued_jobs_params_reach_the_eval_as_literal_text(models, tmp_path, monkeypatch):
     root, _, uri = models
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     dir_name, dir_marker = _metachar(tmp_path, "drafter-dir")
     ref_name, ref_marker = _metachar(tmp_path, "reference")
     drafter = _save_drafter(root / dir_name)  # a real directory: `<root>/x; touch /tmp/.../pwned-... && ...`
@@ -277,8 +274,8 @@ def test_shell_metacharacters_in_a_queued_jobs_params_reach_the_eval_as_literal_
               "max_new_tokens": 12, "budgets": [2], "device": "cpu", "linear_attn": "fallback",
               "tracking_uri": uri, "reference": ref_name}
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
-    job = queue.submit("eval", params, eval_command(params))
-    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST) == 1
+    job = queue.submit("eval", params)
+    assert run_worker(queue.uri, once=True, **FAST) == 1
 
     done = queue.get(job.id)
     assert done.state == SUCCEEDED, f"{done.error}\n{queue.log_tail(done, 40)}"

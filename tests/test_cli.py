@@ -39,7 +39,9 @@ def test_env_diff_critical_is_exit_1_with_a_table(fp_file, tmp_path, capsys):
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"),
     ("{not json", "not valid JSON"),
-    ('{"a": 1}', "must be fingerprints"),
+    ('{"a": 1}', "not a fingerprint"),
+    ('{"software": {}, "numerics": "fast"}', "section 'numerics' is not a JSON object"),
+    ('{"software": {}, "probe": {"digest": "ab", "layers": {"1": {"mean": "x"}}}}', "numeric mean/std/absmax"),
 ])
 def test_env_diff_bad_input_is_one_error_line_exit_2(fp_file, tmp_path, capsys, content, message):
     path = tmp_path / "bad.json"

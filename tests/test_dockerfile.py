@@ -168,7 +168,9 @@ def test_entrypoint_command_and_healthcheck(final):
         return found[-1]
 
     assert json.loads(last("ENTRYPOINT")) == ["draftboard"]
-    assert json.loads(last("CMD")) == ["ui", "--address", "0.0.0.0", "--port", "8501"]
+    cmd = json.loads(last("CMD"))
+    assert cmd[:5] == ["ui", "--address", "0.0.0.0", "--port", "8501"]
+    assert "--auth" in cmd or "--readonly" in cmd, "the image must not serve 0.0.0.0 without a login or read-only"
     health = last("HEALTHCHECK")
     assert "http://127.0.0.1:8501/_stcore/health" in health and "urllib" in health
     assert "curl" not in health and "wget" not in health, "the image installs neither curl nor wget"
@@ -260,8 +262,38 @@ def test_compose_postgres(compose):
     # The job queue's own database (MLflow's schema has a `jobs` table of its own).
     targets = {c["source"]: c["target"] for c in pg["configs"]}
     script = compose["configs"][next(iter(targets))]["content"]
-    assert "CREATE DATABASE jobs" in script
+    assert "CREATE DATABASE jobs OWNER draftboard_jobs" in script and "CREATE DATABASE mlflow OWNER mlflow" in script
     assert all(t.startswith("/docker-entrypoint-initdb.d/") for t in targets.values())
+
+
+def test_compose_least_privilege(compose):
+    """Each service logs in as its own role: no superuser, no MLflow admin (issue 10 #4)."""
+    svc = compose["services"]
+    script = next(iter(compose["configs"].values()))["content"]
+    for role in ("mlflow", "draftboard_jobs"):
+        assert re.search(rf"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE", script), role
+    assert "REVOKE ALL ON DATABASE jobs FROM PUBLIC" in script and "REVOKE ALL ON DATABASE mlflow FROM PUBLIC" in script
+    superuser = svc["postgres"]["environment"]["POSTGRES_USER"]
+    logins = {"mlflow": _env(svc["mlflow"])["MLFLOW_BACKEND_STORE_URI"]}
+    logins.update({name: _env(svc[name])["DRAFTBOARD_JOBS_URI"] for name in ("dashboard", "worker")})
+    for name, uri in logins.items():
+        user = re.match(r"[a-z0-9+]+://([^:]+):", uri).group(1)
+        assert user not in (superuser, "postgres"), f"{name} logs in to PostgreSQL as the superuser"
+        assert user == ("mlflow" if name == "mlflow" else "draftboard_jobs"), (name, user)
+    admin = _env(svc["mlflow"])["MLFLOW_AUTH_ADMIN_USERNAME"]
+    for name in ("dashboard", "worker"):
+        user = _env(svc[name])["MLFLOW_TRACKING_USERNAME"]
+        assert user != admin and "ADMIN" not in user.upper(), f"{name} uses the MLflow admin account: {user}"
+
+
+def test_compose_dashboard_asks_for_a_login_beyond_loopback(compose):
+    dashboard = compose["services"]["dashboard"]
+    argv = dashboard["command"]
+    address = argv[argv.index("--address") + 1]
+    if address not in ("127.0.0.1", "localhost", "::1"):
+        assert "--auth" in argv or "--readonly" in argv, argv
+    if "--auth" in argv:
+        assert _env(dashboard)["DRAFTBOARD_UI_PASSWORD"].startswith("${DRAFTBOARD_UI_PASSWORD:?")
 
 
 def test_compose_mlflow_server(compose):

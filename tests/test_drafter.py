@@ -15,9 +15,9 @@ from evaluators.drafter import (
     DFlashDrafter,
     DrafterConfig,
     build_target_layer_ids,
+    context_from_hidden_states,
     load_drafter,
     save_zlab,
-    tapped_features,
 )
 from tracker.errors import DraftboardError
 
@@ -267,7 +267,7 @@ def test_matches_a_zlab_style_forward_built_from_transformers_qwen3():
     assert (got_anchors - want).abs().max().item() < 1e-5
 
 
-def test_logits_block_embeddings_and_tapped_features():
+def test_logits_block_embeddings_and_context_from_hidden_states():
     model = make_model(dflash_config={"target_layer_ids": [1, 3], "mask_token_id": 7, "block_size": BS,
                                       "output_multiplier": 2.0, "final_logit_softcapping": 1.5,
                                       "input_embedding_scale": 3.0})
@@ -281,7 +281,7 @@ def test_logits_block_embeddings_and_tapped_features():
     plain = hidden[:, 1:] @ embed.T * 2.0
     assert torch.allclose(logits, torch.tanh(plain / 1.5) * 1.5, atol=1e-6)
     hs = [torch.full((1, 3, 2), float(i)) for i in range(TARGET_LAYERS + 1)]
-    assert tapped_features(hs, [1, 3])[0, 0].tolist() == [2.0, 2.0, 4.0, 4.0]
+    assert context_from_hidden_states(hs, [1, 3])[0, 0].tolist() == [2.0, 2.0, 4.0, 4.0]
 
 
 def test_forward_anchors_is_differentiable():

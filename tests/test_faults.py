@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -26,12 +25,14 @@ import pytest
 from waiting import wait_until
 from mlflow import MlflowClient
 from tiny import hybrid_eval_files
+from conftest import eval_params, script_entry
 
 from evaluators.harness import EvalSettings, evaluate
 from tracker import events
 from tracker.cli import main
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import FAILED, RUNNING, SUCCEEDED, JobQueue, eval_command
+from tracker.jobs.launchers.local import LocalLauncher
+from tracker.jobs.queue import FAILED, RUNNING, SUCCEEDED, JobQueue
 from tracker.store.retry import RetryPolicy
 from tracker.store.tracker import Tracker
 
@@ -41,8 +42,8 @@ OUTAGE_S = 30.0
 
 
 
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
+# A job's script learns which job it is from its run name (`--name`, set in the job's params).
+JOB_NAME = "sys.argv[sys.argv.index('--name') + 1]"
 
 
 def pid_gone(pid: int) -> bool:
@@ -135,9 +136,13 @@ def worker(worker_threads):
 # --------------------------------------------------------------------------- 1. eval killed mid-run
 
 # `draftboard eval`, unchanged except that it parks (as a slow eval would) once the first prompt is
-# scored and reported, so the SIGKILL lands mid-scoring for certain.
+# scored and reported, so the SIGKILL lands mid-scoring for certain. The job named "next" only
+# reports a result.
 PARK_IN_DRAFTER_STAGE = """
 import sys, threading
+if "next" in sys.argv:
+    print({result!r})
+    sys.exit(0)
 import evaluators.harness as harness
 real, calls = harness.score_anchors, []
 def score_then_park(*args, **kwargs):
@@ -161,13 +166,12 @@ def test_eval_killed_mid_run_fails_its_job_keeps_the_log_and_the_queue_goes_on(m
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     params = {"target": models["target"], "drafter": models["drafter"], "prompts": models["prompts"],
               "max_new_tokens": 12, "budgets": [2, 8], "device": "cpu", "linear_attn": "fallback",
-              "tracking_uri": models["store"]}
-    argv = eval_command(params)
-    killed = queue.submit("eval", params, [sys.executable, "-c", PARK_IN_DRAFTER_STAGE,
-                                           *argv[argv.index("eval"):], "--name", "killed mid-run"])
+              "tracking_uri": models["store"], "name": "killed mid-run"}
+    killed = queue.submit("eval", params)
+    after = queue.submit("eval", {**params, "name": "next"})
     result = events.PREFIX + json.dumps({"event": "result", "run_id": "next-run", "out": None})
-    after = queue.submit("eval", {"next": True}, py(f"print({result!r})"))
-    worker(queue.uri, slots=1)  # one slot: the next job starts only once the killed one is recorded
+    launcher = LocalLauncher(script_entry(PARK_IN_DRAFTER_STAGE.format(result=result)))
+    worker(queue.uri, slots=1, launcher=launcher)  # one slot: the next job starts once the killed one is recorded
 
     wait_until(lambda: "parked mid-scoring" in queue.log_tail(killed.id, 5), 60, what="eval parked")
     running = queue.get(killed.id)
@@ -188,22 +192,27 @@ def test_eval_killed_mid_run_fails_its_job_keeps_the_log_and_the_queue_goes_on(m
 
 # --------------------------------------------------------------------------- 2. worker killed
 
-WORKER = "import sys; from tracker.jobs.worker import run_worker; " \
-         "run_worker(sys.argv[1], poll_s=0.05, heartbeat_s=0.1, stale_s=1.0, log_dir=sys.argv[2])"
+WORKER = "import sys, json; from tracker.jobs.worker import run_worker; " \
+         "from tracker.jobs.launchers.local import LocalLauncher; " \
+         "run_worker(sys.argv[1], poll_s=0.05, heartbeat_s=0.1, stale_s=1.0, launcher=LocalLauncher(json.loads(sys.argv[2])))"
 
 
 def test_killed_worker_job_is_failed_by_heartbeat_timeout_and_never_rerun(worker, tmp_path):
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     record, gate = tmp_path / "record", tmp_path / "never"
-    job = queue.submit("eval", {"i": 1}, py(f"""
-        import os, time
-        open({str(record)!r}, "a").write("started\\n")
-        print("job", "ready", flush=True)
-        while not os.path.exists({str(gate)!r}):
-            time.sleep(0.02)
-    """))
-    doomed = subprocess.Popen([sys.executable, "-c", WORKER, queue.uri, str(tmp_path / "logs")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Job "first" records its start and waits; job "next" records itself.
+    entry = script_entry(f"""
+        import os, sys, time
+        name = {JOB_NAME}
+        open({str(record)!r}, "a").write(name + "\\n")
+        if name == "first":
+            print("job", "ready", flush=True)
+            while not os.path.exists({str(gate)!r}):
+                time.sleep(0.02)
+    """)
+    job = queue.submit("eval", eval_params(name="first"))
+    doomed = subprocess.Popen([sys.executable, "-c", WORKER, queue.uri, json.dumps(entry)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # DRAFTBOARD_HOME: the fixture's
     job_pid = None
     try:
         running = wait_until(lambda: "job ready" in queue.log_tail(job.id, 5) and (j := queue.get(job.id)).pid and j,
@@ -215,15 +224,15 @@ def test_killed_worker_job_is_failed_by_heartbeat_timeout_and_never_rerun(worker
         # The job does not outlive its worker (PR_SET_PDEATHSIG), so it cannot log anything the queue never hears of.
         wait_until(lambda: pid_gone(job_pid), 10, what="orphaned job gone")
 
-        worker(queue.uri, stale_s=1.0)  # another worker: its fail_stale finds the silent job
+        worker(queue.uri, stale_s=1.0, launcher=LocalLauncher(entry))  # another worker: fail_stale finds the job
         failed = wait_until(lambda: finished(queue, job.id), 30, what="stale job failed")
         assert failed.state == FAILED and failed.worker_id == dead_worker  # failed in place, never reclaimed
         beat = failed.heartbeat_at
         assert failed.error == f"worker {dead_worker} stopped heartbeating at {beat:%Y-%m-%d %H:%M:%S} UTC"
-        nxt = queue.submit("eval", {"i": 2}, py(f"open({str(record)!r}, 'a').write('next\\n')"))
+        nxt = queue.submit("eval", eval_params(name="next"))
         ran = wait_until(lambda: finished(queue, nxt.id), 30, what="next job finished")
         assert ran.state == SUCCEEDED and ran.worker_id != dead_worker
-        assert record.read_text().split() == ["started", "next"]  # the killed worker's job ran once
+        assert record.read_text().split() == ["first", "next"]  # the killed worker's job ran once
     finally:
         if doomed.poll() is None:
             doomed.kill()
@@ -246,14 +255,14 @@ def test_dashboard_restart_shows_the_same_running_job_and_progress(models, worke
         monkeypatch.delenv(name, raising=False)
     gate = tmp_path / "gate"
     progress = events.PREFIX + json.dumps({"event": "progress", "stage": "target: features", "done": 3, "total": 4})
-    job = queue.submit("eval", {"drafter": "/ckpt/v9/step_300", "device": "cpu", "dtype": "fp32",
-                                "linear_attn": "fallback"}, py(f"""
+    job = queue.submit("eval", eval_params(drafter="/ckpt/v9/step_300", device="cpu", dtype="fp32",
+                                           linear_attn="fallback"))
+    worker(queue.uri, launcher=LocalLauncher(script_entry(f"""
         import os, time
         print({progress!r}, flush=True)
         while not os.path.exists({str(gate)!r}):
             time.sleep(0.02)
-    """))
-    worker(queue.uri)
+    """)))
     running = wait_until(lambda: (j := queue.get(job.id)).progress == 0.75 and j, what="progress recorded")
 
     def dashboard():
@@ -264,8 +273,9 @@ def test_dashboard_restart_shows_the_same_running_job_and_progress(models, worke
         at.switch_page("pages/launch.py")
         at.run()
         assert not at.exception, [e.message for e in at.exception]
-        titles = [m.value for m in at.markdown if f"#{job.id} eval" in m.value]
-        return titles, [(p.value, p.text) for p in at.get("progress")]
+        # Titles are markdown-escaped where shown (`\#1 eval step\_300`): compare their plain text.
+        titles = [m.value.replace("\\", "") for m in at.markdown if f"#{job.id} eval" in m.value.replace("\\", "")]
+        return titles, [(p.value, p.text.replace("\\", "")) for p in at.get("progress")]
 
     before = dashboard()
     (title,), (bar,) = before
@@ -297,18 +307,21 @@ def test_100_jobs_from_10_threads_each_run_exactly_once(worker, tmp_path):
             barrier.wait(timeout=30)
             for k in range(10):
                 i = t * 10 + k
-                result = events.PREFIX + json.dumps({"event": "result", "run_id": f"run-{i}", "out": None})
-                job = queue.submit("eval", {"i": i}, py(f"""
-                    open({str(record)!r}, "a").write("{i}\\n")
-                    print({result!r})
-                """))
+                job = queue.submit("eval", eval_params(name=str(i)))
                 submitted.append((i, job.id, job.existing))
         except Exception as exc:  # reported by the main thread
             errors.append(exc)
         finally:
             queue.close()
 
-    workers = [worker(uri, slots=4) for _ in range(2)]  # two workers already polling while jobs arrive
+    # Each job records its name and reports the run id run-<name>.
+    launcher = LocalLauncher(script_entry(f"""
+        import json, sys
+        name = {JOB_NAME}
+        open({str(record)!r}, "a").write(name + "\\n")
+        print({events.PREFIX!r} + json.dumps({{"event": "result", "run_id": "run-" + name, "out": None}}))
+    """))
+    workers = [worker(uri, slots=4, launcher=launcher) for _ in range(2)]  # already polling while jobs arrive
     threads = [threading.Thread(target=submitter, args=(t,)) for t in range(10)]
     for thread in threads:
         thread.start()
@@ -321,7 +334,7 @@ def test_100_jobs_from_10_threads_each_run_exactly_once(worker, tmp_path):
                       what="every job finished")
     assert len(jobs) == 100 and len(submitted) == 100 and not any(existing for _, _, existing in submitted)
     assert {j.id for j in jobs} == {job_id for _, job_id, _ in submitted}
-    assert all(j.state == SUCCEEDED and j.mlflow_run_id == f"run-{j.params['i']}" for j in jobs)
+    assert all(j.state == SUCCEEDED and j.mlflow_run_id == f"run-{j.params['name']}" for j in jobs)
     assert sorted(map(int, record.read_text().split())) == list(range(100))  # each ran exactly once
     for _, stop, _ in workers:
         stop.set()
@@ -372,7 +385,8 @@ def test_artifact_dir_lost_mid_run_fails_the_run_at_once_keeping_its_steps(model
 
 DISK_FULL = """
 import json, resource, sys
-from evaluators.harness import EvalSettings, log_eval
+from evaluators.harness import EvalSettings
+from evaluators.logging import log_eval
 from tracker.errors import DraftboardError
 from tracker.store.tracker import Tracker
 results = json.loads(open(sys.argv[1]).read())

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
-from tracker import fingerprint
+from tracker import fingerprint, linear_attn
 from tracker.fingerprint import DiffRow
 from tiny import qwen3_config, qwen35_config
 
@@ -136,3 +136,18 @@ def test_imported_fingerprint_invents_nothing(tmp_path):
     assert fp["source"]["kind"] == "imported" and fp["source"]["file"] == str(log)
     assert fp["software"]["torch"] is None and fp["numerics"]["linear_attention_path"] is None
     assert fingerprint.env_tags(fp)["env.linear_attn"] == "unknown"
+
+
+def test_capture_only_reads_the_kernel_path():
+    # Whoever loads a model applies the mode; recording the environment must not undo or redo it.
+    assert linear_attn.apply("fallback", "cpu").forced
+    try:
+        fp = fingerprint.capture(device="cpu", dtype="fp32", with_probe=False)
+        assert fp["numerics"]["linear_attention"]["forced_by_draftboard"] is True
+        assert linear_attn.resolve().forced  # still forced after the capture
+        linear_attn.apply("auto", "cpu")
+        fp = fingerprint.capture(device="cpu", dtype="fp32", with_probe=False)
+        assert fp["numerics"]["linear_attention"]["forced_by_draftboard"] is False
+        assert not linear_attn.resolve().forced
+    finally:
+        linear_attn.apply("auto", "cpu")

@@ -6,7 +6,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker.errors import DraftboardError
-from tracker.store.importers.training_log import StepRecord, import_log, parse_log, read_log
+from tracker.store.importers.training_log import MAX_LINE_CHARS, import_log, scan_log
 
 
 def _history(store_uri, run_id, key):
@@ -21,11 +21,6 @@ def test_jsonl_round_trip(tracker, store_uri, tmp_path):
         {"step": 30.0, "loss": 1.9},
     ]
     log.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n\n" + json.dumps(rows[2]) + "\n")
-    assert parse_log(log) == [
-        StepRecord(10, {"loss": 2.3, "streak": 1.1}, 1),
-        StepRecord(20, {"loss": 2.1, "streak": 1.4}, 2),
-        StepRecord(30, {"loss": 1.9}, 4),
-    ]
 
     run_id = import_log(tracker, log, "v3-import", target="Qwen/Qwen3.5-4B")
     run = tracker.run(run_id)
@@ -36,6 +31,8 @@ def test_jsonl_round_trip(tracker, store_uri, tmp_path):
     assert tags["env.torch"] == "unknown" and tags["env.linear_attn"] == "unknown"
     assert run.data.params["import.format"] == "jsonl" and run.data.params["import.records"] == "3"
     assert _history(store_uri, run_id, "loss") == [(10, 2.3), (20, 2.1), (30, 1.9)]
+    assert _history(store_uri, run_id, "streak") == [(10, 1.1), (20, 1.4)]  # strings, bools, lists: not metrics
+    assert set(MlflowClient(tracking_uri=store_uri).get_run(run_id).data.metrics) == {"loss", "streak"}
     fp = tracker.fingerprint(run_id)
     assert fp["source"]["kind"] == "imported" and fp["source"]["file"] == str(log.resolve())
     assert fp["software"]["torch"] is None and fp["numerics"]["linear_attention_path"] is None
@@ -50,16 +47,15 @@ def test_key_value_round_trip_skips_lines_without_a_step(tracker, store_uri, tmp
         "eval loss=1.9\n"
         "step=30;loss=nan\n"
     )
-    parsed = read_log(log)
-    assert parsed.format == "kv" and parsed.skipped_lines == 2
-    assert [(r.step, r.line) for r in parsed.records] == [(10, 2), (20, 3), (30, 5)]
-    assert parsed.records[1].metrics == {"loss": 2.05, "acc": 0.45, "lr": 9e-5}
+    summary = scan_log(log)
+    assert (summary.format, summary.records, summary.skipped_lines) == ("kv", 3, 2)
 
     run_id = import_log(tracker, log, "kv-import")
     run = tracker.run(run_id)
     assert "draftboard.target" not in run.data.tags  # not given, so not invented
-    assert run.data.params["import.skipped_lines"] == "2"
+    assert run.data.params["import.skipped_lines"] == "2" and run.data.params["import.format"] == "kv"
     assert _history(store_uri, run_id, "acc") == [(10, 0.4), (20, 0.45)]
+    assert _history(store_uri, run_id, "lr") == [(10, 1e-4), (20, 9e-5)]  # `tag=warm` is not a metric
     assert [s for s, _ in _history(store_uri, run_id, "loss")] == [10, 20, 30]
 
 
@@ -74,18 +70,26 @@ def test_key_value_round_trip_skips_lines_without_a_step(tracker, store_uri, tmp
         ("name.jsonl", '{"step": 1, "loss (avg)": 2}\n', r"name\.jsonl:1: invalid metric name"),
         ("empty.jsonl", "\n\n", r"empty\.jsonl: no step records found"),
         ("nosteps.log", "hello\nloss=1\n", r"nosteps\.log: no step records found"),
+        ("late.log", "step=1 loss=1\n" * 3 + "step=x loss=1\n", r"late\.log:4: step must be an integer"),
+        ("long.log", "step=1 loss=1\n" + "x" * (MAX_LINE_CHARS + 1) + "\n", r"long\.log:2: line longer than"),
     ],
 )
-def test_malformed_logs_name_file_and_line(tmp_path, name, content, message):
+def test_malformed_logs_name_file_and_line_and_create_no_run(tracker, tmp_path, name, content, message):
     path = tmp_path / name
     path.write_text(content)
+    before = len(tracker.find_runs())
     with pytest.raises(DraftboardError, match=message):
-        parse_log(path)
+        import_log(tracker, path, "bad")
+    assert len(tracker.find_runs()) == before  # checked before anything was written
 
 
-def test_missing_and_binary_files_are_draftboard_errors(tmp_path):
-    with pytest.raises(DraftboardError, match="no such log file"):
-        parse_log(tmp_path / "absent.jsonl")
-    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00step=1")
-    with pytest.raises(DraftboardError, match="not a UTF-8 text log"):
-        parse_log(tmp_path / "blob.bin")
+@pytest.mark.parametrize("content, message", [
+    (None, r"absent\.log: no such log file"),
+    (b"step=1 loss=1\n\xff\xfe\x00step=2\n", r"blob\.log:2: not a UTF-8 text log"),
+])
+def test_missing_and_binary_files_are_draftboard_errors(tracker, tmp_path, content, message):
+    path = tmp_path / ("absent.log" if content is None else "blob.log")
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(DraftboardError, match=message):
+        import_log(tracker, path, "bad")

@@ -1,8 +1,7 @@
 """The job queue on real databases (a SQLite file; PostgreSQL: conftest `jobs_uri`): state machine,
-dedup, atomic claims, cancel, logs."""
+dedup, atomic claims, cancel, logs, validated params, read-only opening."""
 
 import sqlite3
-import sys
 import threading
 from datetime import timezone
 
@@ -21,11 +20,11 @@ from tracker.jobs.queue import (
     JobQueue,
     claim_statement,
     dedup_key,
-    eval_command,
     jobs,
 )
+from conftest import eval_params
 
-CMD = [sys.executable, "-c", "pass"]
+P = eval_params
 
 
 @pytest.fixture
@@ -34,7 +33,8 @@ def db_uri(jobs_uri):
 
 
 @pytest.fixture
-def queue(db_uri):
+def queue(db_uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))  # log tails are read from <home>/logs
     q = JobQueue(db_uri)
     yield q
     q.close()
@@ -44,7 +44,7 @@ def test_default_queue_file_lives_in_home_and_uses_wal(tmp_path, monkeypatch):
     monkeypatch.delenv("DRAFTBOARD_JOBS_URI", raising=False)
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     q = JobQueue()
-    q.submit("eval", {"x": 1}, CMD)
+    q.submit("eval", P())
     q.close()
     with sqlite3.connect(tmp_path / "home" / "jobs.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -56,26 +56,29 @@ def test_unusable_uri_is_a_draftboard_error():
         JobQueue("nosuchdialect://x")
 
 
-def test_submit_returns_a_plain_job(queue):
-    job = queue.submit("eval", {"target": "t", "budgets": [4, 8]}, CMD)
+def test_submit_returns_a_plain_job_holding_validated_params(queue):
+    job = queue.submit("eval", P(budgets=[8, 4, 8], device=None))
     assert isinstance(job, Job) and not job.existing
-    assert (job.kind, job.state, job.params, job.command) == ("eval", QUEUED, {"target": "t", "budgets": [4, 8]}, CMD)
+    assert (job.kind, job.state, job.params) == ("eval", QUEUED, P(budgets=[4, 8]))  # normalized, None dropped
     assert job.created_at.tzinfo == timezone.utc
     assert job.progress == 0.0 and job.cancel_requested is False and not job.finished
     assert queue.get(job.id) == job
 
 
-def test_submit_refuses_shell_strings_and_non_json_params(queue):
-    with pytest.raises(DraftboardError, match="not a shell string"):
-        queue.submit("eval", {}, "python -c 'print(1)'")
-    with pytest.raises(DraftboardError, match="non-empty list"):
-        queue.submit("eval", {}, [])
-    with pytest.raises(DraftboardError, match="plain JSON"):
-        queue.submit("eval", {"x": object()}, CMD)
+def test_submit_refuses_unknown_kinds_and_params_that_do_not_validate(queue):
+    with pytest.raises(DraftboardError, match="unknown job kind 'shell'; this draftboard runs eval jobs"):
+        queue.submit("shell", P())
+    with pytest.raises(DraftboardError, match="unknown eval param.* command"):
+        queue.submit("eval", P(command=["/bin/sh", "-c", "id"]))
+    with pytest.raises(DraftboardError, match="eval param budgets each budget must be an integer from 1 to 4096"):
+        queue.submit("eval", P(budgets=[10**6]))
+    with pytest.raises(DraftboardError, match="must be a JSON object"):
+        queue.submit("eval", "python -c 'print(1)'")
+    assert queue.list() == []
 
 
 def test_legal_path_queued_running_succeeded(queue):
-    job = queue.submit("eval", {"n": 1}, CMD)
+    job = queue.submit("eval", P(name="1"))
     claimed = queue.claim("w1")
     assert claimed.id == job.id and claimed.state == RUNNING and claimed.worker_id == "w1"
     assert claimed.started_at is not None and claimed.heartbeat_at == claimed.started_at
@@ -87,7 +90,7 @@ def test_legal_path_queued_running_succeeded(queue):
 
 
 def test_illegal_transitions_raise(queue):
-    job = queue.submit("eval", {"n": 2}, CMD)
+    job = queue.submit("eval", P(name="2"))
     with pytest.raises(DraftboardError, match=f"job {job.id} is queued and cannot become succeeded"):
         queue.finish(job.id, SUCCEEDED)
     with pytest.raises(DraftboardError, match="not 'running'"):
@@ -105,7 +108,7 @@ def test_illegal_transitions_raise(queue):
 
 
 def test_progress_must_be_a_fraction_and_is_ignored_after_finish(queue):
-    job = queue.submit("eval", {"n": 3}, CMD)
+    job = queue.submit("eval", P(name="3"))
     queue.claim("w1")
     with pytest.raises(DraftboardError, match="between 0 and 1"):
         queue.update_progress(job.id, 1.5, "target")
@@ -115,25 +118,25 @@ def test_progress_must_be_a_fraction_and_is_ignored_after_finish(queue):
 
 
 def test_dedup_returns_the_existing_job_until_it_fails_or_is_cancelled(queue):
-    first = queue.submit("eval", {"target": "t", "drafter": "d", "out": None}, CMD)
-    again = queue.submit("eval", {"drafter": "d", "target": "t"}, CMD)  # other order, None dropped
+    first = queue.submit("eval", {"target": "t", "drafter": "d", "prompts": "p", "device": None})
+    again = queue.submit("eval", {"prompts": "p", "drafter": "d", "target": "t"})  # other order, None dropped
     assert again.id == first.id and again.existing
-    assert queue.submit("train", {"drafter": "d", "target": "t"}, CMD).id != first.id
-    assert queue.submit("eval", {"drafter": "d", "target": "t2"}, CMD).id != first.id
+    assert queue.submit("eval", {"prompts": "p", "drafter": "d", "target": "t", "budgets": [8]}).id != first.id
+    assert queue.submit("eval", {"prompts": "p", "drafter": "d", "target": "t2"}).id != first.id
 
     queue.claim("w1")  # running: still the same work
-    assert queue.submit("eval", {"target": "t", "drafter": "d"}, CMD).existing
+    assert queue.submit("eval", {"target": "t", "drafter": "d", "prompts": "p"}).existing
     queue.finish(first.id, SUCCEEDED)  # succeeded: "already evaluated"
-    assert queue.submit("eval", {"target": "t", "drafter": "d"}, CMD).id == first.id
+    assert queue.submit("eval", {"target": "t", "drafter": "d", "prompts": "p"}).id == first.id
 
-    failed = queue.submit("eval", {"target": "f"}, CMD)
+    failed = queue.submit("eval", P(target="f"))
     while (claimed := queue.claim("w1")).id != failed.id:
         queue.finish(claimed.id, SUCCEEDED)
     queue.finish(failed.id, FAILED, error="oom")
-    retry = queue.submit("eval", {"target": "f"}, CMD)
+    retry = queue.submit("eval", P(target="f"))
     assert retry.id != failed.id and not retry.existing
     queue.request_cancel(retry.id)
-    assert queue.submit("eval", {"target": "f"}, CMD).id not in (failed.id, retry.id)
+    assert queue.submit("eval", P(target="f")).id not in (failed.id, retry.id)
     assert dedup_key("eval", {"a": 1, "b": None}) == dedup_key("eval", {"a": 1})
 
 
@@ -144,7 +147,7 @@ def test_concurrent_submits_of_the_same_params_make_one_job(db_uri):
 
     def submit(q):
         barrier.wait()
-        ids.append(q.submit("eval", {"target": "same"}, CMD).id)
+        ids.append(q.submit("eval", P(target="same")).id)
 
     threads = [threading.Thread(target=submit, args=(q,)) for q in queues]
     for t in threads:
@@ -156,7 +159,7 @@ def test_concurrent_submits_of_the_same_params_make_one_job(db_uri):
 
 
 def test_two_claimers_take_each_job_exactly_once(db_uri, queue):
-    submitted = {queue.submit("eval", {"i": i}, CMD).id for i in range(50)}
+    submitted = {queue.submit("eval", P(name=str(i))).id for i in range(50)}
     barrier = threading.Barrier(2)
     got: dict[str, list[int]] = {"a": [], "b": []}
 
@@ -180,8 +183,8 @@ def test_two_claimers_take_each_job_exactly_once(db_uri, queue):
 
 
 def test_claim_takes_the_oldest_and_none_when_empty(queue):
-    a = queue.submit("eval", {"i": "a"}, CMD)
-    b = queue.submit("eval", {"i": "b"}, CMD)
+    a = queue.submit("eval", P(name="a"))
+    b = queue.submit("eval", P(name="b"))
     assert [queue.claim("w").id, queue.claim("w").id] == [a.id, b.id]
     assert queue.claim("w") is None
 
@@ -199,12 +202,12 @@ def test_claim_statement_locks_on_postgresql_only():
 
 
 def test_cancel_queued_is_immediate_and_running_is_a_request(queue):
-    queued = queue.submit("eval", {"i": 1}, CMD)
+    queued = queue.submit("eval", P(name="1"))
     cancelled = queue.request_cancel(queued.id)
     assert cancelled.state == CANCELLED and cancelled.finished_at is not None
     assert queue.claim("w") is None  # never handed to a worker
 
-    running = queue.submit("eval", {"i": 2}, CMD)
+    running = queue.submit("eval", P(name="2"))
     queue.claim("w")
     flagged = queue.request_cancel(running.id)
     assert (flagged.state, flagged.cancel_requested) == (RUNNING, True)
@@ -213,7 +216,7 @@ def test_cancel_queued_is_immediate_and_running_is_a_request(queue):
 
 
 def test_heartbeat_only_counts_for_the_owner(queue):
-    job = queue.submit("eval", {"i": 1}, CMD)
+    job = queue.submit("eval", P(name="1"))
     claimed = queue.claim("owner")
     other = queue.heartbeat(job.id, "intruder")
     assert other.worker_id == "owner" and other.heartbeat_at == claimed.heartbeat_at
@@ -221,7 +224,7 @@ def test_heartbeat_only_counts_for_the_owner(queue):
 
 
 def test_list_filters_newest_first(queue):
-    ids = [queue.submit("eval", {"i": i}, CMD).id for i in range(5)]
+    ids = [queue.submit("eval", P(name=str(i))).id for i in range(5)]
     queue.claim("w")
     assert [j.id for j in queue.list()] == ids[::-1]
     assert [j.id for j in queue.list(states=[RUNNING])] == [ids[0]]
@@ -230,10 +233,12 @@ def test_list_filters_newest_first(queue):
         queue.list(states=["done"])
 
 
-def test_log_tail(queue, tmp_path):
-    job = queue.submit("eval", {"i": 1}, CMD)
+def test_log_tail_reads_only_inside_the_logs_folder(queue, tmp_path):
+    job = queue.submit("eval", P())
     assert queue.log_tail(job, 5) == ""  # no log before a worker runs it
-    log = tmp_path / "job.log"
+    logs = tmp_path / "home" / "logs"
+    logs.mkdir(parents=True)
+    log = logs / "job.log"
     log.write_text("".join(f"line {i}\n" for i in range(20000)))
     queue.claim("w")
     queue.attach_process(job.id, "w", 123, str(log))
@@ -243,33 +248,29 @@ def test_log_tail(queue, tmp_path):
     log.unlink()
     assert queue.log_tail(job.id, 3) == ""
 
-
-def test_eval_command_keeps_values_literal():
-    nasty = "v4; rm -rf ~ && echo $(whoami) 'x' \"y\""
-    argv = eval_command({
-        "target": "/models/Qwen3.5-4B", "drafter": nasty, "prompts": "p.jsonl", "budgets": [4, 8, 16],
-        "max_new_tokens": 64, "linear_attn": "fallback", "checkpoint_step": 1200, "out": None,
-        "reference": "z-lab",
-    })
-    assert argv[:4] == [sys.executable, "-m", "tracker.cli", "eval"]
-    pairs = dict(zip(argv[4::2], argv[5::2]))
-    assert pairs == {
-        "--target": "/models/Qwen3.5-4B", "--drafter": nasty, "--prompts": "p.jsonl", "--max-new-tokens": "64",
-        "--budgets": "4,8,16", "--linear-attn": "fallback", "--checkpoint-step": "1200", "--reference": "z-lab",
-    }
+    secret = tmp_path / "secret.txt"  # next to the logs folder, as /etc/passwd would be
+    secret.write_text("root:x:0:0\n")
+    (logs / "escape.log").symlink_to(secret)
+    for path in (str(secret), str(logs / ".." / "secret.txt"), str(logs / "escape.log")):
+        queue.attach_process(job.id, "w", 123, path)
+        tail = queue.log_tail(job.id, 3)
+        assert "root:x" not in tail and tail == f"[draftboard] log not shown: {path} is outside the logs folder {logs}"
 
 
-@pytest.mark.parametrize(
-    ("params", "message"),
-    [
-        ({"target": "t", "drafter": "d"}, "needs prompts"),
-        ({"target": "t", "drafter": "d", "prompts": "p", "temperature": 0}, "unknown eval param"),
-        ({"target": "t", "drafter": "d", "prompts": "p", "budgets": "4,8"}, "list of positive integers"),
-        ({"target": "t", "drafter": "d", "prompts": "p", "max_new_tokens": True}, "non-negative integer"),
-        ({"target": "t", "drafter": "--no-log", "prompts": "p"}, "starts with '-'"),
-        ({"target": "t", "drafter": "", "prompts": "p"}, "non-empty string"),
-    ],
-)
-def test_eval_command_rejects_bad_params(params, message):
-    with pytest.raises(DraftboardError, match=message):
-        eval_command(params)
+def test_read_only_queue_never_creates_or_migrates_and_refuses_writes(tmp_path):
+    path = tmp_path / "jobs.db"
+    with pytest.raises(DraftboardError, match="no job queue at .*jobs.db yet; a read-only dashboard does not create"):
+        JobQueue(f"sqlite:///{path}", readonly=True)
+    assert not path.exists()
+
+    JobQueue(f"sqlite:///{path}").submit("eval", P())
+    reader = JobQueue(f"sqlite:///{path}", readonly=True)
+    assert [j.params for j in reader.list()] == [P()]
+    with pytest.raises(sa.exc.OperationalError, match="readonly database"):
+        reader.submit("eval", P(name="another"))
+    with sqlite3.connect(path) as raw:  # a queue at an older revision is not migrated by a reader
+        raw.execute("UPDATE draftboard_jobs_version SET version_num = '0001'")
+    with pytest.raises(DraftboardError, match="at schema revision 0001, this draftboard reads 0002; a read-only"):
+        JobQueue(f"sqlite:///{path}", readonly=True)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT version_num FROM draftboard_jobs_version").fetchall() == [("0001",)]

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -32,16 +31,13 @@ if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
                         exc_type=ImportError)
 
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue, eval_command
-from tracker.jobs.launchers import (
-    LocalLauncher,
-    RayLauncher,
-    make_launcher,
-    ray_entrypoint,
-    ray_env,
-    ray_gpus,
-)
+from tracker.jobs import eval_job
+from tracker.jobs.launchers import make_launcher
+from tracker.jobs.launchers.local import LocalLauncher
+from tracker.jobs.launchers.ray import RayLauncher, ray_env, ray_gpus
+from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
+from conftest import eval_params, script_entry
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD_START_TIMEOUT_S = 90.0
@@ -134,30 +130,36 @@ def ray_head():
 
 
 @pytest.fixture
-def queue(tmp_path):
+def queue(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))  # job logs: <home>/logs
     q = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     yield q
     q.close()
 
 
 @pytest.fixture
-def launcher(ray_head):
-    """A RayLauncher on the test head; `launcher.submitted` records each submit_job's arguments
-    (the Jobs API does not report a job's entrypoint resources back)."""
-    launcher = RayLauncher(ray_head.address, poll_s=0.2)
-    launcher.submitted = []
-    real = launcher.client.submit_job
+def ray_launcher(ray_head):
+    """make(code=None, **options): a RayLauncher on the test head, running `draftboard` (or, given code,
+    that script: conftest `script_entry`); `.submitted` records each submit_job's arguments (the
+    Jobs API does not report a job's entrypoint resources back)."""
+    def make(code: str | None = None, **options) -> RayLauncher:
+        launcher = RayLauncher(ray_head.address, poll_s=0.2, entry=script_entry(code) if code else None, **options)
+        launcher.submitted = []
+        real = launcher.client.submit_job
 
-    def spy(**kwargs):
-        launcher.submitted.append(kwargs)
-        return real(**kwargs)
+        def spy(**kwargs):
+            launcher.submitted.append(kwargs)
+            return real(**kwargs)
 
-    launcher.client.submit_job = spy
-    return launcher
+        launcher.client.submit_job = spy
+        return launcher
+
+    return make
 
 
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
+@pytest.fixture
+def launcher(ray_launcher):
+    return ray_launcher()
 
 
 def ray_job(ray_head, launcher, index: int = -1):
@@ -180,8 +182,7 @@ def worker_thread(queue, tmp_path):
     def start(launcher, **kw):
         stop = threading.Event()
         thread = threading.Thread(target=run_worker, args=(queue.uri,), daemon=True,
-                                  kwargs={**FAST, "log_dir": tmp_path / "logs", "stop_event": stop,
-                                          "launcher": launcher, **kw})
+                                  kwargs={**FAST, "stop_event": stop, "launcher": launcher, **kw})
         thread.start()
         started.append((thread, stop))
         return thread, stop
@@ -195,26 +196,15 @@ def worker_thread(queue, tmp_path):
 # --------------------------------------------------------------------------- no cluster needed
 
 
-def test_entrypoint_quotes_every_argument_and_uses_the_cluster_python():
-    name = "x; touch /tmp/pwned $(id) `id` 'q' \"d\" && |"
-    argv = eval_command({"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "reference": name,
-                         "device": "cuda"})
-    line = ray_entrypoint(argv)
-    assert shlex.split(line) == ["python", *argv[1:]]  # /bin/sh sees exactly the argv, one word each
-    assert line.startswith("python -m tracker.cli eval ")
-    assert ray_entrypoint(argv, python="/opt/venv/bin/python").startswith("/opt/venv/bin/python -m")
-    assert shlex.split(ray_entrypoint(argv, python=None)) == argv  # keep the worker's interpreter
-    assert shlex.split(ray_entrypoint(["/usr/bin/env", "x y"])) == ["/usr/bin/env", "x y"]  # not python: kept
-
-
 def test_gpu_request_and_passed_environment():
     assert ray_gpus({"device": "cuda"}) == 1 and ray_gpus({"device": "cuda"}, 2) == 2
     assert ray_gpus({"device": "cpu"}) == 0 and ray_gpus({}) == 0
     env = ray_env({"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_TRACKING_TOKEN": "t",
-                   "DRAFTBOARD_HOME": "/h", "DRAFTBOARD_JOBS_URI": "postgresql://u:secret@db/jobs",
-                   "AWS_SECRET_ACCESS_KEY": "k", "HOME": "/root"}, extra=["AWS_SECRET_ACCESS_KEY", "UNSET"])
-    assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_TRACKING_TOKEN": "t", "DRAFTBOARD_HOME": "/h",
-                   "AWS_SECRET_ACCESS_KEY": "k", "PYTHONUNBUFFERED": "1"}
+                   "MLFLOW_S3_ENDPOINT_URL": "http://s3", "DRAFTBOARD_HOME": "/h",
+                   "DRAFTBOARD_JOBS_URI": "postgresql://u:secret@db/jobs", "AWS_REGION": "eu", "HOME": "/root"},
+                  extra=["AWS_REGION", "UNSET"])
+    assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_S3_ENDPOINT_URL": "http://s3",
+                   "DRAFTBOARD_HOME": "/h", "AWS_REGION": "eu", "PYTHONUNBUFFERED": "1"}  # no token: a secret
     assert isinstance(make_launcher("local"), LocalLauncher)
     with pytest.raises(DraftboardError, match="unknown launcher"):
         make_launcher("slurm")
@@ -226,6 +216,16 @@ def test_unreachable_jobs_api_is_a_clear_error():
 
 
 # --------------------------------------------------------------------------- against a Ray head
+
+
+def test_entrypoint_quotes_every_argument_and_uses_the_cluster_python(ray_head, launcher):
+    name = "x; touch /tmp/pwned $(id) `id` 'q' \"d\" && |"
+    args = eval_job.cli_args(eval_params(reference=name, device="cuda"))
+    line = launcher.header(launcher.command(args))
+    assert shlex.split(line) == ["python", "-m", "tracker.cli", *args]  # /bin/sh sees the argv, one word each
+    assert line.startswith("python -m tracker.cli eval ")
+    assert RayLauncher(ray_head.address, python="/opt/venv/bin/python").entry[0] == "/opt/venv/bin/python"
+    assert RayLauncher(ray_head.address, python=None).entry[0] == sys.executable  # the worker's own interpreter
 
 
 @pytest.fixture(scope="module")
@@ -251,10 +251,10 @@ def test_eval_through_ray_lands_in_mlflow_like_a_local_one(ray_head, launcher, t
               "prompts": str(tiny_models / "prompts.jsonl"), "max_new_tokens": 12, "budgets": [2, 8],
               "device": "cpu", "train_run_id": train.run_id, "checkpoint_step": 100}
     ray_queue = JobQueue(f"sqlite:///{tmp_path / 'ray-jobs.db'}")
-    job = ray_queue.submit("eval", params, eval_command(params))
+    job = ray_queue.submit("eval", params)
 
     started = time.monotonic()
-    assert run_worker(ray_queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST) == 1
+    assert run_worker(ray_queue.uri, once=True, launcher=launcher, **FAST) == 1
     print(f"eval through ray: {time.monotonic() - started:.1f} s", file=sys.stderr)
 
     done = ray_queue.get(job.id)
@@ -283,10 +283,9 @@ def test_eval_through_ray_lands_in_mlflow_like_a_local_one(ray_head, launcher, t
 
     # The same job through the local launcher gives the same numbers.
     local_queue = JobQueue(f"sqlite:///{tmp_path / 'local-jobs.db'}")
-    local = local_queue.submit("eval", params, eval_command(params))
+    local = local_queue.submit("eval", params)
     started = time.monotonic()
-    assert run_worker(local_queue.uri, once=True, log_dir=tmp_path / "local-logs", launcher=LocalLauncher(),
-                      **FAST) == 1
+    assert run_worker(local_queue.uri, once=True, launcher=LocalLauncher(), **FAST) == 1
     print(f"eval through the local launcher: {time.monotonic() - started:.1f} s", file=sys.stderr)
     local = local_queue.get(local.id)
     assert local.state == SUCCEEDED and local.stage == done.stage
@@ -296,19 +295,19 @@ def test_eval_through_ray_lands_in_mlflow_like_a_local_one(ray_head, launcher, t
         {k: v for k, v in run.data.tags.items() if k.startswith(("draftboard.", "env."))}
 
 
-def test_shell_metacharacters_in_arguments_stay_literal(ray_head, launcher, queue, tmp_path):
+def test_shell_metacharacters_in_arguments_stay_literal(ray_head, ray_launcher, queue, tmp_path):
     marks = [tmp_path / f"pwned{i}" for i in range(5)]
-    args = [f"x; touch {marks[0]}", f"$(touch {marks[1]})", f"`touch {marks[2]}`", f"a' ; touch {marks[3]}; '",
-            f"&& touch {marks[4]} | cat"]
-    job = queue.submit("eval", {"i": "meta"}, py("import sys, json; print(json.dumps(sys.argv[1:]))") + args)
-    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST)
+    params = eval_params(target=f"x; touch {marks[0]}", drafter=f"$(touch {marks[1]})", prompts=f"`touch {marks[2]}`",
+                         reference=f"a' ; touch {marks[3]}; '", name=f"&& touch {marks[4]} | cat")
+    job = queue.submit("eval", params)
+    run_worker(queue.uri, once=True, launcher=ray_launcher("import sys, json; print(json.dumps(sys.argv[1:]))"), **FAST)
     done = queue.get(job.id)
     assert done.state == SUCCEEDED, done.error
-    assert json.dumps(args) in Path(done.log_path).read_text()
+    assert json.dumps(eval_job.cli_args(params)) in Path(done.log_path).read_text()
     assert not any(mark.exists() for mark in marks)
 
 
-def test_failing_ray_job_reports_exit_code_and_last_lines(ray_head, launcher, queue, tmp_path):
+def test_failing_ray_job_reports_exit_code_and_last_lines(ray_head, ray_launcher, queue, tmp_path):
     code = """
         import sys
         for i in range(1, 31):
@@ -316,15 +315,15 @@ def test_failing_ray_job_reports_exit_code_and_last_lines(ray_head, launcher, qu
         print("Traceback: boom", file=sys.stderr)
         sys.exit(3)
     """
-    job = queue.submit("eval", {"i": "fail"}, py(code))
-    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST)
+    job = queue.submit("eval", eval_params())
+    run_worker(queue.uri, once=True, launcher=ray_launcher(code), **FAST)
     failed = queue.get(job.id)
     assert failed.state == FAILED
     assert failed.error.startswith(f"exit code 3 (Ray job draftboard-job-{job.id}-")
     assert "line 30" in failed.error and "Traceback: boom" in failed.error and "line 5\n" not in failed.error
 
 
-def test_cancel_stops_the_running_ray_job(ray_head, launcher, queue, worker_thread, tmp_path):
+def test_cancel_stops_the_running_ray_job(ray_head, ray_launcher, queue, worker_thread, tmp_path):
     code = """
         import signal, sys, time
         def bye(*_):
@@ -335,9 +334,10 @@ def test_cancel_stops_the_running_ray_job(ray_head, launcher, queue, worker_thre
         while True:
             time.sleep(0.05)
     """
-    job = queue.submit("eval", {"i": "cancel"}, py(code))
+    job = queue.submit("eval", eval_params())
+    launcher = ray_launcher(code)
     worker_thread(launcher)
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    wait_until(lambda: "ready" in queue.log_tail(job.id, 5).splitlines())  # the line, not the header quoting it
     queue.request_cancel(job.id)
 
     cancelled = wait_until(lambda: queue.get(job.id).finished and queue.get(job.id))
@@ -346,8 +346,9 @@ def test_cancel_stops_the_running_ray_job(ray_head, launcher, queue, worker_thre
     assert ray_job(ray_head, launcher).status == "STOPPED"
 
 
-def test_gpu_job_waits_for_a_gpu_and_can_be_cancelled_while_pending(ray_head, launcher, queue, worker_thread):
-    job = queue.submit("eval", {"device": "cuda"}, py("print('started:' + 'yes')"))
+def test_gpu_job_waits_for_a_gpu_and_can_be_cancelled_while_pending(ray_head, ray_launcher, queue, worker_thread):
+    job = queue.submit("eval", eval_params(device="cuda"))
+    launcher = ray_launcher("print('started:' + 'yes')")
     worker_thread(launcher)
     wait_until(lambda: (info := ray_job(ray_head, launcher)) is not None and info.status == "PENDING")
     assert launcher.submitted[0]["entrypoint_num_gpus"] == 1  # this head has none: the job waits for one
@@ -365,23 +366,27 @@ def test_no_job_is_claimed_while_the_cluster_is_unreachable(ray_head, launcher, 
         raise ConnectionError("connection refused")
 
     monkeypatch.setattr(launcher.client, "get_version", down)
-    job = queue.submit("eval", {"i": "later"}, py("print('hi')"))
-    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", launcher=launcher, **FAST) == 0
+    job = queue.submit("eval", eval_params())
+    assert run_worker(queue.uri, once=True, launcher=launcher, **FAST) == 0
     assert queue.get(job.id).state == QUEUED  # kept for when the cluster is back, not failed
 
 
 def test_worker_cli_runs_jobs_on_ray(ray_head, queue, tmp_path, monkeypatch, capsys):
     from tracker.cli import main
 
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SHARED_SECRET", "s3")
-    job = queue.submit("eval", {"i": "cli"}, py("import os; print('env', os.environ['EXTRA'], os.environ['SHARED_SECRET'])"))
+    monkeypatch.setenv("SHARED_SETTING", "s3")
+    # --ray-python: the interpreter on the node; this one only reports what it was given.
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho env "$EXTRA" "$SHARED_SETTING" "secret:${MLFLOW_TRACKING_PASSWORD:-none}" "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2")  # the worker's own: never sent to the cluster
+    job = queue.submit("eval", eval_params())
     assert main(["worker", "--launcher", "ray", "--address", ray_head.address, "--jobs-uri", queue.uri, "--once",
-                 "--poll", "0.2", "--ray-env", "SHARED_SECRET",
+                 "--poll", "0.2", "--ray-env", "SHARED_SETTING", "--ray-python", str(python),
                  "--ray-runtime-env", '{"env_vars": {"EXTRA": "from-runtime-env"}}']) == 0
     done = queue.get(job.id)
     assert done.state == SUCCEEDED, done.error
-    assert "env from-runtime-env s3" in Path(done.log_path).read_text()
+    assert "env from-runtime-env s3 secret:none -m tracker.cli eval --target /models/t" in Path(done.log_path).read_text()
     assert done.log_path.startswith(str(tmp_path / "home" / "logs"))
     assert "worker stopped after 1 job(s)" in capsys.readouterr().out
 

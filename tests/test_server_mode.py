@@ -25,7 +25,6 @@ from tracker.jobs.queue import (
     SUCCEEDED,
     VERSION_TABLE,
     JobQueue,
-    jobs,
     metadata,
     schema_head,
     schema_revision,
@@ -34,7 +33,7 @@ from tracker.jobs.queue import (
 from tracker.dashboard.launch_form import WRITE_CHECK_TAG, check_can_write, submit_eval
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-CMD = [sys.executable, "-c", "pass"]
+JOB = {"target": "/models/t", "drafter": "/ckpt/d", "prompts": "/data/p.jsonl"}  # a valid eval job's params
 
 
 def _fp() -> dict:
@@ -165,7 +164,8 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
 
 
 def test_artifacts_go_through_the_server_and_the_dashboard_reads_them(mlflow_server, tmp_path):
-    from tracker.dashboard.views import EVAL_RESULTS_ARTIFACT, load_run_index, read_json_artifact
+    from tracker.dashboard.index import load_run_index, read_json_artifact
+    from tracker.store.names import EVAL_RESULTS_ARTIFACT
 
     tracker = Tracker(mlflow_server.uri)
     weights = tmp_path / "w.bin"
@@ -193,11 +193,12 @@ def test_artifacts_go_through_the_server_and_the_dashboard_reads_them(mlflow_ser
 
 
 # A job as the worker runs it: a subprocess that logs an eval run to the server with the
-# worker's credentials (inherited MLFLOW_TRACKING_*) and reports its run id.
+# worker's credentials (inherited MLFLOW_TRACKING_*) and reports its run id. It stands in for
+# `draftboard eval` (its arguments, built from the job's params, are ignored).
 _LOGGING_JOB = """
     import json, sys
     from tracker import Tracker, events
-    uri, fp = sys.argv[1], json.loads(sys.argv[2])
+    uri, fp = {uri!r}, json.loads({fp!r})
     with Tracker(uri).eval_run("from-the-worker", target="/m/T", fingerprint=fp) as run:
         run.log_metrics({"tau": 2.5})
     events.emit(events.RESULT, run_id=run.run_id, out=None)
@@ -207,15 +208,18 @@ _LOGGING_JOB = """
 def test_worker_on_postgresql_logs_a_job_to_the_server(mlflow_server, postgres_uri, tmp_path, monkeypatch):
     from conftest import postgres_schema
 
+    from tracker.jobs.launchers.local import LocalLauncher
     from tracker.jobs.worker import run_worker
 
     schema = postgres_schema(postgres_uri)
     try:
         monkeypatch.setenv("DRAFTBOARD_JOBS_URI", next(schema))  # postgresql://..., as in DEPLOY.md
+        monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
         queue = JobQueue()
-        command = [sys.executable, "-c", textwrap.dedent(_LOGGING_JOB), mlflow_server.uri, json.dumps(_fp())]
-        job = queue.submit("eval", {"i": 1}, command)
-        assert run_worker(once=True, poll_s=0.05, heartbeat_s=0.5, log_dir=tmp_path) == 1
+        job = queue.submit("eval", JOB)
+        launcher = LocalLauncher([sys.executable, "-c", textwrap.dedent(_LOGGING_JOB).format(
+            uri=mlflow_server.uri, fp=json.dumps(_fp()))])
+        assert run_worker(once=True, poll_s=0.05, heartbeat_s=0.5, launcher=launcher) == 1
         done = queue.get(job.id)
         assert done.state == SUCCEEDED, done.error
         run = Tracker(mlflow_server.uri).run(done.mlflow_run_id)
@@ -243,9 +247,9 @@ def _schema_diff(uri: str) -> list:
 
 
 def _engine(uri: str) -> sa.Engine:
-    from tracker.jobs.queue import _engine_url
+    from tracker.jobs.queue import engine_url
 
-    return sa.create_engine(_engine_url(uri))
+    return sa.create_engine(engine_url(uri))
 
 
 def test_new_queue_is_at_head_and_matches_the_table_definition(jobs_uri):
@@ -260,6 +264,7 @@ def test_new_queue_is_at_head_and_matches_the_table_definition(jobs_uri):
 @pytest.mark.parametrize("start", ["base", "every revision"])
 def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
     """A database left at an older revision (or none) is brought to head by the next JobQueue."""
+    from alembic import command
     from alembic.script import ScriptDirectory
 
     from tracker.jobs.queue import _alembic_config
@@ -268,6 +273,8 @@ def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
     assert FIRST_REVISION in revisions and schema_head() == revisions[0]
     for revision in (["base"] if start == "base" else revisions):
         engine = _engine(jobs_uri)
+        with engine.begin() as conn:  # every downgrade runs too: from head (or nothing) back to empty
+            command.downgrade(_alembic_config(conn), "base")
         upgrade_schema(engine, revision) if revision != "base" else None
         with engine.connect() as conn:
             assert schema_revision(conn) == (None if revision == "base" else revision)
@@ -275,29 +282,28 @@ def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
         queue = JobQueue(jobs_uri)
         with queue._engine.connect() as conn:
             assert schema_revision(conn) == schema_head()
-        assert queue.submit("eval", {"after": revision}, CMD).state == "queued"
+        assert queue.submit("eval", {**JOB, "name": f"after {revision}"}).state == "queued"
         queue.close()
     assert _schema_diff(jobs_uri) == []
 
 
 def test_a_queue_made_before_migrations_is_adopted_with_its_jobs(jobs_uri):
     engine = _engine(jobs_uri)
-    with engine.begin() as conn:  # what JobQueue did before tracker/jobs/migrations existed
-        conn.execute(sa.schema.CreateTable(jobs))
-        for index in jobs.indexes:
-            conn.execute(sa.schema.CreateIndex(index))
+    upgrade_schema(engine, FIRST_REVISION)  # the schema JobQueue made before tracker/jobs/migrations existed ...
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TABLE {VERSION_TABLE}"))  # ... which had no version table
+        conn.execute(sa.text(  # a job written by that code, with the argv it stored
+            "INSERT INTO jobs (kind, params, command, state, created_at, progress, cancel_requested, dedup_key) "
+            "VALUES ('eval', :params, '[\"python\", \"-c\", \"pass\"]', 'queued', CURRENT_TIMESTAMP, 0, FALSE, :key)"),
+            {"params": json.dumps(JOB), "key": "0" * 64})
     engine.dispose()
-    old = JobQueue.__new__(JobQueue)  # a job written by that code: same table, no version table
-    old.uri = jobs_uri
-    old._engine = _engine(jobs_uri)
-    old._display = jobs_uri
-    job = old.submit("eval", {"old": True}, CMD)
-    old.close()
 
     queue = JobQueue(jobs_uri)
     with queue._engine.connect() as conn:
         assert schema_revision(conn) == schema_head()
-    assert queue.get(job.id).params == {"old": True} and queue.claim("w").id == job.id
+        assert "command" not in {c["name"] for c in sa.inspect(conn).get_columns("jobs")}  # dropped by 0002
+    [job] = queue.list()
+    assert job.params == JOB and queue.claim("w").id == job.id
     queue.close()
     assert _schema_diff(jobs_uri) == []
 

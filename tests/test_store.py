@@ -12,7 +12,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from tracker import Tracker
-from tracker import fingerprint as fp_module
+from tracker import fingerprint
 from tracker.store.checkpoints import Checkpoint, digest
 from tracker.errors import DraftboardError
 from tracker.store.retry import RetryPolicy
@@ -41,7 +41,7 @@ def test_training_run_reads_back_with_plain_mlflow(tracker, store_uri, machine_f
     tags = got.data.tags
     assert tags["draftboard.kind"] == "train" and tags["draftboard.target"] == "Qwen/Qwen3.5-4B"
     assert tags["team"] == "a" and tags["mlflow.runName"] == "v4"
-    assert {k: tags[k] for k in fp_module.env_tags(machine_fp)} == fp_module.env_tags(machine_fp)
+    assert {k: tags[k] for k in fingerprint.env_tags(machine_fp)} == fingerprint.env_tags(machine_fp)
     assert _history(client, run.run_id, "loss") == [(s, 1.0 / (s + 1)) for s in range(steps)]
     assert [s for s, _ in _history(client, run.run_id, "streak")] == list(range(steps))
     assert _artifact_json(client, run.run_id, "fingerprint.json", tmp_path) == machine_fp
@@ -53,7 +53,7 @@ def test_fingerprint_is_captured_when_not_given(tracker):
         pass
     fp = tracker.fingerprint(run.run_id)
     assert fp["source"]["kind"] == "captured"
-    assert tracker.run(run.run_id).data.tags["env.hash"] == fp_module.env_tags(fp)["env.hash"]
+    assert tracker.run(run.run_id).data.tags["env.hash"] == fingerprint.env_tags(fp)["env.hash"]
 
 
 def test_checkpoints_are_registered_with_size_and_digest(tracker, store_uri, machine_fp, tmp_path):
@@ -272,3 +272,37 @@ def test_permanent_store_errors_are_not_retried(store_uri, machine_fp):
         with flaky.training_run("rejected", {}, "t", fingerprint=machine_fp) as run:
             run.log_step(0, loss=1.0)
     assert time.monotonic() - start < 10 and transport.metric_calls == 1
+
+
+class _SlowStore:
+    """Wraps MlflowClient.log_batch (the store boundary): a slow store; notes how far the loop ran ahead."""
+
+    def __init__(self, client):
+        self.real, self.produced, self.sent, self.ahead = client.log_batch, 0, 0, []
+
+    def __call__(self, run_id, metrics=(), **kwargs):
+        if metrics:
+            self.ahead.append(self.produced - self.sent)  # steps queued or in this batch
+            time.sleep(0.02)
+            self.sent += len(metrics)
+        return self.real(run_id, metrics=metrics, **kwargs)
+
+
+def test_bounded_training_run_waits_for_the_store_instead_of_growing(store_uri, machine_fp):
+    bounded = Tracker(store_uri)
+    store = bounded.client.log_batch = _SlowStore(bounded.client)
+    with bounded.training_run("bounded", {}, "t", fingerprint=machine_fp, max_pending_steps=50) as run:
+        for step in range(3000):
+            run.log_step(step, loss=float(step))
+            store.produced = step + 1
+    # Unbounded, the loop would be 3000 steps ahead at the first batch; bounded, at most 50 queued
+    # (51 while log_step waits) plus the batch being sent, which took no more than the queue held.
+    assert store.ahead and max(store.ahead) < 120
+    assert [s for s, _ in _history(MlflowClient(tracking_uri=store_uri), run.run_id, "loss")] == list(range(3000))
+
+
+def test_find_experiment_is_none_until_someone_writes(store_uri, machine_fp):
+    fresh = Tracker(store_uri, experiment=f"fresh-{time.time_ns()}")
+    assert fresh.find_experiment() is None and fresh.find_runs() == []
+    created = fresh.experiment_id
+    assert fresh.find_experiment() == created

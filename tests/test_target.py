@@ -3,7 +3,7 @@
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
 
-from evaluators.target import content_digest, load_target, tapped_features
+from evaluators.target import content_digest, layer_hidden_states, load_target
 from tiny import qwen35_config, save_target
 
 
@@ -20,14 +20,14 @@ def test_multimodal_checkpoint_loads_its_text_model_with_identical_features(tmp_
     ids = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = full.model.language_model(input_ids=ids, output_hidden_states=True).hidden_states
-    feats = tapped_features(target, ids[0].tolist(), [1, 3])
+    feats = layer_hidden_states(target, ids[0].tolist(), [1, 3])
     assert torch.equal(feats[1], ref[2][0]) and torch.equal(feats[3], ref[4][0])  # z-lab indexing, last = normed
 
 
 def test_hooks_keep_only_the_tapped_layers_and_are_removed(tmp_path):
     save_target(Qwen3_5ForCausalLM(qwen35_config()).eval(), tmp_path)
     target = load_target(tmp_path, "cpu", "fp32", "fallback")
-    feats = tapped_features(target, [1, 2, 3, 4], [2])
+    feats = layer_hidden_states(target, [1, 2, 3, 4], [2])
     assert set(feats) == {2} and feats[2].shape == (4, 32)
     assert all(not layer._forward_hooks for layer in target.text_model.layers)
 

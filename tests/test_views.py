@@ -1,4 +1,5 @@
-"""The dashboard's data layer: SQL histories, run index, reference choice, env matrix, launch checks."""
+"""The dashboard's data layer: SQL histories, run index, lineage, tables, reference choice, env matrix,
+metric docs, escaping, launch checks."""
 
 import os
 from datetime import datetime, timedelta, timezone
@@ -11,13 +12,7 @@ from mlflow import MlflowClient
 from tracker import config
 from tracker.dashboard import metric_docs
 from tracker.dashboard.compare import closest_reference, compare_data, reference_label
-from tracker.dashboard.envmatrix import (
-    fingerprint_matrix,
-    pairs_frame,
-    reeval_plan,
-    train_eval_pairs,
-    training_environment,
-)
+from tracker.dashboard.envmatrix import fingerprint_matrix, pairs_frame, reeval_plan, training_environment
 from tracker.errors import DraftboardError
 from tracker.jobs.queue import QUEUED, RUNNING, Job
 from tracker.dashboard.launch_form import (
@@ -33,20 +28,9 @@ from tracker.store.history import (
     is_database_uri,
     load_histories,
 )
-from tracker.dashboard.views import (
-    RunIndex,
-    RunInfo,
-    checkpoints_frame,
-    filter_runs,
-    lineage_mismatches,
-    load_run_index,
-    local_artifact_dir,
-    mlflow_ui_url,
-    runs_table,
-    same_target,
-    summarize_rows,
-    tau_of,
-)
+from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, local_artifact_dir, same_target
+from tracker.dashboard.lineage import mismatches, summarize_rows, train_eval_pairs
+from tracker.dashboard.tables import checkpoints_frame, filter_runs, mlflow_ui_url, runs_table, tau_of
 
 # --------------------------------------------------------------------------- hand-made fingerprints and runs
 
@@ -174,20 +158,25 @@ def test_load_run_index_reads_lineage_fingerprints_and_checkpoints(dashboard_sto
     assert v4.fingerprint["numerics"]["linear_attention_path"] == "fast" and v4.steps == 300
     assert [e.run_id for e in index.evals_of(ids["v5"])] == [ids["v5@100"], ids["v5@200"]]
     assert index.runs[ids["published"]].published and not index.runs[ids["ref"]].published
-    mismatches = lineage_mismatches(index, v4)
-    assert [m.run_id for m in mismatches] == [ids["v4@200"]]
-    assert {r.field for r in mismatches[0].critical} >= {"numerics.linear_attention_path", "numerics.dtype"}
-    assert lineage_mismatches(index, index.runs[ids["v5"]]) == []
+    found = mismatches(index, v4)
+    assert [m.eval.run_id for m in found] == [ids["v4@200"]] and found[0].train is v4
+    assert {r.field for r in found[0].critical} >= {"numerics.linear_attention_path", "numerics.dtype"}
+    assert mismatches(index, index.runs[ids["v4@200"]]) == found  # the same pair, seen from the eval
+    assert mismatches(index, index.runs[ids["v5"]]) == []
+    # The metric steps come from the store (the latest step of each metric).
+    assert v4.metric_steps["loss"] == 300 and index.runs[ids["v5@100"]].checkpoint_step == 100
     table = checkpoints_frame(index, v4, tracker.checkpoints(ids["v4"]))
     assert list(table["step"]) == [100, 200] and table["sha256"].str.len().eq(16).all()
     assert table.set_index("step").loc[100, "evals"] == "not evaluated"
+    assert table.set_index("step")["critical"].to_dict() == {100: 0, 200: 1}
     assert local_artifact_dir(v4.artifact_uri).is_dir()
 
 
 def test_mlflow_ui_url_format():
     r = run("abc123", "train", fp())
     assert mlflow_ui_url(r, "http://h:5000/") == "http://h:5000/#/experiments/1/runs/abc123"
-    assert mlflow_ui_url(r).startswith("http://127.0.0.1:5000/#/")
+    assert mlflow_ui_url(r, config.mlflow_ui_url({config.MLFLOW_UI_VAR: "https://m.example/ui/"})) == (
+        "https://m.example/ui/#/experiments/1/runs/abc123")
 
 
 # --------------------------------------------------------------------------- runs table
@@ -211,6 +200,8 @@ def test_runs_table_marks_critical_lineage_mismatches_and_taus():
     assert table.loc["t4", "env check"].startswith("🔴")
     assert "linear-attn fallback vs training: fast; dtype fp32 vs training: bf16" in table.loc["t4", "env check"]
     assert table.loc["e4", "env check"].startswith("🔴") and table.loc["t5", "env check"] == ""
+    # Mismatches are counted from the diff's severities, not from how the cell is drawn.
+    assert table["critical"].to_dict() == {"t4": 1, "t5": 0, "e4": 1, "e5a": 0, "e5b": 0, "ref": 0}
     assert tau_of(index, index.runs["t5"]) == (2.2, 2.5)  # latest checkpoint, best
     assert table.loc["t5", "steps"] == 500 and table.loc["e5a", "steps"] == 100
     assert [r.run_id for r in filter_runs(index, kinds=["eval"], search="e5")] == ["e5a", "e5b"]
@@ -305,7 +296,7 @@ def test_fingerprint_matrix_grades_cells_by_severity():
 def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_path):
     index = _lineage_index()
     pairs = train_eval_pairs(index)
-    assert [p.eval.run_id for p in pairs][0] == "e4" and pairs[0].critical == 2
+    assert [p.eval.run_id for p in pairs][0] == "e4" and len(pairs[0].critical) == 2 and pairs[0].train.run_id == "t4"
     frame = pairs_frame(index, pairs)
     assert frame.iloc[0]["check"] == "🔴" and frame.iloc[-1]["check"] == "🟢"
 
@@ -320,9 +311,10 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
                            "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
                            "linear_attn": "fast", "train_run_id": "t4", "tracking_uri": "sqlite:///x.db",
                            "checkpoint_step": 200}
-    from tracker.jobs.queue import eval_command
+    from tracker.jobs.eval_job import cli_args
 
-    assert "--linear-attn" in eval_command(plan.params)
+    args = cli_args(plan.params)
+    assert args[args.index("--linear-attn") + 1] == "fast"
 
     partial = RunIndex([run("t", "train", fp(path="partial")), run("e", "eval", fp(), train="t", params=params)])
     assert "cannot force" in reeval_plan(partial, "e", "u").blocked
@@ -375,7 +367,7 @@ def test_describe_job_for_the_queue_list():
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     job = Job(id=3, kind="eval", params={"drafter": "/x/step_200", "train_run_id": "t", "checkpoint_step": 200,
                                           "linear_attn": "fast", "device": "cuda", "dtype": "bf16"},
-              command=["x"], state=RUNNING, created_at=now - timedelta(minutes=5), started_at=now - timedelta(seconds=30),
+              state=RUNNING, created_at=now - timedelta(minutes=5), started_at=now - timedelta(seconds=30),
               finished_at=None, worker_id="w", heartbeat_at=now, pid=1, log_path=None, progress=0.25,
               stage="drafter", mlflow_run_id=None, error=None, cancel_requested=False, dedup_key="k")
     view = describe_job(job, {"t": "v4"}, now)
@@ -390,7 +382,7 @@ def test_describe_job_for_the_queue_list():
 
 
 def test_metric_docs_cover_the_fixed_names_and_families():
-    assert metric_docs.describe("tau").unit == "tokens / block" and metric_docs.is_eval_metric("tau")
+    assert metric_docs.describe("tau").unit == "tokens / block"
     assert "position 3" in metric_docs.describe("accept_rate_pos3").title
     assert "budget 16" in metric_docs.describe("ddtree_tau_b16").title
     assert "ddtree_tau_b8` - 1" in metric_docs.describe("dds8").definition

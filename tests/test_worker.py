@@ -1,5 +1,9 @@
 """The worker against real subprocesses and a real queue (SQLite and PostgreSQL: conftest `jobs_uri`):
-logs, progress, cancel, stale jobs."""
+logs, progress, cancel, stale jobs, and the argv it builds from a job's params.
+
+The supervision tests give the worker a launcher whose `draftboard` is a short script
+(conftest `script_entry`): it receives the arguments the worker built from the job's params, and
+behaves as the test needs (waits for a gate file, ignores SIGTERM, fails)."""
 
 import json
 import os
@@ -13,16 +17,17 @@ import pytest
 
 from tracker import events
 from tracker.errors import DraftboardError
+from tracker.jobs.launchers.local import LocalLauncher
 from tracker.jobs.queue import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
-from conftest import FAST_WORKER
+from conftest import FAST_WORKER, eval_params, script_entry
 from waiting import wait_until
 
 FAST = FAST_WORKER
 
 
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
+def script(code: str) -> LocalLauncher:
+    return LocalLauncher(script_entry(code))
 
 
 def line(event: str, **fields) -> str:
@@ -43,13 +48,23 @@ WAIT_FOR_GATE = """
     import os, sys, time
     {setup}
     print("ready", flush=True)
-    while not os.path.exists(sys.argv[1]):
+    while not os.path.exists({gate!r}):
         time.sleep(0.02)
 """
 
 
+def ready(queue: JobQueue, job_id: int) -> bool:
+    """The script printed its "ready" line (the log's header, which quotes the script, does not count)."""
+    return "ready" in queue.log_tail(job_id, 5).splitlines()
+
+
+def gated(gate, setup: str = "") -> LocalLauncher:
+    return script(WAIT_FOR_GATE.format(setup=textwrap.dedent(setup).replace("\n", "\n    "), gate=str(gate)))
+
+
 @pytest.fixture
-def queue(jobs_uri):
+def queue(jobs_uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))  # job logs: <home>/logs
     q = JobQueue(jobs_uri)
     yield q
     q.close()
@@ -61,13 +76,27 @@ def worker(queue, worker_threads):
     return lambda **kw: worker_threads(queue.uri, **kw)
 
 
-def test_success_streams_output_progress_and_result(queue, tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+def test_the_job_runs_the_cli_with_arguments_built_from_its_params(queue):
+    nasty = "v4; rm -rf ~ && echo $(whoami) 'x' \"y\""
+    job = queue.submit("eval", eval_params(drafter=nasty, budgets=[16, 4], reference="z-lab", no_log=True))
+    default = LocalLauncher()
+    assert default.entry == [sys.executable, "-m", "tracker.cli"]  # what a worker runs by default
+    assert run_worker(queue.uri, once=True, launcher=script("import sys, json; print(json.dumps(sys.argv[1:]))"),
+                      **FAST) == 1
+    done = queue.get(job.id)
+    assert done.state == SUCCEEDED, done.error
+    assert json.loads(queue.log_tail(done, 1)) == [
+        "eval", "--target", "/models/t", "--drafter", nasty, "--prompts", "/data/p.jsonl", "--budgets", "4,16",
+        "--reference", "z-lab", "--no-log"]
+
+
+def test_success_streams_output_progress_and_result(queue, tmp_path):
     out_lines = ["hello from the eval"] + [line("progress", stage="target", done=i, total=4) for i in range(1, 5)]
     out_lines += [line("progress", stage="drafter", done=1, total=3), line("result", run_id="run123", out="r.json"), "bye"]
-    job = queue.submit("eval", {"i": 1}, py("".join(f"print({text!r})\n" for text in out_lines)))
+    job = queue.submit("eval", eval_params())
 
-    assert run_worker(queue.uri, once=True, **FAST) == 1
+    launcher = script("".join(f"print({text!r})\n" for text in out_lines))
+    assert run_worker(queue.uri, once=True, launcher=launcher, **FAST) == 1
 
     done = queue.get(job.id)
     assert done.state == SUCCEEDED and done.mlflow_run_id == "run123" and done.error is None
@@ -83,12 +112,12 @@ def test_success_streams_output_progress_and_result(queue, tmp_path, monkeypatch
 def test_progress_and_log_are_visible_while_the_job_runs(queue, worker, tmp_path):
     gate = tmp_path / "gate"
     setup = f"print({line('progress', stage='target', done=1, total=2)!r}, flush=True)"
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=setup)) + [str(gate)])
-    worker()
+    job = queue.submit("eval", eval_params())
+    worker(launcher=gated(gate, setup))
 
     running = wait_until(lambda: (j := queue.get(job.id)).progress == 0.5 and j)
     assert running.state == RUNNING and running.stage == "target"
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    wait_until(lambda: ready(queue, job.id))
     gate.touch()
     assert wait_until(lambda: queue.get(job.id).finished and queue.get(job.id)).state == SUCCEEDED
 
@@ -101,8 +130,8 @@ def test_failing_command_reports_exit_code_and_last_lines(queue, tmp_path):
         print("Traceback: boom", file=sys.stderr)
         sys.exit(3)
     """
-    job = queue.submit("eval", {"i": 1}, py(code))
-    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST)
+    job = queue.submit("eval", eval_params())
+    run_worker(queue.uri, once=True, launcher=script(code), **FAST)
     failed = queue.get(job.id)
     assert failed.state == FAILED
     assert failed.error.startswith("exit code 3; last output:")
@@ -111,8 +140,9 @@ def test_failing_command_reports_exit_code_and_last_lines(queue, tmp_path):
 
 
 def test_command_that_cannot_start_fails_with_the_reason(queue, tmp_path):
-    job = queue.submit("eval", {"i": 1}, [str(tmp_path / "no-such-program")])
-    run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST)
+    job = queue.submit("eval", eval_params())
+    run_worker(queue.uri, once=True, launcher=LocalLauncher([str(tmp_path / "no-such-python"), "-m", "tracker.cli"]),
+               **FAST)
     failed = queue.get(job.id)
     assert failed.state == FAILED and failed.error.startswith("cannot start")
     assert "cannot start" in queue.log_tail(failed, 1)
@@ -126,10 +156,9 @@ def test_cancel_running_job_sigterm_is_honoured(queue, worker, tmp_path):
         sys.exit(0)
     signal.signal(signal.SIGTERM, bye)
     """
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=textwrap.dedent(setup).replace("\n", "\n    ")))
-                       + [str(tmp_path / "never")])
-    worker()
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    job = queue.submit("eval", eval_params())
+    worker(launcher=gated(tmp_path / "never", setup))
+    wait_until(lambda: ready(queue, job.id))
     pid = queue.get(job.id).pid
     queue.request_cancel(job.id)
 
@@ -141,9 +170,9 @@ def test_cancel_running_job_sigterm_is_honoured(queue, worker, tmp_path):
 
 def test_cancel_child_ignoring_sigterm_is_killed_after_grace(queue, worker, tmp_path):
     setup = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup=setup)) + [str(tmp_path / "never")])
-    worker(grace_s=0.3)
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    job = queue.submit("eval", eval_params())
+    worker(grace_s=0.3, launcher=gated(tmp_path / "never", setup))
+    wait_until(lambda: ready(queue, job.id))
     pid = queue.get(job.id).pid
     queue.request_cancel(job.id)
 
@@ -155,20 +184,21 @@ def test_cancel_child_ignoring_sigterm_is_killed_after_grace(queue, worker, tmp_
 
 def test_cancelled_queued_job_never_runs(queue, tmp_path):
     marker = tmp_path / "ran"
-    job = queue.submit("eval", {"i": 1}, py(f"open({str(marker)!r}, 'w').close()"))
+    job = queue.submit("eval", eval_params())
     queue.request_cancel(job.id)
-    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **FAST) == 0
+    assert run_worker(queue.uri, once=True, launcher=script(f"open({str(marker)!r}, 'w').close()"), **FAST) == 0
     assert queue.get(job.id).state == CANCELLED and not marker.exists()
 
 
 def test_stale_job_is_failed_with_the_reason_and_not_rerun(queue, tmp_path):
     marker = tmp_path / "ran"
-    job = queue.submit("eval", {"i": 1}, py(f"open({str(marker)!r}, 'w').close()"))
+    job = queue.submit("eval", eval_params())
     queue.claim("deadhost:4242:abcdef")  # a worker that claimed the job, then died
     beat = queue.get(job.id).heartbeat_at
     wait_until(lambda: datetime.now(timezone.utc) - beat > timedelta(seconds=0.3))
 
-    assert run_worker(queue.uri, once=True, log_dir=tmp_path / "logs", **{**FAST, "stale_s": 0.3}) == 0
+    launcher = script(f"open({str(marker)!r}, 'w').close()")
+    assert run_worker(queue.uri, once=True, launcher=launcher, **{**FAST, "stale_s": 0.3}) == 0
     failed = queue.get(job.id)
     assert failed.state == FAILED
     assert failed.error == f"worker deadhost:4242:abcdef stopped heartbeating at {beat:%Y-%m-%d %H:%M:%S} UTC"
@@ -177,9 +207,9 @@ def test_stale_job_is_failed_with_the_reason_and_not_rerun(queue, tmp_path):
 
 
 def test_worker_stops_a_job_it_lost_to_a_stale_timeout(queue, worker, tmp_path):
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(tmp_path / "never")])
-    worker()
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    job = queue.submit("eval", eval_params())
+    worker(launcher=gated(tmp_path / "never"))
+    wait_until(lambda: ready(queue, job.id))
     pid = queue.get(job.id).pid
     [stale] = wait_until(lambda: queue.fail_stale(0.0))  # as if its heartbeats had stopped arriving
     assert stale.id == job.id
@@ -190,8 +220,8 @@ def test_worker_stops_a_job_it_lost_to_a_stale_timeout(queue, worker, tmp_path):
 
 def test_healthy_job_outlives_the_stale_timeout(queue, worker, tmp_path):
     gate = tmp_path / "gate"
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(gate)])
-    worker(heartbeat_s=0.05, stale_s=0.5)
+    job = queue.submit("eval", eval_params())
+    worker(heartbeat_s=0.05, stale_s=0.5, launcher=gated(gate))
     started = wait_until(lambda: queue.get(job.id).pid and queue.get(job.id))
     # Twice the stale timeout later the job is still running: its heartbeats kept it alive.
     wait_until(lambda: queue.get(job.id).heartbeat_at - started.started_at > timedelta(seconds=1.0))
@@ -202,8 +232,8 @@ def test_healthy_job_outlives_the_stale_timeout(queue, worker, tmp_path):
 
 def test_slots_run_jobs_side_by_side(queue, worker, tmp_path):
     gate = tmp_path / "gate"
-    ids = [queue.submit("eval", {"i": i}, py(WAIT_FOR_GATE.format(setup="")) + [str(gate)]).id for i in range(2)]
-    worker(slots=2)
+    ids = [queue.submit("eval", eval_params(name=str(i))).id for i in range(2)]
+    worker(slots=2, launcher=gated(gate))
     wait_until(lambda: all(queue.get(i).state == RUNNING and queue.get(i).pid for i in ids))
     gate.touch()
     wait_until(lambda: all(queue.get(i).state == SUCCEEDED for i in ids))
@@ -211,11 +241,13 @@ def test_slots_run_jobs_side_by_side(queue, worker, tmp_path):
 
 def test_two_workers_run_every_job_exactly_once(queue, tmp_path):
     record = tmp_path / "record"
-    ids = [queue.submit("eval", {"i": i}, py(f"open({str(record)!r}, 'a').write('{i}\\n')")).id for i in range(8)]
+    ids = [queue.submit("eval", eval_params(name=str(i))).id for i in range(8)]
+    # Each job records the run name its params gave it.
+    launcher = script(f"import sys; open({str(record)!r}, 'a').write(sys.argv[sys.argv.index('--name') + 1] + '\\n')")
     counts = []
     threads = [
         threading.Thread(target=lambda: counts.append(
-            run_worker(queue.uri, slots=2, once=True, log_dir=tmp_path / "logs", **FAST)))
+            run_worker(queue.uri, slots=2, once=True, launcher=launcher, **FAST)))
         for _ in range(2)
     ]
     for t in threads:
@@ -228,9 +260,9 @@ def test_two_workers_run_every_job_exactly_once(queue, tmp_path):
 
 
 def test_stopping_the_worker_stops_its_jobs(queue, worker, tmp_path):
-    job = queue.submit("eval", {"i": 1}, py(WAIT_FOR_GATE.format(setup="")) + [str(tmp_path / "never")])
-    thread, stop, result = worker()
-    wait_until(lambda: "ready" in queue.log_tail(job.id, 5))
+    job = queue.submit("eval", eval_params())
+    thread, stop, result = worker(launcher=gated(tmp_path / "never"))
+    wait_until(lambda: ready(queue, job.id))
     pid = queue.get(job.id).pid
     stop.set()
     thread.join(timeout=10)

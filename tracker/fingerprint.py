@@ -9,7 +9,6 @@ hash over the fields that can change the numbers, so equal hashes mean comparabl
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -19,8 +18,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tracker import config
-from tracker import linear_attn as kernel_path
+from tracker import config, linear_attn
+from tracker.errors import DraftboardError
+from tracker.store import checkpoints, names
 
 SCHEMA = "draftboard.fingerprint/1"
 PACKAGES = {  # fingerprint key -> distribution name
@@ -90,7 +90,7 @@ def _hardware(device: str) -> dict:
     return hw
 
 
-def _numerics(dtype: str, resolution: kernel_path.Resolution, attn_implementation: str | None) -> dict:
+def _numerics(dtype: str, resolution: linear_attn.Resolution, attn_implementation: str | None) -> dict:
     import torch
 
     cuda = torch.backends.cuda
@@ -169,26 +169,26 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def capture(target=None, device: str | None = None, dtype: str | None = None, linear_attn: str = "auto",
-            *, probe_layers: list[int] | None = None, with_probe: bool = True,
+def capture(target=None, device: str | None = None, dtype: str | None = None, *,
+            probe_layers: list[int] | None = None, with_probe: bool = True,
             code_dir: str | os.PathLike | None = None) -> dict:
     """Fingerprint this process's environment, optionally with a loaded target model.
 
     With a target, its own modeling module is resolved (a non-hybrid target reports `n/a`) and a
     numerical probe of its hidden states is added. Without one, the Qwen3.5 module is resolved:
-    what a hybrid target would run here. `linear_attn` is applied first (see tracker.linear_attn),
-    so the fingerprint describes the path the caller's model will take.
+    what a hybrid target would run here. Capturing only reads: the kernel path is whatever the
+    caller put in place (`tracker.linear_attn.apply`, done by whoever loads the model), so
+    recording an environment never changes it.
     """
     device = device or default_device()
     dtype = dtype or "fp32"
     if dtype not in config.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(config.DTYPES)}")
-    module = kernel_path.module_of(target) if target is not None else kernel_path.DEFAULT_MODULE
-    resolution = kernel_path.apply(linear_attn, device, module)
-    attn_impl = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    module = linear_attn.module_of(target) if target is not None else linear_attn.DEFAULT_MODULE
     probed = probe(target, probe_layers, device) if target is not None and with_probe else None
-    # transformers logs its fallback warnings at the first forward, i.e. during the probe.
-    resolution = dataclasses.replace(resolution, warnings=list(kernel_path.FALLBACK_WARNINGS.messages))
+    # Resolved after the probe: transformers logs its fallback warnings at the first forward.
+    resolution = linear_attn.resolve(module)
+    attn_impl = getattr(getattr(target, "config", None), "_attn_implementation", None)
     fp = {
         "schema": SCHEMA,
         "source": {"kind": "captured"},
@@ -205,7 +205,7 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, li
 def imported(source_path: str | os.PathLike, fmt: str) -> dict:
     """Fingerprint of a run imported from a log: every field unknown, and where it came from."""
     path = Path(source_path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+    digest = checkpoints.digest(path)[1][:16] if path.is_file() else None  # streamed: logs can be large
     return _unknown({"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest})
 
 
@@ -230,6 +230,24 @@ def _unknown(source: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- compare
+
+SECTIONS = ("software", "hardware", "numerics", "code")
+
+
+def check(fp: object, where: str) -> None:
+    """DraftboardError unless `fp` has the shape `diff` reads (a damaged file, someone's other JSON)."""
+    if not isinstance(fp, dict) or "software" not in fp:
+        raise DraftboardError(f"{where}: not a fingerprint (a JSON object with a 'software' section)")
+    for section in (*SECTIONS, "probe"):
+        if fp.get(section) is not None and not isinstance(fp[section], dict):
+            raise DraftboardError(f"{where}: fingerprint section {section!r} is not a JSON object")
+    layers = (fp.get("probe") or {}).get("layers", {})
+    if not isinstance(layers, dict) or not all(
+        isinstance(stats, dict) and all(isinstance(stats.get(k), (int, float)) for k in ("mean", "std", "absmax"))
+        for stats in layers.values()
+    ):
+        raise DraftboardError(f"{where}: fingerprint probe layers must map to numeric mean/std/absmax")
+
 
 
 def flatten(fp: dict, prefix: str = "") -> dict[str, Any]:
@@ -348,11 +366,11 @@ def env_tags(fp: dict) -> dict[str, str]:
         return "unknown" if value is None else str(value)
 
     return {
-        "env.hash": env_hash(fp),
-        "env.linear_attn": text(num.get("linear_attention_path")),
-        "env.device": text(hw.get("device")),
-        "env.dtype": text(num.get("dtype")),
-        "env.torch": text(sw.get("torch")),
-        "env.transformers": text(sw.get("transformers")),
-        "env.gpu": "none" if hw.get("device") == "cpu" else text(hw.get("gpu_name")),
+        names.ENV_HASH: env_hash(fp),
+        names.ENV_LINEAR_ATTN: text(num.get("linear_attention_path")),
+        names.ENV_DEVICE: text(hw.get("device")),
+        names.ENV_DTYPE: text(num.get("dtype")),
+        names.ENV_TORCH: text(sw.get("torch")),
+        names.ENV_TRANSFORMERS: text(sw.get("transformers")),
+        names.ENV_GPU: "none" if hw.get("device") == "cpu" else text(hw.get("gpu_name")),
     }

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from evaluators import harness  # noqa: E402
 from evaluators.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
-from evaluators.target import Target, greedy_continuations, tapped_features  # noqa: E402
+from evaluators.target import Target, greedy_continuations, layer_hidden_states  # noqa: E402
 from tracker import fingerprint, linear_attn  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def run_path(mode: str, model, prompts, new_tokens: int, device: str, layers: li
     sync()
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    feats = [tapped_features(target, p + c, layers) for p, c in zip(prompts, conts)]
+    feats = [layer_hidden_states(target, p + c, layers) for p, c in zip(prompts, conts)]
     sync()
     return {"path": res.path, "functions": res.functions, "continuations": conts, "features": feats,
             "generate_s": gen_s, "features_s": time.perf_counter() - t0}
@@ -111,7 +111,8 @@ def main() -> None:
     layers = [1, 3, 5] if model.config.num_hidden_layers >= 8 else [1, 2]
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, vocab, (args.prompts, 64), generator=gen).tolist()
-    fp = fingerprint.capture(model, args.device, "bf16", "auto", probe_layers=layers)
+    linear_attn.apply("auto", args.device, linear_attn.module_of(model))  # capture() only reads
+    fp = fingerprint.capture(model, args.device, "bf16", probe_layers=layers)
     print(f"software: {json.dumps({k: fp['software'][k] for k in ('torch', 'transformers', 'flash-linear-attention', 'causal-conv1d', 'triton', 'cuda')})}")
     print(f"gpu: {fp['hardware']['gpu_name']}; auto resolves to {fp['numerics']['linear_attention_path']}")
 
@@ -120,10 +121,10 @@ def main() -> None:
     linear_attn.apply("auto", args.device, linear_attn.module_of(model))
 
     # Features on the same token sequence (the fast path's), so only the kernels differ.
-    same = [tapped_features(Target(model, Path("."), args.device, "bf16", None, None), p + c, layers)
+    same = [layer_hidden_states(Target(model, Path("."), args.device, "bf16", None, None), p + c, layers)
             for p, c in zip(prompts, fast["continuations"])]
     linear_attn.apply("fallback", args.device, linear_attn.module_of(model))
-    ref = [tapped_features(Target(model, Path("."), args.device, "bf16", None, None), p + c, layers)
+    ref = [layer_hidden_states(Target(model, Path("."), args.device, "bf16", None, None), p + c, layers)
            for p, c in zip(prompts, fast["continuations"])]
     linear_attn.apply("auto", args.device, linear_attn.module_of(model))
     rel = max(((a[i] - b[i]).norm() / b[i].norm()).item() for a, b in zip(same, ref) for i in layers)

@@ -24,17 +24,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tracker import fingerprint as fpm
-from tracker.dashboard import metric_docs
-from tracker.dashboard.views import (
-    RunIndex,
-    RunInfo,
-    ddtree_points,
-    eval_label,
-    eval_positions,
-    same_target,
-    summarize_rows,
-)
+from tracker.dashboard import lineage, metric_docs
+from tracker.dashboard.index import RunIndex, RunInfo, same_target
+from tracker.dashboard.lineage import summarize_rows
+from tracker.store import names
 
 ResultsLoader = Callable[[RunInfo], "dict | None"]  # eval_results.json of a run, or None
 
@@ -85,12 +78,12 @@ def closest_reference(index: RunIndex, run_ids: Sequence[str]) -> ReferenceChoic
     for ref in same:
         crit = warn = 0
         for anchor in anchors:
-            rows = fpm.diff(anchor.fingerprint, ref.fingerprint) if ref.fingerprint is not None else None
+            rows = lineage.env_diff(anchor, ref)
             if rows is None:
                 warn += 1
                 continue
-            crit += sum(r.severity == "critical" for r in rows)
-            warn += sum(r.severity == "warning" for r in rows)
+            crit += len(lineage.of_severity(rows, "critical"))
+            warn += len(lineage.of_severity(rows, "warning"))
         # Measured references before published ones at equal scores; then the newest.
         scored.append(((crit, warn, ref.published, -(ref.start_time or 0)), ref))
     scored.sort(key=lambda s: s[0])
@@ -161,9 +154,7 @@ class CompareData:
 
 
 def _critical_vs(run: RunInfo, ref: RunInfo | None) -> list:
-    if ref is None or run.fingerprint is None or ref.fingerprint is None:
-        return []
-    return [r for r in fpm.diff(run.fingerprint, ref.fingerprint) if r.severity == "critical"]
+    return [] if ref is None else lineage.of_severity(lineage.env_diff(run, ref), "critical")
 
 
 def _env_key(run: RunInfo) -> str:
@@ -173,7 +164,7 @@ def _env_key(run: RunInfo) -> str:
 def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]]:
     """Eval series of a chosen run: (label, evals by step). A training run's evals split by environment."""
     if run.kind != "train":
-        return [(eval_label(index, run), [run])]
+        return [(index.eval_label(run), [run])]
     evals = index.evals_of(run.run_id)
     if not evals:
         return []
@@ -201,7 +192,7 @@ def compare_data(
     runs = [index.runs[r] for r in run_ids if r in index.runs]
     ref = index.get(reference_id)
     banner: list[str] = []
-    lineage: list[str] = []
+    vs_training_lines: list[str] = []
     ref_name = "reference"
 
     # Training curves.
@@ -232,15 +223,13 @@ def compare_data(
                 if crit:
                     crit_any = True
                     vs_ref.setdefault(summarize_rows(crit, "", ref_name), []).append(ev)
-                train = index.train_of(ev)
-                if train is not None and train.fingerprint and ev.fingerprint:
-                    rows = [r for r in fpm.diff(ev.fingerprint, train.fingerprint) if r.severity == "critical"]
-                    if rows:
-                        vs_train.setdefault(summarize_rows(rows, "", "its training run"), []).append(ev)
+                own = lineage.vs_training(index, ev)
+                if own is not None and own.critical:
+                    vs_train.setdefault(own.summary("its training run"), []).append(ev)
             for text, group in vs_ref.items():
                 banner.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for text, group in vs_train.items():
-                lineage.append(f"{_group_label(index, run, label, group)} (eval): {text}")
+                vs_training_lines.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for ev in evals:
                 for key, value in ev.metrics.items():
                     points.append({"series": label, "run_id": ev.run_id, "train_run_id": ev.train_run_id,
@@ -270,7 +259,7 @@ def compare_data(
         accept_by_position=pd.DataFrame(positions, columns=["series", "run_id", "position", "rate", "dashed"]),
         ddtree=pd.DataFrame(trees, columns=["series", "run_id", "budget", "tau", "dashed"]),
         banner=list(dict.fromkeys(banner)),
-        lineage_banner=list(dict.fromkeys(lineage)),
+        lineage_banner=list(dict.fromkeys(vs_training_lines)),
         train_metrics=train_keys,
         eval_metrics=eval_keys,
     )
@@ -279,17 +268,37 @@ def compare_data(
 def _group_label(index: RunIndex, run: RunInfo, label: str, evals: list[RunInfo]) -> str:
     """`v4 @ steps 100, 200` for evals of a chosen training run, else the eval's label."""
     if run.kind != "train":
-        return eval_label(index, evals[0])
+        return index.eval_label(evals[0])
     steps = [str(e.checkpoint_step) for e in evals if e.checkpoint_step is not None]
     if not steps:
         return label
     return f"{label} @ step{'s' if len(steps) > 1 else ''} {', '.join(steps)}"
 
 
+def eval_positions(run: RunInfo, results: dict | None = None) -> list[float]:
+    """Acceptance rate by draft position: the accept_rate_pos family of metrics, else eval_results.json."""
+    found = names.family_values(run.metrics, "accept_rate_pos")
+    if found:
+        return [found.get(k, math.nan) for k in range(1, max(found) + 1)]
+    if results and isinstance(results.get("accept_rate_by_position"), list):
+        return [float(v) for v in results["accept_rate_by_position"]]
+    return []
+
+
+def ddtree_points(run: RunInfo, results: dict | None = None) -> list[tuple[int, float]]:
+    """(budget, DDTree tau) pairs: the ddtree_tau family of metrics, else eval_results.json."""
+    found = names.family_values(run.metrics, "ddtree_tau")
+    if not found and results and isinstance(results.get("ddtree"), dict):
+        for budget, d in results["ddtree"].items():
+            if str(budget).isdigit() and isinstance(d, dict) and "tau" in d:
+                found[int(budget)] = float(d["tau"])
+    return sorted(found.items())
+
+
 def _add_curves(positions: list, trees: list, label: str, run: RunInfo, dashed: bool,
                 results: ResultsLoader | None) -> None:
-    needs_results = not any(k.startswith("accept_rate_pos") for k in run.metrics) or not any(
-        k.startswith("ddtree_tau_b") for k in run.metrics)
+    needs_results = not (names.family_values(run.metrics, "accept_rate_pos")
+                         and names.family_values(run.metrics, "ddtree_tau"))
     loaded = results(run) if (needs_results and results is not None) else None
     for k, rate in enumerate(eval_positions(run, loaded), 1):
         positions.append({"series": label, "run_id": run.run_id, "position": k, "rate": rate, "dashed": dashed})
@@ -314,7 +323,3 @@ def default_selection(index: RunIndex, limit: int = 3) -> list[str]:
     """The newest training runs (at most `limit`), else the newest evals."""
     trains = [r.run_id for r in index.of_kind("train")][:limit]
     return trains or [r.run_id for r in index.of_kind("eval")][:limit]
-
-
-def csv_bytes(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode()

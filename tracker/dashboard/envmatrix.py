@@ -1,10 +1,10 @@
-"""The Environments page's data: fingerprint matrices, train-vs-eval pairs, re-evaluation plans.
+"""The Environments page's data: fingerprint matrices, the train-vs-eval table, re-evaluation plans.
 
 `fingerprint_matrix` lays the chosen runs' fingerprints side by side (one row per field) and
 grades every cell against a baseline run with `fingerprint.diff`'s severities, so a red cell
-is a difference that can change the numbers. `train_eval_pairs` lists every eval next to its
-training run, critical differences first. `reeval_plan` builds the eval job that repeats an
-eval with its training run's linear-attention path, dtype and device.
+is a difference that can change the numbers. `pairs_frame` tabulates the (training run, eval)
+pairs of `tracker.dashboard.lineage.train_eval_pairs`. `reeval_plan` builds the eval job that
+repeats an eval with its training run's linear-attention path, dtype and device.
 """
 
 from __future__ import annotations
@@ -17,17 +17,14 @@ from typing import Any
 
 import pandas as pd
 
-from tracker import fingerprint as fpm
-from tracker.dashboard.views import (
-    RunIndex,
-    RunInfo,
-    _text,
-    eval_label,
-    field_name,
-    summarize_rows,
-)
+from tracker import config, fingerprint
+from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.dashboard.lineage import Lineage, field_name, value_text
 
-SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}
+SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}  # matrix cell backgrounds
+# The same colours as Streamlit's own Markdown backgrounds, for the legend (no HTML needed).
+SEVERITY_LEGEND = " ".join(f":{color}-background[{severity}]" for severity, color in
+                           (("critical", "red"), ("warning", "orange"), ("info", "blue")))
 
 
 # --------------------------------------------------------------------------- matrix
@@ -35,9 +32,9 @@ SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7
 
 def _matrix_fields(fp: dict) -> dict[str, Any]:
     """Flattened fingerprint without the per-layer probe statistics (the digest stays)."""
-    flat = fpm.flatten({k: v for k, v in fp.items() if k != "probe"})
+    flat = fingerprint.flatten({k: v for k, v in fp.items() if k != "probe"})
     flat = {k: v for k, v in flat.items()
-            if not k.startswith(fpm.IGNORED_FIELDS) or k == "source.kind"}
+            if not k.startswith(fingerprint.IGNORED_FIELDS) or k == "source.kind"}
     probe = fp.get("probe")
     if isinstance(probe, dict):
         flat["probe.digest"] = probe.get("digest")
@@ -73,7 +70,7 @@ def fingerprint_matrix(fps: dict[str, dict | None], baseline: str | None = None,
     for label, fp in fps.items():
         sev = {}
         if label != baseline and fp and base_fp:
-            for row in fpm.diff(base_fp, fp):
+            for row in fingerprint.diff(base_fp, fp):
                 field_key = "probe.digest" if row.field == "probe.max_rel_diff" else row.field
                 sev[field_key] = row.severity
         elif label != baseline:
@@ -113,7 +110,7 @@ def _cell(value: Any, flat: dict, field_key: str) -> str:
         return "no fingerprint"
     if isinstance(value, (list, dict)):
         return json.dumps(value)
-    return _text(value)
+    return value_text(value)
 
 
 def _section_order(field_key: str) -> int:
@@ -125,50 +122,20 @@ def _section_order(field_key: str) -> int:
 # --------------------------------------------------------------------------- pairs
 
 
-@dataclass(frozen=True)
-class Pair:
-    train: RunInfo
-    eval: RunInfo
-    rows: tuple  # DiffRow, eval vs train
-
-    @property
-    def critical(self) -> int:
-        return sum(r.severity == "critical" for r in self.rows)
-
-    @property
-    def warning(self) -> int:
-        return sum(r.severity == "warning" for r in self.rows)
-
-
-def train_eval_pairs(index: RunIndex, run_ids: Sequence[str] | None = None) -> list[Pair]:
-    """Every (training run, eval) pair, or those touching `run_ids`; critical differences first."""
-    wanted = None if run_ids is None else set(run_ids)
-    pairs = []
-    for ev in index.of_kind("eval", "reference"):
-        train = index.train_of(ev)
-        if train is None:
-            continue
-        if wanted is not None and ev.run_id not in wanted and train.run_id not in wanted:
-            continue
-        rows = fpm.diff(ev.fingerprint, train.fingerprint) if ev.fingerprint and train.fingerprint else []
-        pairs.append(Pair(train, ev, tuple(rows)))
-    pairs.sort(key=lambda p: (-p.critical, -p.warning, p.train.name, p.eval.checkpoint_step or 0))
-    return pairs
-
-
-def pairs_frame(index: RunIndex, pairs: Sequence[Pair]) -> pd.DataFrame:
+def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
+    """One row per (training run, eval) pair of `tracker.dashboard.lineage.train_eval_pairs`."""
     rows = []
     for p in pairs:
-        crit = [r for r in p.rows if r.severity == "critical"]
+        crit, warn = p.critical, p.warnings
         rows.append({
-            "check": "🔴" if crit else ("🟠" if p.warning else "🟢"),
+            "check": "⚪" if p.rows is None else "🔴" if crit else "🟠" if warn else "🟢",
             "training run": index.label(p.train.run_id),
-            "eval": eval_label(index, p.eval),
+            "eval": index.eval_label(p.eval),
             "step": p.eval.checkpoint_step,
-            "critical": p.critical,
-            "warning": p.warning,
-            "differences": summarize_rows(crit, "", "training") if crit else
-            ", ".join(field_name(r.field) for r in p.rows if r.severity == "warning")[:200],
+            "critical": len(crit),
+            "warning": len(warn),
+            "differences": "no fingerprint to compare" if p.rows is None else p.summary() if crit else
+            ", ".join(field_name(r.field) for r in warn)[:200],
             "training env": p.train.env_badges,
             "eval env": p.eval.env_badges,
             "eval_run_id": p.eval.run_id,
@@ -181,14 +148,12 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Pair]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- re-evaluation
 
-FORCEABLE_LINEAR = ("fast", "fallback")
-DTYPES = ("fp32", "bf16")
-DEVICES = ("cpu", "cuda")
+FORCEABLE_LINEAR = tuple(m for m in config.LINEAR_ATTN_MODES if m != "auto")
 
 
 @dataclass
 class ReevalPlan:
-    params: dict | None  # eval job params (tracker.jobs.queue.eval_command), None when blocked
+    params: dict | None  # eval job params (tracker.jobs.eval_job), None when blocked
     changes: list[str]  # "linear-attn fallback -> fast"
     blocked: str | None = None  # why the eval cannot be repeated under the training environment
 
@@ -203,10 +168,10 @@ def training_environment(fp: dict | None) -> tuple[dict[str, str], str | None]:
         why = ("unknown (an imported or published run)" if path is None else
                f"'{path}', which `--linear-attn` cannot force (only fast or fallback)")
         return {}, f"the training run's linear-attention path is {why}"
-    if dtype not in DTYPES:
-        return {}, f"the training run's dtype is {_text(dtype)}; evals run in {' or '.join(DTYPES)}"
-    if device not in DEVICES:
-        return {}, f"the training run's device is {_text(device)}; evals run on {' or '.join(DEVICES)}"
+    if dtype not in config.EVAL_DTYPES:
+        return {}, f"the training run's dtype is {value_text(dtype)}; evals run in {' or '.join(config.EVAL_DTYPES)}"
+    if device not in config.DEVICES:
+        return {}, f"the training run's device is {value_text(device)}; evals run on {' or '.join(config.DEVICES)}"
     return {"linear_attn": path, "dtype": dtype, "device": device}, None
 
 
@@ -281,7 +246,7 @@ def reeval_plan(index: RunIndex, eval_run_id: str, tracking_uri: str,
         "device": (ev_fp.get("hardware") or {}).get("device"),
     }
     names = {"linear_attn": "linear-attn", "dtype": "dtype", "device": "device"}
-    changes = [f"{names[k]} {_text(current[k])} → {env[k]}" for k in env if current[k] != env[k]]
+    changes = [f"{names[k]} {value_text(current[k])} → {env[k]}" for k in env if current[k] != env[k]]
     params = {k: v for k, v in settings.items() if v is not None}
     params.update(env)
     params.update({"train_run_id": train.run_id, "tracking_uri": tracking_uri})

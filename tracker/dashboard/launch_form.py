@@ -3,9 +3,10 @@
 Evals launched from the dashboard run on the dashboard's machine (a local `draftboard
 worker`), so the paths typed into the form are checked against allowed roots:
 `DRAFTBOARD_ALLOWED_ROOTS` (os.pathsep-separated), default `DRAFTBOARD_HOME`. Checkpoints
-registered on a training run are trusted (the store recorded them). The job itself is
-`tracker.jobs.queue.eval_command(params)` submitted to the `JobQueue`, whose dedup answers a second
-submission of the same checkpoint and settings with the first job. Before queueing, an eval
+registered on a training run are trusted (the store recorded them). The job itself is its
+params only (`tracker.jobs.eval_job` validates them; the worker builds the command), submitted
+to the `JobQueue`, whose dedup answers a second submission of the same checkpoint and settings
+with the first job. Before queueing, an eval
 for a tracking server is refused unless the dashboard's own credentials may write to its
 experiment (`check_can_write`): an account with READ only would otherwise queue evals whose
 results could never be logged (the worker usually logs with the same account).
@@ -22,51 +23,39 @@ from typing import TYPE_CHECKING
 
 from tracker import config
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import (
-    CANCELLED,
-    FAILED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    Job,
-    JobQueue,
-    eval_command,
-)
+from tracker.jobs import eval_job
+from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobQueue
 
 if TYPE_CHECKING:
     from tracker.store.tracker import Tracker
 
-LINEAR_ATTN_CHOICES = ("auto", "fast", "fallback", "match training run")
+LINEAR_ATTN_CHOICES = (*config.LINEAR_ATTN_MODES, "match training run")
 DEVICES, DTYPES = config.DEVICES, config.EVAL_DTYPES  # the form's choices (pages import only tracker.dashboard)
 DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
 
 
 def check_path(path: str, roots: Sequence[Path], what: str) -> str:
-    """The resolved path if it exists under one of `roots`; DraftboardError with a clear message otherwise."""
+    """The resolved path if it exists under one of `roots`, with nothing in a folder there leading
+    outside them (`tracker.jobs.eval_job.check_path`); DraftboardError with a clear message otherwise."""
     if not path or not path.strip():
         raise DraftboardError(f"{what}: enter a path")
-    resolved = Path(path.strip()).expanduser().resolve()
-    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
-        shown = ", ".join(str(r) for r in roots)
-        raise DraftboardError(f"{what}: {resolved} is outside the allowed roots ({shown}); the dashboard only "
-                              "evaluates files under them. Set DRAFTBOARD_ALLOWED_ROOTS (paths separated by "
-                              f"'{os.pathsep}') to allow more.")
+    try:
+        resolved = eval_job.check_path(what + ":", path.strip(), roots)
+    except DraftboardError as exc:
+        raise DraftboardError(f"{exc}; the dashboard only evaluates files under them. Set DRAFTBOARD_ALLOWED_ROOTS "
+                              f"(paths separated by '{os.pathsep}') to allow more.") from None
     if not resolved.exists():
         raise DraftboardError(f"{what}: {resolved} does not exist")
     return str(resolved)
 
 
 def parse_budgets(text: str) -> list[int]:
-    """`4,8,16` -> [4, 8, 16]; DraftboardError on anything else."""
+    """`4,8,16` -> [4, 8, 16] (each at most config.MAX_BUDGET); DraftboardError on anything else."""
     try:
-        budgets = sorted({int(part) for part in str(text).replace(" ", "").split(",") if part})
-    except ValueError:
-        raise DraftboardError(f"budgets: expected comma-separated positive integers like {DEFAULT_BUDGETS}, "
-                              f"got {text!r}") from None
-    if not budgets or budgets[0] < 1:
-        raise DraftboardError(f"budgets: expected positive integers like {DEFAULT_BUDGETS}, got {text!r}")
-    return budgets
+        return eval_job.parse_budgets(text)
+    except ValueError as exc:
+        raise DraftboardError(f"budgets: {exc}") from None
 
 
 def training_linear_attn(fp: dict | None) -> tuple[str | None, str]:
@@ -90,7 +79,7 @@ class LaunchForm:
     train_run_id: str | None = None
     checkpoint_step: int | None = None
     budgets: str = DEFAULT_BUDGETS
-    max_new_tokens: int = 256
+    max_new_tokens: int = eval_job.FIELDS["max_new_tokens"].default
     device: str = "cpu"
     dtype: str = "fp32"
     linear_attn: str = "auto"
@@ -100,7 +89,7 @@ class LaunchForm:
 
 
 def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> dict:
-    """Validated eval job params for `tracker.jobs.queue.eval_command`; DraftboardError says what is wrong."""
+    """Validated eval job params (`tracker.jobs.eval_job.validate`); DraftboardError says what is wrong."""
     if form.checkpoint_path:
         drafter = form.checkpoint_path
     elif form.drafter:
@@ -109,17 +98,11 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         raise DraftboardError("choose a registered checkpoint or enter a checkpoint path")
     target = check_path(form.target, roots, "target")
     prompts = check_path(form.prompts, roots, "prompts file")
-    if form.device not in DEVICES:
-        raise DraftboardError(f"device must be one of {', '.join(DEVICES)}")
-    if form.dtype not in DTYPES:
-        raise DraftboardError(f"dtype must be one of {', '.join(DTYPES)}")
     linear = form.linear_attn
     if linear == "match training run":
         linear, why = training_linear_attn(form.training_fingerprint)
         if linear is None:
             raise DraftboardError(f"linear-attention path: {why}")
-    elif linear not in LINEAR_ATTN_CHOICES:
-        raise DraftboardError(f"linear-attention path must be one of {', '.join(LINEAR_ATTN_CHOICES)}")
     if not isinstance(form.max_new_tokens, int) or form.max_new_tokens < 1:
         raise DraftboardError("max new tokens must be a positive integer")
     params = {
@@ -142,8 +125,7 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         if not name:
             raise DraftboardError("a reference needs a name (e.g. z-lab v1)")
         params["reference"] = name
-    eval_command(params)  # the same checks the worker's argv gets
-    return params
+    return eval_job.validate(params)  # the same checks the queue and the worker apply
 
 
 # The experiment tag `check_can_write` sets: the last time (UTC, ISO 8601) a launch checked access.
@@ -166,7 +148,7 @@ def check_can_write(tracking_uri: str | None, tracker: Tracker | None = None) ->
     from tracker.store.tracker import Tracker, access_problem
 
     tracker = tracker if tracker is not None else Tracker(tracking_uri)
-    experiment_id = tracker._find_experiment(create=False)  # DraftboardError on 401 / no server
+    experiment_id = tracker.find_experiment()  # DraftboardError on 401 / no server
     if experiment_id is None:
         return
     try:
@@ -192,9 +174,9 @@ def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -
     Refused (DraftboardError) when params' tracking server would not accept its results from
     this process's credentials (`check_can_write`; `tracker`: one open on that URI).
     """
-    command = eval_command(params)
+    params = eval_job.validate(params)  # bad params are refused before the store is asked
     check_can_write(params.get("tracking_uri"), tracker)
-    return queue.submit("eval", params, command)
+    return queue.submit(eval_job.KIND, params)
 
 
 # --------------------------------------------------------------------------- queue view

@@ -2,14 +2,18 @@
 
 The eval metrics follow DESIGN.md ("Metric names"); training metrics keep the names the
 trainer logs. `describe(name)` knows the fixed names, the per-position and per-budget
-families (`accept_rate_pos{k}`, `ddtree_tau_b{B}`, `dds{B}`) and falls back to a generic
-entry for anything else a trainer logs. Standard library only.
+families (built and parsed by `tracker.store.names`), the per-benchmark names of published
+tables, and falls back to a generic entry for anything else a trainer logs. Standard library and
+draftboard's own name and escaping modules only.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from tracker.dashboard.escape import md, md_code
+from tracker.store import names
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,6 @@ class MetricDoc:
     unit: str  # what a value counts, e.g. "tokens / block"
     definition: str
     higher_is_better: bool | None = None
-    eval_metric: bool = False  # logged by `draftboard eval` (one value per checkpoint)
 
     @property
     def label(self) -> str:
@@ -27,10 +30,10 @@ class MetricDoc:
         return f"{self.name} ({self.unit})" if self.unit else self.name
 
     def help(self) -> str:
-        """Markdown for a tooltip."""
+        """Markdown for a tooltip (the name is a trainer's, so it is escaped)."""
         better = {True: " Higher is better.", False: " Lower is better.", None: ""}[self.higher_is_better]
         unit = f" Unit: {self.unit}." if self.unit else ""
-        return f"**{self.title}** (`{self.name}`): {self.definition}{unit}{better}"
+        return f"**{md(self.title)}** ({md_code(self.name)}): {self.definition}{unit}{better}"
 
 
 _WALK = ("along the walk at temperature 0 (a block starts at an anchor holding the last verified token; "
@@ -42,19 +45,19 @@ _FIXED = {
         "mean acceptance length per drafted block " + _WALK + "; acceptance length = 1 + the number of "
         "leading draft tokens equal to the target's greedy tokens (max block_size). Averaged per prompt, "
         "then over prompts (z-lab's macro average). Equals the online speculative loop at T=0.",
-        True, True),
+        True),
     "tau_pooled": MetricDoc(
         "tau_pooled", "Mean acceptance length, pooled", "tokens / block",
         "the same walk as `tau`, averaged over all blocks of all prompts (long prompts weigh more).",
-        True, True),
+        True),
     "tau_all_anchors": MetricDoc(
         "tau_all_anchors", "Acceptance length over every anchor", "tokens / block",
         "mean acceptance length over every anchor position of the completion, not just the walk's anchors "
-        "(the training-style statistic; differs from `tau`).", True, True),
+        "(the training-style statistic; differs from `tau`).", True),
     "streak": MetricDoc(
         "streak", "Accepted draft tokens per block", "tokens / block",
         "`tau` - 1: draft tokens accepted per block, the target's bonus token excluded. A trainer's `streak` "
-        "is its own running estimate of the same quantity on training data.", True, True),
+        "is its own running estimate of the same quantity on training data.", True),
     "loss": MetricDoc("loss", "Training loss", "nats / token",
                       "the drafter's training loss as logged by the trainer (cross-entropy over the masked "
                       "block positions).", False),
@@ -65,29 +68,42 @@ _FIXED = {
     "grad_norm": MetricDoc("grad_norm", "Gradient norm", "", "global gradient norm before clipping."),
 }
 
-_FAMILIES = [
-    (re.compile(r"^accept_rate_pos(\d+)$"), lambda k: MetricDoc(
-        f"accept_rate_pos{k}", f"Acceptance rate at draft position {k}", "fraction of blocks",
+
+def _accept_rate(k: int) -> MetricDoc:
+    return MetricDoc(
+        names.accept_rate_metric(k), f"Acceptance rate at draft position {k}", "fraction of blocks",
         f"fraction of blocks along the walk whose draft token {k} was accepted (position 1 is the first "
         "masked position after the anchor). Decreases with the position: a draft is accepted only if all "
-        "before it are.", True, True)),
-    (re.compile(r"^ddtree_tau_b(\d+)$"), lambda b: MetricDoc(
-        f"ddtree_tau_b{b}", f"DDTree acceptance length, budget {b}", "tokens / block",
+        "before it are.", True)
+
+
+def _ddtree_tau(b: int) -> MetricDoc:
+    return MetricDoc(
+        names.ddtree_tau_metric(b), f"DDTree acceptance length, budget {b}", "tokens / block",
         f"DDTree (Ringel & Romano 2026) acceptance length with a node budget of {b}, along its own walk: a "
         f"best-first tree of the {b} most probable prefixes from the drafter's per-position log-softmax; "
-        "acceptance = 1 + the longest prefix of the target's greedy continuation that is a root path.",
-        True, True)),
+        "acceptance = 1 + the longest prefix of the target's greedy continuation that is a root path.", True)
+
+
+def _dds(b: int) -> MetricDoc:
+    return MetricDoc(
+        names.dds_metric(b), f"DDTree accepted drafts, budget {b}", "tokens / block",
+        f"`{names.ddtree_tau_metric(b)}` - 1: draft tokens accepted per block by DDTree at node budget {b} (bonus "
+        "token excluded). A trainer's `dds` is its own estimate on training data.", True)
+
+
+# The eval families of tracker.store.names, by the family name `names.parse_metric` returns.
+_FAMILIES = {"accept_rate_pos": _accept_rate, "ddtree_tau": _ddtree_tau, "dds": _dds}
+
+# Per-benchmark columns of imported publication tables (tracker.store.importers.published).
+_BENCHMARKS = [
     (re.compile(r"^tau_(?!pooled$|all_anchors$)([a-z0-9_]+)$"), lambda bench: MetricDoc(
         f"tau_{bench}", f"Mean acceptance length on {bench}", "tokens / block",
-        f"`tau` on the {bench} prompts alone (e.g. a published table's per-benchmark column).", True, True)),
+        f"`tau` on the {bench} prompts alone (e.g. a published table's per-benchmark column).", True)),
     (re.compile(r"^speedup_([a-z0-9_]+)$"), lambda bench: MetricDoc(
         f"speedup_{bench}", f"Speedup on {bench}", "× vs target alone",
         f"end-to-end decoding speedup over the target alone on the {bench} prompts, as published (depends on "
-        "hardware and backend, not comparable with local acceptance numbers).", True, True)),
-    (re.compile(r"^dds(\d+)$"), lambda b: MetricDoc(
-        f"dds{b}", f"DDTree accepted drafts, budget {b}", "tokens / block",
-        f"`ddtree_tau_b{b}` - 1: draft tokens accepted per block by DDTree at node budget {b} (bonus token "
-        "excluded). A trainer's `dds` is its own estimate on training data.", True, True)),
+        "hardware and backend, not comparable with local acceptance numbers).", True)),
 ]
 
 # Ordering of metric names in pickers: the headline numbers first.
@@ -98,11 +114,13 @@ def describe(name: str) -> MetricDoc:
     """The definition of a metric; unknown names get a generic entry."""
     if name in _FIXED:
         return _FIXED[name]
-    for pattern, make in _FAMILIES:
+    family = names.parse_metric(name)
+    if family is not None:
+        return _FAMILIES[family[0]](family[1])
+    for pattern, make in _BENCHMARKS:
         match = pattern.match(name)
         if match:
-            arg = match.group(1)
-            return make(int(arg) if arg.isdigit() else arg)
+            return make(match.group(1))
     return MetricDoc(name, name, "", "logged by the trainer under this name; draftboard has no definition for it.")
 
 
@@ -110,9 +128,15 @@ def help_text(name: str) -> str:
     return describe(name).help()
 
 
-def is_eval_metric(name: str) -> bool:
-    """True for the names `draftboard eval` logs (tau, streak, accept_rate_pos{k}, ddtree_tau_b{B}, ...)."""
-    return describe(name).eval_metric
+def family(name: str) -> str | None:
+    """`accept_rate_pos`, `ddtree_tau` or `dds` for a member of an eval family, else None."""
+    parsed = names.parse_metric(name)
+    return parsed[0] if parsed else None
+
+
+def family_help(family_name: str) -> str:
+    """The tooltip of a whole family, shown with a sample member (position 1, budget 8)."""
+    return _FAMILIES[family_name](1 if family_name == "accept_rate_pos" else 8).help()
 
 
 def sort_metrics(names) -> list[str]:
@@ -131,4 +155,4 @@ def sort_metrics(names) -> list[str]:
 
 def glossary() -> list[MetricDoc]:
     """The documented metrics, for a glossary table (families shown with a sample index)."""
-    return [*_FIXED.values(), describe("accept_rate_pos1"), describe("ddtree_tau_b8"), describe("dds8")]
+    return [*_FIXED.values(), *(make(1 if name == "accept_rate_pos" else 8) for name, make in _FAMILIES.items())]

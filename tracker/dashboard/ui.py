@@ -1,44 +1,40 @@
-"""Streamlit glue shared by the pages: settings from the environment, cached loaders, small widgets.
+"""Streamlit glue: the setup app.py runs before every page, cached loaders, widgets the pages share.
 
-Only the dashboard imports this module (it imports Streamlit). The data work is in
-`tracker.dashboard.views`, `tracker.dashboard.compare`, `tracker.dashboard.envmatrix`, `tracker.dashboard.launch_form` and
-`tracker.store.history`; this module caches their results per store and draws the pieces every
-page shares (store info, badges, banners, empty states).
+The only module of tracker/ that imports Streamlit. The data work is in `tracker.dashboard`'s
+index, lineage, tables, compare, envmatrix and launch_form modules and in `tracker.store.history`;
+this module caches their results per store and draws the pieces every page shares (store info,
+badges, banners, empty states, errors). Pages reach the store, the queue and the settings only
+through here.
 
-Environment:
-- `MLFLOW_TRACKING_URI` / `DRAFTBOARD_HOME`: the store (as `tracker.store.tracker.resolve_uri`).
-- `DRAFTBOARD_JOBS_URI`: the job queue (default `<home>/jobs.db`).
-- `DRAFTBOARD_READONLY=1`: hide launch, cancel, re-evaluate and promote controls.
-- `DRAFTBOARD_MLFLOW_UI`: base URL of `mlflow ui` for run links (default http://127.0.0.1:5000).
-- `DRAFTBOARD_ALLOWED_ROOTS`: where the Launch page may read checkpoints, targets and prompts.
+Settings come from `tracker.config` (its module doc lists the variables): the store, the job
+queue, read-only mode (no launch, cancel, re-evaluate or promote controls), the allowed roots,
+and the optional `mlflow ui` URL for run links. Everything a user wrote goes through
+`tracker.dashboard.escape` before it reaches Markdown.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import streamlit as st
 
 from tracker import config
-from tracker.store import history as metrics_sql
-from tracker.dashboard.views import (
-    DEFAULT_MLFLOW_UI,
-    EVAL_RESULTS_ARTIFACT,
-    FINGERPRINT_ARTIFACT,
-    RunIndex,
-    RunInfo,
-    empty_store_message,
-    load_run_index,
-    read_json_artifact,
-)
+from tracker.dashboard.escape import md, md_badge, md_code
+from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
+from tracker.errors import DraftboardError
+from tracker.store import history
+from tracker.store.names import EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
-DEFAULT_MAX_POINTS = metrics_sql.PLOT_MAX_POINTS  # per curve on the Compare page
+DEFAULT_MAX_POINTS = history.PLOT_MAX_POINTS  # per curve on the Compare page
 INDEX_TTL_S = 5
 
 
@@ -47,7 +43,7 @@ class Settings:
     store_uri: str
     jobs_uri: str
     readonly: bool
-    mlflow_ui: str
+    mlflow_ui: str | None  # None: no "Open in mlflow ui" links
     allowed_roots: tuple[Path, ...]
 
 
@@ -57,7 +53,7 @@ def settings() -> Settings:
         store_uri=config.store_uri(),
         jobs_uri=config.jobs_uri(),
         readonly=config.readonly(),
-        mlflow_ui=os.environ.get("DRAFTBOARD_MLFLOW_UI") or DEFAULT_MLFLOW_UI,
+        mlflow_ui=config.mlflow_ui_url(),
         allowed_roots=tuple(config.allowed_roots()),
     )
 
@@ -72,11 +68,16 @@ def tracker_for(uri: str):
     return Tracker(uri)
 
 
-@st.cache_resource(show_spinner=False)
 def queue_for(uri: str):
+    # A read-only dashboard never creates or migrates the queue; the database refuses its writes.
+    return _queue(uri, config.readonly())
+
+
+@st.cache_resource(show_spinner=False)
+def _queue(uri: str, readonly: bool):
     from tracker.jobs.queue import JobQueue
 
-    return JobQueue(uri)
+    return JobQueue(uri, readonly=readonly)
 
 
 _fingerprints: dict[tuple[str, str], dict] = {}  # fingerprint.json never changes once logged
@@ -119,7 +120,7 @@ def eval_results_loader(uri: str):
 def _histories(uri: str, run_ids: tuple[str, ...], keys: tuple[str, ...] | None, max_points: int | None,
                signature: tuple) -> pd.DataFrame:
     del signature  # part of the cache key only: it changes when a run logs new steps
-    return metrics_sql.load_histories(uri, list(run_ids), None if keys is None else list(keys), max_points)
+    return history.load_histories(uri, list(run_ids), None if keys is None else list(keys), max_points)
 
 
 def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX_POINTS,
@@ -131,11 +132,11 @@ def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX
     """
     run_ids = tuple(sorted(set(run_ids)))
     if not run_ids:
-        return metrics_sql.load_histories(uri, [], None, max_points)
-    if index is not None and not metrics_sql.is_database_uri(uri):
+        return history.load_histories(uri, [], None, max_points)
+    if index is not None and not history.is_database_uri(uri):
         sig = tuple((r, tuple(sorted(index.runs[r].metric_steps.items()))) for r in run_ids if r in index.runs)
     else:
-        sig = metrics_sql.history_signature(uri, run_ids, client=tracker_for(uri).client)
+        sig = history.history_signature(uri, run_ids, client=tracker_for(uri).client)
     return _histories(uri, run_ids, None if keys is None else tuple(sorted(keys)), max_points, sig)
 
 
@@ -145,10 +146,57 @@ def refresh() -> None:
     _histories.clear()
 
 
+# --------------------------------------------------------------------------- the shared setup
+
+
+class Shared(NamedTuple):
+    """What app.py sets up before every page: the settings and the run index."""
+
+    cfg: Settings
+    index: RunIndex
+
+
+_SHARED = "draftboard_shared"
+
+
+def setup(title: str | None, needs_runs: bool) -> Shared:
+    """Settings, the run index and the store sidebar, for the page `title` about to run.
+
+    A store that cannot be read stops the page with one error line; an empty store stops pages
+    that `needs_runs` with how to start.
+    """
+    cfg = settings()
+    try:
+        index = run_index(cfg.store_uri)
+    except DraftboardError as exc:
+        st.error(f"Cannot read the store: {md(exc)}")
+        st.stop()
+    store_sidebar(cfg, index)
+    if needs_runs and len(index) == 0:
+        if title:
+            st.title(title)
+        empty_state(cfg)
+    shared = Shared(cfg, index)
+    st.session_state[_SHARED] = shared
+    return shared
+
+
+def shared(needs_runs: bool = True) -> Shared:
+    """The setup app.py made for this run of the page.
+
+    Taken out of the session state, so that every run gets its own. Streamlit runs a page without
+    app.py when it was started in its `pages/` directory mode (until app.py's `st.navigation` has
+    run once in the process, a deep link such as /compare runs pages/compare.py alone; AppTest
+    resets that mode on every run): the page then makes the same setup itself.
+    """
+    made = st.session_state.pop(_SHARED, None)
+    return made if made is not None else setup(None, needs_runs)
+
+
 # --------------------------------------------------------------------------- shared widgets
 
 
-def store_sidebar(cfg: Settings, index: RunIndex | None = None) -> None:
+def store_sidebar(cfg: Settings, index: RunIndex) -> None:
     with st.sidebar:
         if st.button("Refresh", key="refresh", icon=":material/refresh:", help="re-read runs and histories now"):
             refresh()
@@ -156,32 +204,53 @@ def store_sidebar(cfg: Settings, index: RunIndex | None = None) -> None:
         if cfg.readonly:
             st.badge("read-only", icon=":material/lock:", color="gray",
                      help="DRAFTBOARD_READONLY=1: launch, cancel, re-evaluate and promote are hidden")
-        caption = f"Store: `{cfg.store_uri}`"
-        if index is not None:
-            caption += f" · {len(index)} runs"
-        st.caption(caption)
-
-
-def load_index_or_stop(cfg: Settings) -> RunIndex:
-    """The run index; on a store error or an empty store, say so and stop the page."""
-    from tracker.errors import DraftboardError
-
-    try:
-        index = run_index(cfg.store_uri)
-    except DraftboardError as exc:
-        st.error(f"Cannot read the store: {exc}")
-        st.stop()
-    if len(index) == 0:
-        empty_state(cfg)
-    return index
+        st.caption(f"Store: {md_code(cfg.store_uri)} · {len(index)} runs")
 
 
 def empty_state(cfg: Settings) -> None:
-    msg = empty_store_message(cfg.store_uri)
-    st.info(f"**{msg.title}** {msg.hint}", icon=":material/inbox:")
-    for line in msg.extra:
-        st.caption(line)
+    st.info("**No runs yet.** Run `draftboard demo` to build a demo store, or log a training run with "
+            "`tracker.Tracker().training_run(...)`, import one with `draftboard import-log FILE --name NAME`, "
+            "or evaluate a checkpoint with `draftboard eval ...`.", icon=":material/inbox:")
+    st.caption(f"Store: {md_code(cfg.store_uri)}")
     st.stop()
+
+
+@contextmanager
+def reported(show=st.error) -> Iterator[None]:
+    """Run the block; a DraftboardError (bad input, an unreadable store) is shown as one line instead.
+
+    The rest of the block is skipped, as after any exception.
+    """
+    try:
+        yield
+    except DraftboardError as exc:
+        show(md(exc))
+
+
+def checkpoints(cfg: Settings, run_id: str) -> list:
+    """A training run's registered checkpoints; a warning and none when their records cannot be read."""
+    with reported(st.warning):
+        return tracker_for(cfg.store_uri).checkpoints(run_id)
+    return []
+
+
+def open_queue_or_stop(cfg: Settings):
+    """The job queue; when it cannot be opened, say so in one line and stop the page."""
+    with reported(lambda text: st.error(f"Cannot open the job queue: {text}")):
+        return queue_for(cfg.jobs_uri)
+    st.stop()
+
+
+def queue_busy(queue) -> bool:
+    """Whether any job is queued or running (the queue list then refreshes faster)."""
+    from tracker.jobs.queue import QUEUED, RUNNING
+
+    return bool(queue.list(states=[QUEUED, RUNNING], limit=1))
+
+
+def allowed_roots_caption(cfg: Settings) -> str:
+    return ("Paths must lie under the allowed roots: " + ", ".join(md_code(r) for r in cfg.allowed_roots) +
+            f" ({config.ROOTS_VAR}, separated by {md_code(os.pathsep)}).")
 
 
 LINEAR_COLORS = {"fast": "green", "fallback": "orange", "partial": "yellow"}
@@ -192,28 +261,29 @@ def env_badges(run: RunInfo) -> None:
     with st.container(horizontal=True):
         if run.published:
             st.badge("published", icon=":material/menu_book:", color="violet",
-                     help=f"numbers from a publication, for target {run.target or 'unknown'}; "
+                     help=f"numbers from a publication, for target {md(run.target or 'unknown')}; "
                           "their environment is mostly unknown")
-        st.badge(f"linear-attn {run.linear_attn}", color=LINEAR_COLORS.get(run.linear_attn, "gray"),
+        st.badge(f"linear-attn {md_badge(run.linear_attn)}", color=LINEAR_COLORS.get(run.linear_attn, "gray"),
                  help="which implementation ran the Gated DeltaNet layers: fast = fla + causal-conv1d kernels, "
                       "fallback = transformers' torch code, partial = a mix")
         device = f"{run.device} · {run.gpu}" if run.gpu and run.device == "cuda" else run.device
-        st.badge(device, icon=":material/memory:", color="blue", help="device kind (and GPU model)")
-        st.badge(run.dtype, color="gray", help="dtype of the target's forward pass")
+        st.badge(md_badge(device), icon=":material/memory:", color="blue", help="device kind (and GPU model)")
+        st.badge(md_badge(run.dtype), color="gray", help="dtype of the target's forward pass")
         if run.env_hash:
-            st.badge(f"env {run.env_hash}", color="gray",
+            st.badge(f"env {md_badge(run.env_hash)}", color="gray",
                      help="hash of the fingerprint fields that can change the numbers: equal hashes, comparable numbers")
 
 
-def mismatch_banner(lines: list[str], title: str) -> None:
+def bullet_list(lines: list[str], title: str, alert=st.error, icon: str = ":material/warning:", limit: int = 8) -> None:
+    """An alert with a bold title and the first `limit` of `lines` (user text, escaped) as bullets."""
     if not lines:
         return
-    shown = lines[:8]
-    more = f"\n- … and {len(lines) - 8} more" if len(lines) > 8 else ""
-    st.error(f"**{title}**\n" + "\n".join(f"- {line}" for line in shown) + more, icon=":material/warning:")
+    more = f"\n- … and {len(lines) - limit} more" if len(lines) > limit else ""
+    alert(f"**{title}**\n" + "\n".join(f"- {md(line)}" for line in lines[:limit]) + more, icon=icon)
 
 
 def run_option_label(index: RunIndex, run_id: str) -> str:
+    """A run in a picker (plain text: options are not rendered as Markdown)."""
     run = index.get(run_id)
     if run is None:
         return run_id

@@ -12,6 +12,11 @@ The schema is versioned with Alembic (`tracker/jobs/migrations/`, version table
 under a lock (SQLite's write lock, a PostgreSQL advisory lock) so that workers starting
 together migrate once. A database made before migrations existed is adopted as revision 0001.
 
+A job is data, never a command: its kind (one of KINDS) and its params, validated by that
+kind's spec (`tracker.jobs.eval_job`) when submitted and again when a worker claims it. The
+worker builds the argv itself from the params; revision 0002 dropped the argv column that older
+queues stored, so no stored command is ever run.
+
 Callers get `Job` dataclasses; rows and connections never leave this module.
 """
 
@@ -25,18 +30,19 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.jobs import eval_job
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # A job in one of these states stands for its params: submitting them again returns it.
 # Failed and cancelled jobs do not, so the user can retry.
 DEDUP_STATES = (QUEUED, RUNNING, SUCCEEDED)
+# The kinds of job there are, each with the spec that validates its params and builds its
+# arguments (`validate`, `cli_args`, `check_paths`). Nothing else is ever queued or run.
+KINDS = {eval_job.KIND: eval_job}
 
 
 class UTCDateTime(sa.types.TypeDecorator):
@@ -96,7 +105,6 @@ jobs = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("params", sa.JSON, nullable=False),
-    sa.Column("command", sa.JSON, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("started_at", UTCDateTime),
@@ -138,7 +146,6 @@ class Job:
     id: int
     kind: str
     params: dict[str, Any]
-    command: list[str]
     state: str
     created_at: datetime
     started_at: datetime | None
@@ -192,14 +199,12 @@ def dedup_key(kind: str, params: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _checked_command(command: Sequence[str | os.PathLike]) -> list[str]:
-    """The argv list as stored; a string is refused so that no job is ever run through a shell."""
-    if isinstance(command, (str, bytes)) or not isinstance(command, Sequence) or not command:
-        raise DraftboardError("a job command must be a non-empty list of arguments, not a shell string")
-    argv = [os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in command]
-    if not all(isinstance(arg, str) and "\0" not in arg for arg in argv):
-        raise DraftboardError(f"every job command argument must be a string without NUL bytes: {argv!r}")
-    return argv
+def checked_params(kind: str, params: Any) -> dict[str, Any]:
+    """params validated by kind's spec; DraftboardError for an unknown kind or bad params."""
+    spec = KINDS.get(kind)
+    if spec is None:
+        raise DraftboardError(f"unknown job kind {kind!r}; this draftboard runs {', '.join(KINDS)} jobs")
+    return spec.validate(params)
 
 
 def claim_statement(worker_id: str, now: datetime) -> sa.Update:
@@ -248,7 +253,7 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def _engine_url(uri: str) -> sa.engine.URL:
+def engine_url(uri: str) -> sa.engine.URL:
     """The URL to connect with: `postgresql://` falls back to psycopg2 when psycopg 3 is absent.
 
     SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg (3); the `postgres` extra installs
@@ -261,16 +266,41 @@ def _engine_url(uri: str) -> sa.engine.URL:
     return url
 
 
-def _open_engine(uri: str) -> sa.Engine:
+def _sqlite_busy_timeout(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cursor.close()
+
+
+def _postgres_read_only(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+    cursor.close()
+    dbapi_connection.commit()
+
+
+def _open_engine(uri: str, readonly: bool = False) -> sa.Engine:
+    """The queue's engine; readonly: a SQLite file is opened with mode=ro (never created) and a
+    PostgreSQL session is READ ONLY, so the database itself refuses every write."""
     try:
-        engine = sa.create_engine(_engine_url(uri))
+        url = engine_url(uri)
+        database = url.database if url.get_backend_name() == "sqlite" else None
+        local_file = bool(database) and database != ":memory:" and not database.startswith("file:")
+        if readonly and local_file:
+            path = Path(database).expanduser().resolve()
+            if not path.is_file():
+                raise DraftboardError(f"no job queue at {path} yet; a read-only dashboard does not create one "
+                                      "(a worker or a writable dashboard does)")
+            url = url.set(database=f"file:{quote(str(path))}?mode=ro", query={"uri": "true"})
+        engine = sa.create_engine(url)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise DraftboardError(f"cannot open job queue {uri}: {exc}") from exc
     if engine.dialect.name == "sqlite":
-        database = engine.url.database
-        if database and database != ":memory:" and not database.startswith("file:"):
+        if local_file and not readonly:
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        sa.event.listen(engine, "connect", _sqlite_busy_timeout if readonly else _sqlite_pragmas)
+    elif readonly and engine.dialect.name == "postgresql":
+        sa.event.listen(engine, "connect", _postgres_read_only)
     if not engine.dialect.update_returning:
         raise DraftboardError(
             f"the job queue needs UPDATE ... RETURNING, which {engine.dialect.name} "
@@ -361,16 +391,23 @@ class JobQueue:
     """The jobs table behind one database URL (see `tracker.config.jobs_uri`).
 
     Safe to share between threads; several processes (workers, dashboard) each open their own.
+    readonly=True (a read-only dashboard) opens the database for reading only: it is never
+    created or migrated, and the database refuses writes (DraftboardError when it is missing or
+    at another revision than this code's).
     """
 
-    def __init__(self, uri: str | None = None) -> None:
+    def __init__(self, uri: str | None = None, readonly: bool = False) -> None:
         self.uri = config.jobs_uri(uri)
-        self._engine = _open_engine(self.uri)
-        self._display = self._engine.url.render_as_string(hide_password=True)
+        self.readonly = readonly
+        self._engine = _open_engine(self.uri, readonly)
+        self._display = engine_url(self.uri).render_as_string(hide_password=True)
         from alembic.util import CommandError
 
         try:
-            upgrade_schema(self._engine)
+            if readonly:
+                self._check_revision()
+            else:
+                upgrade_schema(self._engine)
         except SQLAlchemyError as exc:
             self._engine.dispose()
             raise DraftboardError(f"cannot open job queue {self._display}: {getattr(exc, 'orig', None) or exc}") from exc
@@ -380,20 +417,31 @@ class JobQueue:
                 f"cannot migrate job queue {self._display}: {exc} (was it made by a newer draftboard?)"
             ) from exc
 
+    def _check_revision(self) -> None:
+        with self._engine.connect() as conn:
+            current = schema_revision(conn)
+        if current != schema_head():
+            self._engine.dispose()
+            raise DraftboardError(
+                f"job queue {self._display} is at schema revision {current or 'none'}, this draftboard reads "
+                f"{schema_head()}; a read-only dashboard does not migrate it (a worker or a writable dashboard does)"
+            )
+
     def close(self) -> None:
         """Release the connections (the queue can still be used; it reconnects)."""
         self._engine.dispose()
 
-    def submit(self, kind: str, params: Mapping[str, Any], command: Sequence[str | os.PathLike]) -> Job:
-        """Queue a job, or return the queued/running/succeeded one with the same kind and params.
+    def submit(self, kind: str, params: Mapping[str, Any]) -> Job:
+        """Queue a job of kind with params (validated by the kind's spec: DraftboardError if they
+        are not valid), or return the queued/running/succeeded one with the same kind and params.
 
         The returned Job has existing=True in the second case.
         """
-        argv = _checked_command(command)
+        params = checked_params(kind, params)
         key = dedup_key(kind, params)
         insert = (
             sa.insert(jobs)
-            .values(kind=kind, params=dict(params), command=argv, state=QUEUED, created_at=_now(),
+            .values(kind=kind, params=params, state=QUEUED, created_at=_now(),
                     progress=0.0, cancel_requested=False, dedup_key=key)
             .returning(*jobs.c)
         )
@@ -519,10 +567,22 @@ class JobQueue:
         return failed
 
     def log_tail(self, job: Job | int, n_lines: int = 50) -> str:
-        """The last n_lines of the job's log file; "" before it has one or where it is not readable here."""
+        """The last n_lines of the job's log file; "" before it has one or where it is not readable here.
+
+        Only files inside this process's logs folder (`config.logs_dir()`) are read: for a row
+        whose log_path points elsewhere (/etc/passwd, a `..` path, a symlink out), which anyone
+        who can write to the queue could set, the tail is one line saying it is not shown (a
+        line, not an exception: one such row must not break the queue's page for everyone).
+        """
         if not isinstance(job, Job):
             job = self.get(job)
-        return tail_text(Path(job.log_path), n_lines) if job.log_path else ""
+        if not job.log_path:
+            return ""
+        logs = config.logs_dir().resolve()
+        path = Path(job.log_path).resolve()
+        if not path.is_relative_to(logs):
+            return f"[draftboard] log not shown: {job.log_path} is outside the logs folder {logs}"
+        return tail_text(path, n_lines)
 
     def _first(self, query: sa.Select) -> Job | None:
         with self._engine.connect() as conn:
@@ -565,64 +625,3 @@ def tail_text(path: Path, n_lines: int) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-n_lines:])
-
-
-# `draftboard eval` flag for each eval job param, in argv order.
-_EVAL_FLAGS = {
-    "target": "--target",
-    "drafter": "--drafter",
-    "prompts": "--prompts",
-    "completions": "--completions",
-    "max_new_tokens": "--max-new-tokens",
-    "budgets": "--budgets",
-    "device": "--device",
-    "dtype": "--dtype",
-    "linear_attn": "--linear-attn",
-    "train_run_id": "--train-run-id",
-    "checkpoint_step": "--checkpoint-step",
-    "tracking_uri": "--tracking-uri",
-    "reference": "--reference",
-    "out": "--out",
-}
-_EVAL_REQUIRED = ("target", "drafter", "prompts")
-_EVAL_INTS = ("max_new_tokens", "checkpoint_step")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _eval_arg(key: str, value: Any) -> str:
-    if key == "budgets":
-        if not isinstance(value, (list, tuple)) or not value or not all(_is_int(b) and b > 0 for b in value):
-            raise DraftboardError(f"eval param budgets must be a list of positive integers, got {value!r}")
-        return ",".join(map(str, value))
-    if key in _EVAL_INTS:
-        if not _is_int(value) or value < 0:
-            raise DraftboardError(f"eval param {key} must be a non-negative integer, got {value!r}")
-        return str(value)
-    text = os.fspath(value) if isinstance(value, os.PathLike) else value
-    if not isinstance(text, str) or not text or "\0" in text:
-        raise DraftboardError(f"eval param {key} must be a non-empty string, got {value!r}")
-    if text.startswith("-"):
-        # argparse would read it as a flag; "./-name" reaches the same file.
-        raise DraftboardError(f"eval param {key}={text!r} starts with '-'; write it as ./{text}")
-    return text
-
-
-def eval_command(params: Mapping[str, Any]) -> list[str]:
-    """The argv of `draftboard eval` for an eval job's params (None values: the CLI default).
-
-    Each value is its own argv item, so quotes, `;` or `$(...)` in a name stay literal text.
-    """
-    unknown = sorted(set(params) - set(_EVAL_FLAGS))
-    if unknown:
-        raise DraftboardError(f"unknown eval param(s) {', '.join(unknown)}; known: {', '.join(_EVAL_FLAGS)}")
-    missing = [key for key in _EVAL_REQUIRED if params.get(key) is None]
-    if missing:
-        raise DraftboardError(f"an eval job needs {', '.join(missing)}")
-    argv = [sys.executable, "-m", "tracker.cli", "eval"]
-    for key, flag in _EVAL_FLAGS.items():
-        if params.get(key) is not None:
-            argv += [flag, _eval_arg(key, params[key])]
-    return argv

@@ -1,6 +1,10 @@
 """`draftboard worker`: claims queued jobs and runs each one through a launcher.
 
-The launcher (`tracker.jobs.launchers`) decides where a job's argv runs: `local` (the default) as
+A job is data: the worker checks its kind and params (`tracker.jobs.queue.KINDS`, the eval's
+spec in `tracker.jobs.eval_job`), checks its paths against the allowed roots where it runs,
+and builds the argv itself; a job it cannot build or whose paths it refuses fails with
+`refused: ...` before anything starts. The launcher (`tracker.jobs.launchers`) decides where
+that argv runs: `local` (the default) as
 a subprocess of the worker, `ray` as a Ray job on a cluster (docs/RAY.md). Everything about
 the queue stays here: one thread per running job supervises it, heartbeats, watches for a
 cancel request, and records the outcome, while the job's output reaches its log file and its
@@ -12,7 +16,6 @@ Ctrl-C, decides how a job ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -21,18 +24,15 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from tracker.errors import DraftboardError
 from tracker import config
-from tracker.jobs.queue import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job, JobQueue
-from tracker.jobs.launchers import (DRAIN_S, ERROR_TAIL_LINES, PROGRESS_MIN_INTERVAL_S, Execution, JobOutput,
-                               LaunchError, Launcher, LocalLauncher)
-
-__all__ = ["run_worker", "make_worker_id", "check_allowed_paths", "TICK_S", "DRAIN_S", "ERROR_TAIL_LINES",
-           "PROGRESS_MIN_INTERVAL_S"]
+from tracker.errors import DraftboardError
+from tracker.jobs.launchers.base import Execution, JobOutput, LaunchError, Launcher
+from tracker.jobs.launchers.local import LocalLauncher
+from tracker.jobs.queue import CANCELLED, FAILED, KINDS, RUNNING, SUCCEEDED, Job, JobQueue, checked_params
 
 log = logging.getLogger(__name__)
 
@@ -43,85 +43,41 @@ TICK_S = 0.05
 _EXITED, _CANCELLED, _LOST, _ABORTED = "exited", "cancelled", "lost", "aborted"
 
 
-# The eval flags (and job params) naming files the eval reads: checked against the allowed roots.
-_PATH_FLAGS = {"--target": "target", "--drafter": "drafter", "--prompts": "prompts", "--completions": "completions"}
+def job_args(job: Job, environ: dict | None = None) -> list[str]:
+    """The CLI arguments (`eval --target ...`) of a claimed job, built from its params alone.
 
-
-def _eval_options() -> list[str]:
-    """Every long option of `draftboard eval` (to resolve abbreviations as argparse does)."""
-    import argparse
-
-    from tracker.cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return [o for o in sub.choices["eval"]._option_string_actions if o.startswith("--")]
-
-
-def _argv_values(argv: list[str], flags: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(flag, value) for each of flags in a `draftboard eval` argv, as argparse would read it
-    (`--flag value`, `--flag=value`, unique prefixes such as `--targ`); [] for other commands."""
-    is_eval = "tracker.cli" in argv[:4] or os.path.basename(argv[0]) == "draftboard"
-    if not is_eval or "eval" not in argv:
-        return []
-    options, found = _eval_options(), []
-    rest = argv[argv.index("eval") + 1:]
-    for i, token in enumerate(rest):
-        if token == "--":
-            break
-        if not token.startswith("--"):
-            continue
-        name, eq, value = token.partition("=")
-        matches = [o for o in options if o == name] or [o for o in options if o.startswith(name)]
-        if len(matches) == 1 and matches[0] in flags:
-            if eq:
-                found.append((matches[0], value))
-            elif i + 1 < len(rest):
-                found.append((matches[0], rest[i + 1]))
-    return found
-
-
-def check_allowed_paths(job: Job, environ: dict | None = None) -> None:
-    """Refuse (LaunchError) an eval job reading a path outside DRAFTBOARD_ALLOWED_ROOTS.
-
-    The same roots as the dashboard's Launch check (`tracker.config.allowed_roots`), applied to
-    the argv that will run (--target, --drafter, --prompts, --completions) and to the job's
-    params, so a job queued around the dashboard is held to them too. As on the Launch page, a
-    drafter registered as a checkpoint of the job's training run (--train-run-id) is trusted.
-    Without DRAFTBOARD_ALLOWED_ROOTS in the worker's environment nothing is checked: a worker
-    on a Ray head or a GPU box reads paths of the cluster, which its own home says nothing about.
-    Paths need not exist here (they may exist only on a Ray cluster).
+    LaunchError (`refused: ...`) for a kind this worker does not run, params that do not
+    validate, or a path outside DRAFTBOARD_ALLOWED_ROOTS: the same roots as the dashboard's
+    Launch check (`tracker.config.allowed_roots`), applied again here at run time, so a job
+    queued around the dashboard is held to them too, and a folder's contents (symlinks, shard
+    indexes) are re-read as they are now. As on the Launch page, a drafter registered as a
+    checkpoint of the job's training run (train_run_id) is trusted. Without
+    DRAFTBOARD_ALLOWED_ROOTS in the worker's environment no path is checked: a worker on a Ray
+    head or a GPU box reads paths of the cluster, which its own home says nothing about.
     """
-    if not config.roots_configured(environ):
-        return
-    roots = config.allowed_roots(environ)
-    pairs = _argv_values(job.command, tuple(_PATH_FLAGS))
-    if job.kind == "eval":
-        pairs += [(flag, job.params[key]) for flag, key in _PATH_FLAGS.items() if isinstance(job.params.get(key), str)]
-    for flag, value in pairs:
-        path = Path(value).expanduser().resolve()
-        if any(path == root or path.is_relative_to(root) for root in roots):
-            continue
-        if flag == "--drafter" and _registered_checkpoint(job, value):
-            continue
-        shown = ", ".join(str(r) for r in roots)
-        raise LaunchError(f"refused: {flag} {path} is outside the allowed roots ({shown}) of this worker's "
-                          f"{config.ROOTS_VAR}; nothing was run")
+    try:
+        params = checked_params(job.kind, job.params)
+        spec = KINDS[job.kind]
+        if config.roots_configured(environ):
+            try:
+                spec.check_paths(params, config.allowed_roots(environ),
+                                 trusted=lambda drafter: _registered_checkpoint(job, params, drafter))
+            except DraftboardError as exc:
+                raise DraftboardError(f"{exc} of this worker's {config.ROOTS_VAR}") from None
+        return spec.cli_args(params)
+    except DraftboardError as exc:
+        raise LaunchError(f"refused: {exc}; nothing was run") from exc
 
 
-def _registered_checkpoint(job: Job, drafter: str) -> bool:
+def _registered_checkpoint(job: Job, params: dict[str, Any], drafter: str) -> bool:
     """True if drafter is a checkpoint registered on the job's training run (read from its store)."""
-    def setting(flag: str, key: str) -> str | None:  # the argv's value (argparse keeps the last), else the param
-        values = [v for _, v in _argv_values(job.command, (flag,))]
-        return values[-1] if values else job.params.get(key)
-
-    run_id = setting("--train-run-id", "train_run_id")
+    run_id = params.get("train_run_id")
     if not run_id:
         return False
-    uri = setting("--tracking-uri", "tracking_uri")
     from tracker.store.tracker import Tracker  # MLflow: imported only for this case
 
     try:
-        registered = Tracker(uri).checkpoints(run_id)
+        registered = Tracker(params.get("tracking_uri")).checkpoints(run_id)
     except DraftboardError as exc:
         log.warning("job %d: cannot read the checkpoints of run %s: %s", job.id, run_id, exc)
         return False
@@ -140,7 +96,6 @@ def run_worker(
     poll_s: float = 1.0,
     heartbeat_s: float = 5.0,
     stale_s: float = 60.0,
-    log_dir: str | os.PathLike | None = None,
     once: bool = False,
     stop_event: threading.Event | None = None,
     grace_s: float = 10.0,
@@ -155,7 +110,8 @@ def run_worker(
     LocalLauncher, subprocesses of this process). A cancel request stops a job (locally:
     SIGTERM to its process group, then SIGKILL after grace_s). When the worker stops
     (stop_event, SIGTERM in the main thread, Ctrl-C) its running jobs are stopped the same
-    way and marked failed. Logs go to log_dir (default <DRAFTBOARD_HOME>/logs) as job-<id>.log.
+    way and marked failed. Logs go to `config.logs_dir()` (<DRAFTBOARD_HOME>/logs) as job-<id>.log,
+    the one folder the dashboard reads log tails from.
     """
     if slots < 1:
         raise DraftboardError(f"a worker needs at least one slot, got {slots}")
@@ -166,7 +122,7 @@ def run_worker(
         )
     launcher = launcher or LocalLauncher()
     queue = JobQueue(queue_uri)
-    logs = Path(log_dir) if log_dir is not None else config.logs_dir()
+    logs = config.logs_dir()
     logs.mkdir(parents=True, exist_ok=True)
     worker_id = make_worker_id()
     stop = stop_event or threading.Event()
@@ -262,13 +218,9 @@ class _JobRunner(threading.Thread):
         log_file = open(self._log_path, "w", encoding="utf-8")
         output = JobOutput(log_file, self._queue, job.id)
         try:
-            header = self._launcher.header(job)
-        except DraftboardError:  # a command the launcher cannot express: launch() says why
-            header = json.dumps(job.command)
-        output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}: {header}")
-        try:
-            check_allowed_paths(job)
-            execution = self._launcher.launch(job, output)
+            argv = self._launcher.command(job_args(job))
+            output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}: {self._launcher.header(argv)}")
+            execution = self._launcher.launch(job, argv, output)
         except LaunchError as exc:
             output.note(str(exc))
             output.close()

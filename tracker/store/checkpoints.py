@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.store import names
 
-ARTIFACT_DIR = "checkpoints"
 _CHUNK = 1 << 20
 
 
@@ -30,23 +30,26 @@ class Checkpoint:
 
     @property
     def artifact_file(self) -> str:
-        return artifact_file(self.step)
+        return names.checkpoint_artifact(self.step)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Checkpoint":
-        return cls(
-            step=int(data["step"]),
-            path=str(data["path"]),
-            size_bytes=int(data["size_bytes"]),
-            sha256=str(data["sha256"]),
-        )
+    def from_dict(cls, data: object) -> "Checkpoint":
+        """The record as written by `to_dict`; DraftboardError naming the first bad field.
 
-
-def artifact_file(step: int) -> str:
-    return f"{ARTIFACT_DIR}/step_{step}.json"
+        Strict on purpose: `int("7")` or `int(7.5)` would turn a damaged record into a
+        checkpoint at a step nobody saved.
+        """
+        if not isinstance(data, dict):
+            raise DraftboardError(f"expected a JSON object, got {type(data).__name__}")
+        for key, kind in (("step", int), ("path", str), ("size_bytes", int), ("sha256", str)):
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value < 0):
+                raise DraftboardError(f"field {key!r} must be {'an integer >= 0' if kind is int else 'a string'}, "
+                                      f"got {value!r:.60}")
+        return cls(step=data["step"], path=data["path"], size_bytes=data["size_bytes"], sha256=data["sha256"])
 
 
 def describe(path: str | Path, step: int) -> Checkpoint:

@@ -111,9 +111,17 @@ def history_signature(uri: str, run_ids: Sequence[str], client=None) -> tuple:
     sig = []
     for run_id in run_ids:
         data = client.get_run(run_id).data
-        objs = getattr(data, "_metric_objs", None) or []
-        sig.extend((run_id, m.key, m.step, m.timestamp) for m in objs)
+        sig.extend((run_id, m.key, m.step, m.timestamp) for m in data.to_proto().metrics)
     return tuple(sorted(sig))
+
+
+def latest_metric_steps(data) -> dict[str, int]:
+    """{metric: step of its latest value} of an `mlflow.entities.RunData`.
+
+    `RunData.metrics` holds the values only; the steps are in its public protobuf form.
+    """
+    return {m.key: int(m.step) for m in data.to_proto().metrics}
+
 
 
 # --------------------------------------------------------------------------- histories

@@ -22,11 +22,16 @@ REFERENCE_NAME = "draftboard.reference_name"
 ERROR = "draftboard.error"
 IMPORTED = "draftboard.imported"
 PUBLISHED = "draftboard.published"
+TOOL = "draftboard.tool"  # the training stack that wrote an adopted run (tracker/store/adoption.py)
+STEP_UNIT = "draftboard.step_unit"  # what an adopted run's step counts: micro-batch or optimizer step
+DEMO = "draftboard.demo"
 
 ENV_HASH = "env.hash"
 ENV_LINEAR_ATTN = "env.linear_attn"
 ENV_DEVICE = "env.device"
 ENV_DTYPE = "env.dtype"
+ENV_TORCH = "env.torch"
+ENV_TRANSFORMERS = "env.transformers"
 ENV_GPU = "env.gpu"
 
 # --------------------------------------------------------------------------- artifacts
@@ -86,6 +91,28 @@ def family_values(metrics: dict[str, float], family: str) -> dict[int, float]:
         if parsed and parsed[0] == family:
             found[parsed[1]] = value
     return dict(sorted(found.items()))
+
+
+_CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"
+
+
+def ci_metrics(metric: str) -> tuple[str, str]:
+    """The 95% bootstrap bounds of a metric: `tau` -> (`tau_ci_low`, `tau_ci_high`)."""
+    return f"{metric}{_CI_LOW}", f"{metric}{_CI_HIGH}"
+
+
+# --------------------------------------------------------------------------- protocol tags
+# `protocol.<field>` for each field of tracker.protocol.Protocol (DESIGN.md, fixed).
+PROTOCOL_PREFIX = "protocol."
+
+
+def protocol_tag(field: str) -> str:
+    return f"{PROTOCOL_PREFIX}{field}"
+
+
+def parse_protocol_tag(tag: str) -> str | None:
+    """The protocol field a tag holds, else None: `protocol.block_size` -> "block_size"."""
+    return tag[len(PROTOCOL_PREFIX):] if tag.startswith(PROTOCOL_PREFIX) else None
 
 
 def is_eval_metric(name: str) -> bool:

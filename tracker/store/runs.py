@@ -19,28 +19,13 @@ from typing import Any, Mapping
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
 
-from tracker.store import checkpoints as ckpt
-from tracker.store.checkpoints import Checkpoint
 from tracker.errors import DraftboardError
+from tracker.store import checkpoints, names
+from tracker.store.checkpoints import Checkpoint
 from tracker.store.retry import RetryPolicy, call_with_retry
 from tracker.store.steps import MAX_METRICS_PER_BATCH, MetricChecker, StepFlusher, check_step
 
 log = logging.getLogger(__name__)
-
-# Tags (the first five are fixed by DESIGN.md).
-KIND = "draftboard.kind"
-TARGET = "draftboard.target"
-TRAIN_RUN_ID = "draftboard.train_run_id"
-CHECKPOINT = "draftboard.checkpoint"
-CHECKPOINT_STEP = "draftboard.checkpoint_step"
-CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
-CHECKPOINT_COUNT = "draftboard.checkpoints"
-REFERENCE_NAME = "draftboard.reference_name"
-ERROR = "draftboard.error"
-IMPORTED = "draftboard.imported"
-
-KINDS = ("train", "eval", "reference")
-FINGERPRINT_ARTIFACT = "fingerprint.json"
 
 _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 _MAX_PARAM_VALUE = 6000  # MLflow's param value limit
@@ -85,15 +70,16 @@ class _Run:
         name: str,
         tags: Mapping[str, str],
         params: Mapping[str, Any],
-        fingerprint: dict | None,
+        fp: dict | None,
     ) -> None:
-        from tracker import fingerprint as fp_module  # imported late: it pulls in torch
+        from tracker import fingerprint  # imported late: capture() pulls in torch
 
-        fp = fingerprint if fingerprint is not None else fp_module.capture()
+        if fp is None:
+            fp = fingerprint.capture()
         self._store = store
         self._client = store.client
         self._closed = False
-        all_tags = {**fp_module.env_tags(fp), **tags}
+        all_tags = {**fingerprint.env_tags(fp), **tags}
         try:
             run = self._client.create_run(store.experiment_id, run_name=name, tags=all_tags)
         except Exception as exc:
@@ -104,12 +90,11 @@ class _Run:
             flat = [Param(k, v) for k, v in flatten_params(params).items()]
             for i in range(0, len(flat), _MAX_PARAMS_PER_BATCH):
                 self._client.log_batch(self.run_id, params=flat[i : i + _MAX_PARAMS_PER_BATCH], synchronous=True)
-            self._client.log_dict(self.run_id, fp, FINGERPRINT_ARTIFACT)
-        except Exception as exc:
-            try:
-                self._end(RunStatus.FAILED, exc)
-            except Exception as end_exc:  # the store is gone; the start error is the one to report
-                log.warning("could not mark run %s FAILED: %s", self.run_id, end_exc)
+            self._client.log_dict(self.run_id, fp, names.FINGERPRINT_ARTIFACT)
+        except BaseException as exc:  # Ctrl-C included: a created run never stays RUNNING
+            self._end_failed(exc)
+            if not isinstance(exc, Exception):
+                raise
             raise DraftboardError(f"cannot start run {name!r} in {store.where}: {exc}") from exc
 
     def __enter__(self):
@@ -129,6 +114,9 @@ class _Run:
             self._flush()
         except DraftboardError as exc:
             flush_error = exc
+        except BaseException as exc:  # a second Ctrl-C while flushing: still end the run, FAILED
+            self._end_failed(error or exc)
+            raise
         failure = error or flush_error
         try:
             self._end(RunStatus.FINISHED if failure is None else RunStatus.FAILED, failure)
@@ -147,10 +135,17 @@ class _Run:
     def _end(self, status: int, error: BaseException | None) -> None:
         def send() -> None:
             if error is not None:
-                self._client.set_tag(self.run_id, ERROR, describe_error(error))
+                self._client.set_tag(self.run_id, names.ERROR, describe_error(error))
             self._client.set_terminated(self.run_id, RunStatus.to_string(status))
 
         call_with_retry(send, self._store.retry, f"ending run {self.run_id}")
+
+    def _end_failed(self, error: BaseException) -> None:
+        """End the run FAILED; if the store is gone by now, warn: `error` is the one to report."""
+        try:
+            self._end(RunStatus.FAILED, error)
+        except Exception as exc:
+            log.warning("could not mark run %s FAILED: %s", self.run_id, exc)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -171,7 +166,12 @@ class _Run:
 
 
 class TrainingRun(_Run):
-    """A training run: `log_step` is buffered (see steps.py), `log_checkpoint` is written at once."""
+    """A training run: `log_step` is buffered (see steps.py), `log_checkpoint` is written at once.
+
+    `max_pending_steps` bounds the buffer: `log_step` then waits for the store instead of
+    growing it. A training loop leaves it unbounded (it must never wait); a log import sets it,
+    since it produces steps far faster than any store takes them.
+    """
 
     def __init__(
         self,
@@ -182,10 +182,11 @@ class TrainingRun(_Run):
         *,
         tags: Mapping[str, str] | None = None,
         fingerprint: dict | None = None,
+        max_pending_steps: int | None = None,
     ) -> None:
-        run_tags = {**(tags or {}), KIND: "train"}
+        run_tags = {**(tags or {}), names.KIND: "train"}
         if target is not None:
-            run_tags[TARGET] = str(target)
+            run_tags[names.TARGET] = str(target)
         super().__init__(store, name, run_tags, params, fingerprint)
         self._checker = MetricChecker()
         self._checkpoint_steps: set[int] = set()
@@ -195,6 +196,7 @@ class TrainingRun(_Run):
             lambda batch: client.log_batch(run_id, metrics=batch, synchronous=True),
             store.retry,
             where=store.where,
+            max_pending=max_pending_steps,
         )
 
     def log_step(self, step: int, **metrics: float) -> None:
@@ -205,13 +207,13 @@ class TrainingRun(_Run):
     def log_checkpoint(self, path: str | Path, step: int) -> Checkpoint:
         """Digest the checkpoint file/directory and register it on the run durably."""
         self._check_open()
-        record = ckpt.describe(path, check_step(step))
+        record = checkpoints.describe(path, check_step(step))
         self._checkpoint_steps.add(record.step)
         count = str(len(self._checkpoint_steps))
 
         def send() -> None:
             self._client.log_dict(self.run_id, record.to_dict(), record.artifact_file)
-            self._client.set_tag(self.run_id, CHECKPOINT_COUNT, count)
+            self._client.set_tag(self.run_id, names.CHECKPOINT_COUNT, count)
 
         self._send(send, f"registering checkpoint {record.path} in {self.artifact_uri}")
         return record
@@ -240,16 +242,16 @@ class EvalRun(_Run):
     ) -> None:
         if kind not in ("eval", "reference"):
             raise DraftboardError(f"eval run kind must be 'eval' or 'reference', got {kind!r}")
-        run_tags = {**(tags or {}), KIND: kind, TARGET: str(target)}
+        run_tags = {**(tags or {}), names.KIND: kind, names.TARGET: str(target)}
         if isinstance(checkpoint, Checkpoint):
-            run_tags[CHECKPOINT_SHA256] = checkpoint.sha256
+            run_tags[names.CHECKPOINT_SHA256] = checkpoint.sha256
             checkpoint_step = checkpoint.step if checkpoint_step is None else checkpoint_step
             checkpoint = checkpoint.path
         optional = {
-            TRAIN_RUN_ID: train_run_id,
-            CHECKPOINT: None if checkpoint is None else str(checkpoint),
-            CHECKPOINT_STEP: None if checkpoint_step is None else str(check_step(checkpoint_step)),
-            REFERENCE_NAME: reference_name,
+            names.TRAIN_RUN_ID: train_run_id,
+            names.CHECKPOINT: None if checkpoint is None else str(checkpoint),
+            names.CHECKPOINT_STEP: None if checkpoint_step is None else str(check_step(checkpoint_step)),
+            names.REFERENCE_NAME: reference_name,
         }
         run_tags.update({k: v for k, v in optional.items() if v is not None})
         super().__init__(store, name, run_tags, params or {}, fingerprint)

@@ -78,7 +78,8 @@ class StepFlusher:
 
     `send` receives lists of at most MAX_METRICS_PER_BATCH metrics. Once a batch has
     failed for longer than the retry window the flusher stops; `add` and `close`
-    then raise DraftboardError saying how much was not sent.
+    then raise DraftboardError saying how much was not sent. With `max_pending`, `add`
+    waits while that many steps are queued, so memory stays bounded.
     """
 
     def __init__(
@@ -89,15 +90,18 @@ class StepFlusher:
         where: str,
         interval_s: float = 1.0,
         wake_after_steps: int = 1000,
+        max_pending: int | None = None,
     ) -> None:
         self._send = send
         self._retry = retry
         self._where = where
         self._interval_s = interval_s
-        self._wake_after = wake_after_steps
+        self._wake_after = wake_after_steps if max_pending is None else min(wake_after_steps, max_pending)
+        self._max_pending = max_pending
         self._queue: collections.deque[tuple[int, int, Mapping[str, float]]] = collections.deque()
         self._carry: list[Metric] = []  # metrics taken from the queue but not yet sent
         self._wake = threading.Event()
+        self._sent = threading.Event()  # set after every batch, and when the thread stops
         self._closing = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="draftboard-flusher", daemon=True)
@@ -110,6 +114,9 @@ class StepFlusher:
         self._queue.append((step, time.time_ns() // 1_000_000, metrics))
         if len(self._queue) >= self._wake_after:
             self._wake.set()
+        while self._max_pending is not None and len(self._queue) > self._max_pending and self._error is None:
+            self._sent.wait(self._interval_s)
+            self._sent.clear()
 
     def close(self) -> None:
         """Send everything queued, stop the thread; DraftboardError if some metrics were not sent."""
@@ -135,6 +142,7 @@ class StepFlusher:
                 self._drain()
             except Exception as exc:  # reported to the training loop by add()/close()
                 self._error = exc
+                self._sent.set()
                 return
             if closing:
                 return
@@ -146,6 +154,7 @@ class StepFlusher:
                 return
             call_with_retry(lambda: self._send(batch), self._retry, f"logging metrics to {self._where}")
             del self._carry[: len(batch)]
+            self._sent.set()
 
     def _next_batch(self) -> list[Metric]:
         # A step with more metrics than fit in one batch is split; `_carry` keeps the rest

@@ -10,6 +10,7 @@ MLFLOW_TRACKING_PASSWORD); only the default artifact location is local.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -19,12 +20,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
-from tracker.store import checkpoints as ckpt
-from tracker.store.checkpoints import Checkpoint
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.store import names
+from tracker.store.checkpoints import Checkpoint
 from tracker.store.retry import RetryPolicy
-from tracker.store.runs import FINGERPRINT_ARTIFACT, KIND, KINDS, EvalRun, StoreContext, TrainingRun
+from tracker.store.runs import EvalRun, StoreContext, TrainingRun
+
+log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "draftboard"
 
@@ -91,10 +94,15 @@ class Tracker:
     def experiment_id(self) -> str:
         """Id of the experiment, created on first use."""
         if self._experiment_id is None:
-            self._experiment_id = self._find_experiment(create=True)
+            self._experiment_id = self.find_experiment(create=True)
         return self._experiment_id
 
-    def _find_experiment(self, create: bool) -> str | None:
+    def find_experiment(self, create: bool = False) -> str | None:
+        """Id of the experiment, None when nobody has written to this store yet (unless `create`).
+
+        Reaching the store is part of the answer: DraftboardError when it is down or refuses
+        this user, which is what a caller checking access before writing needs to know.
+        """
         try:
             found = self.client.get_experiment_by_name(self.experiment_name)
             if found is None and create:
@@ -132,12 +140,15 @@ class Tracker:
         *,
         tags: Mapping[str, str] | None = None,
         fingerprint: dict | None = None,
+        max_pending_steps: int | None = None,
     ) -> TrainingRun:
         """Start a training run; use as `with tracker.training_run(...) as run:`.
 
         The fingerprint (captured here unless given) is stored before the first step.
+        `max_pending_steps`: see TrainingRun (leave it unset in a training loop).
         """
-        return TrainingRun(self._context(), name, params, target, tags=tags, fingerprint=fingerprint)
+        return TrainingRun(self._context(), name, params, target, tags=tags, fingerprint=fingerprint,
+                           max_pending_steps=max_pending_steps)
 
     def eval_run(
         self,
@@ -174,12 +185,12 @@ class Tracker:
         """Promote an eval run to a reference, or demote it back to an eval run."""
         if kind not in ("eval", "reference"):
             raise DraftboardError(f"kind must be 'eval' or 'reference', got {kind!r}")
-        current = self.run(run_id).data.tags.get(KIND)
+        current = self.run(run_id).data.tags.get(names.KIND)
         if current not in ("eval", "reference"):
             raise DraftboardError(
                 f"run {run_id} is a {current or 'non-draftboard'} run; only eval runs can become references"
             )
-        self.client.set_tag(run_id, KIND, kind)
+        self.client.set_tag(run_id, names.KIND, kind)
 
     # ------------------------------------------------------------------ reading runs
 
@@ -196,12 +207,12 @@ class Tracker:
 
     def find_runs(self, kind: str | None = None, filter: str | None = None) -> list[Run]:
         """Runs of this experiment, newest first; `filter` is an MLflow search filter string."""
-        if kind is not None and kind not in KINDS:
-            raise DraftboardError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        experiment_id = self._find_experiment(create=False)
+        if kind is not None and kind not in names.KINDS:
+            raise DraftboardError(f"kind must be one of {', '.join(names.KINDS)}, got {kind!r}")
+        experiment_id = self.find_experiment()
         if experiment_id is None:
             return []
-        clauses = [f"tags.`{KIND}` = '{kind}'"] if kind else []
+        clauses = [f"tags.`{names.KIND}` = '{kind}'"] if kind else []
         if filter:
             clauses.append(filter)
         runs: list[Run] = []
@@ -222,22 +233,41 @@ class Tracker:
             raise DraftboardError(f"cannot search runs in {self.uri}: {access_problem(exc) or exc.message}") from exc
 
     def fingerprint(self, run_id: str) -> dict:
-        """The run's fingerprint.json."""
+        """The run's fingerprint.json; DraftboardError if it is missing or not a JSON object."""
         self.run(run_id)
-        return self._read_json(run_id, FINGERPRINT_ARTIFACT, missing="not logged by draftboard?")
+        artifact = names.FINGERPRINT_ARTIFACT
+        raw = self._download(run_id, artifact, missing="not logged by draftboard?")
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise DraftboardError(f"run {run_id}: {artifact} is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise DraftboardError(f"run {run_id}: {artifact} is not a JSON object")
+        return data
 
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
-        """Checkpoints registered on a training run, by step."""
+        """Checkpoints registered on a training run, by step.
+
+        A damaged record is skipped with a warning: one bad file must not hide the others from
+        the Launch and Run detail pages (or from the worker's trusted-drafter check).
+        """
         self.run(run_id)
-        files = self.client.list_artifacts(run_id, ckpt.ARTIFACT_DIR)
-        records = [Checkpoint.from_dict(self._read_json(run_id, f.path)) for f in files if not f.is_dir]
+        records = []
+        for f in self.client.list_artifacts(run_id, names.CHECKPOINTS_DIR):
+            if f.is_dir:
+                continue
+            raw = self._download(run_id, f.path)
+            try:
+                records.append(Checkpoint.from_dict(json.loads(raw)))
+            except (ValueError, DraftboardError) as exc:  # JSONDecodeError and UnicodeDecodeError
+                log.warning("run %s: skipping checkpoint record %s: %s", run_id, f.path, exc)
         return sorted(records, key=lambda c: c.step)
 
-    def _read_json(self, run_id: str, artifact: str, missing: str = "") -> dict:
+    def _download(self, run_id: str, artifact: str, missing: str = "") -> bytes:
         with tempfile.TemporaryDirectory(prefix="draftboard-") as tmp:
             try:
                 local = self.client.download_artifacts(run_id, artifact, tmp)
             except Exception as exc:
                 why = f" ({missing})" if missing else ""
                 raise DraftboardError(f"run {run_id} has no readable {artifact}{why}: {exc}") from exc
-            return json.loads(Path(local).read_text())
+            return Path(local).read_bytes()

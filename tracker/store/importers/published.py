@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from tracker import fingerprint
+from tracker.store import names
 
 DATA = Path(__file__).with_name("published_zlab.json")
 
@@ -56,7 +57,7 @@ def import_published(tracker, tags: dict[str, str] | None = None, path: str | Pa
         name = f"z-lab published: {table['title']}"
         with tracker.eval_run(name, target=table["target"], params={k: v for k, v in params.items() if v is not None},
                               fingerprint=_fingerprint(table), kind="reference", reference_name=name,
-                              tags={**(tags or {}), "draftboard.published": "1"}) as run:
+                              tags={**(tags or {}), names.PUBLISHED: "1"}) as run:
             run.log_metrics({k: float(v) for k, v in metrics.items()}, step=0)
             run_ids.append(run.run_id)
     return run_ids

@@ -12,21 +12,32 @@ Two formats, recognised by the first non-blank line:
 
 The imported run's fingerprint is `tracker.fingerprint.imported(...)`: the log does
 not say where it was produced, so every environment field stays unknown.
+
+The file is read line by line, twice: a first pass checks every line before anything is
+written (a malformed log creates no run), the second streams the steps into the run with a
+bounded buffer, so memory does not grow with the log. An interruption of the second pass
+(Ctrl-C, SIGTERM, a store error) ends the run FAILED holding every step read before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tracker.errors import DraftboardError
 from tracker.jsonlines import json_object
-from tracker.store.runs import IMPORTED
+from tracker.store import names
 from tracker.store.steps import MetricChecker
 
 _PAIR = re.compile(r"(?<![\w.\-/])([A-Za-z_][\w.\-/]*)=([^\s,;]+)")
+MAX_LINE_CHARS = 1 << 20  # bytes; a longer "line" is not a training log (and would defeat streaming)
+MAX_PENDING_STEPS = 2000  # read but not yet sent: about 1 MB for any log; all a Ctrl-C waits for
 
 
 @dataclass(frozen=True)
@@ -39,50 +50,73 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
-class ParsedLog:
+class LogSummary:
+    """What the checking pass found: the import's params, known before the run starts."""
+
     path: str
     format: str  # "jsonl" or "kv"
-    records: list[StepRecord]
+    records: int
     skipped_lines: int  # non-blank kv lines without a step
 
 
-def parse_log(path: str | Path) -> list[StepRecord]:
-    """The step records of a JSON-lines or key=value log, in file order."""
-    return read_log(path).records
-
-
-def read_log(path: str | Path) -> ParsedLog:
-    """Parse a log; DraftboardError naming `file:line` for anything malformed."""
+def scan_log(path: str | Path) -> LogSummary:
+    """Check every line of a log; DraftboardError naming `file:line` for anything malformed."""
     file = Path(path)
-    if not file.is_file():
-        raise DraftboardError(f"{file}: no such log file")
+    fmt = _format(file)
+    records = skipped = 0
+    for record in _records(file, fmt):
+        if record is None:
+            skipped += 1
+        else:
+            records += 1
+    if not records:
+        raise DraftboardError(
+            f"{file}: no step records found; expected JSON lines with a \"step\" field "
+            "or lines like `step=10 loss=2.3`"
+        )
+    return LogSummary(str(file), fmt, records, skipped)
+
+
+def _lines(file: Path) -> Iterator[tuple[int, str]]:
+    """(line number, stripped text) of the non-blank lines, one at a time.
+
+    Read as bytes and decoded per line, so a bad byte is reported at its own line (a text
+    stream decodes ahead, by blocks).
+    """
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise DraftboardError(f"{file}: not a UTF-8 text log ({exc.reason} at byte {exc.start})") from exc
-    numbered = [(n, text.strip()) for n, text in enumerate(lines, start=1) if text.strip()]
-    fmt = "jsonl" if numbered and numbered[0][1].startswith("{") else "kv"
+        with open(file, "rb") as fh:
+            for number, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_CHARS + 1), b""), start=1):
+                if len(raw) > MAX_LINE_CHARS:
+                    raise DraftboardError(f"{file}:{number}: line longer than {MAX_LINE_CHARS} bytes")
+                try:
+                    text = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise DraftboardError(f"{file}:{number}: not a UTF-8 text log ({exc.reason})") from None
+                if text:
+                    yield number, text
+    except FileNotFoundError:
+        raise DraftboardError(f"{file}: no such log file") from None
+    except IsADirectoryError:
+        raise DraftboardError(f"{file}: is a directory, not a log file") from None
+
+
+def _format(file: Path) -> str:
+    first = next(_lines(file), (0, ""))[1]
+    return "jsonl" if first.startswith("{") else "kv"
+
+
+def _records(file: Path, fmt: str) -> Iterator[StepRecord | None]:
+    """The log's step records in file order; None for a skipped line (kv without a step)."""
     parse_line = _jsonl_line if fmt == "jsonl" else _kv_line
     checker = MetricChecker()
-    records: list[StepRecord] = []
-    skipped = 0
-    for number, text in numbered:
+    for number, text in _lines(file):
         try:
             record = parse_line(text, number)
             if record is not None:
                 checker.check(record.metrics)
         except DraftboardError as exc:
             raise DraftboardError(f"{file}:{number}: {exc}") from None
-        if record is None:
-            skipped += 1
-        else:
-            records.append(record)
-    if not records:
-        raise DraftboardError(
-            f"{file}: no step records found; expected JSON lines with a \"step\" field "
-            "or lines like `step=10 loss=2.3`"
-        )
-    return ParsedLog(str(file), fmt, records, skipped)
+        yield record
 
 
 def _jsonl_line(text: str, number: int) -> StepRecord:
@@ -135,20 +169,39 @@ def import_log(tracker, path: str | Path, name: str, target: str | None = None) 
     """Log the steps of a training log as a new train run of `tracker`; returns its run id."""
     from tracker import fingerprint
 
-    parsed = read_log(path)
+    summary = scan_log(path)
     params = {
-        "import.source": str(Path(parsed.path).resolve()),
-        "import.format": parsed.format,
-        "import.records": len(parsed.records),
-        "import.skipped_lines": parsed.skipped_lines,
+        "import.source": str(Path(summary.path).resolve()),
+        "import.format": summary.format,
+        "import.records": summary.records,
+        "import.skipped_lines": summary.skipped_lines,
     }
-    with tracker.training_run(
+    with _sigterm_as_interrupt(), tracker.training_run(
         name,
         params,
         target,
-        tags={IMPORTED: "1"},
-        fingerprint=fingerprint.imported(parsed.path, parsed.format),
+        tags={names.IMPORTED: "1"},
+        fingerprint=fingerprint.imported(summary.path, summary.format),
+        max_pending_steps=MAX_PENDING_STEPS,
     ) as run:
-        for record in parsed.records:
-            run.log_step(record.step, **record.metrics)
+        for record in _records(Path(summary.path), summary.format):
+            if record is not None:
+                run.log_step(record.step, **record.metrics)
     return run.run_id
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, so `kill` also ends the run FAILED, not RUNNING."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

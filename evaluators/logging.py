@@ -1,0 +1,80 @@
+"""Where an eval's results go: an MLflow run (`log_eval`) and the `--out` results file.
+
+Metric names are built by `tracker.store.names`, which also parses them for the dashboard.
+The `--out` file is checked before the eval runs (`check_out_path`) and written whole or not at
+all (`write_results`), so a bad `--out` never leaves a logged run behind for a requeued job to
+log twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from evaluators.harness import EvalSettings
+from evaluators.weights import one_line
+from tracker.errors import DraftboardError
+from tracker.store import names
+
+
+def metric_values(results: dict) -> dict[str, float]:
+    """The MLflow metrics of an eval, under the fixed names (DESIGN.md)."""
+    out = {k: float(results[k]) for k in names.EVAL_SCALARS}
+    for k, rate in enumerate(results["accept_rate_by_position"], 1):
+        out[names.accept_rate_metric(k)] = float(rate)
+    for budget, d in results["ddtree"].items():
+        out[names.ddtree_tau_metric(int(budget))] = float(d["tau"])
+        out[names.dds_metric(int(budget))] = float(d["dds"])
+    return out
+
+
+def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,
+             checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None,
+             tags: dict[str, str] | None = None) -> str:
+    """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table."""
+    drafter = Path(s.drafter)
+    name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
+                                 else f"eval {drafter.parent.name} @ step {checkpoint_step}")
+    params = {k: v for k, v in results["settings"].items() if v is not None and k != "cache_dir"}
+    with tracker.eval_run(name, target=s.target, train_run_id=train_run_id, checkpoint=s.drafter,
+                          checkpoint_step=checkpoint_step, params=params, fingerprint=results["fingerprint"],
+                          kind="reference" if reference else "eval", reference_name=reference, tags=tags) as run:
+        run.log_metrics(metric_values(results), step=checkpoint_step or 0)
+        run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
+        run.log_table("per_prompt.json", [
+            {"id": p["id"], "prompt_tokens": len(p["input_ids"]), "completion_tokens": len(p["completion_ids"]),
+             "blocks": len(p["acceptance_lengths"]),
+             "tau": sum(p["acceptance_lengths"]) / max(1, len(p["acceptance_lengths"]))}
+            for p in results["prompts"]])
+        return run.run_id
+
+
+def check_out_path(out: str | Path) -> Path:
+    """Refuse an `--out` that cannot be written, before any work: a missing or unwritable folder, a directory."""
+    out = Path(out)
+    folder = out.parent
+    if not folder.is_dir():
+        raise DraftboardError(f"--out {out}: folder {folder} does not exist; create it first")
+    if out.is_dir():
+        raise DraftboardError(f"--out {out} is a directory; give a file name")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise DraftboardError(f"--out {out}: no permission to write there")
+    return out
+
+
+def write_results(out: str | Path, results: dict) -> None:
+    """Write the results JSON whole: a new file next to `out`, renamed over it once complete."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        fh = open(tmp, "x")  # "x": never truncate a file this process did not create
+    except OSError as e:
+        raise DraftboardError(f"cannot write --out {out}: {one_line(e)}") from None
+    try:
+        with fh:
+            fh.write(json.dumps(results, indent=1) + "\n")
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DraftboardError(f"cannot write --out {out}: {one_line(e)}") from None

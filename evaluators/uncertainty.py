@@ -1,0 +1,189 @@
+"""How sure a tau is: 95% percentile bootstrap intervals over prompts, and paired comparisons.
+
+The resampling unit is the prompt, not the block: the blocks of one prompt share its text and
+are far from independent. Every interval draws one `[resamples, prompts]` matrix of draw counts
+from a fixed seed, so the same results always give the same interval and every statistic of one eval
+(tau, tau_pooled, each DDTree budget, each dataset) sees the same resamples. Inputs are
+per-prompt acceptance-length lists (the walk's blocks, as in `results["prompts"]`); prompts
+without blocks do not count, as in `tau` itself (docs/DESIGN.md, "Metric names").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracker.errors import DraftboardError
+from tracker.store import names
+
+RESAMPLES = 2000
+SEED = 0
+LEVEL = 0.95
+BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference at this sample size"
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float  # the statistic on all prompts
+    low: float
+    high: float
+
+    def bounds(self) -> list[float]:
+        return [self.low, self.high]
+
+
+@dataclass(frozen=True)
+class TauIntervals:
+    tau: Interval  # macro: mean over prompts of each prompt's mean
+    tau_pooled: Interval  # sum of all blocks / number of blocks
+    n_prompts: int  # prompts with at least one block
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    delta: Interval  # tau(B) - tau(A), macro
+    n_prompts: int
+    verdict: str  # BETTER | WORSE | NO_DIFFERENCE: B relative to A
+
+
+def _totals(per_prompt: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    sums = np.array([float(sum(lengths)) for lengths in per_prompt])
+    counts = np.array([float(len(lengths)) for lengths in per_prompt])
+    return sums, counts
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(n_prompts: int, resamples: int, seed: int) -> np.ndarray:
+    """[R, P]: how often each prompt is drawn in each resample (cached, read-only: every
+    statistic of an eval reuses the same draws, and a statistic is then one product)."""
+    if resamples < 1:
+        raise DraftboardError(f"resamples must be positive, got {resamples}")
+    draws = np.random.default_rng(seed).integers(0, n_prompts, size=(resamples, n_prompts))  # [R, P]
+    rows = np.arange(resamples)[:, None] * n_prompts
+    weights = np.bincount((draws + rows).ravel(), minlength=resamples * n_prompts)
+    weights = weights.reshape(resamples, n_prompts).astype(np.float64)
+    weights.flags.writeable = False
+    return weights
+
+
+def _macro(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per resample (rows of weights [R, P]): mean over the drawn prompts that have blocks."""
+    has_blocks = (counts > 0).astype(np.float64)
+    means = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of only empty prompts: nan
+        return (weights @ means) / (weights @ has_blocks)  # [R]
+
+
+def _pooled(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return (weights @ sums) / (weights @ counts)  # [R]
+
+
+def _interval(value: float, samples: np.ndarray, level: float) -> Interval:
+    tail = (1.0 - level) / 2
+    low, high = np.nanquantile(samples, [tail, 1.0 - tail])
+    return Interval(float(value), float(low), float(high))
+
+
+def tau_intervals(per_prompt: Sequence[Sequence[int]], *, resamples: int = RESAMPLES, seed: int = SEED,
+                  level: float = LEVEL) -> TauIntervals:
+    """tau and tau_pooled with their percentile bootstrap intervals, resampling prompts."""
+    kept = [lengths for lengths in per_prompt if len(lengths)]
+    if not kept:
+        raise DraftboardError("no prompt has a scored block: nothing to put an interval on")
+    sums, counts = _totals(kept)
+    everything = np.ones((1, len(kept)))  # [1, P]: the full sample
+    weights = _weights(len(kept), resamples, seed)
+    return TauIntervals(
+        tau=_interval(_macro(sums, counts, everything)[0], _macro(sums, counts, weights), level),
+        tau_pooled=_interval(_pooled(sums, counts, everything)[0], _pooled(sums, counts, weights), level),
+        n_prompts=len(kept),
+    )
+
+
+def verdict(delta: Interval) -> str:
+    if delta.low > 0:
+        return BETTER
+    if delta.high < 0:
+        return WORSE
+    return NO_DIFFERENCE
+
+
+def paired_comparison(a: Mapping[str, Sequence[int]], b: Mapping[str, Sequence[int]], *,
+                      resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL) -> PairedComparison:
+    """Δtau = tau(B) - tau(A) on the same prompts ({prompt id: acceptance lengths} each).
+
+    Both evals are resampled with the same prompt draws, so what the prompts share (their
+    difficulty) cancels and only the drafters' difference is left to vary.
+    """
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    if only_a or only_b:
+        example = (only_a or only_b)[0]
+        raise DraftboardError(
+            f"the two evals were not run on the same prompts: {len(only_a)} prompt id(s) only in A, "
+            f"{len(only_b)} only in B (e.g. {example!r}); a paired comparison needs one prompt set")
+    ids = [pid for pid in sorted(a) if len(a[pid]) or len(b[pid])]
+    if not ids:
+        raise DraftboardError("no prompt has a scored block in either eval: nothing to compare")
+    sums_a, counts_a = _totals([a[pid] for pid in ids])
+    sums_b, counts_b = _totals([b[pid] for pid in ids])
+    everything = np.ones((1, len(ids)))
+    weights = _weights(len(ids), resamples, seed)
+
+    def delta(w: np.ndarray) -> np.ndarray:
+        return _macro(sums_b, counts_b, w) - _macro(sums_a, counts_a, w)
+
+    interval = _interval(delta(everything)[0], delta(weights), level)
+    return PairedComparison(interval, len(ids), verdict(interval))
+
+
+# --------------------------------------------------------------------------- results sections
+
+
+def _section(records: Sequence[Mapping], resamples: int, seed: int) -> dict:
+    """{"tau", "tau_pooled", "ci", "n_prompts", "ddtree"} of a group of per-prompt records."""
+    main = tau_intervals([r["acceptance_lengths"] for r in records], resamples=resamples, seed=seed)
+    budgets = sorted({b for r in records for b in r.get("ddtree_acceptance_lengths", {})}, key=int)
+    ddtree = {}
+    for budget in budgets:
+        tree = tau_intervals([r["ddtree_acceptance_lengths"][budget] for r in records], resamples=resamples, seed=seed)
+        ddtree[budget] = {"tau": tree.tau.value, "ci": tree.tau.bounds()}
+    return {"tau": main.tau.value, "tau_pooled": main.tau_pooled.value, "n_prompts": main.n_prompts,
+            "ci": {"tau": main.tau.bounds(), "tau_pooled": main.tau_pooled.bounds(),
+                   "ddtree": {budget: entry["ci"] for budget, entry in ddtree.items()}},
+            "ddtree": ddtree}
+
+
+def results_uncertainty(prompt_records: Sequence[Mapping], *, resamples: int = RESAMPLES,
+                        seed: int = SEED) -> dict:
+    """The results JSON's `ci` and `by_dataset` sections from its `prompts` records.
+
+    `ci` = {"tau": [lo, hi], "tau_pooled": [lo, hi], "ddtree": {"8": [lo, hi], ...}};
+    `by_dataset` = {name: {"tau", "ci" ([lo, hi]), "n_prompts", "ddtree": {"8": {"tau", "ci"}}}}
+    for prompts that carry a `dataset` (empty when none does).
+    """
+    overall = _section(prompt_records, resamples, seed)
+    groups: dict[str, list[Mapping]] = {}
+    for record in prompt_records:
+        if record.get("dataset") is not None:
+            groups.setdefault(str(record["dataset"]), []).append(record)
+    by_dataset = {}
+    for name, records in groups.items():
+        if any(len(r["acceptance_lengths"]) for r in records):
+            part = _section(records, resamples, seed)
+            by_dataset[name] = {"tau": part["tau"], "ci": part["ci"]["tau"], "n_prompts": part["n_prompts"],
+                                "ddtree": part["ddtree"]}
+    return {"ci": overall["ci"], "by_dataset": by_dataset}
+
+
+def ci_metrics(ci: Mapping) -> dict[str, float]:
+    """MLflow metrics for a `ci` section: tau_ci_low/_high, tau_pooled_ci_*, ddtree_tau_b{B}_ci_*."""
+    bounds = {"tau": ci["tau"], "tau_pooled": ci["tau_pooled"]}
+    bounds.update({names.ddtree_tau_metric(int(budget)): pair for budget, pair in ci.get("ddtree", {}).items()})
+    metrics = {}
+    for metric, (low, high) in bounds.items():
+        low_name, high_name = names.ci_metrics(metric)
+        metrics[low_name], metrics[high_name] = float(low), float(high)
+    return metrics

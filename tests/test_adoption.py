@@ -1,0 +1,170 @@
+"""Adoption of runs other training stacks wrote into MLflow (tracker/store/adoption.py, `draftboard adopt`).
+
+The runs are written with a plain `MlflowClient` exactly as the tools write them (names from
+../shared/research/training-stacks.md): SpecForge's legacy train_dflash.py logs `vars(args)` as
+params (secrets included) and `train/*` metrics at micro-batch steps; speculators logs no params,
+its flattened config as step-0 metrics and `train/position_{i}_acc` curves, in experiment `speculators`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+from tracker.cli import main
+from tracker.store import adoption, names
+from tracker.store.adoption import RunView
+
+pytestmark = pytest.mark.sqlite_only(reason="the foreign runs are written into their own experiments with a bare client")
+
+LEGACY_ARGS = {
+    "target_model_path": "Qwen/Qwen3-8B", "draft_config_path": "configs/qwen3-8b-dflash.json",
+    "block_size": 16, "num_draft_layers": 5, "mask_token_id": 151669, "num_anchors": 512,
+    "loss_type": "ce", "loss_decay_gamma": 7.0, "learning_rate": 6e-4, "num_epochs": 6, "max_length": 3072,
+    "warmup_ratio": 0.04, "accumulation_steps": 4, "random_anchor": True, "attention_backend": "flex_attention",
+    "wandb_key": "wk-9f8e7d6c5b4a", "hub_token": "hf_abcdefSECRET", "ckpt_dir": "out/ckpt",
+}
+SPECULATORS_CONFIG = {"dflash/block_size": 8, "draft/num_layers": 5, "draft/mask_token_id": 151669,
+                      "data/max_anchors": 256, "optimizer/lr": 1e-3, "data/total_seq_len": 8192}
+
+
+def _log(client, run_id, metrics: dict[str, float], step: int) -> None:
+    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, step) for k, v in metrics.items()], synchronous=True)
+
+
+@pytest.fixture(scope="module")
+def foreign_runs(store_uri):
+    """(client, legacy run id, speculators run id) in a real sqlite MLflow store."""
+    client = MlflowClient(tracking_uri=store_uri)
+    legacy_exp = client.create_experiment("dflash-qwen3-8b")
+    legacy = client.create_run(legacy_exp, run_name="train_dflash").info.run_id
+    client.log_batch(legacy, params=[Param(k, str(v)) for k, v in LEGACY_ARGS.items()], synchronous=True)
+    for step in (50, 100, 150):  # --log-interval 50, micro-batch global_step from 1
+        _log(client, legacy, {"train/loss": 3.0 / step, "train/accuracy": step / 300, "train/lr": 6e-4}, step)
+    spec_exp = client.get_experiment_by_name("speculators")
+    spec_exp_id = spec_exp.experiment_id if spec_exp else client.create_experiment("speculators")
+    spec = client.create_run(spec_exp_id, run_name="2026-12-01T10:00:00").info.run_id
+    _log(client, spec, SPECULATORS_CONFIG, 0)
+    for step in range(3):
+        _log(client, spec, {"train/loss": 2.0 - step / 10, "train/full_acc": 0.2 + step / 10, "train/eal": 1.5,
+                            "train/position_1_acc": 0.6, "train/position_7_acc": 0.1, "lr": 1e-3}, step)
+    return client, legacy, spec
+
+
+def _view(client, run_id) -> RunView:
+    run = client.get_run(run_id)
+    return RunView.of(run, client.get_experiment(run.info.experiment_id).name)
+
+
+def test_detection_names_each_tool_with_its_evidence(foreign_runs):
+    client, legacy, spec = foreign_runs
+    found = adoption.detect(_view(client, legacy))
+    assert found.tool == adoption.SPECFORGE_LEGACY and found.label == "SpecForge (train_dflash.py)"
+    assert any("block_size" in e for e in found.evidence) and "metric train/accuracy" in found.evidence
+    found = adoption.detect(_view(client, spec))
+    assert found.tool == adoption.SPECULATORS
+    assert any("experiment 'speculators'" in e for e in found.evidence)
+    runtime = RunView("r", "specforge", {"tracking.report_to": "mlflow", "tracking.wandb_key": "<redacted>"},
+                      {"train/loss": 1.0, "train/acc": 0.3, "eval/simulated_acc_len": 0.4}, {})
+    assert adoption.detect(runtime).tool == adoption.SPECFORGE
+    assert adoption.detect(RunView("r", "x", {}, {"loss": 1.0}, {})).tool is None
+    # our own runs, and an adopted run's tag, win over any signature
+    assert adoption.detect(RunView("r", "x", {}, {"train/full_acc": 1.0}, {names.KIND: "train"})).tool == "draftboard"
+    assert adoption.detect(RunView("r", "x", {}, {}, {adoption.TOOL_TAG: "nemo"})).tool == "nemo"
+
+
+def test_aliases_map_each_tools_names_to_ours_and_show_both(foreign_runs):
+    client, legacy, spec = foreign_runs
+    legacy_aliases = {a.source: a for a in adoption.aliases(adoption.SPECFORGE_LEGACY, _view(client, legacy).metrics)}
+    assert legacy_aliases["train/accuracy"].canonical == "acc"
+    assert legacy_aliases["train/accuracy"].label == "acc (train/accuracy)"
+    spec_aliases = {a.source: a for a in adoption.aliases(adoption.SPECULATORS, _view(client, spec).metrics)}
+    assert spec_aliases["train/position_7_acc"].canonical == "acc_pos7"
+    assert spec_aliases["train/full_acc"].canonical == "acc"
+    assert "dflash/block_size" not in spec_aliases  # config, not a curve
+    # SpecForge's simulated_acc_len is not an acceptance length: never shown as tau
+    simulated = adoption.canonical_metric(adoption.SPECFORGE, "eval/simulated_acc_len")
+    assert simulated.canonical is None and "not an acceptance length" in simulated.note
+    assert adoption.TOOLS[adoption.SPECFORGE_LEGACY].steps.label == "step = micro-batch"
+    assert adoption.TOOLS[adoption.SPECULATORS].steps.unit == "optimizer step"
+
+
+def test_recipe_fields_from_params_and_from_step0_config_metrics(foreign_runs):
+    client, legacy, spec = foreign_runs
+    spec_recipe = adoption.recipe(_view(client, spec))
+    assert spec_recipe["block_size"].value == "8" and spec_recipe["block_size"].source == "dflash/block_size"
+    assert spec_recipe["mask_token_id"].value == "151669"
+    assert spec_recipe["num_anchors"].value == "256"
+    assert "train/loss" not in spec_recipe
+    legacy_recipe = adoption.recipe(_view(client, legacy))
+    assert legacy_recipe["lr"].value == "0.0006" and legacy_recipe["lr"].source == "learning_rate"
+    assert legacy_recipe["target"].value == "Qwen/Qwen3-8B"
+
+
+def test_secret_looking_params_are_masked_everywhere_they_are_shown(foreign_runs):
+    client, legacy, _ = foreign_runs
+    params = _view(client, legacy).params
+    assert params["wandb_key"] == LEGACY_ARGS["wandb_key"]  # the tool stored it in clear
+    masked = adoption.mask_params(params)
+    assert masked["wandb_key"] == adoption.MASK and masked["hub_token"] == adoption.MASK
+    assert masked["mask_token_id"] == "151669" and masked["block_size"] == "16"
+    shown = repr(adoption.recipe(_view(client, legacy))) + repr(adoption.recipe_diff([_view(client, legacy)],
+                                                                                     _view(client, legacy)))
+    assert LEGACY_ARGS["wandb_key"] not in shown and LEGACY_ARGS["hub_token"] not in shown
+    for key in ("mlflow_password", "MLFLOW_TRACKING_PASSWORD", "apiKey", "aws_secret_access_key", "swanlab_key",
+                "db_credentials", "access_key_id"):
+        assert adoption.is_secret_key(key), key
+    for key in ("mask_token_id", "tokenizer_path", "max_new_tokens", "num_draft_tokens", "keyword_filter"):
+        assert not adoption.is_secret_key(key), key
+
+
+def test_recipe_diff_flags_a_changed_block_size_as_critical(foreign_runs):
+    client, legacy, spec = foreign_runs
+    diff = adoption.recipe_diff([_view(client, spec)], reference=_view(client, legacy))
+    rows = {row.key: row for row in diff.shown()}
+    block = rows["block_size"]
+    assert block.severity == "critical" and block.reference == "16" and block.values[spec] == "8"
+    assert block.reference_source == "block_size" and block.sources[spec] == "dflash/block_size"
+    assert "acceptance is capped at block_size" in block.reason
+    assert rows["num_anchors"].severity == "warning"
+    assert "mask_token_id" not in rows  # the same under both tools' names: not a difference
+    assert [r.group for r in diff.shown()][0] == "dflash"
+    assert any(lint.key == "recipe" and "run.yaml" in lint.message for lint in diff.lints)
+
+
+def test_lint_names_a_tapped_last_layer_with_its_reason():
+    reference = RunView("ref", "draftboard", {"block_size": "16", "target_layer_ids": "[1, 17, 33]",
+                                              "num_target_layers": "36", "mask_token_id": "151669"},
+                        {}, {names.KIND: "train"})
+    shortcut = RunView("v5", "draftboard", {"block_size": "16", "target_layer_ids": "[1, 17, 35]",
+                                            "num_target_layers": "36", "mask_token_id": "151670"},
+                       {}, {names.KIND: "train"})
+    diff = adoption.recipe_diff([shortcut], reference)
+    lints = [lint for lint in diff.lints if lint.key == "target_layer_ids"]
+    assert [lint.run_id for lint in lints] == ["v5"]
+    assert "35 is the target's last layer" in lints[0].message and "lm_head" in lints[0].message
+    rows = {row.key: row for row in diff.shown()}
+    assert rows["mask_token_id"].severity == "critical"
+    assert rows["target_layer_ids"].severity == "warning"
+    assert "num_target_layers" not in rows and len(diff.shown(diff_only=False)) > len(diff.shown())
+
+
+def test_adopt_cli_tags_the_run_and_records_step_semantics(foreign_runs, store_uri, capsys):
+    client, legacy, _ = foreign_runs
+    assert main(["adopt", legacy, "--tracking-uri", store_uri]) == 0
+    out = capsys.readouterr().out
+    assert "SpecForge (train_dflash.py)" in out and "step = micro-batch" in out and "acc (train/accuracy)" in out
+    tags = client.get_run(legacy).data.tags
+    assert tags[names.KIND] == "train" and tags[adoption.TOOL_TAG] == adoption.SPECFORGE_LEGACY
+    assert tags[adoption.STEP_UNIT_TAG] == "micro-batch"
+    assert adoption.detect(_view(client, legacy)).tool == adoption.SPECFORGE_LEGACY  # the tag keeps it
+
+    exp = client.create_experiment("homegrown")
+    plain = client.create_run(exp).info.run_id
+    _log(client, plain, {"loss": 1.0}, 1)
+    assert main(["adopt", plain, "--tracking-uri", store_uri]) == 2
+    assert "--tool NAME" in capsys.readouterr().err
+    assert main(["adopt", plain, "--tool", "nemo", "--tracking-uri", store_uri]) == 0
+    assert client.get_run(plain).data.tags[adoption.TOOL_TAG] == "nemo"
+    assert client.get_run(plain).data.tags[adoption.STEP_UNIT_TAG] == "unknown"

@@ -1,0 +1,97 @@
+"""`draftboard compare RUN_A RUN_B [--fail-if-worse]` on eval runs in a real MLflow store."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from tracker.cli import main
+from tracker.protocol import Protocol
+
+
+def results(lengths: dict[str, list[int]], protocol: Protocol | None = None, shift: int = 0) -> dict:
+    prompts = [{"id": pid, "input_ids": [len(pid) + shift, 7], "acceptance_lengths": acc}
+               for pid, acc in lengths.items()]
+    out = {"schema": "draftboard.eval/1", "tau": 0.0, "prompts": prompts}
+    if protocol is not None:
+        out["protocol"] = protocol.to_dict()
+    return out
+
+
+def log(tracker, machine_fp, doc: dict, name: str = "eval") -> str:
+    with tracker.eval_run(name, target="tiny", fingerprint=machine_fp) as ev:
+        ev.log_json("eval_results.json", doc)
+    return ev.run_id
+
+
+@pytest.fixture(scope="module")
+def base():
+    rng = random.Random(0)
+    return {f"p{i}": [rng.randint(1, 5) for _ in range(8)] for i in range(40)}
+
+
+def better(base):
+    rng = random.Random(1)
+    return {pid: [x + rng.choice((0, 1, 1)) for x in acc] for pid, acc in base.items()}
+
+
+def compare(store_uri, a, b, *flags):
+    return main(["compare", a, b, "--tracking-uri", store_uri, *flags])
+
+
+def test_an_eval_against_itself(tracker, store_uri, machine_fp, base, capsys):
+    run = log(tracker, machine_fp, results(base))
+    assert compare(store_uri, run, run, "--fail-if-worse") == 0
+    out = capsys.readouterr().out
+    assert "delta tau (B - A) +0.000  95% CI [+0.000, +0.000]  paired bootstrap over 40 prompts" in out
+    assert "verdict: no detectable difference at this sample size" in out
+
+
+def test_better_and_worse(tracker, store_uri, machine_fp, base, capsys):
+    a, b = log(tracker, machine_fp, results(base)), log(tracker, machine_fp, results(better(base)))
+    assert compare(store_uri, a, b, "--fail-if-worse") == 0
+    out = capsys.readouterr().out
+    assert "verdict: B is better" in out and f"A {a}: tau " in out and "95% CI [" in out
+    assert compare(store_uri, b, a) == 0  # worse, but no gate asked for
+    assert "verdict: B is worse" in capsys.readouterr().out
+    assert compare(store_uri, b, a, "--fail-if-worse") == 1
+
+
+def test_a_protocol_difference_that_changes_tau_is_refused(tracker, store_uri, machine_fp, base, capsys):
+    a = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="offline")))
+    b = log(tracker, machine_fp, results(base, Protocol(enable_thinking=False, scoring="online")))
+    assert compare(store_uri, a, b) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the evals' protocols differ critically (protocol.enable_thinking: True vs False)")
+    assert err.count("\n") == 1
+    c = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="online")))
+    assert compare(store_uri, a, c) == 0  # offline vs online is info only
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda base: {**{k: v for k, v in base.items() if k != "p3"}, "q9": [2]},
+     "not run on the same prompts: 1 prompt id.s. only in A, 1 only in B"),
+    (None, "prompt 'p0' has different token ids in the two evals"),
+])
+def test_different_prompt_sets_are_bad_input(tracker, store_uri, machine_fp, base, capsys, change, message):
+    a = log(tracker, machine_fp, results(base))
+    other = results(change(base)) if change else results(base, shift=1)
+    b = log(tracker, machine_fp, other)
+    assert compare(store_uri, a, b, "--fail-if-worse") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and re.search(message, err) and err.count("\n") == 1
+
+
+def test_runs_without_eval_results(tracker, store_uri, machine_fp, base, capsys):
+    a = log(tracker, machine_fp, results(base))
+    with tracker.training_run("train", {}, "tiny", fingerprint=machine_fp) as train:
+        pass
+    assert compare(store_uri, a, train.run_id) == 2
+    assert "has no readable eval_results.json" in capsys.readouterr().err
+    assert compare(store_uri, a, "0" * 32) == 2
+    assert "no run with id" in capsys.readouterr().err
+    broken = log(tracker, machine_fp, {"schema": "draftboard.eval/1", "prompts": [{"id": "x"}]})
+    assert compare(store_uri, a, broken) == 2
+    assert "no per-prompt acceptance lengths" in capsys.readouterr().err

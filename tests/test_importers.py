@@ -1,0 +1,191 @@
+"""Importers of files other tools write, each on a file in the tool's real format written here.
+
+Formats, from the tools' sources: z-lab dflash/benchmark.py prints its summary (rich wraps long
+lists when stdout is a file); speculators' evaluate script writes acceptance.csv; DDTree's
+benchmark.py `torch.save`s responses of SimpleNamespaces; SpecForge / speculators write
+TensorBoard events through torch's SummaryWriter.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from tracker.cli import main
+from tracker.errors import DraftboardError
+from tracker.store import adoption, names
+from tracker.store.importers import ddtree_benchmark, results, speculators_acceptance, tensorboard, zlab_benchmark
+
+HIST_16 = [0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 6.0, 5.0, 5.0, 4.0, 4.0, 4.0, 3.0, 3.0, 3.0, 3.0, 20.0]
+
+ZLAB_LOG = """\
+[download] gsm8k ...
+[cached] /home/u/dflash/cache/gsm8k.jsonl  (1319 samples)
+100%|██████████| 128/128 [10:02<00:00,  4.71s/it]
+Baseline throughput: 41.20 tok/s
+DFlash throughput:  160.11 tok/s
+Decoding speedup: 3.89
+Average Acceptance length: 6.52
+Acceptance length histogram: ['0.0%', '10.0%', '9.0%', '8.0%', '7.0%', '6.0%', '6.0%', '5.0%',
+'5.0%', '4.0%', '4.0%', '4.0%', '3.0%', '3.0%', '3.0%', '3.0%', '20.0%']
+[cached] /home/u/dflash/cache/math500.jsonl  (500 samples)
+Baseline throughput: 40.00 tok/s
+DFlash throughput:  \x1b[1;36m200.00\x1b[0m tok/s
+Decoding speedup: 5.00
+Average Acceptance length: 7.10
+Acceptance length histogram: ['0.0%', '50.0%', '50.0%']
+"""
+
+
+@pytest.fixture
+def train_run(tracker):
+    with tracker.training_run("drafter-v4", {"block_size": 16}, "Qwen/Qwen3-8B", fingerprint={"source": {}}) as run:
+        run.log_step(1, loss=1.0)
+    return run.run_id
+
+
+def test_zlab_benchmark_log_gives_tau_and_rates_per_dataset(tmp_path, tracker, train_run):
+    log = tmp_path / "bench.log"
+    log.write_text(ZLAB_LOG)
+    gsm8k, math500 = zlab_benchmark.parse_benchmark_log(log)
+    assert (gsm8k.dataset, math500.dataset) == ("gsm8k", "math500")
+    assert gsm8k.metrics["tau"] == 6.52 and gsm8k.metrics["streak"] == pytest.approx(5.52)
+    assert gsm8k.protocol["block_size"] == "16"
+    # draft k accepted <=> acceptance length >= k + 1
+    assert gsm8k.metrics[names.accept_rate_metric(1)] == pytest.approx(sum(HIST_16[2:]) / 100)
+    assert gsm8k.metrics[names.accept_rate_metric(15)] == pytest.approx(0.20)
+    assert gsm8k.details["printed"]["speedup"] == 3.89 and math500.details["printed"]["dflash_tok_s"] == 200.0
+    assert math500.protocol["block_size"] == "2" and math500.metrics[names.accept_rate_metric(1)] == 0.5
+
+    run_ids = results.log_imported(tracker, [gsm8k, math500], source=log, fmt=zlab_benchmark.FORMAT,
+                                   name="z-lab bench", train_run_id=train_run)
+    run = tracker.run(run_ids[0])
+    assert run.data.tags["protocol.scoring"] == "imported" and run.data.tags[names.IMPORTED] == "1"
+    assert run.data.tags["protocol.dataset"] == "gsm8k" and run.data.tags["protocol.block_size"] == "16"
+    assert run.data.tags[names.TRAIN_RUN_ID] == train_run and run.data.tags[names.TARGET] == "Qwen/Qwen3-8B"
+    assert run.data.tags[names.KIND] == "eval" and run.data.metrics["tau"] == 6.52
+    assert run.info.run_name == "z-lab bench · gsm8k"
+
+
+def test_zlab_log_without_any_summary_or_with_unnamed_sections_is_refused(tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_text("[download] gsm8k ...\nTraceback (most recent call last):\n")
+    with pytest.raises(DraftboardError, match="no z-lab benchmark summary"):
+        zlab_benchmark.parse_benchmark_log(empty)
+    twice = tmp_path / "twice.log"
+    twice.write_text("Average Acceptance length: 6.0\nAverage Acceptance length: 5.0\n")
+    with pytest.raises(DraftboardError, match="names no dataset"):
+        zlab_benchmark.parse_benchmark_log(twice)
+    single = tmp_path / "humaneval.log"
+    single.write_text("Average Acceptance length: 8.9\n")
+    assert zlab_benchmark.parse_benchmark_log(single)[0].dataset == "humaneval"
+
+
+def _acceptance_csv(rows: list[tuple]) -> str:
+    header = "subset,num_drafts,num_draft_tokens,num_accepted_tokens,acceptance_length," \
+             "acceptance_at_pos_0,acceptance_at_pos_1,acceptance_at_pos_2\n"
+    return header + "".join(",".join(str(v) for v in row) + "\n" for row in rows)
+
+
+def test_speculators_acceptance_csv_is_pooled_tau_and_shifted_positions(tmp_path, tracker, store_uri, capsys):
+    path = tmp_path / "acceptance.csv"
+    path.write_text(_acceptance_csv([("HumanEval", 20.0, 60.0, 26.0, 2.3, 0.9, 0.4, 0.0),
+                                     ("qa", 10.0, 30.0, 8.0, 1.8, 0.6, 0.2, 0.0)]))
+    humaneval, qa = speculators_acceptance.parse_acceptance_csv(path)
+    assert humaneval.dataset == "HumanEval" and humaneval.metrics["tau_pooled"] == 2.3
+    assert "tau" not in humaneval.metrics  # pooled over drafts, not the per-prompt macro average
+    assert humaneval.metrics[names.accept_rate_metric(1)] == 0.9  # acceptance_at_pos_0 = draft position 1
+    assert humaneval.protocol["num_speculative_tokens"] == "3"
+    assert qa.details["counts"] == {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 8}
+
+    assert main(["import-results", str(path), "--format", "speculators-acceptance", "--name", "spec eval",
+                 "--target", "Qwen/Qwen3-8B", "--tracking-uri", store_uri]) == 0
+    ids = capsys.readouterr().out.strip().rsplit(" ", 2)[-2:]
+    run = tracker.run(ids[0].rstrip(","))
+    assert run.data.tags["protocol.source_format"] == "speculators-acceptance"
+    assert run.data.tags["protocol.num_speculative_tokens"] == "3"
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text(_acceptance_csv([("qa", 10.0, 30.0, 8.0, 2.5, 0.6, 0.2, 0.0)]))
+    with pytest.raises(DraftboardError, match="inconsistent"):
+        speculators_acceptance.parse_acceptance_csv(bad)
+    assert main(["import-results", str(bad), "--format", "speculators-acceptance", "--tracking-uri", store_uri]) == 2
+    assert "error:" in capsys.readouterr().err
+    wrong = tmp_path / "perf.csv"
+    wrong.write_text("subset,latency\nqa,1.0\n")
+    with pytest.raises(DraftboardError, match="missing column"):
+        speculators_acceptance.parse_acceptance_csv(wrong)
+
+
+def _generate(lengths: list[int], tpot: float) -> SimpleNamespace:
+    """What DDTree's dflash_generate / ddtree_generate return (the fields benchmark.py saves)."""
+    return SimpleNamespace(output_ids=torch.arange(sum(lengths)).unsqueeze(0), num_input_tokens=4,
+                           num_output_tokens=sum(lengths), time_to_first_token=0.05, time_per_output_token=tpot,
+                           acceptance_lengths=lengths, decode_rounds=len(lengths), stage_times={"draft": 0.1})
+
+
+def test_ddtree_results_file_gives_tau_and_tree_budgets(tmp_path, tracker):
+    responses = [{"baseline": _generate([1] * 6, 0.04), "dflash": _generate([4, 2, 1], 0.02),
+                  "ddtree_tb16": _generate([4, 4], 0.01)},
+                 {"baseline": _generate([1] * 4, 0.04), "dflash": _generate([3, 1], 0.02),
+                  "ddtree_tb16": _generate([2, 2], 0.02)}]
+    path = tmp_path / "gsm8k.pt"
+    torch.save({"responses": responses, "block_size": 4, "draft_attn_implementation": "flash_attention_2",
+                "target_attn_implementation": "sdpa",
+                "args": {"model_name_or_path": "Qwen/Qwen3-4B", "draft_name_or_path": "z-lab/Qwen3-4B-DFlash-b16",
+                         "dataset": "gsm8k", "temperature": 0.0, "max_new_tokens": 2048, "tree_budget": "16"}}, path)
+    (record,) = ddtree_benchmark.parse_ddtree_results(path)
+    assert record.dataset == "gsm8k" and record.protocol["target"] == "Qwen/Qwen3-4B"
+    assert record.metrics["tau"] == pytest.approx((7 / 3 + 2) / 2)  # mean over responses of their means
+    assert record.metrics["tau_pooled"] == pytest.approx(11 / 5)
+    assert record.metrics[names.accept_rate_metric(1)] == pytest.approx(3 / 5)  # blocks with length >= 2
+    assert record.metrics[names.accept_rate_metric(3)] == pytest.approx(1 / 5)
+    assert record.metrics[names.ddtree_tau_metric(16)] == pytest.approx(3.0)
+    assert record.metrics[names.dds_metric(16)] == pytest.approx(2.0)
+    assert record.details["accept_len_histogram"] == [2, 1, 1, 1]
+    assert record.details["speedup_vs_baseline"]["dflash"] == pytest.approx(2.0)
+    (run_id,) = results.log_imported(tracker, [record], source=path, fmt=ddtree_benchmark.FORMAT, name="ddtree")
+    run = tracker.run(run_id)
+    assert run.data.tags[names.TARGET] == "Qwen/Qwen3-4B" and run.data.tags["protocol.temperature"] == "0.0"
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_ddtree_file_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"responses": [_Payload()], "block_size": 4, "args": {}}, path)
+    with pytest.raises(DraftboardError, match="weights_only=True"):
+        ddtree_benchmark.parse_ddtree_results(path)
+
+
+def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, store_uri):
+    from torch.utils.tensorboard import SummaryWriter
+
+    runs_dir = tmp_path / "output" / "runs"
+    writer = SummaryWriter(str(runs_dir))
+    for step in (50, 100):  # SpecForge's legacy script, --report-to tensorboard
+        writer.add_scalar("train/loss", 3.0 / step, step)
+        writer.add_scalar("train/accuracy", step / 200, step)
+    writer.add_hparams({"block_size": 16, "num_anchors": 512, "mask_token_id": 151669, "wandb_key": "wk-123"}, {},
+                       run_name=".")
+    writer.close()
+    (event_run,) = tensorboard.read_event_folder(tmp_path / "output")
+    assert [p.value for p in event_run.scalars["train/accuracy"]] == [0.25, 0.5]
+    assert event_run.hparams["block_size"] == "16"
+    (run_id,) = tensorboard.log_event_runs(tracker, [event_run], "tb import")
+    run = tracker.run(run_id)
+    assert run.data.tags[adoption.TOOL_TAG] == adoption.SPECFORGE_LEGACY
+    assert run.data.tags[adoption.STEP_UNIT_TAG] == "micro-batch" and run.data.tags[names.KIND] == "train"
+    assert run.data.params["wandb_key"] == adoption.MASK and run.data.params["block_size"] == "16"
+    history = MlflowClient(tracking_uri=store_uri).get_metric_history(run_id, "train/accuracy")
+    assert [(m.step, m.value) for m in history] == [(50, 0.25), (100, 0.5)]
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(DraftboardError, match="no TensorBoard scalars"):
+        tensorboard.read_event_folder(tmp_path / "nothing")

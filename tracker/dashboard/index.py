@@ -1,0 +1,286 @@
+"""Every run of the store as the dashboard sees it, read once, with lineage lookups.
+
+`load_run_index` reads every run of the experiment once (one paged `search_runs`) plus each
+run's `fingerprint.json`, and `RunIndex` answers the lineage questions (evals of a training run,
+the training run of an eval) from memory. Tags, artifacts and metric families are named by
+`tracker.store.names`; nothing here spells them out.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from tracker.store import names
+from tracker.store.history import latest_metric_steps
+
+LINEAR_ATTN_ICONS = {"fast": "🟢", "partial": "🟡", "fallback": "🟠", "n/a": "⚪"}
+_NO_GPU = (None, "none", "unknown")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One MLflow run as the dashboard sees it."""
+
+    run_id: str
+    name: str
+    kind: str  # train | eval | reference | "" for runs draftboard did not create
+    status: str  # RUNNING | FINISHED | FAILED | KILLED | SCHEDULED
+    experiment_id: str
+    start_time: int | None  # ms since the epoch
+    end_time: int | None
+    artifact_uri: str
+    tags: Mapping[str, str]
+    params: Mapping[str, str]
+    metrics: Mapping[str, float]  # latest value of each metric
+    metric_steps: Mapping[str, int]  # latest step of each metric
+    fingerprint: dict | None = None
+
+    @property
+    def target(self) -> str | None:
+        return self.tags.get(names.TARGET)
+
+    @property
+    def target_name(self) -> str:
+        """The target's last path component (`/models/Qwen3.5-4B` -> `Qwen3.5-4B`)."""
+        return target_key(self.target) or "—"
+
+    @property
+    def train_run_id(self) -> str | None:
+        return self.tags.get(names.TRAIN_RUN_ID)
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        value = self.tags.get(names.CHECKPOINT_STEP)
+        try:
+            return None if value is None else int(value)
+        except ValueError:
+            return None
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.tags.get(names.CHECKPOINT)
+
+    @property
+    def checkpoint_sha256(self) -> str | None:
+        return self.tags.get(names.CHECKPOINT_SHA256)
+
+    @property
+    def reference_name(self) -> str | None:
+        return self.tags.get(names.REFERENCE_NAME)
+
+    @property
+    def error(self) -> str | None:
+        return self.tags.get(names.ERROR)
+
+    @property
+    def linear_attn(self) -> str:
+        return self.tags.get(names.ENV_LINEAR_ATTN, "unknown")
+
+    @property
+    def device(self) -> str:
+        return self.tags.get(names.ENV_DEVICE, "unknown")
+
+    @property
+    def dtype(self) -> str:
+        return self.tags.get(names.ENV_DTYPE, "unknown")
+
+    @property
+    def gpu(self) -> str | None:
+        gpu = self.tags.get(names.ENV_GPU)
+        return None if gpu in _NO_GPU else gpu
+
+    @property
+    def env_hash(self) -> str | None:
+        return self.tags.get(names.ENV_HASH)
+
+    @property
+    def source_kind(self) -> str | None:
+        """`published` / `imported` for fingerprints not captured by draftboard, else None."""
+        source = (self.fingerprint or {}).get("source")
+        return source.get("kind") if isinstance(source, dict) else None
+
+    @property
+    def published(self) -> bool:
+        """A reference of published numbers (fingerprint source `published`, or the published tag)."""
+        return self.kind == "reference" and (self.source_kind == "published"
+                                             or self.tags.get(names.PUBLISHED) == "1")
+
+    @property
+    def steps(self) -> int | None:
+        """Training: the last step logged; eval/reference: the checkpoint's step."""
+        if self.kind == "train":
+            return max(self.metric_steps.values()) if self.metric_steps else None
+        return self.checkpoint_step
+
+    @property
+    def env_badges(self) -> str:
+        """`🟢 fast · cuda (H100) · bf16`."""
+        icon = LINEAR_ATTN_ICONS.get(self.linear_attn, "⚪")
+        device = f"{self.device} ({self.gpu})" if self.gpu and self.device == "cuda" else self.device
+        return f"{icon} {self.linear_attn} · {device} · {self.dtype}"
+
+    @property
+    def kind_label(self) -> str:
+        if self.published:
+            return "reference · published"
+        if self.kind == "train" and self.source_kind == "imported":
+            return "train · imported"
+        return self.kind or "other"
+
+    @property
+    def started(self) -> datetime | None:
+        """Start time, naive UTC."""
+        if self.start_time is None:
+            return None
+        return datetime.fromtimestamp(self.start_time / 1000, timezone.utc).replace(tzinfo=None)
+
+
+def target_key(target: str | None) -> str | None:
+    """What identifies a target across machines: the last component of its path or hub id."""
+    if not target:
+        return None
+    return Path(str(target).rstrip("/\\")).name or str(target)
+
+
+def same_target(a: str | None, b: str | None) -> bool:
+    """Equal paths, or the same final component (`/models/Qwen3.5-4B` ~ `Qwen/Qwen3.5-4B`)."""
+    if not a or not b:
+        return False
+    return a == b or (target_key(a) or "").lower() == (target_key(b) or "").lower()
+
+
+def run_info(run, fingerprint: dict | None = None) -> RunInfo:
+    """A RunInfo from an `mlflow.entities.Run` (from search_runs or get_run)."""
+    data = run.data
+    tags = dict(data.tags)
+    return RunInfo(
+        run_id=run.info.run_id,
+        name=run.info.run_name or tags.get("mlflow.runName") or run.info.run_id[:8],
+        kind=tags.get(names.KIND, ""),
+        status=run.info.status,
+        experiment_id=run.info.experiment_id,
+        start_time=run.info.start_time,
+        end_time=run.info.end_time,
+        artifact_uri=run.info.artifact_uri or "",
+        tags=tags,
+        params=dict(data.params),
+        metrics=dict(data.metrics),
+        metric_steps=latest_metric_steps(data),
+        fingerprint=fingerprint,
+    )
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def local_artifact_dir(artifact_uri: str) -> Path | None:
+    """The directory of a `file://` (or plain path) artifact URI, else None."""
+    if not artifact_uri:
+        return None
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and artifact_uri[1:3] in (":\\", ":/")):  # Windows drive
+        return Path(artifact_uri)
+    return None
+
+
+def read_json_artifact(client, run_id: str, artifact_uri: str, artifact: str) -> dict | None:
+    """A JSON artifact of a run; None when it is missing or unreadable.
+
+    Read straight from disk for local artifact stores (no temp copy), else downloaded.
+    """
+    local = local_artifact_dir(artifact_uri)
+    try:
+        if local is not None:
+            path = local / artifact
+            return json.loads(path.read_text()) if path.is_file() else None
+        with tempfile.TemporaryDirectory(prefix="draftboard-ui-") as tmp:
+            return json.loads(Path(client.download_artifacts(run_id, artifact, tmp)).read_text())
+    except Exception:  # a missing artifact, a network error, broken JSON: shown as "unknown"
+        return None
+
+
+FingerprintLoader = Callable[[str, str], "dict | None"]  # (run_id, artifact_uri) -> fingerprint
+
+
+# --------------------------------------------------------------------------- the index
+
+
+class RunIndex:
+    """All runs of the experiment, newest first, with lineage lookups."""
+
+    def __init__(self, runs: Iterable[RunInfo]) -> None:
+        self.runs: dict[str, RunInfo] = {r.run_id: r for r in runs}
+        self._evals: dict[str, list[RunInfo]] = {}
+        for r in self.runs.values():
+            if r.kind in ("eval", "reference") and r.train_run_id:
+                self._evals.setdefault(r.train_run_id, []).append(r)
+        for evals in self._evals.values():
+            evals.sort(key=lambda r: (r.checkpoint_step if r.checkpoint_step is not None else -1, r.start_time or 0))
+        counts: dict[str, int] = {}
+        for r in self.runs.values():
+            counts[r.name] = counts.get(r.name, 0) + 1
+        self._dupes = {n for n, c in counts.items() if c > 1}
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self.runs
+
+    def get(self, run_id: str | None) -> RunInfo | None:
+        return self.runs.get(run_id) if run_id else None
+
+    def of_kind(self, *kinds: str) -> list[RunInfo]:
+        return [r for r in self.runs.values() if r.kind in kinds]
+
+    def evals_of(self, train_run_id: str, kinds: Sequence[str] = ("eval",)) -> list[RunInfo]:
+        """Eval runs of a training run's checkpoints, by checkpoint step."""
+        return [r for r in self._evals.get(train_run_id, []) if r.kind in kinds]
+
+    def train_of(self, run: RunInfo) -> RunInfo | None:
+        return self.get(run.train_run_id)
+
+    def label(self, run_id: str) -> str:
+        """The run's name, with a short id where names repeat."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return run_id[:8]
+        return f"{run.name} ({run_id[:6]})" if run.name in self._dupes else run.name
+
+    def eval_label(self, run: RunInfo) -> str:
+        """`v4 @ step 200` for an eval of a known training run, else the eval's own label."""
+        train = self.train_of(run)
+        if train is not None and run.checkpoint_step is not None:
+            return f"{self.label(train.run_id)} @ step {run.checkpoint_step}"
+        return self.label(run.run_id)
+
+    def targets(self) -> list[str]:
+        return sorted({r.target for r in self.runs.values() if r.target})
+
+    def user_tags(self) -> list[str]:
+        """`key=value` of every tag except MLflow's own and draftboard's lineage tags."""
+        out = set()
+        for r in self.runs.values():
+            for key, value in r.tags.items():
+                if key.startswith(("mlflow.", "draftboard.")) or key == names.ENV_HASH:
+                    continue
+                out.add(f"{key}={value}")
+        return sorted(out)
+
+
+def load_run_index(tracker, fingerprints: FingerprintLoader | None = None) -> RunIndex:
+    """Every run of the tracker's experiment, with fingerprints (via `fingerprints`, default: read now)."""
+    runs = tracker.find_runs()
+    if fingerprints is None:
+        def fingerprints(run_id: str, artifact_uri: str) -> dict | None:
+            return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
+
+    return RunIndex(run_info(r, fingerprints(r.info.run_id, r.info.artifact_uri or "")) for r in runs)

@@ -1,0 +1,197 @@
+"""The dashboard's tables, as DataFrames: the runs table and a run's params, metrics, fingerprint,
+environment differences and checkpoints.
+
+Plain pandas over `RunIndex` / `RunInfo`; environment checks come from `tracker.dashboard.lineage`.
+Cells hold text as the user wrote it: st.dataframe shows cells as plain text, and CSV downloads go
+through `tracker.dashboard.escape.csv_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from tracker import fingerprint
+from tracker.dashboard import lineage, metric_docs
+from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
+
+SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+_GPU_CHARS = 28
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+# --------------------------------------------------------------------------- runs table
+
+
+def tau_of(index: RunIndex, run: RunInfo) -> tuple[float | None, float | None]:
+    """(latest, best) `tau`: an eval's own; for a training run, over its evals (latest checkpoint / max)."""
+    if run.kind == "train":
+        points = [(e.checkpoint_step or 0, e.start_time or 0, e.metrics["tau"])
+                  for e in index.evals_of(run.run_id) if finite(e.metrics.get("tau"))]
+        if not points:
+            return None, None
+        return max(points)[2], max(p[2] for p in points)
+    tau = run.metrics.get("tau")
+    return (tau, tau) if finite(tau) else (None, None)
+
+
+def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[str] = (),
+                tags: Sequence[str] = (), search: str = "") -> list[RunInfo]:
+    """Runs matching every given filter (empty filter: no restriction); search is over name and id."""
+    needle = search.strip().lower()
+    wanted_tags = [t.split("=", 1) for t in tags]
+    out = []
+    for run in index.runs.values():
+        if kinds and run.kind not in kinds:
+            continue
+        if targets and run.target not in targets:
+            continue
+        if any(run.tags.get(k) != v for k, v in wanted_tags):
+            continue
+        if needle and needle not in run.name.lower() and not run.run_id.startswith(needle):
+            continue
+        out.append(run)
+    return out
+
+
+RUNS_TABLE_COLUMNS = ["env check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
+                      "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
+
+
+def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
+    """One row per run; `critical` counts the run's critical lineage mismatches, `env check` names their fields."""
+    rows = []
+    for run in runs:
+        found = lineage.mismatches(index, run)
+        check = ""
+        if found:
+            check = "🔴 " + " | ".join(lineage.mismatch_text(index, m) for m in found[:2])
+            if len(found) > 2:
+                check += f" | {len(found) - 2} more"
+        elif run.fingerprint is None:
+            check = "⚪ no fingerprint"
+        latest, best = tau_of(index, run)
+        gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
+        device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
+        rows.append({
+            "env check": check,
+            "name": run.name,
+            "kind": run.kind_label,
+            "status": run.status,
+            "target": run.target_name,
+            "steps": run.steps,
+            "tau latest": latest,
+            "tau best": best,
+            "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
+            "device": device,
+            "dtype": run.dtype,
+            "started": run.started,
+            "detail": f"run?run={run.run_id}",
+            "critical": len(found),
+            "run_id": run.run_id,
+        })
+    frame = pd.DataFrame(rows, columns=RUNS_TABLE_COLUMNS)
+    frame["steps"] = frame["steps"].astype("Int64")
+    frame["critical"] = frame["critical"].astype("int64")
+    frame["tau latest"] = frame["tau latest"].astype("float64")
+    frame["tau best"] = frame["tau best"].astype("float64")
+    return frame
+
+
+# --------------------------------------------------------------------------- run detail
+
+
+def mlflow_ui_url(run: RunInfo, base: str) -> str:
+    """`<ui>/#/experiments/<exp_id>/runs/<run_id>`."""
+    return f"{base.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+
+
+def params_frame(run: RunInfo) -> pd.DataFrame:
+    return pd.DataFrame(sorted(run.params.items()), columns=["param", "value"])
+
+
+def metrics_frame(run: RunInfo) -> pd.DataFrame:
+    """Latest metric values with their unit and definition."""
+    rows = []
+    for name in metric_docs.sort_metrics(run.metrics):
+        doc = metric_docs.describe(name)
+        rows.append({"metric": name, "value": run.metrics[name], "unit": doc.unit,
+                     "step": run.metric_steps.get(name), "definition": doc.definition})
+    frame = pd.DataFrame(rows, columns=["metric", "value", "unit", "step", "definition"])
+    frame["step"] = frame["step"].astype("Int64")
+    return frame
+
+
+def fingerprint_frame(fp: dict | None) -> pd.DataFrame:
+    """The fingerprint as (section, field, value) rows; probe layers summarised."""
+    rows = []
+    if fp:
+        probe = fp.get("probe")
+        flat = fingerprint.flatten({k: v for k, v in fp.items() if k != "probe"})
+        for key, value in flat.items():
+            section, _, rest = key.partition(".")
+            rows.append({"section": section, "field": rest or section,
+                         "value": json.dumps(value) if isinstance(value, (list, dict)) else lineage.value_text(value)})
+        if isinstance(probe, dict):
+            layers = probe.get("layers") or {}
+            rows.append({"section": "probe", "field": "digest", "value": lineage.value_text(probe.get("digest"))})
+            rows.append({"section": "probe", "field": "layers", "value": ", ".join(sorted(layers)) or "none"})
+    return pd.DataFrame(rows, columns=["section", "field", "value"])
+
+
+def diff_frame(rows: Sequence | None, a_name: str = "this run", b_name: str = "other") -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"severity": f"{SEVERITY_ICONS[r.severity]} {r.severity}", "field": r.field,
+          "what": lineage.field_name(r.field), a_name: lineage.value_text(r.a_value),
+          b_name: lineage.value_text(r.b_value)} for r in rows or ()],
+        columns=["severity", "field", "what", a_name, b_name])
+
+
+def checkpoints_frame(index: RunIndex, run: RunInfo, checkpoints: Sequence) -> pd.DataFrame:
+    """Registered checkpoints (step, size, digest) and, per checkpoint, its evals.
+
+    Evals of steps without a registered checkpoint get a row too (digest unknown).
+    """
+    by_step: dict[int | None, list[lineage.Lineage]] = {}
+    for pair in lineage.lineage(index, run):
+        by_step.setdefault(pair.eval.checkpoint_step, []).append(pair)
+    rows = []
+    known = {c.step for c in checkpoints}
+    for c in checkpoints:
+        rows.append(_checkpoint_row(c.step, c.size_bytes, c.sha256, c.path, by_step.get(c.step, [])))
+    for step in sorted((s for s in by_step if s not in known), key=lambda s: -1 if s is None else s):
+        first = by_step[step][0].eval
+        rows.append(_checkpoint_row(step, None, first.checkpoint_sha256, first.checkpoint, by_step[step]))
+    frame = pd.DataFrame(rows, columns=["step", "size (MB)", "sha256", "path", "evals", "tau", "env check",
+                                        "critical"])
+    frame["step"] = frame["step"].astype("Int64")
+    frame["critical"] = frame["critical"].astype("int64")
+    return frame
+
+
+def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage]) -> dict:
+    evals_text, taus, checks = [], [], []
+    for pair in pairs:
+        ev = pair.eval
+        tau = ev.metrics.get("tau")
+        evals_text.append(f"{ev.name} [{ev.env_badges}]" + (f" tau {tau:.3f}" if finite(tau) else ""))
+        if finite(tau):
+            taus.append(tau)
+        if pair.critical:
+            checks.append(f"🔴 {ev.name}: {pair.summary()}")
+    return {
+        "step": step,
+        "size (MB)": None if size is None else round(size / 1e6, 3),
+        "sha256": (sha or "")[:16] or "—",
+        "path": path or "—",
+        "evals": "\n".join(evals_text) or "not evaluated",
+        "tau": max(taus) if taus else None,
+        "env check": " | ".join(checks),
+        "critical": sum(bool(p.critical) for p in pairs),
+    }

@@ -1,0 +1,257 @@
+"""The eval job: the one declaration of `draftboard eval`'s flags, and what a queued eval may hold.
+
+Each flag is an `EvalField` in EVAL_FIELDS, declared once: its type, default, choices (from
+`tracker.config`), help, whether it names a file the eval reads, and whether a queued job may
+set it. Everything else is derived from that list:
+- `add_eval_arguments(parser)`: the CLI's `draftboard eval` flags (docs/DESIGN.md fixes them);
+- `validate(params)`: a job's params, checked (types, choices, budgets <= config.MAX_BUDGET,
+  unknown keys refused) and normalized (None dropped: the CLI default applies);
+- `cli_args(params)`: the arguments `eval --flag value ...` that the worker appends to its own
+  `python -m tracker.cli`. A job row holds params only; no stored argv is ever run;
+- `check_paths(params, roots)`: the allowed-roots check, which also walks a target or drafter
+  folder for symlinks and shard indexes that lead outside the roots.
+
+Imports only `tracker.config` and `tracker.errors`, so the CLI, the queue, the worker and the
+Launch form can all share it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracker import config
+from tracker.errors import DraftboardError
+
+KIND = "eval"
+
+# What an EvalField holds: free text, a non-negative integer, DDTree budgets ("4,8,16" on the
+# command line, a list in params), a store_true flag, or an on/off switch (--x / --no-x).
+TEXT, INT, BUDGETS, FLAG, SWITCH = "text", "int", "budgets", "flag", "switch"
+
+
+@dataclass(frozen=True)
+class EvalField:
+    name: str  # the param key; the flag is --name-with-dashes
+    kind: str
+    help: str | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    path: bool = False  # names a file or folder the eval reads: checked against the allowed roots
+    job: bool = True  # a queued job may set it (False: the eval would write where the job says)
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+EVAL_FIELDS: tuple[EvalField, ...] = (
+    EvalField("target", TEXT, "target model directory (transformers format)", required=True, path=True),
+    EvalField("drafter", TEXT, "z-lab drafter directory, or a .safetensors/.pt checkpoint", required=True,
+              path=True),
+    EvalField("prompts", TEXT, "JSON lines: {id, input_ids | prompt | messages}", required=True, path=True),
+    EvalField("completions", TEXT, "reuse fixed continuations: JSON lines or a previous results JSON", path=True),
+    EvalField("max_new_tokens", INT, default=256),
+    EvalField("budgets", BUDGETS, f"DDTree node budgets, e.g. 4,8,16,32 (each at most {config.MAX_BUDGET})",
+              default=config.DEFAULT_BUDGETS),
+    EvalField("device", TEXT, "default: cuda if available", choices=config.DEVICES),
+    EvalField("dtype", TEXT, default="fp32", choices=config.EVAL_DTYPES),
+    EvalField("linear_attn", TEXT, "which implementation runs the Gated DeltaNet layers (see docs/DESIGN.md)",
+              default="auto", choices=config.LINEAR_ATTN_MODES),
+    EvalField("out", TEXT, "write the results JSON here", job=False),
+    EvalField("tracking_uri", TEXT),
+    EvalField("train_run_id", TEXT, "the training run this checkpoint belongs to"),
+    EvalField("checkpoint_step", INT, "the training step of this checkpoint"),
+    EvalField("reference", TEXT, "log as a reference run with this name (e.g. z-lab's drafter)", metavar="NAME"),
+    EvalField("name", TEXT, "run name (default: derived from the drafter path)"),
+    EvalField("no_log", FLAG, "do not log to MLflow", default=False),
+    EvalField("cache_dir", TEXT, "target continuation/feature cache (default: $DRAFTBOARD_HOME/cache)", job=False),
+    EvalField("enable_thinking", SWITCH, "passed to the chat template where it supports it"),
+)
+FIELDS = {f.name: f for f in EVAL_FIELDS}
+JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)
+PATH_FIELDS = tuple(f for f in JOB_FIELDS if f.path)
+# The environment flags `draftboard fingerprint` shares with `draftboard eval`.
+ENV_FIELDS = ("device", "dtype", "linear_attn")
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _checked(field: EvalField, value: Any) -> Any:
+    """The value as a job holds it; ValueError (the reason, without the field's name) otherwise."""
+    if field.kind in (FLAG, SWITCH):
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+    if field.kind == INT:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"must be a non-negative integer, got {value!r}")
+        return value
+    if field.kind == BUDGETS:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ValueError(f"must be a non-empty list of integers, got {value!r}")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= config.MAX_BUDGET for b in value):
+            raise ValueError(f"each budget must be an integer from 1 to {config.MAX_BUDGET}, got {list(value)!r}")
+        return sorted(set(value))
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text.strip() or "\0" in text:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    if text.startswith("-"):
+        # argparse would read it as a flag; "./-name" reaches the same file.
+        raise ValueError(f"{text!r} starts with '-'; write it as ./{text}")
+    if field.choices is not None and text not in field.choices:
+        raise ValueError(f"must be one of {', '.join(field.choices)}, got {text!r}")
+    return text
+
+
+def parse_budgets(text: str) -> list[int]:
+    """`4,8,16` -> [4, 8, 16] (sorted, unique); ValueError saying what is wrong."""
+    try:
+        budgets = [int(part) for part in str(text).replace(" ", "").split(",") if part]
+    except ValueError:
+        raise ValueError(f"budgets must be comma-separated integers like 4,8,16, got {text!r}") from None
+    return _checked(FIELDS["budgets"], budgets)
+
+
+def _arg_type(field: EvalField) -> Callable[[str], Any]:
+    """The argparse `type` of a flag: the same checks a job's params get."""
+    def convert(text: str) -> Any:
+        try:
+            if field.kind == BUDGETS:
+                return tuple(parse_budgets(text))
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"must be an integer, got {text!r}") from None
+            return _checked(field, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = field.name  # argparse names the type in its messages
+    return convert
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
+    """Add the `draftboard eval` flags (or only those called names) to parser."""
+    for field in EVAL_FIELDS if names is None else [FIELDS[n] for n in names]:
+        kwargs: dict[str, Any] = {"help": field.help}
+        if field.kind == FLAG:
+            kwargs["action"] = "store_true"
+        elif field.kind == SWITCH:
+            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kwargs.update(default=field.default, required=field.required)
+            if field.kind in (INT, BUDGETS):
+                kwargs["type"] = _arg_type(field)
+            if field.choices is not None:
+                kwargs["choices"] = field.choices
+            if field.metavar:
+                kwargs["metavar"] = field.metavar
+        parser.add_argument(field.flag, **kwargs)
+
+
+def validate(params: Any) -> dict[str, Any]:
+    """A queued eval's params, checked and normalized; DraftboardError names what is wrong."""
+    if not isinstance(params, Mapping):
+        raise DraftboardError(f"eval job params must be a JSON object, got {type(params).__name__}")
+    unknown = sorted(str(k) for k in params if k not in FIELDS or not FIELDS[k].job)
+    if unknown:
+        known = ", ".join(f.name for f in JOB_FIELDS)
+        raise DraftboardError(f"unknown eval param(s) {', '.join(unknown)}; a queued eval may set {known}")
+    missing = [f.name for f in JOB_FIELDS if f.required and params.get(f.name) is None]
+    if missing:
+        raise DraftboardError(f"an eval job needs {', '.join(missing)}")
+    values = {}
+    for field in JOB_FIELDS:
+        if params.get(field.name) is not None:
+            try:
+                values[field.name] = _checked(field, params[field.name])
+            except ValueError as exc:
+                raise DraftboardError(f"eval param {field.name} {exc}") from None
+    return values
+
+
+def cli_args(params: Mapping[str, Any]) -> list[str]:
+    """`["eval", "--target", T, ...]` for validated params: each value is its own argument, so
+    quotes, `;` or `$(...)` in a name stay literal text (nothing runs through a shell)."""
+    args = [KIND]
+    for name, value in validate(params).items():
+        field = FIELDS[name]
+        if field.kind == FLAG:
+            args += [field.flag] if value else []
+        elif field.kind == SWITCH:
+            args.append(field.flag if value else "--no-" + field.flag[2:])
+        elif field.kind == BUDGETS:
+            args += [field.flag, ",".join(map(str, value))]
+        else:
+            args += [field.flag, str(value)]
+    return args
+
+
+# --------------------------------------------------------------------------- allowed roots
+
+
+def within(path: Path, roots: Sequence[Path]) -> bool:
+    """True if the (resolved) path is one of roots or lies under one."""
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def _escapes(folder: Path, roots: Sequence[Path]) -> Iterator[tuple[Path, Path]]:
+    """(what, where it leads) for each thing inside folder that leads outside roots: symlinks
+    (followed to their end) and the shard files a `*.index.json` names (`../x` included).
+    Plain files inside a folder under the roots are under the roots, so only these can escape."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in dirnames + filenames:
+            entry = Path(dirpath) / name
+            if entry.is_symlink() and not within(entry.resolve(), roots):
+                yield entry, entry.resolve()
+            elif name.endswith(".index.json") and entry.is_file():
+                for shard in _index_shards(entry):
+                    target = (entry.parent / shard).resolve()
+                    if not within(target, roots):
+                        yield entry, target
+
+
+def _index_shards(index: Path) -> set[str]:
+    """The shard files a safetensors/torch `*.index.json` maps weights to ({} if unreadable)."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return set()  # the loader reports an unreadable index; there is nothing to follow here
+    return {v for v in weight_map.values() if isinstance(v, str)} if isinstance(weight_map, dict) else set()
+
+
+def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path:
+    """The resolved path if it, and everything a folder there leads to, lies under roots;
+    DraftboardError otherwise. Paths that do not exist here are checked as written."""
+    path = Path(value).expanduser().resolve()
+    shown = ", ".join(str(r) for r in roots)
+    if not within(path, roots):
+        raise DraftboardError(f"{flag} {path} is outside the allowed roots ({shown})")
+    if path.is_dir():
+        for entry, target in _escapes(path, roots):
+            raise DraftboardError(f"{flag} {path}: {entry} leads to {target}, outside the allowed roots ({shown})")
+    return path
+
+
+def check_paths(params: Mapping[str, Any], roots: Sequence[Path],
+                trusted: Callable[[str], bool] = lambda drafter: False) -> None:
+    """DraftboardError unless every path param lies under roots (see `check_path`). A drafter
+    outside them passes if trusted(path) is True (a checkpoint its training run registered)."""
+    for field in PATH_FIELDS:
+        value = params.get(field.name)
+        if value is None:
+            continue
+        try:
+            check_path(field.flag, value, roots)
+        except DraftboardError:
+            if not (field.name == "drafter" and trusted(value)):  # asked only when needed: it reads the store
+                raise

@@ -1,0 +1,104 @@
+"""The local launcher: a job's argv runs as a subprocess of the worker, in its own session.
+
+Never through a shell. Stopping it is SIGTERM to its process group, then SIGKILL after the
+grace period; a job dies with its worker (PR_SET_PDEATHSIG on Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from typing import IO
+
+from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, describe_exit
+from tracker.jobs.queue import FAILED, SUCCEEDED, Job
+from tracker.lifecycle import die_with_parent_hook
+
+
+class LocalLauncher(Launcher):
+    """Runs the job's argv as a subprocess of the worker, in its own session, never via a shell.
+
+    entry: the command that runs draftboard's CLI (default: this interpreter's `-m tracker.cli`).
+    """
+
+    name = "local"
+
+    def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                encoding="utf-8",
+                errors="replace",
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines reach the log as printed
+                preexec_fn=die_with_parent_hook(),  # a killed worker leaves no orphan eval
+            )
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"cannot start {argv[0]}: {exc}") from exc
+        return _LocalExecution(proc, output, job.id)
+
+
+class _OutputPump(threading.Thread):
+    """Copies a local job's output, line by line, into its JobOutput."""
+
+    def __init__(self, stream: IO[str], output: JobOutput, job_id: int) -> None:
+        # Daemon: a pipe held open by a process that escaped the job's group must not keep
+        # the worker alive at exit.
+        super().__init__(name=f"job-{job_id}-output", daemon=True)
+        self._stream, self._output = stream, output
+
+    def run(self) -> None:
+        try:
+            with self._stream:
+                for line in self._stream:
+                    self._output.feed(line)
+        finally:
+            self._output.flush_progress()
+            self._output.close()
+
+
+class _LocalExecution(Execution):
+    def __init__(self, proc: subprocess.Popen, output: JobOutput, job_id: int) -> None:
+        self._proc, self.pid = proc, proc.pid
+        self._pump = _OutputPump(proc.stdout, output, job_id)
+        self._pump.start()
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self, grace_s: float) -> str:
+        """SIGTERM the job's process group, SIGKILL it after grace_s."""
+        _signal_group(self._proc, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=grace_s)
+            return ""
+        except subprocess.TimeoutExpired:
+            _signal_group(self._proc, signal.SIGKILL)
+            self._proc.wait()
+            return f"killed with SIGKILL after {grace_s:g} s grace"
+
+    def drain(self) -> None:
+        self._pump.join(DRAIN_S)
+        if self._pump.is_alive():
+            _signal_group(self._proc, signal.SIGKILL)
+            self._pump.join(DRAIN_S)
+
+    def outcome(self) -> tuple[str, str | None]:
+        returncode = self._proc.returncode
+        return (SUCCEEDED, None) if returncode == 0 else (FAILED, describe_exit(returncode))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    # The job leads its own session, so its process group id is its pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
