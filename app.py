@@ -14,11 +14,16 @@ import streamlit as st
 
 from tracker.dashboard import ui
 
-st.set_page_config(page_title="draftboard", page_icon=":material/stacked_line_chart:", layout="wide")
+# The favicon is an emoji, drawn in the browser: a `:material/...:` favicon is fetched from Google's
+# font host, which fails offline and leaks every visit.
+st.set_page_config(page_title="draftboard", page_icon="📈", layout="wide")
 
 LAUNCH = st.Page("pages/launch.py", title="Launch eval", icon=":material/rocket_launch:", url_path="launch")
 page = st.navigation([
-    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs", default=True),
+    # The default page is served at `/` only (`/home` is the name it must reserve); the same page,
+    # hidden from the menu, answers `/runs`, so that a link to it by name works too.
+    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="home", default=True),
+    st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs", visibility="hidden"),
     st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
     st.Page("pages/environments.py", title="Environments", icon=":material/memory:", url_path="environments"),
     LAUNCH,  # the only page with something to do on an empty store: evaluate a checkpoint by its path

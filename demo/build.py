@@ -22,6 +22,7 @@ from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.logging import log_eval
+from tracker.demo_progress import ProgressWriter
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers.published import import_published
@@ -73,34 +74,49 @@ def reference_run(plan: Plan) -> TrainConfig:
 Report = Callable[[str], None]
 
 
-def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, report: Report = print) -> dict:
+def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, resume: bool = False,
+               report: Report = print) -> dict:
     """Build the demo store under `home` (cached: returns the manifest at once when present).
 
     The demo's files go to `<home>/draftboard-demo/`, its runs to the store `<home>/draftboard.db`
     (shared with anything else there). `force` first removes what a previous build's manifest
     lists, and only that; a folder the demo did not create is never written to or removed.
+    `resume` does the same for a build that did not finish (killed with the dashboard that started
+    it), and keeps a finished one. Progress goes to `<home>/demo-progress.json` (tracker/demo_progress.py).
     """
     home = Path(home).resolve()
+    progress = ProgressWriter(home, store=f"sqlite:///{home / 'draftboard.db'}")
+    try:
+        return _build(home, quick, force, resume, report, progress)
+    except BaseException as exc:  # Ctrl-C included: the page says the build stopped, and why
+        progress.failed(str(exc) or type(exc).__name__)
+        raise
+
+
+def _build(home: Path, quick: bool, force: bool, resume: bool, report: Report, progress: ProgressWriter) -> dict:
     root = home / DEMO_DIR
     previous = read_manifest(root)  # first: a folder that is not the demo's stops everything
     if previous is not None and previous["complete"] and not force:
         report(f"demo store already built in {home} ({previous['seconds']:.0f} s, "
                f"{len(previous['train_runs'])} training runs); --force rebuilds it")
+        progress.done(len(previous["runs"]))
         return previous
-    if previous is not None and not force:
+    if previous is not None and not (force or resume):
         raise DraftboardError(f"the demo build in {root} did not finish; `draftboard demo --force` "
                               "removes what it made and builds again")
     tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
+    tracker.find_experiment(create=True)  # creates the store's tables now, before the dashboard may open it
+    progress.update(store_ready=True)
     if previous is not None:
         remove_demo(home, tracker, report)
     plan = QUICK if quick else FULL
-    record = _Record(home, root, quick)
+    record = _Record(home, root, quick, on_run=lambda n: progress.update(runs=n))
     t0 = time.perf_counter()
-    stage = _Stages(report, len(runs(plan)) + 5, record.save)
+    stage = _Stages(report, len(runs(plan)) + 5, record.save, progress)
 
     stage("target: a tiny Qwen3.5 hybrid (3 Gated DeltaNet + 1 full-attention layer) on stdlib source")
     target_dir = demo_target.build_target(root / TARGET_NAME, steps=plan.target_steps,
-                                          progress=_every(report, plan.target_steps // 4, "  target step"))
+                                          progress=_every(report, plan.target_steps // 4, "  target step", progress))
 
     stage(f"data: {plan.train_prompts} prompts and the target's own greedy completions")
     data = prepare_data(target_dir, demo_target.make_prompts(plan.train_prompts, seed=1, length=96,
@@ -115,20 +131,21 @@ def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, re
     for cfg in runs(plan):
         stage(f"train: {cfg.name}, {cfg.steps} steps")
         train_runs[cfg.name] = train(cfg, target_dir, data, tagged, root / "runs" / _slug(cfg.name),
-                                     progress=_every(report, cfg.steps // 2, "  step"))
+                                     progress=_every(report, cfg.steps // 2, "  step", progress))
 
     stage(f"evals of every checkpoint ({plan.eval_prompts} held-out prompts x {plan.max_new_tokens} tokens, fp32)")
     settings = EvalSettings(target=str(target_dir), drafter="", prompts=str(prompts_file),
                             max_new_tokens=plan.max_new_tokens, device="cpu",
                             dtype="fp32", cache_dir=str(home / "cache"))
-    for name, run_id in train_runs.items():
-        for ckpt in tracker.checkpoints(run_id):
-            s = replace(settings, drafter=ckpt.path)
-            results = evaluate(s)
-            record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
-                                name=f"eval {name} @ step {ckpt.step}", tags={names.DEMO: "1"}))
-            report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
-                   f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
+    todo = [(name, run_id, ckpt) for name, run_id in train_runs.items() for ckpt in tracker.checkpoints(run_id)]
+    for n, (name, run_id, ckpt) in enumerate(todo):
+        s = replace(settings, drafter=ckpt.path)
+        results = evaluate(s)
+        record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
+                            name=f"eval {name} @ step {ckpt.step}", tags={names.DEMO: "1"}))
+        report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
+               f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
+        progress.within_stage((n + 1) / len(todo))
 
     ref_cfg = reference_run(plan)
     stage(f"reference: the v2 recipe trained {ref_cfg.steps} steps, evaluated as {REFERENCE_NAME!r}")
@@ -147,6 +164,7 @@ def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, re
                         "train_runs": train_runs, "reference_train_run": ref_train, "reference": reference,
                         "published": published, "seconds": time.perf_counter() - t0, "complete": True})
     record.save()
+    progress.done(len(record.data["runs"]))
     report(f"demo store ready in {record.data['seconds']:.0f} s: {tracker.uri}")
     return record.data
 
@@ -211,8 +229,8 @@ class _Record:
     """The manifest of the build in progress: saved after every stage, so even a crashed build
     can be removed exactly. It lists every file under the demo folder and every run it created."""
 
-    def __init__(self, home: Path, root: Path, quick: bool):
-        self.root = root
+    def __init__(self, home: Path, root: Path, quick: bool, on_run: Callable[[int], None]):
+        self.root, self.on_run = root, on_run
         root.mkdir(parents=True)  # read_manifest made sure it did not exist
         self.data = {"schema": MANIFEST_SCHEMA, "home": str(home), "quick": quick, "complete": False,
                      "files": [], "runs": []}
@@ -221,6 +239,7 @@ class _Record:
     def run(self, run_id: str) -> str:
         self.data["runs"].append(run_id)
         self.save()
+        self.on_run(len(self.data["runs"]))
         return run_id
 
     def save(self) -> None:
@@ -246,20 +265,22 @@ class _Tagged:
 
 
 class _Stages:
-    def __init__(self, report: Report, total: int, checkpoint: Callable[[], None]):
+    def __init__(self, report: Report, total: int, checkpoint: Callable[[], None], progress: ProgressWriter):
         self.report, self.total, self.n, self.t = report, total, 0, time.perf_counter()
-        self.checkpoint = checkpoint
+        self.checkpoint, self.progress = checkpoint, progress
 
     def __call__(self, text: str) -> None:
         self.checkpoint()  # the files of the stage before are in the manifest before the next starts
         self.n += 1
+        self.progress.stage(self.n, self.total, text)
         self.report(f"[{self.n}/{self.total}] {text}  (+{time.perf_counter() - self.t:.0f} s)")
 
 
-def _every(report: Report, k: int, label: str):
+def _every(report: Report, k: int, label: str, stage_progress: ProgressWriter):
     def progress(step, steps, loss):
         if step % max(k, 1) == 0 or step == steps:
             report(f"{label} {step}/{steps}: loss {loss:.3f}")
+            stage_progress.within_stage(step / steps)
 
     return progress
 

@@ -28,13 +28,14 @@ import torch.nn.functional as F
 from demo import bytetok
 from demo.target import lr_factor, use_cpu_threads
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import DFlashDrafter, DrafterConfig, build_target_layer_ids, parse_dtype, save_zlab
+from evaluators.drafter import (DFlashDrafter, DrafterConfig, autocast_precision, build_target_layer_ids,
+                                parse_dtype, parse_precision, save_zlab)
 from evaluators.metrics import chain_acceptance
 from tracker.config import EVAL_DTYPES
 
 DDTREE_BUDGET = 8
-# The drafter's compute dtype per eval dtype flag; below fp32 it runs under autocast.
-COMPUTE_DTYPES = {flag: parse_dtype(flag) for flag in EVAL_DTYPES}
+# The frozen target runs (and its features are stored) in fp32 whatever the drafter's dtype.
+TARGET_DTYPE = "fp32"
 
 
 @dataclass
@@ -54,7 +55,7 @@ class TrainConfig:
     gamma: float | None = 4.0  # loss weight exp(-(k-1)/gamma); None: uniform
     ckpt_every: int = 50
     seed: int = 0
-    dtype: str = "fp32"  # "bf16": bf16 autocast compute (fp32 master weights)
+    dtype: str = "fp32"  # the drafter's compute; "bf16": bf16 autocast (fp32 master weights), target stays fp32
     linear_attn: str = "auto"  # the target's linear-attention path, as recorded in the fingerprint
 
 
@@ -100,7 +101,7 @@ def prepare_data(target_dir: str | Path, prompts: list[list[int]], max_new_token
 
     use_cpu_threads()
     target_dir = Path(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=parse_dtype(TARGET_DTYPE)).eval()
     resolution = linear_attn.apply(linear_attn_mode, "cpu", linear_attn.module_of(model))
     sequences, prompt_lens, features = [], [], []
     t0 = time.perf_counter()
@@ -252,15 +253,19 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     """
     from tracker import fingerprint, linear_attn
 
-    if cfg.dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(COMPUTE_DTYPES)}")
+    if cfg.dtype not in EVAL_DTYPES:
+        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(EVAL_DTYPES)}")
     if Path(target_dir).resolve() != data.target_dir.resolve():
         raise ValueError(f"data was prepared from {data.target_dir}, not {target_dir}")
     use_cpu_threads()
     dcfg = drafter_config(cfg, data)
     ids = dcfg.target_layer_ids
     linear_attn.apply(cfg.linear_attn, "cpu", linear_attn.module_of(data.target))  # capture() only reads
-    fp = fingerprint.capture(data.target, "cpu", cfg.dtype, probe_layers=ids)
+    # The numerics training really uses: the target (features, probe) in TARGET_DTYPE, the drafter
+    # in fp32 weights under autocast at cfg.dtype. `draftboard eval --dtype fp32 --drafter-precision
+    # bf16-autocast` repeats exactly this; `--dtype bf16` would cast the target too.
+    precision = parse_precision(autocast_precision(cfg.dtype))
+    fp = fingerprint.capture(data.target, "cpu", TARGET_DTYPE, probe_layers=ids, drafter_precision=precision.name)
     if fp["numerics"]["linear_attention_path"] != data.linear_attn_path:
         raise ValueError(f"linear_attn={cfg.linear_attn!r} resolves to {fp['numerics']['linear_attention_path']}, "
                          f"but the features were computed on {data.linear_attn_path}")
@@ -282,8 +287,7 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     with tracker.training_run(cfg.name, params, str(target_dir), fingerprint=fp) as run:
         for step in range(1, cfg.steps + 1):
             seq_ids = [usable[i] for i in torch.randint(len(usable), (cfg.batch,), generator=gen).tolist()]
-            compute = COMPUTE_DTYPES[cfg.dtype]
-            with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
+            with precision.context("cpu"):
                 batch = forward_batch(drafter, contexts, data, seq_ids, cfg.anchors_per_seq, gen)
                 loss = weighted_loss(batch, weights)
             opt.zero_grad(set_to_none=True)

@@ -25,20 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evaluators.prompts import Prompt, _encode, _read_jsonl, _token_ids
+from evaluators.prompts import Prompt, encode, read_jsonl, token_ids
+from tracker import config
 from tracker.errors import DraftboardError
 
-HF_PREFIX = "hf:"
+HF_PREFIX = config.HF_DATASET_PREFIX
 LIMIT_SEED = 0  # z-lab's transformers benchmark seeds `random` with 0 before it samples
 _REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclass
-class LabelledPrompt(Prompt):
-    """A prompt with the benchmark set it belongs to."""
-
-    dataset: str = ""
-    category: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +100,7 @@ def _file_dataset(path: Path) -> str:
 def _file_rows(path: Path, prefix_ids: bool) -> list[_Row]:
     default_dataset = _file_dataset(path)
     rows = []
-    for lineno, row in _read_jsonl(path):
+    for lineno, row in read_jsonl(path):
         where = f"{path}:{lineno}"
         dataset = _optional_text(row, "dataset", where) or default_dataset
         pid = _optional_text(row, "question_id", where) or _optional_text(row, "id", where) or str(lineno)
@@ -219,7 +212,7 @@ def _read_rows(spec: str | Path) -> list[_Row]:
 
 
 def load_benchmark(spec: str | Path, tokenizer, vocab_size: int, enable_thinking: bool | None = None,
-                   limit_per_dataset: int | None = None) -> list[LabelledPrompt]:
+                   limit_per_dataset: int | None = None) -> list[Prompt]:
     """The prompts of a file, folder or `hf:` dataset, tokenized, each with its dataset."""
     rows = _read_rows(spec)
     if not rows:
@@ -231,6 +224,7 @@ def load_benchmark(spec: str | Path, tokenizer, vocab_size: int, enable_thinking
         if row.id in seen:
             raise DraftboardError(f"{row.where}: duplicate id {row.id!r}")
         seen.add(row.id)
-        ids = _token_ids(_encode(row.line, row.where, tokenizer, enable_thinking), row.where, vocab_size)
-        prompts.append(LabelledPrompt(row.id, ids, dataset=row.dataset, category=row.category))
+        ids = token_ids(encode(row.line, row.where, tokenizer, enable_thinking), row.where, vocab_size)
+        prompts.append(Prompt(row.id, ids, dataset=row.dataset, category=row.category,
+                              chat_template="input_ids" not in row.line and "messages" in row.line))
     return prompts

@@ -4,8 +4,11 @@ The drafter's output at anchor p depends only on the target's features at positi
 the token at p, so one target pass (greedy continuation + tapped features, both cached) gives
 everything the online speculative loop would see at temperature 0. The drafter then scores
 every anchor of every completion in a few large batched calls; the walks (chain and one per
-DDTree budget) are read off the per-anchor acceptance lengths. Results equal the online loop's
-(tests/test_online_equivalence.py).
+DDTree budget) are read off the per-anchor acceptance lengths, under the end-of-generation rule
+`last_block` (metrics.walk_end). Results equal a lossless online loop's, block for block
+(tests/test_online_equivalence.py). Under `cut`, the blocks z-lab shortens at the end (fewer than
+block_size positions left before max_new_tokens) are drafted again at their short length, since
+the drafter's masked positions attend to each other and a shorter block drafts differently.
 
 The harness never imports Streamlit; progress goes to a callback (the CLI binds it to tqdm and
 to the job queue's event lines).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,12 +27,16 @@ import torch
 from evaluators import metrics
 from evaluators.cache import EvalCache
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import LoadedDrafter, TargetDims, open_drafter
-from evaluators.prompts import Prompt, attach_completions, load_prompts
+from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
+from evaluators.datasets import load_benchmark
+from evaluators.online import lossless_row, online_generate
+from evaluators.prompts import Prompt, attach_completions
 from evaluators.target import (Target, cache_key, check_weights, content_digest, greedy_continuations,
                                layer_hidden_states, load_target, load_tokenizer, text_config)
+from evaluators.uncertainty import results_uncertainty
 from tracker import fingerprint
-from tracker.config import DEFAULT_BUDGETS, MAX_BUDGET
+from tracker.config import DEFAULT_BUDGETS, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET
+from tracker.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
 from tracker.errors import DraftboardError
 
 SCHEMA = "draftboard.eval/1"
@@ -45,10 +53,14 @@ class EvalSettings:
     budgets: tuple[int, ...] = DEFAULT_BUDGETS
     device: str | None = None
     dtype: str = "fp32"
+    drafter_precision: str | None = None  # config.DRAFTER_PRECISIONS; None: the drafter cast to `dtype`
     linear_attn: str = "auto"
     enable_thinking: bool | None = None
     cache_dir: str | None = None
     batch_size: int = 8
+    last_block: str = LAST_BLOCK_RULES[0]
+    scoring: str = EVAL_SCORINGS[0]
+    limit_per_dataset: int | None = None
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -59,18 +71,43 @@ class EvalSettings:
             raise DraftboardError(f"--budgets: {max(self.budgets)} is above the limit of {MAX_BUDGET} nodes per "
                                   "block (a DDTree search costs O(B log B) per block)")
         self.budgets = tuple(sorted(set(self.budgets)))
+        if self.last_block not in LAST_BLOCK_RULES:
+            raise DraftboardError(f"--last-block must be one of {', '.join(LAST_BLOCK_RULES)}, got {self.last_block!r}")
+        if self.scoring not in EVAL_SCORINGS:
+            raise DraftboardError(f"--scoring must be one of {', '.join(EVAL_SCORINGS)}, got {self.scoring!r}")
+        if self.scoring == "online" and self.completions:
+            raise DraftboardError("--scoring online generates its own completions; drop --completions")
 
 
 @dataclass
 class Walked:
     """One prompt's per-anchor results and walks."""
 
-    id: str
-    input_ids: list[int]
+    prompt: Prompt
     completion_ids: list[int]
     n_anchors: int
+    limit: int  # max_new_tokens for this prompt: z-lab's loop shortens blocks near it (`cut`)
+    end: int  # where the walk ends (metrics.walk_end)
     chain: list[int] = field(default_factory=list)  # acceptance length at every anchor
     tree: dict[int, list[int]] = field(default_factory=dict)  # budget -> per-anchor acceptance
+    # `cut`: acceptance of the shortened blocks near `limit`, {anchor: length} (tree: per budget)
+    short_chain: dict[int, int] = field(default_factory=dict)
+    short_tree: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.prompt.id
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt.input_ids
+
+    def walk_lengths(self, budget: int | None = None) -> list[int]:
+        """Per-anchor acceptance as the loop sees it: the full-block lengths, short blocks replaced."""
+        lengths = list(self.chain if budget is None else self.tree[budget])
+        for anchor, length in (self.short_chain if budget is None else self.short_tree.get(budget, {})).items():
+            lengths[anchor] = length
+        return lengths
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -154,8 +191,10 @@ def _features(target: Target, walked: list[Walked], layers: list[int], cache: Ev
 
 @torch.no_grad()
 def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: torch.Tensor, continuation: list[int],
-                  budgets: tuple[int, ...], chunk: int = 256) -> None:
-    """Chain and DDTree acceptance at every anchor of one completion (fills w.chain / w.tree)."""
+                  budgets: tuple[int, ...], chunk: int = 256, precision: Precision | None = None) -> None:
+    """Chain and DDTree acceptance at every anchor of one completion (fills w.chain / w.tree).
+
+    The drafter computes under `precision`'s autocast, if any (as a mixed-precision training run did)."""
     drafter, block = loaded.model, loaded.model.block_size
     n, P = w.n_anchors, len(w.input_ids)
     lm_head = loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight
@@ -166,8 +205,9 @@ def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: tor
     w.chain, w.tree = [], {b: [] for b in budgets}
     for start in range(0, n, chunk):
         a = torch.arange(start, min(start + chunk, n), device=drafter.device)  # completion-relative anchors
-        hidden = drafter.forward_anchors(ctx, P + a, drafter.block_embeddings(seq[a], embed))
-        logits = drafter.logits(hidden, lm_head)  # [m, block-1, V]
+        with precision.context(drafter.device) if precision else nullcontext():
+            hidden = drafter.forward_anchors(ctx, P + a, drafter.block_embeddings(seq[a], embed))
+            logits = drafter.logits(hidden, lm_head)  # [m, block-1, V]
         if not torch.isfinite(logits).all():
             bad = int(a[(~torch.isfinite(logits)).flatten(1).any(1)][0])
             raise DraftboardError(f"non-finite drafter logits for prompt {w.id!r} at completion position {bad}")
@@ -178,11 +218,39 @@ def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: tor
                 w.tree[b] += acc.tolist()
 
 
-def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...]) -> dict:
+@torch.no_grad()
+def score_short_blocks(loaded: LoadedDrafter, target: Target, w: Walked, context: torch.Tensor,
+                       continuation: list[int], budgets: tuple[int, ...], precision: Precision | None = None) -> None:
+    """`cut`: the blocks z-lab verifies at fewer than block_size positions (fills w.short_*).
+
+    At anchor a, z-lab's loop verifies min(block_size, limit - a) positions, so an anchor with
+    2 <= limit - a < block_size drafts limit - a - 1 tokens from a block of that length.
+    """
+    drafter, block = loaded.model, loaded.model.block_size
+    P = len(w.input_ids)
+    lm_head = (loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight).to(drafter.device)
+    embed = target.embed_weight.to(drafter.device)
+    ctx = context[None].to(drafter.device)
+    seq = torch.tensor(continuation, device=drafter.device)
+    w.short_chain, w.short_tree = {}, {b: {} for b in budgets}
+    for a in range(max(0, w.limit - block + 1), min(w.n_anchors, w.limit - 1)):
+        size = w.limit - a
+        anchor = torch.tensor([a], device=drafter.device)
+        with precision.context(drafter.device) if precision else nullcontext():
+            hidden = drafter.forward_anchors(ctx, P + anchor, drafter.block_embeddings(seq[anchor], embed, size))
+            logits = drafter.logits(hidden, lm_head)  # [1, size-1, V]
+        targets = seq[a + 1: a + size][None]
+        w.short_chain[a] = int(metrics.chain_acceptance(logits.argmax(-1), targets)[0])
+        for b, acc in (ddtree_acceptance_batch(logits, targets, budgets) if budgets else {}).items():
+            w.short_tree[b][a] = int(acc[0])
+
+
+def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...], last_block: str) -> dict:
     """The fixed results keys (DESIGN.md) from per-anchor acceptance lengths."""
-    chain_walks = [metrics.walk(w.chain, w.n_anchors) for w in walked]
+    cut = last_block == "cut"
+    chain_walks = [metrics.walk(w.walk_lengths(), w.end, cut) for w in walked]
     summary = metrics.summarize_walks(chain_walks, block)
-    tree_walks = {b: [metrics.walk(w.tree[b], w.n_anchors) for w in walked] for b in budgets}
+    tree_walks = {b: [metrics.walk(w.walk_lengths(b), w.end, cut) for w in walked] for b in budgets}
     ddtree = {}
     for b in budgets:
         tau = metrics.summarize_walks(tree_walks[b], block).tau
@@ -198,12 +266,51 @@ def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...]) -> dic
         "n_blocks": summary.n_blocks,
         "ddtree": ddtree,
         "prompts": [
-            {"id": w.id, "input_ids": w.input_ids, "completion_ids": w.completion_ids,
-             "acceptance_lengths": walks,
+            {"id": w.id, "dataset": w.prompt.dataset, "category": w.prompt.category,
+             "input_ids": w.input_ids, "completion_ids": w.completion_ids, "acceptance_lengths": walks,
              "ddtree_acceptance_lengths": {str(b): tree_walks[b][i] for b in budgets}}
             for i, (w, walks) in enumerate(zip(walked, chain_walks))
         ],
     }
+
+
+def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: list[Walked], last_block: str,
+                  stops: set[int], block: int, progress: Progress) -> None:
+    """`--scoring online`: the chain numbers become z-lab's cached loop's (evaluators.online).
+
+    The loop's own completions and per-block acceptance replace the walks; the offline numbers
+    stay beside them (`offline`, per prompt `offline_acceptance_lengths`) so the gap shows.
+    DDTree and tau_all_anchors stay offline statistics (the loop has no tree, nor every anchor).
+    """
+    runs = []
+    for i, w in enumerate(walked, 1):
+        runs.append(online_generate(target, loaded, w.input_ids, w.limit, stops, last_block))
+        progress("drafter: online loop", i, len(walked))
+    online = metrics.summarize_walks([r.acceptance_lengths for r in runs], block)
+    results["offline"] = {"tau": results["tau"], "tau_pooled": results["tau_pooled"]}
+    results.update(tau=online.tau, tau_pooled=online.tau_pooled, streak=online.streak, n_blocks=online.n_blocks,
+                   accept_rate_by_position=online.accept_rate_by_position,
+                   accept_len_histogram=online.accept_len_histogram)
+    for row, run in zip(results["prompts"], runs):
+        row["offline_acceptance_lengths"] = row["acceptance_lengths"]
+        row["acceptance_lengths"], row["completion_ids"] = run.acceptance_lengths, run.completion_ids
+
+
+def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int, stops: list[int],
+                  target_digest: str) -> Protocol:
+    """What this eval asked of the target and drafter (tracker.protocol; DESIGN.md)."""
+    datasets: dict[str, int] = {}
+    for p in prompts:
+        datasets[p.dataset or UNKNOWN] = datasets.get(p.dataset or UNKNOWN, 0) + 1
+    templated = any(p.chat_template for p in prompts)
+    return Protocol(
+        datasets=datasets, prompt_digest=prompt_digest(p.input_ids for p in prompts),
+        completions=file_digest(s.completions) if s.completions else GENERATED,
+        max_new_tokens=s.max_new_tokens,
+        enable_thinking=UNKNOWN if s.enable_thinking is None or not templated else s.enable_thinking,
+        chat_template_digest=text_digest(tokenizer.chat_template) if templated else UNKNOWN,
+        block_size=block, temperature=0, stop_token_ids=sorted(stops), last_block=s.last_block,
+        scoring=s.scoring, target_digest=target_digest)
 
 
 def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit: int | None) -> None:
@@ -216,14 +323,23 @@ def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit
                                   f"block lookahead = {need} exceeds the target's context of {limit}")
 
 
-def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
-    """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1)."""
-    t0 = time.perf_counter()
-    device = s.device or fingerprint.default_device()
+@dataclass
+class _Pair:
+    """What an eval loads: its prompts, the target and the drafter."""
+
+    prompts: list[Prompt]
+    tokenizer: object | None
+    target: Target
+    loaded: LoadedDrafter
+    precision: Precision
+
+
+def _load(s: EvalSettings, device: str, progress: Progress) -> _Pair:
     # Cheap checks first: bad prompts, a target or drafter whose config does not match its
     # weight files fail before any weights are read or anything is sized from a config.
     cfg = text_config(s.target)
-    prompts = load_prompts(s.prompts, load_tokenizer(s.target), cfg.vocab_size, s.enable_thinking)
+    tokenizer = load_tokenizer(s.target)
+    prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
     if s.completions:
         prompts = attach_completions(prompts, s.completions, cfg.vocab_size)
     check_weights(s.target)
@@ -231,14 +347,50 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
 
     progress("load", 0, 2)
     target = load_target(s.target, device, s.dtype, s.linear_attn)
-    loaded = checked.load(device, s.dtype)
-    block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
-    _check_context(prompts, s.max_new_tokens, block, target.max_positions)
+    precision = parse_precision(s.drafter_precision or s.dtype)
+    loaded = checked.load(device, precision.weights)
+    _check_context(prompts, s.max_new_tokens, loaded.model.block_size, target.max_positions)
     progress("load", 1, 2)
-    fp = fingerprint.capture(target.model, device, s.dtype, probe_layers=layers)  # load_target applied the mode
+    return _Pair(prompts, tokenizer, target, loaded, precision)
+
+
+def check_lossless(s: EvalSettings, progress: Progress = _quiet) -> dict:
+    """`draftboard check-lossless`: z-lab's cached online loop against plain greedy, per prompt.
+
+    -> {"prompts": [LosslessRow as a dict], "timing": {"total_s"}, "last_block", "n_diverged"}.
+    Greedy runs one prompt at a time with the target's cache, which is exact for greedy decoding
+    (every token it caches is kept); the online loop's cache is cropped after rejected drafts.
+    """
+    t0 = time.perf_counter()
+    pair = _load(s, s.device or fingerprint.default_device(), progress)
+    stops = set(pair.target.stop_token_ids())
+    rows = []
+    for i, p in enumerate(pair.prompts, 1):
+        greedy = greedy_continuations(pair.target, [p.input_ids], s.max_new_tokens, 0, 1)[0]
+        greedy, _ = completion_bounds(greedy, s.max_new_tokens, stops)
+        run = online_generate(pair.target, pair.loaded, p.input_ids, s.max_new_tokens, stops, s.last_block,
+                              measure=True)
+        rows.append(asdict(lossless_row(p.id, run, greedy)))
+        progress("check-lossless", i, len(pair.prompts))
+    return {"last_block": s.last_block, "n_diverged": sum(not r["equals_greedy"] for r in rows),
+            "prompts": rows, "timing": {"total_s": time.perf_counter() - t0}}
+
+
+def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
+    """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1)."""
+    t0 = time.perf_counter()
+    device = s.device or fingerprint.default_device()
+    pair = _load(s, device, progress)
+    prompts, tokenizer, target, loaded = pair.prompts, pair.tokenizer, pair.target, pair.loaded
+    precision = pair.precision
+    block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
+    fp = fingerprint.capture(target.model, device, s.dtype, probe_layers=layers,  # load_target applied the mode
+                             drafter_precision=precision.name)
     progress("load", 2, 2)
 
-    env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(s.cache_dir)
+    # The target's work does not depend on how the drafter computes: evals differing only there share it.
+    env = {k: v for k, v in fingerprint.numbers_relevant(fp).items() if k != "numerics.drafter_precision"}
+    digest, cache = content_digest(target.path), EvalCache(s.cache_dir)
     t_target = time.perf_counter()
     conts = _continuations(target, prompts, s, block, cache, env, digest, progress)
     stops = set(target.stop_token_ids())
@@ -246,19 +398,28 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
     for p, cont in zip(prompts, conts):
         max_new = s.max_new_tokens if p.completion_ids is None else min(s.max_new_tokens, len(p.completion_ids))
         completion, n_anchors = completion_bounds(cont, max_new, stops)
-        walked.append(Walked(p.id, p.input_ids, completion, n_anchors))
+        end = metrics.walk_end(len(completion), n_anchors, n_anchors < len(completion), s.last_block)
+        walked.append(Walked(p, completion, n_anchors, max_new, end))
     contexts = _features(target, walked, layers, cache, env, digest, progress)
     target_s = time.perf_counter() - t_target
 
     t_drafter = time.perf_counter()
     for i, (w, ctx, cont) in enumerate(zip(walked, contexts, conts), 1):
-        score_anchors(loaded, target, w, ctx, cont, s.budgets)
+        score_anchors(loaded, target, w, ctx, cont, s.budgets, precision=precision)
+        if s.last_block == "cut":
+            score_short_blocks(loaded, target, w, ctx, cont, s.budgets, precision)
         progress("drafter", i, len(walked))
     drafter_s = time.perf_counter() - t_drafter
     if not any(w.n_anchors for w in walked):
         raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
 
-    results = {"schema": SCHEMA, **summarize(walked, block, s.budgets)}
+    results = {"schema": SCHEMA, **summarize(walked, block, s.budgets, s.last_block)}
+    if s.scoring == "online":
+        t_online = time.perf_counter()
+        _score_online(results, target, loaded, walked, s.last_block, stops, block, progress)
+        drafter_s += time.perf_counter() - t_online
+    results.update(results_uncertainty(results["prompts"]))
+    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, target.stop_token_ids(), digest).to_dict()
     results.update({
         "fingerprint": fp,
         "timing": {"target_s": target_s, "drafter_s": drafter_s, "total_s": time.perf_counter() - t0},

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from evaluators.harness import EvalSettings
+from evaluators.uncertainty import ci_metrics
+from tracker.protocol import Protocol
 from evaluators.weights import one_line
 from tracker.errors import DraftboardError
 from tracker.store import names
 
 
 def metric_values(results: dict) -> dict[str, float]:
-    """The MLflow metrics of an eval, under the fixed names (DESIGN.md)."""
+    """The MLflow metrics of an eval, under the fixed names (DESIGN.md), with their intervals."""
     out = {k: float(results[k]) for k in names.EVAL_SCALARS}
+    if "ci" in results:  # results written before intervals existed have none
+        out.update(ci_metrics(results["ci"]))
     for k, rate in enumerate(results["accept_rate_by_position"], 1):
         out[names.accept_rate_metric(k)] = float(rate)
     for budget, d in results["ddtree"].items():
@@ -32,14 +37,22 @@ def metric_values(results: dict) -> dict[str, float]:
 def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,
              checkpoint_step: int | None = None, reference: str | None = None, name: str | None = None,
              tags: dict[str, str] | None = None) -> str:
-    """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table."""
+    """Log an eval (or, with `reference`, a reference) run: metrics, results JSON, per-prompt table.
+
+    The protocol section becomes `protocol.*` tags, so the store can diff protocols without
+    reading artifacts."""
+    tags = {**Protocol.from_results(results).to_tags(), **(tags or {})}
     drafter = Path(s.drafter)
     name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
                                  else f"eval {drafter.parent.name} @ step {checkpoint_step}")
     params = {k: v for k, v in results["settings"].items() if v is not None and k != "cache_dir"}
+    # The run is created once the eval is done; back-date its start by the eval's duration so the
+    # run's start and end times in MLflow span the eval itself.
+    started_ms = int((time.time() - float(results.get("timing", {}).get("total_s", 0.0))) * 1000)
     with tracker.eval_run(name, target=s.target, train_run_id=train_run_id, checkpoint=s.drafter,
                           checkpoint_step=checkpoint_step, params=params, fingerprint=results["fingerprint"],
-                          kind="reference" if reference else "eval", reference_name=reference, tags=tags) as run:
+                          kind="reference" if reference else "eval", reference_name=reference, tags=tags,
+                          start_time=started_ms) as run:
         run.log_metrics(metric_values(results), step=checkpoint_step or 0)
         run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
         run.log_table("per_prompt.json", [

@@ -56,14 +56,37 @@ def walk_anchors(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_anchors: 
     return anchors
 
 
-def walk(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_anchors: int) -> list[int]:
+def walk(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_anchors: int, cut: bool = False) -> list[int]:
     """Acceptance lengths of the blocks along the walk (see `walk_anchors`).
 
     Example: lengths [3, 1, 2, 1, 1, 4] with n_anchors=6 visit anchors 0, 3, 4, 5
     and give [3, 1, 1, 4].
+
+    cut=True is z-lab's end-of-generation rule since 07ebd93: a block never produces past
+    `n_anchors` (the caller passes the walk's end, `walk_end`), so the last length is
+    clipped to what is left: the same lengths with n_anchors=6 and cut give [3, 1, 1, 1].
     """
     lengths = _as_int_list(accept_len_by_anchor)
-    return [lengths[anchor] for anchor in walk_anchors(lengths, n_anchors)]
+    anchors = walk_anchors(lengths, n_anchors)
+    if cut:
+        return [min(lengths[a], n_anchors - a) for a in anchors]
+    return [lengths[a] for a in anchors]
+
+
+def walk_end(n_completion: int, n_anchors: int, stopped: bool, last_block: str) -> int:
+    """Where the walk of one completion ends, under the end-of-generation rule `last_block`.
+
+    n_completion tokens (the first from the prefill), n_anchors = anchors before a stop token
+    (its index when `stopped`, else n_completion). `full` (z-lab 44947fb) walks every anchor
+    and scores the last block whole. `cut` (z-lab 07ebd93) runs while anchor + 1 < N and
+    produces at most N - anchor - 1 tokens per block, so a walk that runs to the limit ends at
+    N - 1 and its blocks sum to N - 1; a stop token ends it at the stop, as in `full`.
+    """
+    if last_block == "full" or stopped:
+        return n_anchors
+    if last_block == "cut":
+        return max(0, n_completion - 1)
+    raise ValueError(f"unknown last_block rule {last_block!r}; expected cut or full")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Prompt and completion files: JSON lines in, token ids out, every error naming file:line."""
+"""Prompt lines and completion files: JSON lines in, token ids out, every error naming file:line.
+
+Whole prompt sets (files, folders, `hf:` datasets) are read by `evaluators.datasets.load_benchmark`,
+which turns each row into a `Prompt` with `encode` and `token_ids`.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ class Prompt:
     id: str
     input_ids: list[int]
     completion_ids: list[int] | None = None  # fixed continuation to reuse instead of generating
+    dataset: str | None = None  # the benchmark set it belongs to (evaluators.datasets names it)
+    category: str | None = None  # a finer label inside the set (Spec-Bench's `category`)
+    chat_template: bool = False  # its ids came through the tokenizer's chat template
 
 
 def _read_text(path: Path) -> str:
@@ -28,7 +35,7 @@ def _read_text(path: Path) -> str:
         raise DraftboardError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def _read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:
+def read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:
     text = _read_text(path) if text is None else text
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -43,7 +50,7 @@ def _read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:
     return rows
 
 
-def _token_ids(value, where: str, vocab_size: int) -> list[int]:
+def token_ids(value, where: str, vocab_size: int) -> list[int]:
     if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise DraftboardError(f"{where}: token ids must be a non-empty list of integers")
     bad = [t for t in value if not 0 <= t < vocab_size]
@@ -52,7 +59,7 @@ def _token_ids(value, where: str, vocab_size: int) -> list[int]:
     return value
 
 
-def _encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> list[int]:
+def encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> list[int]:
     if "input_ids" in row:
         return row["input_ids"]
     if tokenizer is None:
@@ -78,20 +85,6 @@ def _encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> l
     raise DraftboardError(f"{where}: each line needs one of input_ids, prompt or messages")
 
 
-def load_prompts(path: str | Path, tokenizer, vocab_size: int, enable_thinking: bool | None = None) -> list[Prompt]:
-    path = Path(path)
-    prompts, seen = [], set()
-    for lineno, row in _read_jsonl(path):
-        where = f"{path}:{lineno}"
-        pid = str(row.get("id", lineno))
-        if pid in seen:
-            raise DraftboardError(f"{where}: duplicate id {pid!r}")
-        seen.add(pid)
-        ids = _token_ids(_encode(row, where, tokenizer, enable_thinking), where, vocab_size)
-        prompts.append(Prompt(pid, ids))
-    return prompts
-
-
 def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int) -> list[Prompt]:
     """Fixed continuations from JSON lines {id, input_ids, completion_ids} or a results JSON."""
     path = Path(path)
@@ -105,7 +98,7 @@ def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int)
             raise DraftboardError(f"{path}: 'prompts' must be a list of {{id, completion_ids}} objects")
         rows = [(i + 1, r) for i, r in enumerate(doc["prompts"])]
     else:
-        rows = _read_jsonl(path, text)
+        rows = read_jsonl(path, text)
     by_id = {}
     for lineno, row in rows:
         where = f"{path}:{lineno}"
@@ -119,5 +112,5 @@ def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int)
         where, row = by_id[p.id]
         if "input_ids" in row and row["input_ids"] != p.input_ids:
             raise DraftboardError(f"{where}: input_ids differ from the prompt with id {p.id!r}")
-        out.append(Prompt(p.id, p.input_ids, _token_ids(row["completion_ids"], where, vocab_size)))
+        out.append(Prompt(p.id, p.input_ids, token_ids(row["completion_ids"], where, vocab_size), p.dataset, p.category, p.chat_template))
     return out

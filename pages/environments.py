@@ -35,16 +35,20 @@ else:
         pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
                             format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
                             help="the same target, drafter, prompts and settings as this eval, with its training "
-                                 "run's linear-attention path, dtype and device")
+                                 "run's linear-attention path, dtype, drafter precision and device")
         plan = reeval_plan(index, pick, cfg.store_uri, ui.eval_results_loader(cfg.store_uri))
         if plan.blocked:
-            st.caption(f"Cannot re-evaluate: {md(plan.blocked)}")
-        elif plan.changes:
-            st.caption("Changes: " + md(", ".join(plan.changes)))
+            st.caption(f"Nothing to re-evaluate: {md(plan.blocked)}")
+        elif plan.existing:
+            st.caption(f"Already re-evaluated ({md(', '.join(plan.changes))}): {md(index.label(plan.existing))}")
+            st.page_link(ui.RUN_DETAIL_PAGE, label="Open the existing eval", query_params={"run": plan.existing},
+                         icon=":material/science:")
         else:
-            st.caption("This eval already ran in its training run's environment.")
-        if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=bool(plan.blocked),
-                     icon=":material/replay:", type="primary" if plan.changes else "secondary"):
+            st.caption("Changes: " + md(", ".join(plan.changes)))
+        if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=plan.params is None,
+                     icon=":material/replay:", type="primary",
+                     help=plan.blocked or ("an eval with these settings in this environment exists" if plan.existing
+                                           else "queue the same eval with the changes above")):
             with ui.reported():
                 job = submit_eval(ui.queue_for(cfg.jobs_uri), plan.params)
                 if job.existing:

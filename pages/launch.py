@@ -3,18 +3,22 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import eval_settings_of
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
-    DEFAULT_BUDGETS,
     DEVICES,
+    DRAFTER_PRECISIONS,
     DTYPES,
     LINEAR_ATTN_CHOICES,
     LaunchForm,
     describe_job,
+    error_line,
     eval_params,
+    form_defaults,
+    result_line,
+    shown_log,
     submit_eval,
     training_linear_attn,
+    workers_caption,
 )
 
 OTHER = "__path__"
@@ -25,35 +29,23 @@ queue = ui.open_queue_or_stop(cfg)
 
 
 def _on_train_change() -> None:
-    """Pre-fill the target, device and dtype from the chosen training run."""
+    """Pre-fill the form from the chosen training run and the project defaults (launch_form.form_defaults)."""
+    defaults = form_defaults(index, index.get(st.session_state.get("launch_train_run")))
+    for key, field in (("launch_target", "target"), ("launch_device", "device"), ("launch_dtype", "dtype"),
+                       ("launch_precision", "drafter_precision"), ("launch_prompts", "prompts"),
+                       ("launch_max_new", "max_new_tokens"), ("launch_budgets", "budgets")):
+        if defaults[field] is not None:
+            st.session_state[key] = defaults[field]
     run = index.get(st.session_state.get("launch_train_run"))
-    if run is None:
-        return
-    if run.target:
-        st.session_state["launch_target"] = run.target
-    if run.device in DEVICES:
-        st.session_state["launch_device"] = run.device
-    if run.dtype in DTYPES:
-        st.session_state["launch_dtype"] = run.dtype
-    st.session_state["launch_linear"] = ("match training run" if training_linear_attn(run.fingerprint)[0]
+    st.session_state["launch_linear"] = ("match training run" if run and training_linear_attn(run.fingerprint)[0]
                                          else "auto")
-    # The prompts and budgets of this run's latest eval (else the store's), so a repeat is one click.
-    own = index.evals_of(run.run_id)
-    previous = own[-1] if own else next(iter(index.of_kind("eval")), None)
-    if previous is not None:
-        settings = eval_settings_of(previous)
-        if settings.get("prompts") and not st.session_state.get("launch_prompts"):
-            st.session_state["launch_prompts"] = settings["prompts"]
-        if settings.get("budgets"):
-            st.session_state["launch_budgets"] = ",".join(map(str, settings["budgets"]))
-        if settings.get("max_new_tokens"):
-            st.session_state["launch_max_new"] = settings["max_new_tokens"]
 
 
 if cfg.readonly:
     st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon=":material/lock:")
 else:
     st.caption(ui.allowed_roots_caption(cfg))
+    st.caption(md(workers_caption(queue.workers())))
     trains = [r.run_id for r in index.of_kind("train")]
     if "launch_train_run" not in st.session_state:
         st.session_state["launch_train_run"] = trains[0] if trains else None
@@ -87,16 +79,20 @@ else:
                            help="the target model directory (transformers format)")
     prompts = c2.text_input("Prompts file", key="launch_prompts", placeholder="/path/to/prompts.jsonl",
                             help='JSON lines: {"id", "input_ids"} or {"id", "prompt"} or {"id", "messages"}')
-    c1, c2, c3, c4, c5 = st.columns(5)
-    st.session_state.setdefault("launch_budgets", DEFAULT_BUDGETS)
-    st.session_state.setdefault("launch_max_new", 256)
+    c1, c2, c3, c4, c5, c6 = st.columns(6)
+    for key, field in (("launch_budgets", "budgets"), ("launch_max_new", "max_new_tokens")):
+        st.session_state.setdefault(key, form_defaults(index, None)[field])
     budgets = c1.text_input("DDTree budgets", key="launch_budgets",
                             help="node budgets B for ddtree_tau_b{B}, comma-separated")
     max_new = c2.number_input("Max new tokens", min_value=1, step=1, key="launch_max_new",
                               help="tokens generated per prompt (greedy, by the target)")
     device = c3.selectbox("Device", DEVICES, key="launch_device")
     dtype = c4.selectbox("Dtype", DTYPES, key="launch_dtype")
-    linear = c5.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
+    precision = c5.selectbox("Drafter precision", [None, *DRAFTER_PRECISIONS], key="launch_precision",
+                             format_func=lambda p: "as dtype" if p is None else p,
+                             help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 weights "
+                                  "under bf16 autocast, as mixed-precision training computes")
+    linear = c6.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
                           help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "
                                "torch; match training run: the path in the training run's fingerprint")
     if linear == "match training run":
@@ -115,8 +111,10 @@ else:
         form = LaunchForm(
             target=target, prompts=prompts, drafter=drafter_path,
             checkpoint_path=by_step[pick].path if pick != OTHER else None,
-            train_run_id=train.run_id if train else None, checkpoint_step=step,
-            budgets=budgets, max_new_tokens=int(max_new), device=device, dtype=dtype, linear_attn=linear,
+            train_run_id=train.run_id if train else None, train_name=index.label(train.run_id) if train else None,
+            checkpoint_step=step,
+            budgets=budgets, max_new_tokens=int(max_new), device=device, dtype=dtype,
+            drafter_precision=precision, linear_attn=linear,
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
         )
@@ -157,18 +155,24 @@ def job_list() -> None:
             head.markdown(f"**{md(view.title)}**")
             head.progress(view.progress, text=md(view.progress_text))
             head.caption(md(view.when))
-            if view.error and view.state != "succeeded":
-                head.caption(f"error: {md(view.error.splitlines()[0][:300])}")
+            result = result_line(index.get(view.run_id))
+            if result:
+                head.markdown(md(result), help="τ: mean acceptance length along the walk (tokens per block, "
+                                              "bonus included); ddtree_tau_b8: the same with a DDTree of 8 nodes")
+            cause = error_line(view.error) if view.state != "succeeded" else None
+            if cause:
+                head.caption(md(cause[:300]))
             if view.run_id:
                 side.page_link(ui.RUN_DETAIL_PAGE, label="Open eval run", query_params={"run": view.run_id},
                                icon=":material/science:")
             if view.can_cancel and not cfg.readonly:
                 side.button("Cancel", key=f"cancel_{job.id}", icon=":material/cancel:", on_click=_cancel,
                             args=(job.id,), help="a queued job is dropped; a running one is stopped by its worker")
-            tail = queue.log_tail(job, 30) if job.log_path else ""
+            tail = queue.log_tail(job, 200) if job.log_path else ""
             if tail:
                 with st.expander("Log tail"):
-                    st.code(tail, language=None)
+                    everything = st.toggle("Show progress and protocol lines", key=f"log_all_{job.id}")
+                    st.code("\n".join(shown_log(tail, everything).splitlines()[-30:]), language=None)
             if job.state == "succeeded" and view.run_id and view.run_id not in index.runs:
                 ui.refresh()  # the eval run is new: show it elsewhere too
 

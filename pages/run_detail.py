@@ -49,7 +49,8 @@ for pair in lineage.mismatches(index, run):
     st.error(f"**Critical environment difference** — {md(lineage.mismatch_text(index, pair))}",
              icon=":material/warning:")
 
-if run.kind in ("eval", "reference") and not cfg.readonly:
+if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
+    # Published numbers were never an eval of ours: there is nothing to demote them to.
     target_kind = "eval" if run.kind == "reference" else "reference"
     label = "Demote to eval" if run.kind == "reference" else "Promote to reference"
     if st.button(label, key="detail_promote", icon=":material/star:",
@@ -60,6 +61,7 @@ if run.kind in ("eval", "reference") and not cfg.readonly:
             st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
 
+colors = charts.run_colors(index)  # the run's colour on Compare too
 tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance", "Params", "Fingerprint"])
 
 with tabs[0]:
@@ -69,14 +71,15 @@ with tabs[0]:
         if not keys:
             st.info("This run has logged no steps yet.")
         else:
-            frame = frame.assign(series=run.name, dashed=False)
+            frame = frame.assign(series=run.name, owner=run.run_id, dashed=False, reason="")
             chosen = st.multiselect("Metrics", keys, default=keys[:4], key="detail_metrics",
                                     help="\n\n".join(metric_docs.help_text(k) for k in keys[:8]))
             cols = st.columns(2)
             for i, key in enumerate(chosen):
                 with cols[i % 2]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
-                    st.plotly_chart(charts.step_curves(frame, key), key=f"detail_curve_{key}")
+                    st.plotly_chart(charts.step_curves(frame, key, colors=colors), key=f"detail_curve_{key}",
+                                    config={"displaylogo": False})
             st.caption(f"Curves show at most {ui.DEFAULT_MAX_POINTS} points each (every k-th step).")
     metrics = metrics_frame(run)
     if not metrics.empty:
@@ -104,10 +107,10 @@ with tabs[1]:
         positions, trees = run_acceptance(run, ui.eval_results_loader(cfg.store_uri))
         if not positions.empty:
             st.markdown("**Acceptance rate by draft position**", help=metric_docs.family_help("accept_rate_pos"))
-            st.plotly_chart(charts.accept_by_position(positions), key="detail_positions")
+            st.plotly_chart(charts.accept_by_position(positions, colors), key="detail_positions")
         if not trees.empty:
             st.markdown("**DDTree tau vs node budget**", help=metric_docs.family_help("ddtree_tau"))
-            st.plotly_chart(charts.ddtree_vs_budget(trees), key="detail_ddtree")
+            st.plotly_chart(charts.ddtree_vs_budget(trees, colors), key="detail_ddtree")
         if positions.empty and trees.empty:
             st.info("This run has no per-position or DDTree results.")
 

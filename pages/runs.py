@@ -4,7 +4,7 @@ import streamlit as st
 
 from tracker.dashboard import metric_docs, ui
 from tracker.dashboard.escape import csv_bytes
-from tracker.dashboard.tables import filter_runs, runs_table
+from tracker.dashboard.tables import filter_runs, runs_display, runs_table
 
 index = ui.shared().index
 st.title("Runs")
@@ -36,8 +36,9 @@ cols[3].metric("Critical env mismatches", n_bad,
                     "(a training run vs its evals): their numbers are not comparable")
 
 tau_help = metric_docs.help_text("tau") + " For a training run: over its evals (latest checkpoint / best)."
+# Widths add up to about 1230 px, a 1600 px screen less the sidebar: the env reason gets the room.
 event = st.dataframe(
-    table,
+    runs_display(table),
     key="runs_table",
     hide_index=True,
     on_select="rerun",
@@ -45,23 +46,26 @@ event = st.dataframe(
     column_order=[c for c in table.columns if c not in ("critical", "run_id")],
     column_config={
         "env check": st.column_config.TextColumn(
-            "env", help="🔴 the environment differs critically from the runs it is compared with "
-                        "(training run vs its evals): the fields are named. ⚪ no fingerprint.", width="medium"),
-        "name": st.column_config.TextColumn("name", width="medium"),
-        "kind": st.column_config.TextColumn("kind", help="train / eval / reference; published = numbers from a "
+            "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
+                        "row: at which evaluated step). ⚪ no fingerprint. Empty: no critical difference.",
+            width=240),
+        "name": st.column_config.TextColumn("name", width=160),
+        "status": st.column_config.TextColumn("status", width=75),
+        "kind": st.column_config.TextColumn("kind", width=115, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
-        "target": st.column_config.TextColumn("target", help="the target model (last path component)"),
-        "steps": st.column_config.NumberColumn("steps", help="training: the last logged step; eval: the "
+        "target": st.column_config.TextColumn("target", width=95, help="the target model (last path component)"),
+        "steps": st.column_config.TextColumn("steps", width=50, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
-        "tau latest": st.column_config.NumberColumn("tau (latest)", format="%.3f", help=tau_help),
-        "tau best": st.column_config.NumberColumn("tau (best)", format="%.3f", help=tau_help),
+        "tau latest": st.column_config.TextColumn("tau (latest)", width=65, help=tau_help),
+        "tau best": st.column_config.TextColumn("tau (best)", width=65, help=tau_help),
         "linear-attn": st.column_config.TextColumn(
-            "linear-attn", help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
+            "linear-attn", width=90, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
                                 "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
-        "device": st.column_config.TextColumn("device", help="device kind (GPU model)"),
-        "dtype": st.column_config.TextColumn("dtype", help="dtype of the target's forward pass"),
-        "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm"),
-        "detail": st.column_config.LinkColumn("detail", display_text="open", help="the run's detail page"),
+        "device": st.column_config.TextColumn("device", width=80, help="device kind (GPU model)"),
+        "dtype": st.column_config.TextColumn("dtype", width=50, help="dtype of the target's forward pass"),
+        "started": st.column_config.TextColumn("started (UTC)", width=110),
+        "detail": st.column_config.LinkColumn("detail", display_text="open", width=45,
+                                            help="the run's detail page"),
     },
 )
 selected = [table.iloc[i]["run_id"] for i in event.selection.rows] if event and event.selection else []

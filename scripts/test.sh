@@ -6,13 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . "${DRAFTBOARD_VENV:-.venv}/bin/activate"
 
-# The browser test drives Debian's Chromium (Playwright cannot download its own here).
-if [ ! -x /usr/bin/chromium ]; then
+# The browser test drives Debian's Chromium (Playwright cannot download its own here), with an
+# emoji font so its screenshots show the badges (🔴 🟢 ⚪) users see.
+if [ ! -x /usr/bin/chromium ] || [ ! -e /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf ]; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "error: the browser test needs Debian's chromium: apt-get install chromium" >&2
+    echo "error: the browser test needs Debian's chromium and an emoji font: apt-get install chromium" \
+         "fonts-noto-color-emoji" >&2
     exit 1
   fi
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-color-emoji >/dev/null
 fi
 # Tests that need an installed service fail instead of skipping when it is missing.
 export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1

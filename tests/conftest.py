@@ -155,8 +155,11 @@ def postgres_schema(base_uri: str):
 @pytest.fixture(scope="session")
 def machine_fp() -> dict:
     """This machine's fingerprint, captured once (the first capture imports the modeling code)."""
-    from tracker import fingerprint
+    from tracker import fingerprint, linear_attn
 
+    # capture() only reads: set the kernel path first, as every caller that loads a model does, so
+    # a path forced by an earlier test does not leak into this one.
+    linear_attn.apply("auto", "cpu")
     return fingerprint.capture(device="cpu", dtype="fp32")
 
 

@@ -85,6 +85,74 @@ def test_promote_and_demote_an_eval(app_env):
     assert tracker.run(run_id).data.tags["draftboard.kind"] == "eval"
 
 
+def test_published_references_cannot_be_demoted(app_env):
+    at = run_page("pages/run_detail.py", run=app_env.ids["published"])
+    assert shown(at.title[0].value) == "z-lab paper" and "detail_promote" not in [b.key for b in at.button]
+    at = run_page("pages/run_detail.py", run=app_env.ids["ref"])  # a measured reference still can be
+    assert at.button(key="detail_promote").label == "Demote to eval"
+
+
+def test_eval_runs_span_the_eval_and_the_experiment_says_what_it_holds(app_env, tmp_path):
+    from mlflow import MlflowClient
+
+    from tracker import Tracker
+
+    # An experiment made before the labels existed gets them when the store is next written to.
+    old = f"sqlite:///{tmp_path / 'old.db'}"
+    made = MlflowClient(old).create_experiment("draftboard")
+    assert "mlflow.experimentKind" not in MlflowClient(old).get_experiment(made).tags
+    assert Tracker(old).find_experiment() == made and "mlflow.experimentKind" not in (
+        MlflowClient(old).get_experiment(made).tags)  # reading changes nothing
+    assert Tracker(old).experiment_id == made
+    assert MlflowClient(old).get_experiment(made).tags["mlflow.experimentKind"] == "custom_model_development"
+
+    tracker = Tracker(app_env.uri)
+    info = tracker.run(app_env.ids["v5@200"]).info
+    # Logged once the eval is done, the run is back-dated to when the eval began.
+    assert info.end_time - info.start_time >= app_env.results[200]["timing"]["total_s"] * 1000 - 1
+    experiment = tracker.client.get_experiment(info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # mlflow ui: "Runs"
+    assert "evals" in experiment.tags["mlflow.note.content"]
+
+
+def _get(app, path: str) -> tuple[dict, bytes]:
+    """One GET through an ASGI app: (response headers, body)."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [], "scheme": "http", "server": ("127.0.0.1", 80), "root_path": "", "http_version": "1.1"}
+    asyncio.run(app(scope, receive, send))
+    return dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_deep_links_ask_the_server_root_for_health_and_host_config():
+    """Without RootBase, Streamlit's browser code on /compare first asks /compare/_stcore/health (a 404)."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    from tracker.serve import RootBase
+
+    page = "<!doctype html><html><head><title>draftboard</title></head><body></body></html>"
+    app = Starlette(routes=[Route("/_stcore/health", lambda request: PlainTextResponse("ok")),
+                            Route("/{page:path}", lambda request: HTMLResponse(page))])
+    headers, body = _get(RootBase(app), "/compare")
+    assert body.startswith(b"<!doctype html><html><head><script>window.__streamlit=")
+    assert b'BACKEND_BASE_URL:window.location.origin+"/"' in body and body.endswith(page[-30:].encode())
+    assert int(headers[b"content-length"]) == len(body)
+    _, body = _get(RootBase(app, base_path="/board/"), "/board/runs")
+    assert b'window.location.origin+"/board/"' in body
+    assert _get(RootBase(app), "/_stcore/health")[1] == b"ok"  # not a page: untouched
+
+
 def test_compare_banner_names_the_mismatched_fields(app_env):
     ids = app_env.ids
     at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
@@ -102,12 +170,41 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
     assert len(at.get("download_button")) >= 4
 
 
+def _traces(at: AppTest, key_prefix: str) -> list[dict]:
+    import json
+
+    return [t for chart in at.get("plotly_chart") if chart.proto.id and key_prefix in chart.proto.id
+            for t in json.loads(chart.proto.spec)["data"] if t.get("name")]
+
+
+def test_compare_draws_each_run_in_one_colour_with_the_dash_reason_in_the_legend(app_env):
+    ids = app_env.ids
+    at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
+    colours = {}
+    for trace in _traces(at, "compare_"):
+        run_name = trace["name"].split(" ")[0]
+        colours.setdefault(run_name, set()).add(trace["line"]["color"])
+        if "⚠" in trace["name"]:  # dashed, and the legend says why
+            assert trace["line"]["dash"] == "dash" and "linear-attn" in trace["name"].split("≠ reference: ")[1]
+            reason = trace["name"].split(" ⚠ ")[1]
+            assert f"dashed: environment {reason}" in trace["hovertemplate"]
+        elif not trace["name"].startswith("reference"):
+            assert trace["line"]["dash"] == "solid"
+    assert len(colours["v4"]) == 1 and len(colours["v5"]) == 1 and colours["v4"] != colours["v5"]
+    # The Training tab smooths (EMA) by default and offers a log step axis.
+    assert at.slider(key="compare_smoothing").value == 0.6 and not at.toggle(key="compare_log_step").value
+
+
 def test_compare_says_when_no_reference_matches_the_target(app_env, tmp_path):
-    # Only the published reference for another target: choosing it by hand shows its badge.
+    # Only the published reference for another target: choosing it by hand, the other target is the
+    # first thing said, once, and nothing contradicts it (no "only warnings" box, no env banner).
     at = run_page("pages/compare.py", runs=app_env.ids["v5"])
     at.selectbox(key="compare_reference").set_value(app_env.ids["published"]).run()
     assert not at.exception
-    assert "published numbers for target `Qwen/Qwen3.5-4B`" in page_text(at)
+    assert [shown(e.value) for e in at.error] == [
+        "**Different target: the reference z-lab paper was evaluated for Qwen3.5-4B, the chosen runs for target. "
+        "Its numbers describe another model: compare the shapes of the curves, not their values.**"]
+    assert not at.info and "published numbers for target" not in page_text(at)
 
 
 def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
@@ -128,6 +225,54 @@ def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
     assert params["linear_attn"] == "fast" and params["dtype"] == "bf16" and params["device"] == "cpu"
     assert params["train_run_id"] == app_env.ids["v4"] and params["checkpoint_step"] == 200
     assert params["drafter"] == str(app_env.drafters[200]) and params["tracking_uri"] == app_env.uri
+    assert params["drafter_precision"] == "fp32"  # the training run's drafter computed in fp32
+
+
+def test_reevaluate_is_disabled_with_the_reason_when_nothing_would_change(app_env):
+    at = run_page("pages/environments.py")
+    at.selectbox(key="env_reeval_run").set_value(app_env.ids["v5@200"]).run()
+    assert not at.exception
+    assert at.button(key="env_reeval").disabled
+    assert "already ran in its training run's environment" in page_text(at)
+
+
+def test_launch_prefills_the_run_and_project_defaults_not_the_last_eval(app_env):
+    at = run_page("pages/launch.py")  # a fresh visitor: the first training run is chosen
+    assert not at.exception
+    # Every eval in the store ran budgets 2,4,8: budgets are the project's, the measurement the run's.
+    assert at.text_input(key="launch_budgets").value == "4,8,16,32"
+    assert at.number_input(key="launch_max_new").value == 12
+    assert at.text_input(key="launch_prompts").value == app_env.prompts
+
+
+def test_launch_cards_show_the_result_or_the_cause_and_a_clean_log_tail(app_env):
+    from tracker import config
+    from tracker.events import PREFIX
+    from tracker.jobs.queue import FAILED, SUCCEEDED
+
+    queue = JobQueue()
+    base = {"target": app_env.target, "drafter": str(app_env.drafters[200]), "prompts": app_env.prompts}
+    done, broken = queue.submit("eval", base), queue.submit("eval", {**base, "device": "cuda"})
+    for job in (queue.claim("w"), queue.claim("w")):
+        log = config.logs_dir() / f"job-{job.id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"loading target\ndrafter:  50%|█████     | 1/2\n{PREFIX}{{\"event\": \"progress\"}}\n"
+                       "Traceback (most recent call last):\n" if job.id == broken.id else
+                       f"loading target\ndrafter:  50%|█████     | 1/2\n{PREFIX}{{\"event\": \"progress\"}}\ntau 2\n")
+        queue.attach_process(job.id, "w", None, str(log))
+    queue.finish(done.id, SUCCEEDED, mlflow_run_id=app_env.ids["v5@200"])
+    queue.finish(broken.id, FAILED, error="exit code 1; last output:\nTraceback (most recent call last):\n"
+                                          "  File \"x.py\", line 1\nAssertionError: Torch not compiled with CUDA enabled")
+    at = run_page("pages/launch.py")
+    assert not at.exception
+    text = page_text(at)
+    metrics = app_env.results[200]
+    assert f"τ {metrics['tau']:.3f} · ddtree_tau_b8 {metrics['ddtree']['8']['tau']:.3f}" in text
+    assert "AssertionError: Torch not compiled with CUDA enabled" in text
+    tails = [c.value for c in at.code]
+    assert tails and all(PREFIX not in t and "50%|" not in t and "loading target" in t for t in tails)
+    at.toggle(key=f"log_all_{done.id}").set_value(True).run()
+    assert any(PREFIX in c.value and "50%|" in c.value for c in at.code)
 
 
 def test_launch_creates_a_job_and_dedups_the_second(app_env):

@@ -51,3 +51,12 @@ def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
     jobs = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").list()
     assert len(jobs) == 1 and jobs[0].kind == "eval"
     assert jobs[0].params["target"].endswith("qwen35-tiny-stdlib")
+
+
+def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(demo_env):
+    client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
+    at = run_page("pages/compare.py")
+    names = {client.get_run(r).info.run_name for r in at.multiselect(key="compare_runs").value}
+    assert names == {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)"}
+    assert at.selectbox(key="compare_reference").options[0].startswith("closest match: reference (demo)")
+

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -86,3 +87,47 @@ def test_cli_bad_input_is_one_error_line_exit_2(tmp_path, store_uri, capsys, arg
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_cache_ls_and_prune(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from evaluators.cache import EvalCache
+    from evaluators.target import cache_key
+
+    root = tmp_path / "cache"
+    cache = EvalCache(root, max_bytes=10**9)
+    old, new = cache_key("old"), cache_key("new")
+    cache.put_features(old, 1, [torch.zeros(64, 32)], target="sha256:aaaa")
+    cache.put_continuations(new, [[1, 2]], target="sha256:bbbb")
+    for path in root.glob(f"features/{old}/*"):
+        os.utime(path, (1_700_000_000, 1_700_000_000))  # 2023-11-14 22:13:20 UTC
+    (root / "keep.txt").write_text("mine")
+    assert main(["cache", "ls", "--cache-dir", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["kind", "key", "target", "digest", "layers", "size", "last", "use"]
+    assert lines[2].split()[:4] == ["features", old, "sha256:aaaa", "1"]  # least recently used first
+    assert "2023-11-14 22:13:20 UTC" in lines[2] and f"{cache.entries()[0].size / 1e9:.3f} GB" in lines[2]
+    assert lines[3].split()[:3] == ["continuations", new, "sha256:bbbb"]
+    assert lines[4].startswith(f"2 entries, {cache.size() / 1e9:.3f} GB in {root}")
+    # the features entry holds 8 kB of floats: a cap of 1 kB leaves only the newer continuations
+    assert main(["cache", "prune", "--max-gb", "0.000001", "--cache-dir", str(root)]) == 0
+    assert capsys.readouterr().out.startswith("removed 1 entries")
+    assert [e.key for e in cache.entries()] == [new]
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))  # the default folder is <home>/cache
+    assert main(["cache", "prune", "--all"]) == 0
+    assert cache.entries() == [] and (root / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["cache", "prune", "--max-gb", "-3"], {}, "--max-gb must be a positive number of GB, not '-3'"),
+    (["cache", "prune", "--max-gb", "2", "--all"], {}, "give --max-gb or --all, not both"),
+    (["cache", "ls", "--all"], {}, "options of `cache prune`"),
+    (["cache", "prune"], {"DRAFTBOARD_CACHE_MAX_GB": "ten"}, "DRAFTBOARD_CACHE_MAX_GB must be a positive number"),
+])
+def test_cache_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch, args, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main([*args, "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

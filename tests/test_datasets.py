@@ -12,7 +12,7 @@ import random
 import pytest
 
 from demo import bytetok
-from evaluators.datasets import ZLAB_DATASETS, LabelledPrompt, load_benchmark, sample_per_dataset, zlab_name
+from evaluators.datasets import ZLAB_DATASETS, load_benchmark, sample_per_dataset, zlab_name
 from evaluators.prompts import Prompt
 from tracker.errors import DraftboardError
 
@@ -181,4 +181,3 @@ def test_zlab_names():
     assert zlab_name("google-research-datasets/mbpp") == "mbpp" and zlab_name("mt-bench") == "mt-bench"
     assert zlab_name("tatsu-lab/alpaca") is None
     assert set(ZLAB_DATASETS) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}
-    assert issubclass(LabelledPrompt, Prompt)

@@ -1,7 +1,10 @@
 """`draftboard demo --quick` builds a store a plain MLflow client can read, with honest data."""
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -59,8 +62,9 @@ def test_env_diff_finds_the_bf16_training_run_mismatch(client, demo_home, capsys
     uri = f"sqlite:///{demo_home / 'draftboard.db'}"
     assert main(["env-diff", bf16.info.run_id, ev.info.run_id, "--tracking-uri", uri]) == 1
     out = capsys.readouterr().out
-    line = next(line for line in out.splitlines() if line.startswith("numerics.dtype"))
-    assert "bf16" in line and "fp32" in line and "critical" in line
+    # trained with the drafter under bf16 autocast (target fp32), evaluated in fp32
+    line = next(line for line in out.splitlines() if line.startswith("numerics.drafter_precision"))
+    assert "bf16-autocast" in line and "fp32" in line and "critical" in line
 
 
 def test_second_build_returns_at_once(demo_home, client):
@@ -74,3 +78,116 @@ def test_second_build_returns_at_once(demo_home, client):
 def test_store_stays_small(demo_home):
     size = sum(p.stat().st_size for p in demo_home.rglob("*") if p.is_file())
     assert size < 200 * 2**20
+
+
+# --------------------------------------------------------------------------- first start: progress
+
+
+def test_a_built_demo_reads_as_done_and_resume_reuses_it(demo_home):
+    from tracker.demo_progress import DONE, read_progress
+
+    progress = read_progress(demo_home)
+    manifest = json.loads((demo_home / "draftboard-demo" / "manifest.json").read_text())
+    assert (progress.state, progress.fraction, progress.runs) == (DONE, 1.0, len(manifest["runs"]))
+    assert progress.store == f"sqlite:///{demo_home / 'draftboard.db'}" and progress.store_ready
+    t = time.perf_counter()
+    assert build_demo(demo_home, quick=True, resume=True, report=lambda line: None)["runs"] == manifest["runs"]
+    assert time.perf_counter() - t < 5  # a second start reuses what was built
+
+
+def test_progress_fractions_and_a_dead_builder(tmp_path):
+    from tracker.demo_progress import RUNNING, STOPPED, ProgressWriter, read_progress
+
+    writer = ProgressWriter(tmp_path, "sqlite:///x.db")
+    writer.stage(3, 8, "train: v1")
+    writer.within_stage(0.5)
+    progress = read_progress(tmp_path)
+    assert (progress.state, progress.stage, progress.fraction) == (RUNNING, 3, 2.5 / 8)  # 2 stages + half of one
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    ProgressWriter(tmp_path, "sqlite:///x.db", pid=int(done.stdout)).stage(1, 8, "target")
+    assert read_progress(tmp_path).state == STOPPED  # killed without a word: its process is gone
+    (tmp_path / "demo-progress.json").write_text("{half a file")
+    assert read_progress(tmp_path) is None
+
+
+@pytest.fixture
+def building_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+def test_banner_while_the_store_is_not_created_yet(building_home):
+    from apptest import page_text, run_page
+    from tracker.demo_progress import ProgressWriter
+
+    # This test's process stands in for the build: alive, and it has not created the store.
+    ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}").stage(1, 8, "target: <b>tiny</b>")
+    at = run_page("pages/runs.py")
+    [bar] = at.get("progress")
+    assert bar.proto.value == 0 and "Building the demo store" in bar.proto.text and "stage 1/8" in bar.proto.text
+    assert "<b>" not in bar.proto.text.replace("\\<b\\>", "")  # the stage text is escaped
+    assert "refreshes every 2 s" in page_text(at)
+    assert not (building_home / "draftboard.db").exists()  # the page left the store to the build
+
+
+def test_banner_counts_runs_and_says_when_the_build_stopped(building_home):
+    from apptest import page_text, run_page
+    from tracker.demo_progress import ProgressWriter
+
+    writer = ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}")
+    writer.update(store_ready=True)
+    writer.stage(4, 8, "train: drafter-v2")
+    writer.within_stage(0.5)
+    writer.update(runs=5)
+    at = run_page("pages/runs.py")
+    [bar] = at.get("progress")
+    assert bar.proto.value == 43 and "5 runs so far" in bar.proto.text  # (3 + 0.5) / 8 = 43.75%, truncated
+    assert "demo's first runs land" in page_text(at)  # the empty store says what it waits for
+    writer.failed("out of memory")
+    at = run_page("pages/runs.py")
+    assert not at.get("progress")
+    assert "The demo build stopped** at stage 4/8: out of memory." in page_text(at)
+
+
+def test_ui_serves_within_10_s_while_the_demo_builds_and_a_second_start_resumes(tmp_path):
+    """What ./scripts/run.sh runs after the install: `draftboard ui --demo` on a fresh home."""
+    import os
+
+    import psutil
+    from uiprocess import Ui, free_port, gone, healthy
+    from waiting import wait_until
+
+    from tracker.demo_progress import STOPPED, read_progress
+
+    home, env = tmp_path / "home", {"MLFLOW_TRACKING_URI": ""}
+    t0 = time.monotonic()
+    ui = Ui(home, free_port(), "--demo", "--no-worker", env=env)
+    try:
+        wait_until(lambda: healthy(ui.port), 10, interval=0.1, what="the dashboard answering")
+        assert time.monotonic() - t0 < 10, ui.output()
+        progress = read_progress(home)
+        assert progress.building, progress
+        builder = psutil.Process(progress.pid)
+        assert builder.ppid() == ui.proc.pid and "demo" in builder.cmdline()
+        # The page shows it: the same home read by the dashboard's code (AppTest) at this moment.
+        out = subprocess.run([sys.executable, "-c", "from apptest import run_page; at = run_page('pages/runs.py'); "
+                              "print(at.get('progress')[0].proto.text)"], cwd=Path(__file__).parent,
+                             env={**os.environ, "DRAFTBOARD_HOME": str(home), **env},
+                             capture_output=True, text=True, timeout=120)
+        assert "Building the demo store" in out.stdout, out.stderr[-2000:]
+        wait_until(lambda: read_progress(home).stage >= 1, 120, interval=0.2, what="the build's first stage")
+        ui.kill()  # SIGKILL: no ordered stop, yet the build must not outlive the dashboard
+        wait_until(lambda: gone(builder), 10, interval=0.1, what="the demo build dying with the dashboard")
+        assert read_progress(home).state == STOPPED
+    finally:
+        ui.kill()
+    # A second start takes up the unfinished build: it removes what the first made and starts again.
+    ui = Ui(home, free_port(), "--demo", "--no-worker", env=env)
+    try:
+        wait_until(lambda: (p := read_progress(home)).pid != builder.pid and p.building and p.stage >= 1,
+                   120, interval=0.2, what="the second start's build")
+        assert "did not finish" not in (home / "logs" / "demo.log").read_text()
+    finally:
+        ui.kill()

@@ -128,14 +128,37 @@ def test_training_run_learns_and_checkpoints_reload(target_dir, data, tracker, s
     assert loaded.config.block_size == cfg.block_size
 
 
-def test_bf16_run_records_its_dtype(target_dir, data, tracker, tmp_path):
+def test_bf16_run_records_the_numerics_it_used_and_its_reevaluation_matches(target_dir, data, tracker, tmp_path):
+    """The headline flow: a bf16-autocast training run, re-evaluated with the flags its
+    fingerprint calls for, gives an eval with no critical difference from it."""
+    from evaluators.harness import EvalSettings, evaluate
+    from tracker import fingerprint
+    from tracker.dashboard.envmatrix import training_environment
+
     cfg = train_dflash.TrainConfig(name="demo-bf16", dtype="bf16", gamma=None, steps=4, ckpt_every=4)
     run_id = train_dflash.train(cfg, target_dir, data, tracker, tmp_path / "ckpt")
-    assert tracker.run(run_id).data.tags["env.dtype"] == "bf16"
-    assert tracker.fingerprint(run_id)["numerics"]["dtype"] == "bf16"
+    train_fp = tracker.fingerprint(run_id)
+    # The target (features, probe) ran fp32; only the drafter computed under bf16 autocast.
+    assert train_fp["numerics"]["dtype"] == "fp32" and tracker.run(run_id).data.tags["env.dtype"] == "fp32"
+    assert train_fp["numerics"]["drafter_precision"] == "bf16-autocast"
     loaded = load_drafter(tmp_path / "ckpt" / "step_4")
     assert loaded.model.fc.weight.dtype == torch.float32  # fp32 master weights are what is saved
     assert loaded.config.target_layer_ids == [2]  # z-lab's choice for 1 tapped layer of 4
+
+    flags, why = training_environment(train_fp)
+    assert why is None and flags == {"linear_attn": "fallback", "dtype": "fp32", "drafter_precision": "bf16-autocast",
+                                     "device": "cpu"}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "input_ids": s[:p].tolist()}) + "\n"
+                               for i, (s, p) in enumerate(zip(data.sequences[:3], data.prompt_lens))))
+    base = EvalSettings(target=str(target_dir), drafter=str(tmp_path / "ckpt" / "step_4"), prompts=str(prompts),
+                        max_new_tokens=8, budgets=(4,), cache_dir=str(tmp_path / "cache"))
+    matched = evaluate(EvalSettings(**{**base.__dict__, **flags}))
+    assert not fingerprint.has_critical(fingerprint.diff(train_fp, matched["fingerprint"]))
+    # What the button used to queue: --dtype bf16 casts the target too, so its features differ.
+    cast = evaluate(EvalSettings(**{**base.__dict__, **flags, "dtype": "bf16", "drafter_precision": None}))
+    critical = {r.field for r in fingerprint.diff(train_fp, cast["fingerprint"]) if r.severity == "critical"}
+    assert {"numerics.dtype", "numerics.drafter_precision", "probe.max_rel_diff"} <= critical
 
 
 def test_train_refuses_data_of_another_target(data, tracker, tmp_path):

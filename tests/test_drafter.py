@@ -480,3 +480,56 @@ def test_missing_path_and_config(tmp_path):
     save_file({k: v.contiguous() for k, v in make_model().state_dict().items()}, str(path))
     with pytest.raises(DraftboardError, match="no drafter config"):
         load_drafter(path)
+
+
+# --------------------------------------------------------------------------- other tools' formats
+
+
+def test_speculators_folder_loads_with_its_config_converted(tmp_path):
+    from tests import toolformats
+
+    model = toolformats.tiny_drafter()
+    folder = toolformats.speculators(tmp_path / "checkpoints", 0, 12, model)
+    loaded = load_drafter(folder, target_hidden_size=H, target_num_layers=TARGET_LAYERS, target_vocab_size=V)
+    assert loaded.config.target_layer_ids == toolformats.TAPPED  # aux ids [2, 4] shifted back
+    assert loaded.config.mask_token_id == V - 1 and loaded.config.block_size == BS
+    assert "speculators" in loaded.source and loaded.own_lm_head_key == "lm_head.weight"
+    as_saved = {k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()}  # bf16 on disk
+    assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in as_saved.items())
+    config = json.loads((folder / "config.json").read_text())
+    config["draft_vocab_size"] = V // 2
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftboardError, match="reduced draft vocabulary"):
+        load_drafter(folder)
+
+
+def test_specforge_runtime_checkpoint_loads_with_its_draft_config(tmp_path):
+    from tests import toolformats
+
+    model = toolformats.tiny_drafter()
+    folder = toolformats.specforge_runtime(tmp_path / "out", "run7", 400, model)
+    with pytest.raises(DraftboardError, match="specforge export --to hf --checkpoint") as err:
+        load_drafter(folder)  # the architecture is not in training_state.pt
+    assert "\n" not in str(err.value)
+    draft_config = model.cfg.to_dict()
+    draft_config["dflash_config"] = {}  # the dflash_* entries of the pickle fill it
+    (folder / "config.json").write_text(json.dumps(draft_config))
+    for path in (folder, folder / "training_state.pt"):
+        loaded = load_drafter(path, target_hidden_size=H, target_num_layers=TARGET_LAYERS, target_vocab_size=V)
+        assert loaded.config == model.cfg and "SpecForge runtime" in loaded.source
+        assert same_outputs(model, loaded.model)
+
+
+def test_specforge_checkpoint_that_needs_code_is_refused_with_the_export_command(tmp_path):
+    import argparse
+
+    from tests import toolformats
+
+    model = toolformats.tiny_drafter()
+    folder = tmp_path / "run7-step5"
+    folder.mkdir()
+    torch.save({"draft_state_dict": model.state_dict(), "strategy": "dflash",
+                "args": argparse.Namespace(lr=1e-4)}, folder / "training_state.pt")
+    (folder / "config.json").write_text(json.dumps(model.cfg.to_dict()))
+    with pytest.raises(DraftboardError, match=r"refused to unpickle.*specforge export --to hf --checkpoint"):
+        load_drafter(folder)

@@ -26,7 +26,8 @@ def test_cli_parses_back_exactly_what_a_job_says():
     nasty = "v4; rm -rf ~ && echo $(whoami) 'x' \"y\""
     params = eval_params(drafter=nasty, budgets=[16, 4, 8], max_new_tokens=64, linear_attn="fallback",
                          checkpoint_step=1200, train_run_id="abc", reference="z-lab", device="cuda", dtype="bf16",
-                         no_log=True, enable_thinking=False, completions="/data/c.jsonl", name="n")
+                         drafter_precision="bf16-autocast", no_log=True, enable_thinking=False,
+                         completions="/data/c.jsonl", name="n")
     args = eval_job.cli_args(params)
     assert args[0] == "eval" and nasty in args  # one argument, never split or quoted
     parsed = _eval_parse(args[1:])
@@ -39,8 +40,9 @@ def test_cli_parses_back_exactly_what_a_job_says():
     assert (defaults.out, defaults.cache_dir, defaults.no_log, defaults.enable_thinking) == (None, None, False, None)
     assert [f.flag for f in eval_job.EVAL_FIELDS] == [
         "--target", "--drafter", "--prompts", "--completions", "--max-new-tokens", "--budgets", "--device",
-        "--dtype", "--linear-attn", "--out", "--tracking-uri", "--train-run-id", "--checkpoint-step",
-        "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking"]
+        "--dtype", "--drafter-precision", "--linear-attn", "--out", "--tracking-uri", "--train-run-id", "--checkpoint-step",
+        "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
+        "--limit-per-dataset"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 
@@ -105,3 +107,13 @@ def test_paths_outside_the_roots_and_folders_leading_out_are_refused(tmp_path):
         {"weight_map": {"w": "model-1.safetensors", "v": "../../outside/model.safetensors"}}))
     with pytest.raises(DraftboardError, match=r"index.json leads to .*outside/model.safetensors"):
         eval_job.check_paths(params(), roots)
+
+
+def test_a_hub_dataset_passes_the_roots_check_and_a_local_one_is_checked(tmp_path):
+    roots = [tmp_path / "root"]
+    (tmp_path / "root").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    assert eval_job.check_path("--prompts", "hf:openai/gsm8k:main:test", roots) is None
+    assert eval_job.check_path("--prompts", f"hf:{tmp_path / 'root'}:test", roots) == (tmp_path / "root").resolve()
+    with pytest.raises(DraftboardError, match="outside the allowed roots"):
+        eval_job.check_path("--prompts", f"hf:{tmp_path / 'elsewhere'}:test", roots)

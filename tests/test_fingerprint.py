@@ -151,3 +151,13 @@ def test_capture_only_reads_the_kernel_path():
         assert not linear_attn.resolve().forced
     finally:
         linear_attn.apply("auto", "cpu")
+
+
+def test_drafter_precision_is_recorded_and_a_difference_is_critical():
+    autocast = fingerprint.capture(None, "cpu", "fp32", drafter_precision="bf16-autocast", code_dir="/")
+    cast = fingerprint.capture(None, "cpu", "fp32", code_dir="/")  # default: the drafter cast to the dtype
+    assert autocast["numerics"]["drafter_precision"] == "bf16-autocast"
+    assert cast["numerics"]["drafter_precision"] == "fp32"
+    rows = [r for r in fingerprint.diff(autocast, cast) if r.field == "numerics.drafter_precision"]
+    assert rows == [("numerics.drafter_precision", "bf16-autocast", "fp32", "critical")]
+    assert fingerprint.env_hash(autocast) != fingerprint.env_hash(cast)

@@ -72,6 +72,35 @@ def test_eval_cli_writes_results_and_logs_a_linked_run(hybrid, tracker, store_ur
     assert {"ddtree_tau_b2", "dds8", "accept_rate_pos1", "tau_all_anchors"} <= set(run.data.metrics)
     logged = json.loads(open(client.download_artifacts(run_id, "eval_results.json")).read())
     assert logged["tau"] == res["tau"]
+    # The protocol it was measured under, in the results and as tags; intervals as metrics.
+    proto = res["protocol"]
+    assert proto["datasets"] == {"prompts": 3} and proto["completions"] == "generated"
+    assert (proto["last_block"], proto["scoring"], proto["block_size"], proto["max_new_tokens"]) == ("cut", "offline", 4, 12)
+    assert proto["stop_token_ids"] == [VOCAB - 1] and proto["temperature"] == 0 and proto["enable_thinking"] == "unknown"
+    assert tags["protocol.last_block"] == "cut" and tags["protocol.prompt_digest"] == proto["prompt_digest"]
+    assert res["ci"]["tau"][0] <= res["tau"] <= res["ci"]["tau"][1]
+    assert run.data.metrics["tau_ci_low"] == pytest.approx(res["ci"]["tau"][0])
+    assert "ddtree_tau_b8_ci_high" in run.data.metrics
+    assert res["by_dataset"]["prompts"]["n_prompts"] == 3 and {p["dataset"] for p in res["prompts"]} == {"prompts"}
+    # cut: no block produces past max_new_tokens; a walk that runs to the limit sums to 12 - 1.
+    for p in res["prompts"]:
+        stopped = VOCAB - 1 in p["completion_ids"]
+        assert sum(p["acceptance_lengths"]) == (len(p["completion_ids"]) - 1 if stopped else 11)
+
+
+def test_env_diff_shows_both_sections_and_a_new_prompt_set_is_critical(hybrid, tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(_eval_args(hybrid, "--no-log", "--out", str(a))) == 0
+    assert main(_eval_args(hybrid, "--no-log", "--out", str(b), "--limit-per-dataset", "2")) == 0
+    capsys.readouterr()
+    assert main(["env-diff", str(a), str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "environment:" in out and "protocol:" in out and out.count("no differences") == 2
+    assert main(["env-diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("protocol.")}
+    assert rows["protocol.prompt_digest"] == "critical" and rows["protocol.datasets"] == "critical"
+    assert json.loads(b.read_text())["protocol"]["datasets"] == {"prompts": 2}
 
 
 def test_second_checkpoint_reuses_the_target_pass(hybrid, tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from evaluators.metrics import chain_acceptance, summarize_walks, tau_all_anchors, walk, walk_anchors
+from evaluators.metrics import chain_acceptance, summarize_walks, tau_all_anchors, walk, walk_anchors, walk_end
 
 
 def test_chain_acceptance_counts_leading_matches_only():
@@ -70,3 +70,22 @@ def test_tau_all_anchors_pools_every_anchor():
     assert tau_all_anchors([[3, 1, 2, 1, 1, 4], torch.tensor([2, 2])]) == pytest.approx(2.0)
     with pytest.raises(ValueError):
         tau_all_anchors([[], []])
+
+
+def test_cut_walk_clips_the_last_block_to_what_is_left():
+    lengths = [3, 1, 2, 1, 1, 4]
+    # 6 completion tokens, no stop: cut ends the walk at N - 1 = 5 (the first token is the
+    # prefill's), so the walk visits 0, 3, 4 and the block at 4 produces 5 - 4 = 1 token.
+    end = walk_end(6, 6, stopped=False, last_block="cut")
+    assert end == 5
+    assert walk(lengths, end, cut=True) == [3, 1, 1]
+    assert sum(walk(lengths, end, cut=True)) == 6 - 1
+    # A block that would overshoot is clipped: [4, ...] with 3 tokens -> end 2 -> [2].
+    assert walk([4, 1, 1], walk_end(3, 3, False, "cut"), cut=True) == [2]
+    # full keeps today's rule: every anchor of the completion, the last block whole.
+    assert walk_end(6, 6, False, "full") == 6 and walk(lengths, 6) == [3, 1, 1, 4]
+    # A stop token ends both rules at the stop (index 5), the block reaching it clipped there.
+    assert walk_end(6, 5, True, "cut") == 5 and walk([4, 1, 1, 1, 3, 1], 5, cut=True) == [4, 1]
+    assert walk_end(1, 1, False, "cut") == 0 and walk([2], 0, cut=True) == []
+    with pytest.raises(ValueError, match="last_block"):
+        walk_end(6, 6, False, "half")

@@ -1,4 +1,9 @@
-"""Offline teacher-forced evaluation equals the online speculative loop, block for block."""
+"""Offline teacher-forced evaluation equals the online speculative loop, block for block.
+
+`--last-block full` against z-lab 44947fb's cached loop on a non-hybrid target (where its cache
+is exact), `--last-block cut` (the default) against z-lab 07ebd93's loop with recomputation in
+place of every cache, on a hybrid Qwen3.5 target with a trained drafter.
+"""
 
 import json
 
@@ -8,7 +13,7 @@ from transformers import Qwen3ForCausalLM
 
 from evaluators.drafter import save_zlab
 from evaluators.harness import EvalSettings, evaluate
-from online_loop import speculative_generate
+from online_loop import hybrid_pair, lossless_generate, speculative_generate
 from tiny import fit_drafter, greedy_sequences, qwen3_config, save_target
 
 MAX_NEW = 40
@@ -37,7 +42,8 @@ def pair(tmp_path_factory):
 def test_offline_acceptance_equals_the_online_loop(pair, tmp_path):
     root, target, drafter, prompts, eos = pair
     res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
-                                max_new_tokens=MAX_NEW, budgets=(2, 8), device="cpu", cache_dir=str(tmp_path)))
+                                max_new_tokens=MAX_NEW, budgets=(2, 8), device="cpu", cache_dir=str(tmp_path),
+                                last_block="full"))
     online_taus, stopped = [], 0
     for p, row in zip(prompts, res["prompts"]):
         completion, lengths = speculative_generate(target, drafter, p, MAX_NEW, {eos})
@@ -60,3 +66,40 @@ def test_tree_walks_accept_at_least_as_much_as_the_chain_here(pair, tmp_path):
     taus = [res["ddtree"][b]["tau"] for b in ("4", "16", "64")]
     assert taus == sorted(taus)
     assert taus[0] >= res["tau"] - 1e-9
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid_pair")
+    return (root, *hybrid_pair(root, MAX_NEW))
+
+
+def test_cut_equals_a_lossless_online_loop_on_a_hybrid_target(hybrid, tmp_path):
+    root, target, drafter, prompts, eos = hybrid
+    res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                max_new_tokens=MAX_NEW, budgets=(4,), device="cpu", cache_dir=str(tmp_path)))
+    assert res["protocol"]["last_block"] == "cut"
+    to_limit = stopped = 0
+    for p, row in zip(prompts, res["prompts"]):
+        completion, lengths = lossless_generate(target, drafter, p, MAX_NEW, {eos})
+        assert row["completion_ids"] == completion
+        assert row["acceptance_lengths"] == lengths  # block for block, the last ones included
+        stopped += completion[-1] == eos
+        to_limit += sum(lengths) == MAX_NEW - 1
+    assert stopped >= 1 and to_limit >= 1  # both ends of generation were exercised
+    assert sum(res["accept_len_histogram"][1:]) >= 0.1 * sum(res["accept_len_histogram"])
+
+
+def test_online_scoring_equals_offline_where_the_cache_is_exact(pair, tmp_path):
+    """Qwen3 (attention only): crop is exact, so z-lab's cached loop scores what the offline walk scores."""
+    root, target, drafter, prompts, eos = pair
+    settings = dict(max_new_tokens=MAX_NEW, budgets=(2,), device="cpu", cache_dir=str(tmp_path))
+    for rule in ("full", "cut"):
+        online = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                       last_block=rule, scoring="online", **settings))
+        assert online["protocol"]["scoring"] == "online"
+        for row in online["prompts"]:
+            assert row["acceptance_lengths"] == row["offline_acceptance_lengths"]
+        assert online["tau"] == pytest.approx(online["offline"]["tau"], abs=1e-12)
+    for p, row in zip(prompts, online["prompts"]):  # cut: the lossless loop's, block for block
+        assert (row["completion_ids"], row["acceptance_lengths"]) == lossless_generate(target, drafter, p, MAX_NEW, {eos})

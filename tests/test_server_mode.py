@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from apptest import shown
 from tracker import Tracker
 from tracker.errors import DraftboardError
 from tracker.jobs.queue import (
@@ -155,7 +156,7 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
     at.selectbox(key="launch_linear").set_value("auto")
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
-    errors = [str(e.value) for e in at.error]
+    errors = [shown(e.value) for e in at.error]  # as the reader sees it (user text is escaped)
     assert len(errors) == 1 and errors[0].startswith(f"not queued: MLflow user {name} may not write"), errors
     assert JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").list() == []
 
@@ -200,7 +201,7 @@ _LOGGING_JOB = """
     from tracker import Tracker, events
     uri, fp = {uri!r}, json.loads({fp!r})
     with Tracker(uri).eval_run("from-the-worker", target="/m/T", fingerprint=fp) as run:
-        run.log_metrics({"tau": 2.5})
+        run.log_metrics({{"tau": 2.5}})
     events.emit(events.RESULT, run_id=run.run_id, out=None)
 """
 

@@ -10,8 +10,17 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker import config
-from tracker.dashboard import metric_docs
-from tracker.dashboard.compare import closest_reference, compare_data, reference_label
+from tracker.dashboard import lineage, metric_docs
+from tracker.dashboard.charts import REFERENCE_COLOR, ddtree_vs_budget, run_colors
+from tracker.dashboard.compare import (
+    closest_reference,
+    common_budgets,
+    compare_data,
+    default_selection,
+    ema,
+    outside_budgets,
+    reference_label,
+)
 from tracker.dashboard.envmatrix import fingerprint_matrix, pairs_frame, reeval_plan, training_environment
 from tracker.errors import DraftboardError
 from tracker.jobs.queue import QUEUED, RUNNING, Job
@@ -30,7 +39,7 @@ from tracker.store.history import (
 )
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, local_artifact_dir, same_target
 from tracker.dashboard.lineage import mismatches, summarize_rows, train_eval_pairs
-from tracker.dashboard.tables import checkpoints_frame, filter_runs, mlflow_ui_url, runs_table, tau_of
+from tracker.dashboard.tables import checkpoints_frame, filter_runs, mlflow_ui_url, runs_display, runs_table, tau_of
 
 # --------------------------------------------------------------------------- hand-made fingerprints and runs
 
@@ -197,14 +206,27 @@ def _lineage_index():
 def test_runs_table_marks_critical_lineage_mismatches_and_taus():
     index = _lineage_index()
     table = runs_table(index, list(index.runs.values())).set_index("run_id")
-    assert table.loc["t4", "env check"].startswith("🔴")
-    assert "linear-attn fallback vs training: fast; dtype fp32 vs training: bf16" in table.loc["t4", "env check"]
+    # A short reason, without the row's own name: a training run's row says at which step.
+    assert table.loc["t4", "env check"] == "🔴 @ 200: linear-attn fallback vs training: fast; dtype fp32 vs training: bf16"
+    assert table.loc["e4", "env check"] == "🔴 linear-attn fallback vs training: fast; dtype fp32 vs training: bf16"
     assert table.loc["e4", "env check"].startswith("🔴") and table.loc["t5", "env check"] == ""
     # Mismatches are counted from the diff's severities, not from how the cell is drawn.
     assert table["critical"].to_dict() == {"t4": 1, "t5": 0, "e4": 1, "e5a": 0, "e5b": 0, "ref": 0}
     assert tau_of(index, index.runs["t5"]) == (2.2, 2.5)  # latest checkpoint, best
     assert table.loc["t5", "steps"] == 500 and table.loc["e5a", "steps"] == 100
     assert [r.run_id for r in filter_runs(index, kinds=["eval"], search="e5")] == ["e5a", "e5b"]
+    # Missing numbers read "—", never None / nan; the table itself keeps numbers (CSV, sorting).
+    shown = runs_display(table.reset_index()).set_index("run_id")
+    assert "None" not in shown.to_string() and "nan" not in shown.to_string() and table.loc["ref", "steps"] is pd.NA
+    assert (shown.loc["ref", "steps"], shown.loc["ref", "tau latest"]) == ("—", "3.000")
+    assert all(isinstance(v, str) for v in shown["tau best"])  # as text: number columns print None
+
+
+def test_runs_table_puts_the_teams_runs_first_and_published_references_last():
+    published = run("pub", "reference", fp(source={"kind": "published"}), target="Qwen/Qwen3-8B", start=9)
+    index = RunIndex([published, *_lineage_index().runs.values()])  # the newest run is the published one
+    table = runs_table(index, list(index.runs.values()))
+    assert list(table["run_id"]) == ["t4", "t5", "e4", "e5a", "e5b", "ref", "pub"]
     assert [r.run_id for r in filter_runs(index, tags=["env.linear_attn=fast"])] == ["t4"]
 
 
@@ -267,12 +289,90 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     assert data.lineage_banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs its "
                                    "training run: fast"]
     assert not data.train_curves["dashed"].any() and data.reference_values["tau"] == 3.0
-    assert list(data.accept_by_position["series"]) == ["v4 [fallback/cpu/fp32] @ step 200", "reference: z · "
-                                                       "fast/cpu/fp32 · Qwen3.5-4B"]
+    # One dashing rule, its reason on every series: the fallback evals differ from the reference.
+    reasons = data.eval_points.groupby("series")["reason"].first()
+    assert reasons["v4 [fallback/cpu/fp32]"] == "≠ reference: linear-attn" and reasons["v4 [fast/cpu/fp32]"] == ""
+    # By position / DDTree: the eval closest to the reference by default (the fast re-eval, which has no
+    # per-position data), else the checkpoint picked.
+    assert data.picked == {"t4": "e4c"} and list(data.accept_by_position["series"]) == [
+        "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
+    data = compare_data(index, ["t4"], "ref", hist, picks={"t4": "e4b"})
+    assert list(data.accept_by_position["series"]) == ["v4 @ step 200 [fallback/cpu/fp32]",
+                                                       "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
+    assert data.accept_by_position["reason"].tolist() == ["≠ reference: linear-attn", ""]
+    assert set(data.accept_by_position["owner"]) == {"t4", "ref"}
     assert data.ddtree["budget"].tolist() == [8] and "tau" in data.eval_metrics and data.train_metrics == ["loss"]
     export = data.export_frame()
     assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
             "ddtree vs budget"} == set(export["chart"])
+
+
+def test_default_selection_is_the_teams_training_runs_not_the_references_own():
+    index = RunIndex([  # newest first, as the store lists them
+        run("e1", "eval", fp(), train="t1", step=100, start=6),
+        run("r", "reference", fp(), train="tr", step=600, ref_name="ref", start=5),
+        run("tr", "train", fp(), name="reference drafter", start=4),  # trained to be the reference
+        run("t3", "train", fp(), name="v3", start=3), run("t2", "train", fp(), name="v2", start=2),
+        run("t1", "train", fp(), name="v1", start=1),
+    ])
+    assert default_selection(index) == ["t3", "t2", "t1"]
+
+
+def test_a_reference_for_another_target_is_said_first_and_warnings_are_named():
+    train = run("t", "train", fp(), name="v5")
+    ev = run("e", "eval", fp(), train="t", step=100, metrics={"tau": 2.0})
+    other = run("r8", "reference", fp(), target="Qwen/Qwen3-8B", name="z-lab 8B")
+    data = compare_data(RunIndex([train, ev, other]), ["t"], "r8", pd.DataFrame(columns=["run_id", "key", "step",
+                                                                                          "value", "timestamp"]))
+    assert data.target_note.startswith("Different target: the reference z-lab 8B was evaluated for Qwen3-8B, "
+                                       "the chosen runs for Qwen3.5-4B.")
+    assert compare_data(RunIndex([train, ev]), ["t"], None, pd.DataFrame()).target_note is None
+    minor = run("r-cpu2", "reference", fp(torch="2.6.1"))  # a patch version apart: one warning
+    choice = closest_reference(RunIndex([train, ev, minor]), ["t"])
+    assert choice.message == "r-cpu2: same target, closest environment (1 warning difference(s), none critical: torch)"
+
+
+def test_every_run_keeps_one_colour_and_evals_take_their_training_runs():
+    index = _lineage_index()
+    colors = run_colors(index)
+    assert colors["e4"] == colors["t4"] and colors["e5a"] == colors["e5b"] == colors["t5"] != colors["t4"]
+    assert colors["ref"] == REFERENCE_COLOR  # a reference with no training run
+    later = RunIndex([*index.runs.values(), run("t6", "train", fp(), name="v6", start=99)])
+    assert {k: v for k, v in run_colors(later).items() if k != "t6"} == colors  # a new run recolours nothing
+
+
+def test_probe_differences_read_in_plain_words():
+    from tracker import fingerprint as fpm
+
+    def probed(absmax2):
+        out = fp()
+        out["probe"] = {"digest": f"d{absmax2}", "seed": 0, "length": 16, "layers": {
+            "1": {"mean": 0.5, "std": 1.0, "absmax": 4.0}, "2": {"mean": 0.1, "std": 2.0, "absmax": absmax2}}}
+        return out
+
+    train, ev = probed(10.0), probed(10.057)  # |10.057 - 10| / 10.057 = 5.67e-3, at layer 2
+    assert lineage.probe_words(ev, train) == "hidden states differ by up to 5.7e-3 (relative) at layer 2"
+    rows = [r for r in fpm.diff(ev, train) if r.severity == "critical"]
+    text = summarize_rows(rows, "", "training", probe=lineage.probe_words(ev, train))
+    assert text == "hidden states differ by up to 5.7e-3 (relative) at layer 2" and "d10" not in text
+    assert lineage.probe_words(fp(), train) is None
+
+
+def test_ema_by_hand():
+    assert ema([1.0, 3.0, 5.0], 0.5) == [1.0, 2.0, 3.5]
+    assert ema([1.0, float("nan"), 5.0], 0.5) == [1.0, 1.0, 3.0]  # a NaN step is carried past
+    assert ema([2.0, 4.0], 0.0) == [2.0, 4.0]
+
+
+def test_ddtree_axis_spans_the_common_budgets():
+    trees = pd.DataFrame({"series": ["a"] * 3 + ["b"] * 4, "budget": [2, 4, 8, 2, 4, 8, 100000],
+                          "tau": [1.0] * 7})
+    assert common_budgets(trees) == (2, 8)
+    assert outside_budgets(trees, (2, 8)) == ["b: 100000"]
+    assert common_budgets(trees[trees["series"] == "b"]) is None  # one series: its own range
+    figure = ddtree_vs_budget(trees.assign(owner=trees["series"], reason=""), span=(2, 8))
+    low, high = figure.layout.xaxis.range
+    assert 10 ** low < 2 and 8 < 10 ** high < 100
 
 
 # --------------------------------------------------------------------------- environments
@@ -306,11 +406,13 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
     ev = run("e4", "eval", fp(), train="t4", step=200, params=params)
     index = RunIndex([index.runs["t4"], ev])
     plan = reeval_plan(index, "e4", "sqlite:///x.db")
-    assert plan.blocked is None and plan.changes == ["linear-attn fallback → fast", "dtype fp32 → bf16"]
+    assert plan.blocked is None and plan.changes == ["linear-attn fallback → fast", "dtype fp32 → bf16",
+                                                     "drafter-precision fp32 → bf16"]
     assert plan.params == {"target": params["target"], "drafter": params["drafter"], "prompts": params["prompts"],
                            "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
-                           "linear_attn": "fast", "train_run_id": "t4", "tracking_uri": "sqlite:///x.db",
-                           "checkpoint_step": 200}
+                           "drafter_precision": "bf16", "linear_attn": "fast", "train_run_id": "t4",
+                           "tracking_uri": "sqlite:///x.db", "checkpoint_step": 200,
+                           "name": "v4 @ step 200 · bf16 · fast · cpu"}
     from tracker.jobs.eval_job import cli_args
 
     args = cli_args(plan.params)
@@ -371,7 +473,7 @@ def test_describe_job_for_the_queue_list():
               finished_at=None, worker_id="w", heartbeat_at=now, pid=1, log_path=None, progress=0.25,
               stage="drafter", mlflow_run_id=None, error=None, cancel_requested=False, dedup_key="k")
     view = describe_job(job, {"t": "v4"}, now)
-    assert view.title == "🏃 #3 eval v4 @ step 200 · fast/cuda/bf16 · running"
+    assert view.title == "🏃 #3 eval v4 @ step 200 · bf16 · fast · cuda · running"  # names.eval_run_name
     assert view.progress_text == "drafter · 25%" and view.when == "started 30s ago" and view.can_cancel
     queued = describe_job(Job(**{**job.__dict__, "state": QUEUED, "started_at": None, "stage": None,
                                  "progress": 0.0}), {}, now)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from waiting import wait_until
 
-STARTUP_S = 90.0  # a Streamlit server or an eval importing torch on two busy cores
+STARTUP_S = 240.0  # a Streamlit server or an eval importing torch on two busy cores
 
 
 def free_port() -> int:

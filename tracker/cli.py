@@ -36,8 +36,16 @@ def cmd_fingerprint(args) -> int:
         target = load_target(args.target, device, args.dtype, args.linear_attn).model  # applies the mode
     else:  # what a hybrid target loaded here with this mode would run
         linear_attn.apply(args.linear_attn, device, linear_attn.DEFAULT_MODULE)
-    fp = fingerprint.capture(target, device, args.dtype)
+    fp = fingerprint.capture(target, device, args.dtype, drafter_precision=args.drafter_precision)
+    if args.attach:
+        from tracker.store.tracker import Tracker
+
+        Tracker(args.tracking_uri).attach_fingerprint(args.attach, fp)
+        print(f"attached the fingerprint (env.hash {fingerprint.env_hash(fp)}, linear attention "
+              f"{fp['numerics']['linear_attention_path']}) to run {args.attach}")
     text = json.dumps(fp, indent=2, default=str)
+    if args.attach and not args.out:
+        return 0
     if args.out:
         Path(args.out).write_text(text + "\n")
         num = fp["numerics"]
@@ -48,8 +56,13 @@ def cmd_fingerprint(args) -> int:
     return 0
 
 
-def _load_fingerprint(ref: str, tracking_uri: str | None) -> dict:
-    """A fingerprint JSON file, or the fingerprint.json of an MLflow run id."""
+def _load_measured(ref: str, tracking_uri: str | None):
+    """(fingerprint, protocol) of a fingerprint JSON file, a results JSON or an MLflow run id.
+
+    The protocol is None where there is no eval to have one (a fingerprint file, a training
+    run); an eval run from before protocols existed reads `unknown` in every field."""
+    from tracker.protocol import Protocol
+
     path = Path(ref)
     if path.is_file():
         try:
@@ -60,29 +73,49 @@ def _load_fingerprint(ref: str, tracking_uri: str | None) -> dict:
             raise DraftboardError(f"{ref}: not a JSON text file ({exc.reason} at byte {exc.start})") from exc
         except OSError as exc:
             raise DraftboardError(f"{ref}: cannot read: {exc.strerror}") from exc
-        # A results JSON of `draftboard eval` carries its fingerprint inside.
-        return data.get("fingerprint", data) if isinstance(data, dict) else data
+        # A results JSON of `draftboard eval` carries its fingerprint and protocol inside.
+        if isinstance(data, dict) and "fingerprint" in data:
+            return data["fingerprint"], Protocol.from_results(data)
+        return data, None
     if os.sep in ref or ref.endswith(".json"):
         raise DraftboardError(f"{ref}: no such file")
+    from tracker.store import names
     from tracker.store.tracker import Tracker
 
-    return Tracker(tracking_uri).fingerprint(ref)
+    tracker = Tracker(tracking_uri)
+    tags = tracker.run(ref).data.tags
+    is_eval = tags.get(names.KIND) in ("eval", "reference")
+    return tracker.fingerprint(ref), Protocol.from_tags(tags) if is_eval else None
 
 
-def cmd_env_diff(args) -> int:
-    from tracker import fingerprint
-
-    a, b = (_load_fingerprint(ref, args.tracking_uri) for ref in (args.a, args.b))
-    for ref, fp in ((args.a, a), (args.b, b)):
-        fingerprint.check(fp, ref)
-    rows = fingerprint.diff(a, b)
+def _print_diff(title: str, rows, same: str) -> None:
+    print(f"{title}:")
     if not rows:
-        print(f"no differences (env.hash {fingerprint.env_hash(a)})")
-        return 0
+        print(f"  {same}")
+        return
     print(format_table(["field", "A", "B", "severity"], [(r.field, r.a_value, r.b_value, r.severity) for r in rows]))
     counts = {s: sum(r.severity == s for r in rows) for s in ("critical", "warning", "info")}
     print(", ".join(f"{n} {s}" for s, n in counts.items()))
-    return EXIT_CRITICAL_DIFF if fingerprint.has_critical(rows) else 0
+
+
+def cmd_env_diff(args) -> int:
+    """Both sections, environment and protocol; exit 1 on a critical row in either."""
+    from tracker import fingerprint, protocol
+
+    (fa, pa), (fb, pb) = (_load_measured(ref, args.tracking_uri) for ref in (args.a, args.b))
+    for ref, fp in ((args.a, fa), (args.b, fb)):
+        fingerprint.check(fp, ref)
+    env_rows = fingerprint.diff(fa, fb)
+    _print_diff("environment", env_rows, f"no differences (env.hash {fingerprint.env_hash(fa)})")
+    proto_rows = []
+    if pa is None or pb is None:
+        which = " and ".join(ref for ref, p in ((args.a, pa), (args.b, pb)) if p is None)
+        print(f"protocol:\n  not compared: {which} is not an eval (no protocol)")
+    else:
+        proto_rows = protocol.diff(pa, pb)
+        _print_diff("protocol", proto_rows, "no differences")
+    critical = fingerprint.has_critical(env_rows) or fingerprint.has_critical(proto_rows)
+    return EXIT_CRITICAL_DIFF if critical else 0
 
 
 def format_table(header: list[str], rows: list[tuple], width: int = 60) -> str:
@@ -152,6 +185,30 @@ def cmd_import_results(args) -> int:
     return 0
 
 
+def cmd_watch(args) -> int:
+    import time
+
+    from tracker.jobs import watch
+    from tracker.jobs.queue import JobQueue
+    from tracker.store.tracker import Tracker
+
+    tracker = Tracker(args.tracking_uri)
+    preset = _json_argument("--auto-eval", args.auto_eval) if args.auto_eval else None
+    state = watch.start(tracker, args.run_id, args.dir, preset, settle_s=args.settle)
+    queue = JobQueue(args.jobs_uri) if state.preset is not None else None
+    print(f"watching {state.dir} for run {args.run_id}" + (" (auto-eval)" if queue else ""))
+    while True:
+        result = watch.scan(tracker, queue, args.run_id)
+        for found in result.recorded:
+            print(f"checkpoint step {found.step}: {found.path} ({found.layout})")
+        if result.queued:
+            print(f"queued eval job(s) {', '.join(map(str, result.queued))}")
+        if not args.follow:
+            print("scanned once; `draftboard worker --watch` (or --follow here) keeps watching")
+            return 0
+        time.sleep(args.interval)
+
+
 class _StageProgress:
     """tqdm bars for people, `@@draftboard` event lines for the job queue."""
 
@@ -177,7 +234,7 @@ class _StageProgress:
 
 def cmd_eval(args) -> int:
     from evaluators.harness import EvalSettings, evaluate
-    from evaluators.logging import check_out_path, log_eval, write_results
+    from evaluators.logging import check_out_path, log_eval
     from tracker.events import emit
 
     if args.out:  # before the eval runs: a bad --out must not cost an eval or leave a logged run
@@ -185,24 +242,22 @@ def cmd_eval(args) -> int:
     settings = EvalSettings(
         target=args.target, drafter=args.drafter, prompts=args.prompts, completions=args.completions,
         max_new_tokens=args.max_new_tokens, budgets=args.budgets, device=args.device, dtype=args.dtype,
-        linear_attn=args.linear_attn, enable_thinking=args.enable_thinking, cache_dir=args.cache_dir,
+        drafter_precision=args.drafter_precision, linear_attn=args.linear_attn,
+        enable_thinking=args.enable_thinking, cache_dir=args.cache_dir, last_block=args.last_block,
+        scoring=args.scoring, limit_per_dataset=args.limit_per_dataset,
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
-    progress = _StageProgress()
-    try:
-        results = evaluate(settings, progress)
-    finally:
-        progress.close()
-    if args.out:
-        write_results(args.out, results)
+    results = _run_staged(evaluate, settings, args.out)
     run_id = None
     if not args.no_log:
         from tracker.store.tracker import Tracker
 
         run_id = log_eval(Tracker(args.tracking_uri), results, settings, train_run_id=args.train_run_id,
                           checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
-    print(f"tau {results['tau']:.3f}  streak {results['streak']:.3f}  tau_all_anchors "
+    low, high = results["ci"]["tau"]
+    print(f"tau {results['tau']:.3f} (95% CI {low:.3f}-{high:.3f}, {results['protocol']['scoring']}, "
+          f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  tau_all_anchors "
           f"{results['tau_all_anchors']:.3f}  " + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}"
                                                       for b, d in results["ddtree"].items()))
     print(f"linear attention: {results['fingerprint']['numerics']['linear_attention_path']}  "
@@ -210,6 +265,46 @@ def cmd_eval(args) -> int:
           + (f"  run: {run_id}" if run_id else ""))
     emit("result", run_id=run_id, out=args.out)
     return 0
+
+
+def _run_staged(run, settings, out: str | None) -> dict:
+    """run(settings, progress) under tqdm bars and event lines; its results written to `out` if given."""
+    from evaluators.logging import write_results
+
+    progress = _StageProgress()
+    try:
+        results = run(settings, progress)
+    finally:
+        progress.close()
+    if out:
+        write_results(out, results)
+    return results
+
+
+def cmd_check_lossless(args) -> int:
+    from evaluators.harness import EvalSettings, check_lossless
+    from evaluators.logging import check_out_path
+
+    if args.out:
+        check_out_path(args.out)
+    settings = EvalSettings(target=args.target, drafter=args.drafter, prompts=args.prompts,
+                            max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                            linear_attn=args.linear_attn, enable_thinking=args.enable_thinking,
+                            last_block=args.last_block, limit_per_dataset=args.limit_per_dataset)
+    report = _run_staged(check_lossless, settings, args.out)
+
+    def gap(value):
+        return "-" if value is None else f"{value:.2e}"
+
+    rows = [(r["id"], "yes" if r["equals_greedy"] else "NO", "-" if r["first_divergence"] is None
+             else r["first_divergence"], f"{r['blocks_agreeing']}/{r['n_blocks']}",
+             gap(r["max_gap_after_accept"]), gap(r["max_gap_after_reject"])) for r in report["prompts"]]
+    print(format_table(["prompt", "equals greedy", "first divergence", "blocks agreeing",
+                        "max feature gap after accepted block", "... after rejected drafts"], rows))
+    print(f"{report['n_diverged']}/{len(rows)} completions leave greedy decoding "
+          f"(last block: {report['last_block']}; feature gap = max |hidden state the loop used - full forward|, "
+          f"tapped layers); {report['timing']['total_s']:.1f}s")
+    return EXIT_CRITICAL_DIFF if report["n_diverged"] else 0
 
 
 def _eval_results(tracker, run_id: str) -> dict:
@@ -267,9 +362,52 @@ def cmd_compare(args) -> int:
 def cmd_demo(args) -> int:
     from demo.build import build_demo
 
-    manifest = build_demo(config.home_dir(), quick=args.quick, force=args.force)
+    manifest = build_demo(config.home_dir(), quick=args.quick, force=args.force, resume=args.resume)
     print(f"raw runs: mlflow ui --backend-store-uri sqlite:///{Path(manifest['home']) / 'draftboard.db'}")
     return 0
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.3f} GB"  # decimal GB, the unit of DRAFTBOARD_CACHE_MAX_GB
+
+
+def cmd_cache(args) -> int:
+    import time
+
+    from evaluators.cache import EvalCache
+
+    cache = EvalCache(args.cache_dir)
+    if args.action == "ls" and (args.all or args.max_gb is not None):
+        raise DraftboardError("cache ls: --max-gb and --all are options of `cache prune`")
+    if args.action == "ls":
+        entries = cache.entries()
+        rows = [(e.kind, e.key, e.target, "" if not e.layers else ",".join(map(str, e.layers)), _gb(e.size),
+                 time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(e.last_used))) for e in entries]
+        if rows:
+            print(format_table(["kind", "key", "target digest", "layers", "size", "last use"], rows))
+        print(f"{len(entries)} entries, {_gb(sum(e.size for e in entries))} in {cache.root} "
+              f"(cap {_gb(cache.max_bytes)}, {config.CACHE_MAX_VAR}; least recently used go first)")
+        return 0
+    if args.all and args.max_gb is not None:
+        raise DraftboardError("cache prune: give --max-gb or --all, not both")
+    limit = 0 if args.all else None if args.max_gb is None else config.gb_to_bytes(args.max_gb, "--max-gb")
+    removed = cache.prune(limit)
+    print(f"removed {len(removed)} entries ({_gb(sum(e.size for e in removed))}); "
+          f"{_gb(cache.size())} left in {cache.root}")
+    return 0
+
+
+def _json_argument(flag: str, text: str):
+    """A flag's JSON value: the JSON itself (starting with `{`), or a file holding it."""
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text()
+        except OSError as exc:
+            raise DraftboardError(f"{flag}: cannot read {text}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DraftboardError(f"{flag} is not JSON: {exc}") from exc
 
 
 def cmd_worker(args) -> int:
@@ -281,18 +419,7 @@ def cmd_worker(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ray_options = {}
     if args.launcher == "ray":
-        runtime_env = None
-        if args.ray_runtime_env:
-            text = args.ray_runtime_env
-            if not text.lstrip().startswith("{"):
-                try:
-                    text = Path(text).read_text()
-                except OSError as exc:
-                    raise DraftboardError(f"--ray-runtime-env: cannot read {text}: {exc}") from exc
-            try:
-                runtime_env = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DraftboardError(f"--ray-runtime-env is not JSON: {exc}") from exc
+        runtime_env = _json_argument("--ray-runtime-env", args.ray_runtime_env) if args.ray_runtime_env else None
         python = "python" if args.ray_python is None else (args.ray_python or None)  # "": the worker's own
         ray_options = dict(python=python, gpus_per_job=args.ray_gpus, env=args.ray_env,
                            runtime_env=runtime_env, poll_s=args.poll)
@@ -300,7 +427,7 @@ def cmd_worker(args) -> int:
         raise DraftboardError("--address and --ray-* options need --launcher ray")
     launcher = make_launcher(args.launcher, args.address, **ray_options)
     claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
-                         launcher=launcher)
+                         launcher=launcher, watch_s=args.watch_interval if args.watch else None)
     print(f"worker stopped after {claimed} job(s)")
     return 0
 
@@ -313,6 +440,8 @@ def cmd_ui(args) -> int:
     app = Path(__file__).resolve().parent.parent / "app.py"
     if not app.is_file():
         raise DraftboardError(f"{app} not found: run `draftboard ui` from a source checkout")
+    if args.demo and args.readonly:
+        raise DraftboardError("--demo writes the demo store: not with --readonly")
     if not (args.readonly or args.auth or _is_loopback(args.address)):
         raise DraftboardError(f"--address {args.address} lets other machines in: add --auth (a login) or "
                               "--readonly (no launch controls), or serve on 127.0.0.1")
@@ -325,6 +454,10 @@ def cmd_ui(args) -> int:
         raise DraftboardError(taken)
     # The store's URI as configured, without opening it: a read-only dashboard writes nothing.
     env[config.STORE_VAR] = config.store_uri(args.tracking_uri, env)
+    demo_store = f"sqlite:///{config.home_dir(env) / config.STORE_DB}"
+    if args.demo and env[config.STORE_VAR] != demo_store:
+        raise DraftboardError(f"--demo builds into {demo_store}, but this dashboard would show "
+                              f"{env[config.STORE_VAR]}: set --home (DRAFTBOARD_HOME) and no other store")
     # The dashboard process reads its settings from the environment (tracker/dashboard/ui.py).
     for flag, var in (("readonly", config.READONLY_VAR), ("mlflow_ui", config.MLFLOW_UI_VAR),
                       ("jobs_uri", config.JOBS_VAR), ("allowed_roots", config.ROOTS_VAR)):
@@ -340,8 +473,10 @@ def cmd_ui(args) -> int:
     # first, so that it hands back or finishes its job while the dashboard is still there.
     env.update(lifecycle.parent_env())
     children = []
+    worker_env = {k: v for k, v in env.items() if k not in (serve.PASSWORD_VAR, serve.AUTH_VAR)}
+    if args.demo:  # before the server, so that its first page already finds the progress file
+        children.append(_start_demo_build(worker_env))
     if not (args.no_worker or args.readonly):  # read-only dashboards launch nothing
-        worker_env = {k: v for k, v in env.items() if k not in (serve.PASSWORD_VAR, serve.AUTH_VAR)}
         children.append(lifecycle.Child("worker", subprocess.Popen(
             [sys.executable, "-m", "tracker.cli", "worker"], env=worker_env, **lifecycle.child_popen_kwargs())))
     cmd = [sys.executable, "-m", "tracker.serve", str(app), "--server.port", str(args.port),
@@ -350,6 +485,28 @@ def cmd_ui(args) -> int:
            "--client.toolbarMode", "minimal"]
     server = lifecycle.Child("server", subprocess.Popen(cmd, env=env, **lifecycle.child_popen_kwargs()))
     return lifecycle.Supervisor([*children, server], main=server).run()
+
+
+def _start_demo_build(env: dict):
+    """`draftboard demo --resume` in the background, its output in <home>/logs/demo.log; the page shows
+    its progress (tracker/demo_progress.py) and it stops with the dashboard (tracker/lifecycle.py)."""
+    import subprocess
+
+    from tracker import demo_progress, lifecycle
+
+    home, log = config.home_dir(env), config.logs_dir(env) / "demo.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tracker.cli", "demo", "--resume"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **lifecycle.child_popen_kwargs())
+    if hasattr(os, "setpriority"):  # on busy cores the page answers first; the build takes what is left
+        os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
+    shown = demo_progress.read_progress(home)
+    if shown is None or shown.state != demo_progress.DONE:  # a built demo reads as built while it is checked
+        # Written here, not by the build itself, so that it is there before the server's first page.
+        demo_progress.ProgressWriter(home, env[config.STORE_VAR], pid=proc.pid, log=str(log)).update()
+    print(f"demo: building in the background, progress on the page (log: {log})")
+    return lifecycle.Child("demo build", proc)
 
 
 def _is_loopback(address: str) -> bool:
@@ -371,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="a target model directory: adds its kernel path and a numerical probe")
     _add_env_flags(p)
     p.add_argument("--out", help="write the JSON here instead of printing it")
+    p.add_argument("--attach", metavar="RUN_ID", help="attach it (fingerprint.json + env.* tags) to this existing "
+                                                      "run: run it on the training machine, in its environment")
+    p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_fingerprint)
 
     p = sub.add_parser("env-diff", help="compare two fingerprints; exit 1 on a critical difference")
@@ -400,6 +560,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_adopt)
 
+    p = sub.add_parser("watch", help="record the checkpoints a training tool writes into DIR as they appear "
+                                     "(z-lab, SpecForge, speculators layouts), optionally queueing their evals")
+    p.add_argument("run_id", metavar="RUN_ID", help="the training run the checkpoints belong to")
+    p.add_argument("dir", metavar="DIR", help="the folder the tool saves its checkpoints in")
+    p.add_argument("--auto-eval", metavar="PRESET", default=None,
+                   help="queue an eval of each new checkpoint with these eval params: a JSON file or object "
+                        "(target, prompts, budgets, device, ...; stored on the run)")
+    p.add_argument("--settle", type=float, default=30.0,
+                   help="seconds a checkpoint's files must be unchanged before it is recorded")
+    p.add_argument("--follow", action="store_true", help="keep scanning (every --interval seconds) until Ctrl-C")
+    p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--jobs-uri", default=None, help="job queue database (DRAFTBOARD_JOBS_URI)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_watch)
+
     p = sub.add_parser("import-results", help="import eval results or TensorBoard curves another tool wrote")
     p.add_argument("file", help="the results file, or the TensorBoard log folder")
     p.add_argument("--format", required=True, choices=["zlab-benchmark", "speculators-acceptance", "ddtree",
@@ -414,6 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
     eval_job.add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("check-lossless", help="z-lab's cached online loop vs plain greedy, per prompt; "
+                                              "exit 1 if any completion leaves greedy")
+    eval_job.add_eval_arguments(p, ("target", "drafter", "prompts", "max_new_tokens", "device", "dtype",
+                                    "linear_attn", "enable_thinking", "last_block", "limit_per_dataset", "out"))
+    p.set_defaults(func=cmd_check_lossless)
+
     p = sub.add_parser("ui", help="serve the dashboard")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--address", default="127.0.0.1")
@@ -427,13 +608,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-ui", help="base URL of a running `mlflow ui` for run links (DRAFTBOARD_MLFLOW_UI_URL)")
     p.add_argument("--jobs-uri", help="job queue database (DRAFTBOARD_JOBS_URI)")
     p.add_argument("--allowed-roots", help="os.pathsep-separated roots Launch may read (DRAFTBOARD_ALLOWED_ROOTS)")
+    p.add_argument("--demo", action="store_true",
+                   help="build the demo store in the background while serving, its progress on the page "
+                        "(./scripts/run.sh); a built one is reused")
     p.set_defaults(func=cmd_ui)
 
     p = sub.add_parser("demo", help="build the demo store: a tiny hybrid target, real drafter runs and evals")
     p.add_argument("--home", default=None, help="home directory (DRAFTBOARD_HOME; default: ./.draftboard)")
     p.add_argument("--quick", action="store_true", help="a smaller demo (about a minute on 2 cores)")
     p.add_argument("--force", action="store_true", help="remove the demo runs and rebuild them")
+    p.add_argument("--resume", action="store_true",
+                   help="rebuild a build that did not finish (stopped with its dashboard); keep a finished one")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("cache", help="list or trim the target cache (continuations and features of past evals)")
+    p.add_argument("action", choices=["ls", "prune"],
+                   help="ls: every entry, least recently used first; prune: remove entries until the cache fits")
+    p.add_argument("--max-gb", default=None, metavar="GB",
+                   help=f"prune down to this size (default: the cap, {config.CACHE_MAX_VAR}, "
+                        f"{config.DEFAULT_CACHE_MAX_GB:g} GB unless set)")
+    p.add_argument("--all", action="store_true", help="prune every entry draftboard wrote")
+    p.add_argument("--cache-dir", default=None, help="the cache folder (default: $DRAFTBOARD_HOME/cache)")
+    p.add_argument("--home", default=None, help="home directory (DRAFTBOARD_HOME)")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("worker", help="run queued evals")
     p.add_argument("--slots", type=int, default=1, help="evals run at once")
@@ -441,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=1.0, help="seconds between queue polls")
     p.add_argument("--stale", type=float, default=60.0, help="fail running jobs silent for this many seconds")
     p.add_argument("--once", action="store_true", help="run what is queued now, then exit")
+    p.add_argument("--watch", action="store_true",
+                   help="also scan the store's watched checkpoint folders (`draftboard watch`) and queue their evals")
+    p.add_argument("--watch-interval", type=float, default=60.0, help="seconds between scans with --watch")
     p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME)")
     p.add_argument("--launcher", choices=["local", "ray"], default="local",
                    help="where evals run: subprocesses here, or Ray jobs on a cluster (docs/RAY.md)")

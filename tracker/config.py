@@ -26,6 +26,7 @@ ROOTS_VAR = "DRAFTBOARD_ALLOWED_ROOTS"
 READONLY_VAR = "DRAFTBOARD_READONLY"
 MLFLOW_UI_VAR = "DRAFTBOARD_MLFLOW_UI_URL"
 CACHE_DIR_VAR = "DRAFTBOARD_CACHE_DIR"
+CACHE_MAX_VAR = "DRAFTBOARD_CACHE_MAX_GB"
 UI_AUTH_VAR = "DRAFTBOARD_UI_AUTH"  # "basic": set by `draftboard ui --auth` for its server (tracker/serve.py)
 UI_USER_VAR = "DRAFTBOARD_UI_USER"
 UI_PASSWORD_VAR = "DRAFTBOARD_UI_PASSWORD"
@@ -39,7 +40,18 @@ ARTIFACT_DIR = "mlartifacts"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # flag value -> torch dtype name
 EVAL_DTYPES = ("fp32", "bf16")  # what `draftboard eval --dtype` accepts
 DEVICES = ("cpu", "cuda")
+# How the drafter computes (`draftboard eval --drafter-precision`): "<dtype>" = weights cast to
+# that dtype; "<dtype>-autocast" = fp32 weights, matmuls under torch.autocast at that dtype (how
+# mixed-precision training runs). The two give different numbers, so fingerprints record which.
+DRAFTER_PRECISIONS = ("fp32", "bf16", "bf16-autocast")
+AUTOCAST_SUFFIX = "-autocast"
 LINEAR_ATTN_MODES = ("auto", "fast", "fallback")
+# `draftboard eval --last-block`: z-lab's end-of-generation rule, 07ebd93 (cut, the default) or
+# 44947fb (full); `--scoring`: teacher-forced offline, or z-lab's cached online loop.
+LAST_BLOCK_RULES = ("cut", "full")
+# `--prompts hf:NAME[:CONFIG]:SPLIT` reads a dataset through the `datasets` library (evaluators/datasets.py).
+HF_DATASET_PREFIX = "hf:"
+EVAL_SCORINGS = ("offline", "online")
 DEFAULT_BUDGETS = (4, 8, 16, 32)
 # A DDTree budget is a node count per block; the search costs O(budget log budget) per block, so a
 # budget of 10**6 would tie a worker up for hours. 4096 is 128x the largest budget the DDTree paper
@@ -77,6 +89,30 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """DRAFTBOARD_CACHE_DIR, else <home>/cache: the target continuations and features."""
     text = _env(env).get(CACHE_DIR_VAR)
     return Path(text).expanduser().resolve() if text else home_dir(env) / "cache"
+
+
+# The target cache's default cap: three feature sets of a 27B target (5 tapped layers x 5120 x 300k
+# tokens is ~15 GB in bf16), small enough for a workstation's disk.
+DEFAULT_CACHE_MAX_GB = 50.0
+
+
+def cache_max_bytes(env: Mapping[str, str] | None = None) -> int:
+    """DRAFTBOARD_CACHE_MAX_GB (decimal GB, > 0), else DEFAULT_CACHE_MAX_GB: the cache's size cap in bytes."""
+    text = (_env(env).get(CACHE_MAX_VAR) or "").strip()
+    return gb_to_bytes(text, CACHE_MAX_VAR) if text else gb_to_bytes(DEFAULT_CACHE_MAX_GB, CACHE_MAX_VAR)
+
+
+def gb_to_bytes(value, what: str) -> int:
+    """A size in decimal GB (what `du -h --si` and disk vendors say) as bytes; DraftboardError unless > 0."""
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = float("nan")
+    if not gb > 0 or gb == float("inf"):
+        from tracker.errors import DraftboardError
+
+        raise DraftboardError(f"{what} must be a positive number of GB, not {value!r}")
+    return int(gb * 1e9)
 
 
 def logs_dir(env: Mapping[str, str] | None = None) -> Path:

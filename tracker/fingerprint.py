@@ -90,12 +90,14 @@ def _hardware(device: str) -> dict:
     return hw
 
 
-def _numerics(dtype: str, resolution: linear_attn.Resolution, attn_implementation: str | None) -> dict:
+def _numerics(dtype: str, drafter_precision: str, resolution: linear_attn.Resolution,
+              attn_implementation: str | None) -> dict:
     import torch
 
     cuda = torch.backends.cuda
     return {
-        "dtype": dtype,
+        "dtype": dtype,  # the target's: its hidden states (the drafter's features) and the probe
+        "drafter_precision": drafter_precision,  # config.DRAFTER_PRECISIONS: cast vs autocast, and its dtype
         "tf32_matmul": bool(cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -171,7 +173,7 @@ def default_device() -> str:
 
 def capture(target=None, device: str | None = None, dtype: str | None = None, *,
             probe_layers: list[int] | None = None, with_probe: bool = True,
-            code_dir: str | os.PathLike | None = None) -> dict:
+            code_dir: str | os.PathLike | None = None, drafter_precision: str | None = None) -> dict:
     """Fingerprint this process's environment, optionally with a loaded target model.
 
     With a target, its own modeling module is resolved (a non-hybrid target reports `n/a`) and a
@@ -179,11 +181,16 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
     what a hybrid target would run here. Capturing only reads: the kernel path is whatever the
     caller put in place (`tracker.linear_attn.apply`, done by whoever loads the model), so
     recording an environment never changes it.
+
+    `dtype` is the target's (what its features and the probe were computed in); the probe runs
+    the target as loaded, so load it in that dtype. `drafter_precision` says how the drafter
+    computed (config.DRAFTER_PRECISIONS; default: its weights cast to `dtype`, as an eval does).
     """
     device = device or default_device()
     dtype = dtype or "fp32"
     if dtype not in config.DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(config.DTYPES)}")
+    drafter_precision = drafter_precision or dtype
     module = linear_attn.module_of(target) if target is not None else linear_attn.DEFAULT_MODULE
     probed = probe(target, probe_layers, device) if target is not None and with_probe else None
     # Resolved after the probe: transformers logs its fallback warnings at the first forward.
@@ -194,7 +201,7 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
         "source": {"kind": "captured"},
         "software": _software(),
         "hardware": _hardware(device),
-        "numerics": _numerics(dtype, resolution, attn_impl),
+        "numerics": _numerics(dtype, drafter_precision, resolution, attn_impl),
         "code": _code(code_dir),
     }
     if probed is not None:
@@ -224,7 +231,8 @@ def _unknown(source: dict) -> dict:
         "source": source,
         "software": {"python": None, **{key: None for key in PACKAGES}, "cuda": None, "cudnn": None},
         "hardware": {k: None for k in ("device", "gpu_name", "gpu_count", "capability", "driver", "cpu")},
-        "numerics": {"dtype": None, "attn_implementation": None, "linear_attention_path": None},
+        "numerics": {"dtype": None, "drafter_precision": None, "attn_implementation": None,
+                     "linear_attention_path": None},
         "code": {"repo": None, "git_commit": None, "dirty": None, "diff_digest": None},
     }
 
@@ -270,6 +278,7 @@ def _minor(version: str | None) -> str | None:
 CRITICAL_FIELDS = (
     "numerics.linear_attention_path",
     "numerics.dtype",
+    "numerics.drafter_precision",
     "hardware.device",
     "numerics.attn_implementation",
     "numerics.tf32_matmul",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracker import config
 from tracker.errors import DraftboardError
 from tracker.fingerprint import SEVERITY_ORDER, DiffRow
 from tracker.store import names
@@ -26,8 +27,8 @@ from tracker.store import names
 RESULTS_KEY = "protocol"
 UNKNOWN = "unknown"
 GENERATED = "generated"  # `completions`: the target generated them; else the completions file's digest
-LAST_BLOCK_RULES = ("cut", "full")  # z-lab 07ebd93 (the default) | z-lab 44947fb
-SCORINGS = ("offline", "online", "published", "imported")
+LAST_BLOCK_RULES = config.LAST_BLOCK_RULES  # z-lab 07ebd93 (the default) | z-lab 44947fb
+SCORINGS = (*config.EVAL_SCORINGS, "published", "imported")  # the last two: numbers not measured here
 DIGEST_HEX = 16
 
 

@@ -5,6 +5,13 @@ session has run `st.navigation`; until then a first request for a deep link (/la
 bookmarked /compare?runs=...) would run that page file alone, without app.py's layout and
 navigation. Clearing the flag before the server starts makes every request go through app.py.
 
+Streamlit's browser code finds its server by trying the page's own path first: on a deep link
+(/compare) it asks /compare/_stcore/health and /compare/_stcore/host-config, gets 404s, and only
+then tries /. Answering those would be worse: the browser would take /compare as the app's base
+and open the default page. So `RootBase` tells the browser where the server is instead: every
+HTML page it serves sets `window.__streamlit.BACKEND_BASE_URL` (Streamlit's embedding setting) to
+the server's root, and the browser asks there first and only.
+
 `draftboard ui --auth` sets AUTH_VAR: then every HTTP request and websocket handshake needs
 HTTP basic auth with USER_VAR / PASSWORD_VAR, except Streamlit's health probe (a container's
 health check; it says only "ok"). The check is an ASGI middleware put in front of Streamlit's
@@ -18,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -85,16 +93,72 @@ class BasicAuth:
             await send({"type": "http.response.body", "body": b"authentication required\n"})
 
 
-def _require_auth(credentials: Credentials) -> None:
+def with_root_base(html: bytes, base_path: str) -> bytes:
+    """The page with a script, first in <head>, that points Streamlit's browser code at the server's
+    root (`base_path`: server.baseUrlPath, "" by default) instead of the deep link's path."""
+    root = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
+    script = ("<script>window.__streamlit=Object.assign({},window.__streamlit,"
+              f"{{BACKEND_BASE_URL:window.location.origin+{json.dumps(root)}}});</script>").encode()
+    head = html.find(b"<head>")
+    return html if head < 0 else html[:head + 6] + script + html[head + 6:]
+
+
+class RootBase:
+    """ASGI middleware: HTML responses get `with_root_base`; everything else passes untouched."""
+
+    def __init__(self, app, base_path: str = "") -> None:
+        self.app = app
+        self.base_path = base_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET":
+            await self.app(scope, receive, send)
+            return
+        start: dict | None = None
+        body = bytearray()
+
+        async def send_html(message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers", []))
+                if not headers.get(b"content-type", b"").startswith(b"text/html") or b"content-encoding" in headers:
+                    start = None
+                    await send(message)
+                    return
+                start = message
+                return
+            if start is None:
+                await send(message)
+                return
+            body.extend(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            page = with_root_base(bytes(body), self.base_path)
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            await send({**start, "headers": [*headers, (b"content-length", str(len(page)).encode())]})
+            await send({"type": "http.response.body", "body": page})
+
+        await self.app(scope, receive, send_html)
+
+
+def _add_middleware(credentials: Credentials | None) -> None:
+    """Put RootBase (and, with credentials, BasicAuth) around Streamlit's own middleware.
+
+    BasicAuth goes first (outermost): nothing runs for a visitor without the login. RootBase goes
+    last (innermost, inside Streamlit's gzip), so it sees the page uncompressed."""
     from starlette.middleware import Middleware
+    from streamlit import config as st_config
     from streamlit.web.server.starlette import starlette_app
 
     streamlit_middleware = starlette_app.create_streamlit_middleware
 
-    def with_auth() -> list:
-        return [Middleware(BasicAuth, user=credentials.user, password=credentials.password), *streamlit_middleware()]
+    def ours() -> list:
+        auth = [] if credentials is None else [
+            Middleware(BasicAuth, user=credentials.user, password=credentials.password)]
+        base = st_config.get_option("server.baseUrlPath") or ""
+        return [*auth, *streamlit_middleware(), Middleware(RootBase, base_path=base)]
 
-    starlette_app.create_streamlit_middleware = with_auth
+    starlette_app.create_streamlit_middleware = ours
 
 
 def main(argv: list[str]) -> None:
@@ -102,8 +166,7 @@ def main(argv: list[str]) -> None:
     from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli
 
-    if os.environ.get(AUTH_VAR) == "basic":
-        _require_auth(credentials_from_env())
+    _add_middleware(credentials_from_env() if os.environ.get(AUTH_VAR) == "basic" else None)
     PagesManager.uses_pages_directory = False
     cli.main(args=["run", *argv], prog_name="streamlit")
 

@@ -1,8 +1,8 @@
 """The DFlash drafter: its config (`config`), the model in plain PyTorch (`model`), loading and saving (`io`)."""
 
 from evaluators.drafter.config import DrafterConfig, build_target_layer_ids
-from evaluators.drafter.io import (CheckedDrafter, LoadedDrafter, TargetDims, load_drafter, open_drafter, parse_dtype,
-                                   save_zlab)
+from evaluators.drafter.io import (CheckedDrafter, LoadedDrafter, Precision, TargetDims, autocast_precision,
+                                   load_drafter, open_drafter, parse_dtype, parse_precision, save_zlab)
 from evaluators.drafter.model import DFlashDrafter, context_from_hidden_states
 
 __all__ = [
@@ -10,11 +10,14 @@ __all__ = [
     "DFlashDrafter",
     "DrafterConfig",
     "LoadedDrafter",
+    "Precision",
     "TargetDims",
+    "autocast_precision",
     "build_target_layer_ids",
     "context_from_hidden_states",
     "load_drafter",
     "open_drafter",
     "parse_dtype",
+    "parse_precision",
     "save_zlab",
 ]

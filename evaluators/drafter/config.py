@@ -271,3 +271,38 @@ class DrafterConfig:
         if self.is_causal is not None:
             d["is_causal"] = self.is_causal
         return d
+
+
+SPECULATORS_TYPE = "speculators_model_type"
+
+
+def from_speculators(d: dict) -> dict:
+    """z-lab's config.json from a vLLM speculators DFlash config.json (`speculators_model_type: dflash`).
+
+    speculators keeps the drafter's Qwen3 config in `transformer_layer_config` and counts the
+    tapped layers from the embeddings (`aux_hidden_state_layer_ids` = target layer ids + 1, its
+    convert/dflash/converter.py), so the ids are shifted back here.
+    """
+    where = f"{WHERE} (speculators format)"
+    if d.get(SPECULATORS_TYPE) != "dflash":
+        raise DraftboardError(f"{where}: {SPECULATORS_TYPE} is {d.get(SPECULATORS_TYPE)!r}, not a DFlash drafter")
+    layer = d.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DraftboardError(f"{where}: transformer_layer_config must be an object")
+    aux = d.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux:
+        raise DraftboardError(f"{where}: aux_hidden_state_layer_ids must be a non-empty list, got {aux!r}")
+    aux = [as_int(a, "aux_hidden_state_layer_ids entry", where) for a in aux]
+    if min(aux) < 1:
+        raise DraftboardError(f"{where}: aux_hidden_state_layer_ids {aux} count the embeddings as 0 (target "
+                              "layer id + 1), so each must be >= 1")
+    vocab, draft_vocab = layer.get("vocab_size"), d.get("draft_vocab_size")
+    if draft_vocab is not None and vocab is not None and draft_vocab != vocab:
+        raise DraftboardError(f"{where}: draft_vocab_size {draft_vocab} differs from vocab_size {vocab}: a reduced "
+                              "draft vocabulary (t2d/d2t maps) is not supported")
+    block_size = d.get("block_size", layer.get("block_size"))
+    out = {k: v for k, v in layer.items() if k != "dflash_config"}
+    out["block_size"] = block_size
+    out["dflash_config"] = {"target_layer_ids": [a - 1 for a in aux], "mask_token_id": d.get("mask_token_id"),
+                            "block_size": block_size}
+    return out

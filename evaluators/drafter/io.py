@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from evaluators.drafter.config import WHERE, DrafterConfig, as_int
+from evaluators.drafter.config import SPECULATORS_TYPE, WHERE, DrafterConfig, as_int, from_speculators
 from evaluators.drafter.model import DFlashDrafter, parameter_shapes
 from evaluators.limits import check_sizes
 from evaluators.weights import (INDEX_SUFFIX, SAFETENSORS, SAFETENSORS_INDEX, Shapes, index_shards, inside, one_line,
                                 read_json, read_safetensors, safetensors_header, safetensors_shapes)
-from tracker.config import DTYPES
+from tracker.config import AUTOCAST_SUFFIX, DRAFTER_PRECISIONS, DTYPES
 from tracker.errors import DraftboardError
 
 # Prefixes that wrappers put in front of the drafter's keys (DDP, trainer wrappers).
@@ -37,6 +37,11 @@ LM_HEAD_KEYS = ("lm_head.weight", "verifier_lm_head.weight")
 # Entries of a .pt dict that may hold the state_dict, in the order they are tried.
 STATE_DICT_ENTRIES = ("state_dict", "model", "model_state_dict", "draft_model", "module")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+# speculators' DFlash weights copy the verifier's embeddings and norm and its vocab maps next to the body.
+SPECULATORS_EXTRA_KEYS = frozenset({"embed_tokens.weight", "verifier_norm.weight", "t2d", "d2t"})
+# SpecForge's unified runtime saves `{run_id}-step{N}/training_state.pt`, not a model folder.
+SPECFORGE_STATE = "training_state.pt"
+SPECFORGE_DFLASH = ("block_size", "mask_token_id", "target_layer_ids")  # its `dflash_*` entries we read
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 # The eval's dtype flags (tracker.config) and the torch names they stand for.
@@ -51,6 +56,34 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if key not in _TORCH_DTYPES:
         raise DraftboardError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
     return _TORCH_DTYPES[key]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the drafter computes: its weights' dtype, and the autocast dtype if any (None: none)."""
+
+    name: str  # one of tracker.config.DRAFTER_PRECISIONS
+    weights: torch.dtype
+    autocast: torch.dtype | None
+
+    def context(self, device: str | torch.device):
+        """The autocast context this precision computes under (a no-op without autocast)."""
+        kind = torch.device(device).type
+        return torch.autocast(kind, dtype=self.autocast or torch.float32, enabled=self.autocast is not None)
+
+
+def parse_precision(name: str) -> Precision:
+    """`bf16` -> weights cast to bf16; `bf16-autocast` -> fp32 weights under bf16 autocast."""
+    if name not in DRAFTER_PRECISIONS:
+        raise DraftboardError(f"unknown drafter precision {name!r}: use {', '.join(DRAFTER_PRECISIONS)}")
+    if name.endswith(AUTOCAST_SUFFIX):
+        return Precision(name, torch.float32, parse_dtype(name.removesuffix(AUTOCAST_SUFFIX)))
+    return Precision(name, parse_dtype(name), None)
+
+
+def autocast_precision(dtype: str) -> str:
+    """The precision name of fp32 weights computing under autocast at `dtype` (fp32: no autocast)."""
+    return dtype if parse_dtype(dtype) == torch.float32 else dtype + AUTOCAST_SUFFIX
 
 
 def _shape(shape) -> str:
@@ -207,18 +240,69 @@ class _Found:
     config_src: str
     stored: StoredWeights
     warnings: list[str] = field(default_factory=list)
+    ignored: frozenset[str] = frozenset()  # stored keys that are not the drafter's (after prefix stripping)
+
+
+def _export_hint(folder: Path) -> str:
+    return (f"export it to a model folder with `specforge export --to hf --checkpoint {folder} --draft-config "
+            "DRAFT_CONFIG.json` and evaluate that folder")
+
+
+def _specforge_runtime(path: Path) -> _Found:
+    """A SpecForge runtime checkpoint: `draft_state_dict` (z-lab key names) and `dflash_*` settings
+    in a pickle read with weights_only=True; the architecture from the draft config next to it."""
+    try:
+        obj = torch.load(path, map_location="meta", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DraftboardError(f"{path}: refused to unpickle this SpecForge checkpoint: it needs code execution "
+                              f"to load (torch.load weights_only=True failed: {first[:120]}); "
+                              f"{_export_hint(path.parent)}") from None
+    except Exception as e:  # zip / EOF / IO errors of a damaged file
+        raise DraftboardError(f"cannot read {path}: truncated or corrupt checkpoint ({one_line(e)})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("draft_state_dict"), dict):
+        raise DraftboardError(f"{path}: not a SpecForge runtime checkpoint (no draft_state_dict)")
+    if obj.get("strategy", "dflash") != "dflash":
+        raise DraftboardError(f"{path}: a SpecForge {obj['strategy']!r} checkpoint, not a DFlash drafter")
+    shapes = {k: tuple(v.shape) for k, v in obj["draft_state_dict"].items() if isinstance(v, torch.Tensor)}
+
+    def read(keys: list[str]) -> dict[str, torch.Tensor]:
+        state = torch.load(path, map_location="cpu", weights_only=True)["draft_state_dict"]
+        return {k: state[k] for k in keys}
+
+    try:
+        sidecar = _sidecar_config(path)
+    except DraftboardError:
+        raise DraftboardError(f"{path}: SpecForge keeps the drafter's architecture (rope, norms, heads) out of "
+                              "training_state.pt: put the --draft-config JSON it trained with next to it as "
+                              f"config.json, or {_export_hint(path.parent)}") from None
+    raw = read_json(sidecar, WHERE)
+    dflash = dict(raw.get("dflash_config") or {})
+    dflash.update({name: obj[f"dflash_{name}"] for name in SPECFORGE_DFLASH if obj.get(f"dflash_{name}") is not None})
+    raw["dflash_config"] = dflash
+    stored = StoredWeights(shapes, None, read)
+    return _Found("SpecForge runtime checkpoint", path, raw, f"{sidecar.name} + dflash_* of {SPECFORGE_STATE}", stored)
 
 
 def _find(path: Path) -> _Found:
     if not path.exists():
         raise DraftboardError(f"drafter checkpoint {path} does not exist")
+    if path.name == SPECFORGE_STATE and path.is_file():
+        return _specforge_runtime(path)
+    if path.is_dir() and (path / SPECFORGE_STATE).is_file() and not any(
+            (path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, "pytorch_model.bin")):
+        return _specforge_runtime(inside(path, SPECFORGE_STATE, "SpecForge checkpoint"))
     if path.is_dir():
         weights_path = _find_weights(path)
         config_path = inside(path, "config.json", "config")
         if not config_path.is_file():
             raise DraftboardError(f"{path}: no config.json in the drafter directory")
         stored = stored_weights(weights_path)
-        found = _Found("z-lab directory", weights_path, read_json(config_path, WHERE), "config.json", stored)
+        raw = read_json(config_path, WHERE)
+        if isinstance(raw, dict) and SPECULATORS_TYPE in raw:
+            return _Found("speculators directory", weights_path, from_speculators(raw),
+                          "config.json, speculators format converted", stored, ignored=SPECULATORS_EXTRA_KEYS)
+        found = _Found("z-lab directory", weights_path, raw, "config.json", stored)
         if stored.config is not None:
             found.warnings.append("ignored the config embedded in the weights; config.json wins in a directory")
         return found
@@ -400,7 +484,8 @@ def open_drafter(path: str | Path, target: TargetDims = TargetDims()) -> Checked
     """
     path = Path(path)
     found = _find(path)
-    keys = _strip_prefixes(list(found.stored.shapes), found.weights_path)
+    keys = {k: stored for k, stored in _strip_prefixes(list(found.stored.shapes), found.weights_path).items()
+            if k not in found.ignored}
     shapes = {k: found.stored.shapes[stored] for k, stored in keys.items()}
     where = str(found.weights_path)
     cfg = _config(found, shapes, target.num_layers)

@@ -95,6 +95,43 @@ def _choose(page, label: str, option: str) -> None:
     _settled(page)
 
 
+# A run name that would run script if any page let it through as HTML: each payload sets __xss.
+HOSTILE = ('<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+           '<iframe src="javascript:parent.__xss=3"></iframe><svg onload="window.__xss=4">')
+PAGES = {"runs-root": "/", "runs": "/runs", "compare": "/compare", "environments": "/environments",
+         "launch": "/launch", "run-detail": "/run"}
+
+
+def test_every_page_by_its_deep_link_stays_local_and_runs_no_script_from_a_run_name(dashboard, page, tmp_path):
+    from tracker import Tracker, fingerprint
+
+    url, home = dashboard
+    tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
+    with tracker.training_run(HOSTILE, {"lr": 1e-4}, "demo-target",
+                              fingerprint=fingerprint.capture(device="cpu", dtype="fp32")) as run:
+        run.log_step(0, loss=1.0)
+        run.log_step(1, loss=0.5)
+    hostile = run.run_id
+    elsewhere, failed = [], []
+    page.on("request", lambda r: None if r.url.startswith(url) or r.url.startswith("data:") else elsewhere.append(r.url))
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    paths = {**PAGES, "run-detail-hostile": f"/run?run={hostile}", "compare-hostile": f"/compare?runs={hostile}"}
+    for name, path in paths.items():
+        page.goto(url + path)
+        page.locator("h1").first.wait_for()
+        _settled(page)
+        page.wait_for_timeout(500)  # plots draw after the script run ends
+        page.screenshot(path=tmp_path / f"page-{name}.png", full_page=True)
+        assert page.get_by_text("Page not found").count() == 0, path
+        assert page.evaluate("window.__xss") is None, f"a run name ran script on {path}"
+        if name == "run-detail-hostile":
+            assert page.locator("h1").first.text_content().strip() == HOSTILE  # shown, as text
+    # Deep links ask the server root for health and host-config (no /<page>/_stcore/health 404s), the
+    # favicon is drawn from an emoji, and nothing is fetched from another host.
+    assert failed == [] and elsewhere == [], (failed, elsewhere)
+    print(f"screenshots: {tmp_path}")
+
+
 def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, tmp_path):
     url, home = dashboard
     client = mlflow.MlflowClient(f"sqlite:///{home / 'draftboard.db'}")

@@ -1,71 +1,138 @@
 """Plotly figures for the dashboard, built from the frames of `tracker.dashboard.compare`.
 
-Axis titles carry units, hovers carry the environment, and series whose environment differs
-critically from the reference are dashed (points with open markers). Series are named after
-runs, and Plotly renders a subset of HTML in names and annotations, so every name is escaped
-(`escape.html_text`) and hover templates refer to it (`%{fullData.name}`) instead of holding it.
+Axis titles carry units, hovers carry the environment. The one dashing rule (compare.py): a series
+is dashed, with open markers, when its environment differs critically from the reference; its
+`reason` (`≠ reference: dtype`) follows its name in the legend and shows in the tooltip. Each run
+keeps one colour on every chart and page (`run_colors`, the only owner of the palette); an eval
+takes its training run's colour. Legends sit under the plot, clear of Plotly's toolbar.
+
+Series are named after runs, and Plotly renders a subset of HTML in names and annotations, so every
+name is escaped (`escape.html_text`) and hover templates refer to it (`%{fullData.name}`) instead
+of holding it.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from tracker.dashboard import metric_docs
+from tracker.dashboard.compare import ema
 from tracker.dashboard.escape import html_text
+from tracker.dashboard.index import RunIndex
 
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC",
            "#EECA3B"]
 REFERENCE_COLOR = "#333333"
+# Series of one run drawn at the same x (an eval and its re-evaluation in another environment):
+# each next one smaller and of another shape, so the first never hides the others.
+MARKERS = [("circle", 11), ("diamond", 8), ("square", 6), ("triangle-up", 5)]
 
 
-def _layout(fig: go.Figure, x_title: str, y_title: str, height: int = 360) -> go.Figure:
+def run_colors(index: RunIndex) -> dict[str, str]:
+    """Every run's colour: palette slots in the order runs started (a new run never recolours an
+    older one); an eval or reference takes its training run's colour; a reference without one is
+    drawn in REFERENCE_COLOR."""
+    slots: dict[str, str] = {}
+    out = {}
+    for run in sorted(index.runs.values(), key=lambda r: (r.start_time or 0, r.run_id)):
+        owner = run.train_run_id if run.train_run_id in index.runs else run.run_id
+        if owner == run.run_id and run.kind == "reference":
+            out[run.run_id] = REFERENCE_COLOR
+            continue
+        if owner not in slots:
+            slots[owner] = PALETTE[len(slots) % len(PALETTE)]
+        out[run.run_id] = slots[owner]
+    for run_id, color in list(out.items()):  # a training run listed after its evals (clock skew)
+        owner = index.runs[run_id].train_run_id
+        if owner in slots:
+            out[run_id] = slots[owner]
+    return out
+
+
+def _color(colors: Mapping[str, str] | None, owner: str, fallback: dict[str, str]) -> str:
+    if colors and owner in colors:
+        return colors[owner]
+    return fallback.setdefault(owner, PALETTE[len(fallback) % len(PALETTE)])
+
+
+def _layout(fig: go.Figure, x_title: str, y_title: str, height: int = 380) -> go.Figure:
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=30, b=10), hovermode="x unified",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), xaxis_title=x_title,
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), xaxis_title=x_title,
                       yaxis_title=y_title)
     return fig
 
 
-def _name(series: str, dashed: bool) -> str:
-    return html_text(series) + (" ⚠" if dashed else "")
+def _name(series: str, reason: str) -> str:
+    return html_text(series) + (f" ⚠ {html_text(reason)}" if reason else "")
 
 
-def _colors(series: list[str]) -> dict[str, str]:
-    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)}
+def _reason_hover(reason: str) -> str:
+    """The tooltip line saying why a series is dashed (escaped: field names come from fingerprints)."""
+    return f"<br>dashed: environment {html_text(reason)}" if reason else ""
 
 
-def step_curves(frame: pd.DataFrame, key: str, x_title: str = "training step") -> go.Figure:
-    """One line per series of `frame` (columns series, step, value, dashed) for metric `key`."""
+def _owner(part: pd.DataFrame, series: str) -> str:
+    return str(part["owner"].iloc[0]) if "owner" in part.columns else series
+
+
+def _reason(part: pd.DataFrame) -> str:
+    return str(part["reason"].iloc[0]) if "reason" in part.columns and len(part) else ""
+
+
+def step_curves(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: Mapping[str, str] | None = None,
+                smoothing: float = 0.0, log_x: bool = False) -> go.Figure:
+    """One line per series of `frame` (columns series, step, value, dashed) for metric `key`.
+
+    `smoothing` in [0, 1): the EMA weight (`compare.ema`); the raw curve stays behind it, faint."""
     doc = metric_docs.describe(key)
     fig = go.Figure()
     sub = frame[frame["key"] == key]
-    colors = _colors(list(dict.fromkeys(frame["series"])))
+    fallback: dict[str, str] = {}
     for series, part in sub.groupby("series", sort=False):
-        dashed = bool(part["dashed"].any())
-        fig.add_trace(go.Scattergl(
-            x=part["step"], y=part["value"], mode="lines", name=_name(series, dashed),
-            line=dict(color=colors[series], dash="dash" if dashed else "solid"),
-            hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{key} %{{y:.4g}} {doc.unit}<extra></extra>"))
-    return _layout(fig, x_title, doc.label)
+        part = part.sort_values("step")
+        reason = _reason(part)
+        color = _color(colors, _owner(part, series), fallback)
+        dash = "dash" if reason else "solid"
+        hover = f"%{{fullData.name}}<br>step %{{x}}<br>{key} %{{y:.4g}} {doc.unit}{_reason_hover(reason)}<extra></extra>"
+        if smoothing > 0:
+            fig.add_trace(go.Scattergl(x=part["step"], y=part["value"], mode="lines", opacity=0.25, showlegend=False,
+                                       line=dict(color=color, dash=dash), hoverinfo="skip"))
+            values = ema(part["value"].tolist(), smoothing)
+            hover = hover.replace("%{y:.4g}", f"%{{y:.4g}} (EMA {smoothing:g})")
+        else:
+            values = part["value"]
+        fig.add_trace(go.Scattergl(x=part["step"], y=values, mode="lines", name=_name(series, reason),
+                                   line=dict(color=color, dash=dash), hovertemplate=hover))
+    if log_x:
+        fig.update_xaxes(type="log")
+    return _layout(fig, x_title + (" (log scale)" if log_x else ""), doc.label)
 
 
 def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = None,
-                reference_label: str | None = None) -> go.Figure:
+                reference_label: str | None = None, colors: Mapping[str, str] | None = None) -> go.Figure:
     """Eval metric over checkpoint step, one line per series; the reference as a labelled horizontal line."""
     doc = metric_docs.describe(key)
     fig = go.Figure()
     sub = points[points["key"] == key]
-    colors = _colors(list(dict.fromkeys(points["series"])))
+    fallback: dict[str, str] = {}
+    per_owner: dict[str, int] = {}
     for series, part in sub.groupby("series", sort=False):
-        dashed = bool(part["dashed"].any())
         part = part.sort_values("step")
+        reason = _reason(part)
+        owner = _owner(part, series)
+        symbol, size = MARKERS[min(per_owner.get(owner, 0), len(MARKERS) - 1)]
+        per_owner[owner] = per_owner.get(owner, 0) + 1
         fig.add_trace(go.Scatter(
-            x=part["step"], y=part["value"], mode="lines+markers", name=_name(series, dashed),
-            line=dict(color=colors[series], dash="dash" if dashed else "solid"),
-            marker=dict(symbol="circle-open" if dashed else "circle", size=8),
+            x=part["step"], y=part["value"], mode="lines+markers", name=_name(series, reason),
+            line=dict(color=_color(colors, owner, fallback), dash="dash" if reason else "solid"),
+            marker=dict(symbol=f"{symbol}-open" if reason else symbol, size=size, line=dict(width=2)),
             customdata=part[["env"]].map(html_text).to_numpy(),  # env badges come from tags
             hovertemplate=(f"%{{fullData.name}}<br>checkpoint step %{{x}}<br>{key} %{{y:.4f}} {doc.unit}"
-                           "<br>env %{customdata[0]}<extra></extra>")))
+                           f"<br>env %{{customdata[0]}}{_reason_hover(reason)}<extra></extra>")))
     if reference_value is not None:
         fig.add_hline(y=reference_value, line=dict(color=REFERENCE_COLOR, dash="dot", width=2),
                       annotation_text=f"{html_text(reference_label or 'reference')}: {reference_value:.3f}",
@@ -73,35 +140,38 @@ def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = 
     return _layout(fig, "checkpoint step", doc.label)
 
 
-def accept_by_position(frame: pd.DataFrame) -> go.Figure:
-    """Acceptance rate by draft position, one line per series (the reference in black)."""
+def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Mapping[str, str] | None) -> go.Figure:
+    """One line per series (the reference dotted, in REFERENCE_COLOR)."""
     fig = go.Figure()
-    colors = _colors([s for s in dict.fromkeys(frame["series"]) if not s.startswith("reference")])
+    fallback: dict[str, str] = {}
     for series, part in frame.groupby("series", sort=False):
         ref = series.startswith("reference")
-        dashed = bool(part["dashed"].any())
+        reason = _reason(part)
+        part = part.sort_values(x)
         fig.add_trace(go.Scatter(
-            x=part["position"], y=part["rate"], mode="lines+markers", name=_name(series, dashed),
-            line=dict(color=REFERENCE_COLOR if ref else colors[series], dash="dash" if dashed else
-                      ("dot" if ref else "solid"), width=3 if ref else 2),
-            hovertemplate="%{fullData.name}<br>draft position %{x}<br>accepted in %{y:.1%} of blocks<extra></extra>"))
+            x=part[x], y=part[y], mode="lines+markers", name=_name(series, reason),
+            line=dict(color=REFERENCE_COLOR if ref else _color(colors, _owner(part, series), fallback),
+                      dash="dash" if reason else ("dot" if ref else "solid"), width=3 if ref else 2),
+            marker=dict(symbol="circle-open" if reason else "circle"),
+            hovertemplate=f"%{{fullData.name}}<br>{hover}{_reason_hover(reason)}<extra></extra>"))
+    return fig
+
+
+def accept_by_position(frame: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Acceptance rate by draft position, one line per series (the reference in black)."""
+    fig = _per_checkpoint(frame, "position", "rate", "draft position %{x}<br>accepted in %{y:.1%} of blocks", colors)
     fig.update_yaxes(tickformat=".0%", range=[0, 1.02])
     fig.update_xaxes(dtick=1)
     return _layout(fig, "draft position k (1 = first token after the anchor)", "acceptance rate (fraction of blocks)")
 
 
-def ddtree_vs_budget(frame: pd.DataFrame) -> go.Figure:
-    """DDTree acceptance length against node budget (log2 x axis)."""
-    fig = go.Figure()
-    colors = _colors([s for s in dict.fromkeys(frame["series"]) if not s.startswith("reference")])
-    for series, part in frame.groupby("series", sort=False):
-        ref = series.startswith("reference")
-        dashed = bool(part["dashed"].any())
-        part = part.sort_values("budget")
-        fig.add_trace(go.Scatter(
-            x=part["budget"], y=part["tau"], mode="lines+markers", name=_name(series, dashed),
-            line=dict(color=REFERENCE_COLOR if ref else colors[series], dash="dash" if dashed else
-                      ("dot" if ref else "solid"), width=3 if ref else 2),
-            hovertemplate="%{fullData.name}<br>node budget %{x}<br>DDTree tau %{y:.3f} tokens / block<extra></extra>"))
+def ddtree_vs_budget(frame: pd.DataFrame, colors: Mapping[str, str] | None = None,
+                     span: tuple[int, int] | None = None) -> go.Figure:
+    """DDTree acceptance length against node budget (log2 x axis), the axis over `span` when given
+    (`compare.common_budgets`: the page names the points left outside)."""
+    fig = _per_checkpoint(frame, "budget", "tau", "node budget %{x}<br>DDTree tau %{y:.3f} tokens / block", colors)
     fig.update_xaxes(type="log", dtick=0.30102999566)  # log2 ticks
+    if span is not None:
+        pad = 0.15  # in log10 units: the end points stay visible
+        fig.update_xaxes(range=[math.log10(span[0]) - pad, math.log10(span[1]) + pad])
     return _layout(fig, "DDTree node budget B (nodes)", "ddtree_tau_b{B} (tokens / block)")

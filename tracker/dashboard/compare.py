@@ -9,9 +9,14 @@
 - The reference: its eval metrics as horizontal lines; its acceptance by position and DDTree
   points as their own series.
 - Environment: every eval series, every training run and the reference are diffed against the
-  reference's fingerprint; a critical difference makes the series dashed and puts a line in
-  the banner naming the fields (`v4 @ step 200: linear-attn fallback vs reference: fast`).
+  reference's fingerprint. The one dashing rule, for every chart: a series is dashed when its
+  environment differs critically from the reference's; its `reason` column says which fields
+  (legend and tooltip), and the banner says it in full (`v4 @ step 200: linear-attn fallback vs
+  reference: fast`). A reference for another target is said first (`target_note`).
+- Acceptance by position and DDTree: one checkpoint per chosen training run, `picks` or by default
+  `best_evals` (the eval closest to the reference's environment, then to its training run's).
 
+Every frame carries `owner`, the run whose colour a series takes (`charts.run_colors`).
 `closest_reference` picks the default reference: one evaluated for the same target, with the
 fewest critical, then warning, differences from the chosen runs' eval environments.
 """
@@ -19,7 +24,7 @@ fewest critical, then warning, differences from the chosen runs' eval environmen
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -77,27 +82,42 @@ def closest_reference(index: RunIndex, run_ids: Sequence[str]) -> ReferenceChoic
     scored = []
     for ref in same:
         crit = warn = 0
+        fields: dict[str, list[str]] = {"critical": [], "warning": []}
         for anchor in anchors:
             rows = lineage.env_diff(anchor, ref)
             if rows is None:
                 warn += 1
+                fields["warning"].append("no fingerprint")
                 continue
+            for severity in fields:
+                found = lineage.of_severity(rows, severity)
+                fields[severity] += [lineage.field_name(r.field) for r in found]
             crit += len(lineage.of_severity(rows, "critical"))
             warn += len(lineage.of_severity(rows, "warning"))
         # Measured references before published ones at equal scores; then the newest.
-        scored.append(((crit, warn, ref.published, -(ref.start_time or 0)), ref))
+        scored.append(((crit, warn, ref.published, -(ref.start_time or 0)), ref, fields))
     scored.sort(key=lambda s: s[0])
-    (crit, warn, _, _), best = scored[0]
+    (crit, warn, _, _), best, fields = scored[0]
     label = index.label(best.run_id)
+    warned = _named(fields["warning"])
     if crit:
         message = (f"no reference matches the chosen runs' environment: the closest, {label}, has {crit} critical "
-                   f"difference(s)")
+                   f"difference(s): {_named(fields['critical'])}")
     elif best.published:
-        message = f"{label} (published numbers: its environment is mostly unknown; {warn} warning(s))"
+        message = f"{label} (published numbers: its environment is mostly unknown; {warn} warning(s): {warned})"
+    elif warn:
+        message = f"{label}: same target, closest environment ({warn} warning difference(s), none critical: {warned})"
     else:
-        message = f"{label}: same target, closest environment ({warn} warning difference(s), none critical)"
+        message = f"{label}: same target, same environment"
     return ReferenceChoice(best.run_id, crit, warn, message, matches=crit == 0,
                            candidates=tuple(s[1].run_id for s in scored))
+
+
+def _named(fields: Sequence[str], limit: int = 5) -> str:
+    """`torch, GPU` (each field once, in order); `… and N more` past `limit`."""
+    unique = list(dict.fromkeys(fields))
+    more = f" and {len(unique) - limit} more" if len(unique) > limit else ""
+    return ", ".join(unique[:limit]) + more
 
 
 def reference_label(index: RunIndex, ref: RunInfo) -> str:
@@ -114,19 +134,27 @@ def reference_label(index: RunIndex, ref: RunInfo) -> str:
 # --------------------------------------------------------------------------- compare data
 
 
+TRAIN_COLUMNS = ["series", "owner", "run_id", "key", "step", "value", "dashed", "reason"]
+POINT_COLUMNS = ["series", "owner", "run_id", "train_run_id", "key", "step", "value", "dashed", "reason", "env"]
+POSITION_COLUMNS = ["series", "owner", "run_id", "position", "rate", "dashed", "reason"]
+DDTREE_COLUMNS = ["series", "owner", "run_id", "budget", "tau", "dashed", "reason"]
+
+
 @dataclass
 class CompareData:
     runs: list[RunInfo]
     reference: RunInfo | None
-    train_curves: pd.DataFrame  # series, run_id, key, step, value, dashed
-    eval_points: pd.DataFrame  # series, run_id, train_run_id, key, step, value, dashed, env
+    train_curves: pd.DataFrame  # TRAIN_COLUMNS
+    eval_points: pd.DataFrame  # POINT_COLUMNS
     reference_values: dict[str, float]
-    accept_by_position: pd.DataFrame  # series, run_id, position, rate, dashed
-    ddtree: pd.DataFrame  # series, run_id, budget, tau, dashed
+    accept_by_position: pd.DataFrame  # POSITION_COLUMNS
+    ddtree: pd.DataFrame  # DDTREE_COLUMNS
     banner: list[str] = field(default_factory=list)  # critical differences vs the reference
     lineage_banner: list[str] = field(default_factory=list)  # evals vs their own training run
     train_metrics: list[str] = field(default_factory=list)
     eval_metrics: list[str] = field(default_factory=list)
+    target_note: str | None = None  # the reference was evaluated for another target
+    picked: dict[str, str] = field(default_factory=dict)  # chosen training run -> eval drawn by position/DDTree
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -145,16 +173,23 @@ class CompareData:
         if not self.ddtree.empty:
             parts.append(self.ddtree.rename(columns={"budget": "step", "tau": "value"})
                          .assign(chart="ddtree vs budget", key="ddtree_tau", x_name="node budget"))
+        cols = ["chart", "series", "run_id", "key", "x_name", "step", "value", "dashed", "reason"]
         if not parts:
-            return pd.DataFrame(columns=["chart", "series", "run_id", "key", "x_name", "step", "value", "dashed"])
+            return pd.DataFrame(columns=cols)
         frame = pd.concat(parts, ignore_index=True)
-        cols = ["chart", "series", "run_id", "key", "x_name", "step", "value", "dashed"]
-        extra = [c for c in frame.columns if c not in cols]
+        extra = [c for c in frame.columns if c not in cols and c != "owner"]
         return frame[[c for c in cols if c in frame.columns] + extra]
 
 
 def _critical_vs(run: RunInfo, ref: RunInfo | None) -> list:
     return [] if ref is None else lineage.of_severity(lineage.env_diff(run, ref), "critical")
+
+
+def dash_reason(rows: Sequence) -> str:
+    """Why a series is dashed, short enough for a legend: `≠ reference: linear-attn, dtype`; "" when not."""
+    if not rows:
+        return ""
+    return "≠ reference: " + _named([lineage.field_name(r.field) for r in rows], limit=3)
 
 
 def _env_key(run: RunInfo) -> str:
@@ -177,17 +212,45 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
     return [(f"{label} [{_env_key(g[0])}]", g) for g in groups.values()]
 
 
+def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
+    """A chosen run's evals, the best match first: fewest critical differences from the reference,
+    then from its own training run; then the latest checkpoint, the newest eval."""
+    if run.kind != "train":
+        return [run]
+
+    def rank(ev: RunInfo) -> tuple:
+        own = lineage.vs_training(index, ev)
+        return (len(_critical_vs(ev, ref)), len(own.critical) if own is not None else 0,
+                -(ev.checkpoint_step or 0), -(ev.start_time or 0))
+
+    return sorted(index.evals_of(run.run_id), key=rank)
+
+
+def target_note(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -> str | None:
+    """When the reference was evaluated for another target than the chosen runs, say so: its
+    numbers measure another model, whatever the environments."""
+    targets = sorted({r.target_name for r in runs if r.target})
+    if ref is None or not ref.target or not targets or any(same_target(ref.target, r.target) for r in runs):
+        return None
+    return (f"Different target: the reference {index.label(ref.run_id)} was evaluated for {ref.target_name}, "
+            f"the chosen runs for {', '.join(targets)}. Its numbers describe another model: compare the shapes of "
+            "the curves, not their values.")
+
+
 def compare_data(
     index: RunIndex,
     run_ids: Sequence[str],
     reference_id: str | None,
     histories: pd.DataFrame,
     results: ResultsLoader | None = None,
+    picks: Mapping[str, str] | None = None,
 ) -> CompareData:
     """Assemble the Compare page from the run index and the training runs' metric histories.
 
     `histories` is `metrics_sql.load_histories` of the chosen training runs (columns run_id,
     key, step, value). `results` loads eval_results.json where metrics lack the by-position data.
+    `picks` chooses, per chosen training run, the eval whose acceptance by position and DDTree
+    curves are drawn (default: `best_evals`' first).
     """
     runs = [index.runs[r] for r in run_ids if r in index.runs]
     ref = index.get(reference_id)
@@ -197,32 +260,35 @@ def compare_data(
 
     # Training curves.
     train_runs = [r for r in runs if r.kind == "train"]
-    dashed_train = {}
+    reasons = {}
     for run in train_runs:
         crit = _critical_vs(run, ref)
-        dashed_train[run.run_id] = bool(crit)
+        reasons[run.run_id] = dash_reason(crit)
         if crit:
-            banner.append(summarize_rows(crit, f"{index.label(run.run_id)} (training)", ref_name))
-    curves = histories[histories["run_id"].isin(dashed_train)] if not histories.empty else histories
+            banner.append(summarize_rows(crit, f"{index.label(run.run_id)} (training)", ref_name,
+                                         probe=lineage.probe_words(run.fingerprint, ref.fingerprint)))
+    curves = histories[histories["run_id"].isin(reasons)] if not histories.empty else histories
     if curves.empty:
-        train_curves = pd.DataFrame(columns=["series", "run_id", "key", "step", "value", "dashed"])
+        train_curves = pd.DataFrame(columns=TRAIN_COLUMNS)
     else:
-        train_curves = curves.assign(series=curves["run_id"].map(index.label),
-                                     dashed=curves["run_id"].map(dashed_train).astype(bool))
-        train_curves = train_curves[["series", "run_id", "key", "step", "value", "dashed"]]
+        reason = curves["run_id"].map(reasons)
+        train_curves = curves.assign(series=curves["run_id"].map(index.label), owner=curves["run_id"],
+                                     reason=reason, dashed=reason.ne(""))[TRAIN_COLUMNS]
 
-    # Eval points, by-position and DDTree series.
-    points, positions, trees = [], [], []
+    # Eval points by checkpoint, one series per chosen run and environment.
+    points = []
     for run in runs:
         for label, evals in eval_series(index, run):
-            crit_any = False
+            reason = ""
             vs_ref: dict[str, list[RunInfo]] = {}  # same differences -> one banner line
             vs_train: dict[str, list[RunInfo]] = {}
             for ev in evals:
                 crit = _critical_vs(ev, ref)
                 if crit:
-                    crit_any = True
-                    vs_ref.setdefault(summarize_rows(crit, "", ref_name), []).append(ev)
+                    reason = reason or dash_reason(crit)
+                    vs_ref.setdefault(summarize_rows(crit, "", ref_name,
+                                                     probe=lineage.probe_words(ev.fingerprint, ref.fingerprint)),
+                                      []).append(ev)
                 own = lineage.vs_training(index, ev)
                 if own is not None and own.critical:
                     vs_train.setdefault(own.summary("its training run"), []).append(ev)
@@ -232,19 +298,29 @@ def compare_data(
                 vs_training_lines.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for ev in evals:
                 for key, value in ev.metrics.items():
-                    points.append({"series": label, "run_id": ev.run_id, "train_run_id": ev.train_run_id,
-                                   "key": key, "step": ev.checkpoint_step if ev.checkpoint_step is not None else 0,
-                                   "value": value, "dashed": crit_any, "env": ev.env_badges})
-            last = evals[-1]
-            _add_curves(positions, trees, f"{label} @ step {last.checkpoint_step}" if run.kind == "train"
-                        and last.checkpoint_step is not None else label, last, crit_any, results)
+                    points.append({"series": label, "owner": run.run_id, "run_id": ev.run_id,
+                                   "train_run_id": ev.train_run_id, "key": key,
+                                   "step": ev.checkpoint_step if ev.checkpoint_step is not None else 0,
+                                   "value": value, "dashed": bool(reason), "reason": reason, "env": ev.env_badges})
+
+    # Acceptance by position and DDTree: one checkpoint per chosen run.
+    positions, trees, picked = [], [], {}
+    for run in runs:
+        ranked = best_evals(index, run, ref)
+        if not ranked:
+            continue
+        chosen = next((e for e in ranked if picks and e.run_id == picks.get(run.run_id)), ranked[0])
+        picked[run.run_id] = chosen.run_id
+        label = index.eval_label(chosen)
+        if run.kind == "train" and len(eval_series(index, run)) > 1:
+            label += f" [{_env_key(chosen)}]"
+        _add_curves(positions, trees, label, run.run_id, chosen, dash_reason(_critical_vs(chosen, ref)), results)
     reference_values = {}
     if ref is not None:
         reference_values = {k: v for k, v in ref.metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        _add_curves(positions, trees, f"reference: {reference_label(index, ref)}", ref, False, results)
+        _add_curves(positions, trees, f"reference: {reference_label(index, ref)}", ref.run_id, ref, "", results)
 
-    eval_points = pd.DataFrame(points, columns=["series", "run_id", "train_run_id", "key", "step", "value",
-                                                "dashed", "env"])
+    eval_points = pd.DataFrame(points, columns=POINT_COLUMNS)
     if not eval_points.empty:
         eval_points = eval_points.sort_values(["series", "key", "step"], ignore_index=True)
     train_keys = metric_docs.sort_metrics(train_curves["key"].unique()) if not train_curves.empty else []
@@ -256,12 +332,14 @@ def compare_data(
         train_curves=train_curves.reset_index(drop=True),
         eval_points=eval_points,
         reference_values=reference_values,
-        accept_by_position=pd.DataFrame(positions, columns=["series", "run_id", "position", "rate", "dashed"]),
-        ddtree=pd.DataFrame(trees, columns=["series", "run_id", "budget", "tau", "dashed"]),
+        accept_by_position=pd.DataFrame(positions, columns=POSITION_COLUMNS),
+        ddtree=pd.DataFrame(trees, columns=DDTREE_COLUMNS),
         banner=list(dict.fromkeys(banner)),
         lineage_banner=list(dict.fromkeys(vs_training_lines)),
         train_metrics=train_keys,
         eval_metrics=eval_keys,
+        target_note=target_note(index, runs, ref),
+        picked=picked,
     )
 
 
@@ -295,23 +373,57 @@ def ddtree_points(run: RunInfo, results: dict | None = None) -> list[tuple[int, 
     return sorted(found.items())
 
 
-def _add_curves(positions: list, trees: list, label: str, run: RunInfo, dashed: bool,
+def _add_curves(positions: list, trees: list, label: str, owner: str, run: RunInfo, reason: str,
                 results: ResultsLoader | None) -> None:
     needs_results = not (names.family_values(run.metrics, "accept_rate_pos")
                          and names.family_values(run.metrics, "ddtree_tau"))
     loaded = results(run) if (needs_results and results is not None) else None
+    common = {"series": label, "owner": owner, "run_id": run.run_id, "dashed": bool(reason), "reason": reason}
     for k, rate in enumerate(eval_positions(run, loaded), 1):
-        positions.append({"series": label, "run_id": run.run_id, "position": k, "rate": rate, "dashed": dashed})
+        positions.append({**common, "position": k, "rate": rate})
     for budget, tau in ddtree_points(run, loaded):
-        trees.append({"series": label, "run_id": run.run_id, "budget": budget, "tau": tau, "dashed": dashed})
+        trees.append({**common, "budget": budget, "tau": tau})
+
+
+def common_budgets(trees: pd.DataFrame) -> tuple[int, int] | None:
+    """The node budgets every series was measured at, as (lowest, highest); None with fewer than two
+    series or nothing in common. A DDTree chart's axis spans this range, so one eval at an odd budget
+    (100000) does not squeeze every curve into a corner."""
+    if trees.empty or trees["series"].nunique() < 2:
+        return None
+    spans = trees.groupby("series")["budget"].agg(["min", "max"])
+    low, high = int(spans["min"].max()), int(spans["max"].min())
+    return (low, high) if low <= high else None
+
+
+def outside_budgets(trees: pd.DataFrame, span: tuple[int, int] | None) -> list[str]:
+    """`v2 @ step 60: 100000` for each series' budgets outside `span` (off the chart)."""
+    if span is None or trees.empty:
+        return []
+    out = trees[(trees["budget"] < span[0]) | (trees["budget"] > span[1])]
+    return [f"{series}: {', '.join(str(b) for b in part['budget'])}" for series, part in out.groupby("series", sort=False)]
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average, `s[t] = weight * s[t-1] + (1 - weight) * v[t]`, from s[0] = v[0].
+
+    Non-finite values (NaN, inf: a diverged step) are carried past, not averaged in: the smoothed
+    curve keeps its last finite value there. weight 0 returns the values unchanged."""
+    out, last = [], None
+    for v in values:
+        if not math.isfinite(v):
+            out.append(last if last is not None else v)
+            continue
+        last = v if last is None else weight * last + (1 - weight) * v
+        out.append(last)
+    return out
 
 
 def run_acceptance(run: RunInfo, results: ResultsLoader | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(acceptance by position, DDTree vs budget) frames of one eval run."""
     positions, trees = [], []
-    _add_curves(positions, trees, run.name, run, False, results)
-    return (pd.DataFrame(positions, columns=["series", "run_id", "position", "rate", "dashed"]),
-            pd.DataFrame(trees, columns=["series", "run_id", "budget", "tau", "dashed"]))
+    _add_curves(positions, trees, run.name, run.train_run_id or run.run_id, run, "", results)
+    return pd.DataFrame(positions, columns=POSITION_COLUMNS), pd.DataFrame(trees, columns=DDTREE_COLUMNS)
 
 
 def train_runs_for_histories(index: RunIndex, run_ids: Sequence[str]) -> list[str]:
@@ -319,7 +431,15 @@ def train_runs_for_histories(index: RunIndex, run_ids: Sequence[str]) -> list[st
     return [r for r in run_ids if r in index.runs and index.runs[r].kind == "train"]
 
 
-def default_selection(index: RunIndex, limit: int = 3) -> list[str]:
-    """The newest training runs (at most `limit`), else the newest evals."""
-    trains = [r.run_id for r in index.of_kind("train")][:limit]
+def team_training_runs(index: RunIndex) -> list[RunInfo]:
+    """Training runs of the team's drafters, newest first: not a reference's own training run (one
+    whose checkpoints were evaluated only as references, e.g. the reference drafter's)."""
+    return [r for r in index.of_kind("train")
+            if index.evals_of(r.run_id) or not index.evals_of(r.run_id, ("reference",))]
+
+
+def default_selection(index: RunIndex, limit: int = 6) -> list[str]:
+    """The team's newest training runs (at most `limit`), else the newest evals. The closest
+    reference comes with them (the Reference picker's default)."""
+    trains = [r.run_id for r in team_training_runs(index)][:limit]
     return trains or [r.run_id for r in index.of_kind("eval")][:limit]

@@ -4,7 +4,8 @@
 grades every cell against a baseline run with `fingerprint.diff`'s severities, so a red cell
 is a difference that can change the numbers. `pairs_frame` tabulates the (training run, eval)
 pairs of `tracker.dashboard.lineage.train_eval_pairs`. `reeval_plan` builds the eval job that
-repeats an eval with its training run's linear-attention path, dtype and device.
+repeats an eval with its training run's linear-attention path, dtype, drafter precision and
+device, or says why none is needed (same environment already, or an eval that already did it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from tracker import config, fingerprint
+from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import Lineage, field_name, value_text
 
@@ -153,26 +155,45 @@ FORCEABLE_LINEAR = tuple(m for m in config.LINEAR_ATTN_MODES if m != "auto")
 
 @dataclass
 class ReevalPlan:
-    params: dict | None  # eval job params (tracker.jobs.eval_job), None when blocked
+    params: dict | None  # eval job params (tracker.jobs.eval_job), None when blocked or already done
     changes: list[str]  # "linear-attn fallback -> fast"
-    blocked: str | None = None  # why the eval cannot be repeated under the training environment
+    blocked: str | None = None  # why the eval cannot (or need not) be repeated under the training environment
+    existing: str | None = None  # run id of an eval that already did exactly this re-evaluation
+
+
+# The eval flags that set an environment, and how a fingerprint records each.
+ENV_FLAGS = {"linear_attn": "linear-attn", "dtype": "dtype", "drafter_precision": "drafter-precision",
+             "device": "device"}
+
+
+def environment_flags(fp: dict | None) -> dict[str, str | None]:
+    """{linear_attn, dtype, drafter_precision, device} as a fingerprint records them (None: unknown).
+
+    Fingerprints from before `numerics.drafter_precision` recorded one dtype for the target and
+    the drafter (an eval cast both), so their drafter precision is that dtype."""
+    num, hw = (fp or {}).get("numerics") or {}, (fp or {}).get("hardware") or {}
+    return {"linear_attn": num.get("linear_attention_path"), "dtype": num.get("dtype"),
+            "drafter_precision": num.get("drafter_precision") or num.get("dtype"), "device": hw.get("device")}
 
 
 def training_environment(fp: dict | None) -> tuple[dict[str, str], str | None]:
-    """({linear_attn, dtype, device} of a training fingerprint as eval flags, None) or ({}, why not)."""
+    """(the eval flags that reproduce a training fingerprint's numerics, None) or ({}, why not)."""
     if not fp:
         return {}, "the training run has no fingerprint"
-    num, hw = fp.get("numerics") or {}, fp.get("hardware") or {}
-    path, dtype, device = num.get("linear_attention_path"), num.get("dtype"), hw.get("device")
+    env = environment_flags(fp)
+    path, dtype, device = env["linear_attn"], env["dtype"], env["device"]
     if path not in FORCEABLE_LINEAR:
         why = ("unknown (an imported or published run)" if path is None else
                f"'{path}', which `--linear-attn` cannot force (only fast or fallback)")
         return {}, f"the training run's linear-attention path is {why}"
     if dtype not in config.EVAL_DTYPES:
         return {}, f"the training run's dtype is {value_text(dtype)}; evals run in {' or '.join(config.EVAL_DTYPES)}"
+    if env["drafter_precision"] not in config.DRAFTER_PRECISIONS:
+        return {}, (f"the training run's drafter precision is {value_text(env['drafter_precision'])}; evals run "
+                    f"the drafter in {', '.join(config.DRAFTER_PRECISIONS)}")
     if device not in config.DEVICES:
         return {}, f"the training run's device is {value_text(device)}; evals run on {' or '.join(config.DEVICES)}"
-    return {"linear_attn": path, "dtype": dtype, "device": device}, None
+    return dict(env), None
 
 
 def _int(value) -> int | None:
@@ -207,6 +228,7 @@ def eval_settings_of(run: RunInfo, results: dict | None = None) -> dict:
         "budgets": _budgets(p.get("budgets")),
         "device": p.get("device"),
         "dtype": p.get("dtype"),
+        "drafter_precision": p.get("drafter_precision"),
         "linear_attn": p.get("linear_attn"),
     }
     if results:
@@ -239,17 +261,38 @@ def reeval_plan(index: RunIndex, eval_run_id: str, tracking_uri: str,
     if relative:
         return ReevalPlan(None, [], f"the eval run recorded a relative {', '.join(relative)} path "
                                     f"({settings[relative[0]]}); re-run it from the CLI in its directory")
-    ev_fp = ev.fingerprint or {}
-    current = {
-        "linear_attn": (ev_fp.get("numerics") or {}).get("linear_attention_path"),
-        "dtype": (ev_fp.get("numerics") or {}).get("dtype"),
-        "device": (ev_fp.get("hardware") or {}).get("device"),
-    }
-    names = {"linear_attn": "linear-attn", "dtype": "dtype", "device": "device"}
-    changes = [f"{names[k]} {value_text(current[k])} → {env[k]}" for k in env if current[k] != env[k]]
+    current = environment_flags(ev.fingerprint)
+    changes = [f"{ENV_FLAGS[k]} {value_text(current[k])} → {env[k]}" for k in env if current[k] != env[k]]
+    if not changes:
+        return ReevalPlan(None, [], "this eval already ran in its training run's environment ("
+                          + ", ".join(f"{ENV_FLAGS[k]} {v}" for k, v in env.items()) + "): a re-run would repeat it")
     params = {k: v for k, v in settings.items() if v is not None}
     params.update(env)
     params.update({"train_run_id": train.run_id, "tracking_uri": tracking_uri})
     if ev.checkpoint_step is not None:
         params["checkpoint_step"] = ev.checkpoint_step
+        params["name"] = names.eval_run_name(index.label(train.run_id), ev.checkpoint_step, params)
+    done = next((r for r in index.evals_of(train.run_id)
+                 if r.checkpoint_step == ev.checkpoint_step and _same_eval(r, ev, params)), None)
+    if done is not None:
+        return ReevalPlan(None, changes, existing=done.run_id)
     return ReevalPlan(params, changes)
+
+
+# Settings that make two evals of one checkpoint the same measurement (besides the environment).
+_SAME_SETTINGS = ("drafter", "prompts", "completions", "max_new_tokens", "budgets")
+
+
+def _same_eval(run: RunInfo, original: RunInfo, params: dict) -> bool:
+    """Whether `run` measured what `params` would: same checkpoint and settings, the planned
+    environment (from its fingerprint), and the same protocol tags as the eval being repeated."""
+    settings = eval_settings_of(run)
+    if any(settings[k] != params.get(k) for k in _SAME_SETTINGS):
+        return False
+    if any(environment_flags(run.fingerprint)[k] != params[k] for k in ENV_FLAGS):
+        return False
+    return _protocol(run) == _protocol(original)
+
+
+def _protocol(run: RunInfo) -> dict[str, str]:
+    return {k: v for k, v in run.tags.items() if names.parse_protocol_tag(k)}

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tracker.store import names
+from tracker.store import adoption, names
 from tracker.store.history import latest_metric_steps
 
 LINEAR_ATTN_ICONS = {"fast": "🟢", "partial": "🟡", "fallback": "🟠", "n/a": "⚪"}
@@ -131,6 +131,8 @@ class RunInfo:
             return "reference · published"
         if self.kind == "train" and self.source_kind == "imported":
             return "train · imported"
+        if self.kind == "train" and self.tags.get(names.TOOL):
+            return f"train · {adoption.tool_label(self.tags[names.TOOL])}"
         return self.kind or "other"
 
     @property
@@ -207,6 +209,13 @@ def read_json_artifact(client, run_id: str, artifact_uri: str, artifact: str) ->
         return None
 
 
+def _listed(run, experiment: str, fingerprint: dict | None) -> RunInfo:
+    """run_info, plus the tags that list a foreign training run (adoption.listing_tags; in memory only)."""
+    info = run_info(run, fingerprint)
+    extra = adoption.listing_tags(adoption.RunView.of(run, experiment))
+    return replace(info, kind=extra[names.KIND], tags={**info.tags, **extra}) if extra else info
+
+
 FingerprintLoader = Callable[[str, str], "dict | None"]  # (run_id, artifact_uri) -> fingerprint
 
 
@@ -277,10 +286,14 @@ class RunIndex:
 
 
 def load_run_index(tracker, fingerprints: FingerprintLoader | None = None) -> RunIndex:
-    """Every run of the tracker's experiment, with fingerprints (via `fingerprints`, default: read now)."""
-    runs = tracker.find_runs()
+    """Every run of the tracker's experiment, and the training runs other tools wrote elsewhere in
+    the store (listed as `train` with their tool's badge), with fingerprints (via `fingerprints`,
+    default: read now)."""
+    runs = tracker.find_runs(foreign=True)
+    experiments = tracker.experiment_names()
     if fingerprints is None:
         def fingerprints(run_id: str, artifact_uri: str) -> dict | None:
             return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
 
-    return RunIndex(run_info(r, fingerprints(r.info.run_id, r.info.artifact_uri or "")) for r in runs)
+    return RunIndex(_listed(r, experiments.get(r.info.experiment_id, ""),
+                            fingerprints(r.info.run_id, r.info.artifact_uri or "")) for r in runs)

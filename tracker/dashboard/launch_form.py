@@ -15,6 +15,8 @@ results could never be logged (the worker usually logs with the same account).
 from __future__ import annotations
 
 import os
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,15 +24,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracker import config
+from tracker.dashboard.envmatrix import environment_flags, eval_settings_of
+from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
+from tracker.events import PREFIX as EVENT_PREFIX
+from tracker.store import names
 from tracker.jobs import eval_job
-from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobQueue
+from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobQueue, WorkerInfo
 
 if TYPE_CHECKING:
     from tracker.store.tracker import Tracker
 
 LINEAR_ATTN_CHOICES = (*config.LINEAR_ATTN_MODES, "match training run")
-DEVICES, DTYPES = config.DEVICES, config.EVAL_DTYPES  # the form's choices (pages import only tracker.dashboard)
+# the form's choices (pages import only tracker.dashboard)
+DEVICES, DTYPES, DRAFTER_PRECISIONS = config.DEVICES, config.EVAL_DTYPES, config.DRAFTER_PRECISIONS
 DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
 
@@ -45,6 +52,8 @@ def check_path(path: str, roots: Sequence[Path], what: str) -> str:
     except DraftboardError as exc:
         raise DraftboardError(f"{exc}; the dashboard only evaluates files under them. Set DRAFTBOARD_ALLOWED_ROOTS "
                               f"(paths separated by '{os.pathsep}') to allow more.") from None
+    if resolved is None:  # a hub dataset (`hf:NAME:SPLIT`): the worker's `datasets` fetches it
+        return path.strip()
     if not resolved.exists():
         raise DraftboardError(f"{what}: {resolved} does not exist")
     return str(resolved)
@@ -68,6 +77,28 @@ def training_linear_attn(fp: dict | None) -> tuple[str | None, str]:
     return None, f"the training run's path is '{path}', which cannot be forced; choose auto, fast or fallback"
 
 
+def form_defaults(index: RunIndex, run: RunInfo | None) -> dict:
+    """What the Launch form starts from for a chosen training run: its environment (fingerprint)
+    and target, the prompts and max new tokens most of its evals used (they define the
+    measurement: a new eval with them is comparable; the most common, so one odd job never
+    wins), and the project's default budgets (each budget is its own metric, so extra or
+    fewer never change comparability). Never another visitor's last job."""
+    defaults = {"prompts": None, "max_new_tokens": eval_job.FIELDS["max_new_tokens"].default,
+                "budgets": DEFAULT_BUDGETS, "target": None, "device": None, "dtype": None, "drafter_precision": None}
+    if run is None:
+        return defaults
+    defaults["target"] = run.target
+    env = environment_flags(run.fingerprint)
+    for key, choices in (("device", DEVICES), ("dtype", DTYPES), ("drafter_precision", DRAFTER_PRECISIONS)):
+        defaults[key] = env[key] if env[key] in choices else None
+    measured = [eval_settings_of(e) for e in index.evals_of(run.run_id)]
+    for key in ("prompts", "max_new_tokens"):
+        common = Counter(m[key] for m in measured if m.get(key)).most_common(1)
+        if common:
+            defaults[key] = common[0][0]
+    return defaults
+
+
 @dataclass
 class LaunchForm:
     """What the Launch page collects."""
@@ -77,11 +108,13 @@ class LaunchForm:
     drafter: str | None = None  # a path typed by the user (checked against the roots)
     checkpoint_path: str | None = None  # a registered checkpoint's path (trusted)
     train_run_id: str | None = None
+    train_name: str | None = None  # the training run's label: names the eval (names.eval_run_name)
     checkpoint_step: int | None = None
     budgets: str = DEFAULT_BUDGETS
     max_new_tokens: int = eval_job.FIELDS["max_new_tokens"].default
     device: str = "cpu"
     dtype: str = "fp32"
+    drafter_precision: str | None = None  # None: the drafter cast to `dtype`
     linear_attn: str = "auto"
     training_fingerprint: dict | None = None
     reference: bool = False
@@ -113,6 +146,7 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         "budgets": parse_budgets(form.budgets),
         "device": form.device,
         "dtype": form.dtype,
+        "drafter_precision": form.drafter_precision,
         "linear_attn": linear,
         "tracking_uri": tracking_uri,
     }
@@ -120,6 +154,8 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         params["train_run_id"] = form.train_run_id
         if form.checkpoint_step is not None:
             params["checkpoint_step"] = int(form.checkpoint_step)
+            if form.train_name:
+                params["name"] = names.eval_run_name(form.train_name, params["checkpoint_step"], params)
     if form.reference:
         name = form.reference_name.strip()
         if not name:
@@ -175,8 +211,30 @@ def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -
     this process's credentials (`check_can_write`; `tracker`: one open on that URI).
     """
     params = eval_job.validate(params)  # bad params are refused before the store is asked
+    problem = device_problem(queue.workers(), params.get("device"))
+    if problem:
+        raise DraftboardError(f"not queued: {problem}")
     check_can_write(params.get("tracking_uri"), tracker)
     return queue.submit(eval_job.KIND, params)
+
+
+def device_problem(live: Sequence[WorkerInfo], device: str | None) -> str | None:
+    """Why no live worker can run an eval on `device`; None when one can, or when no one can tell
+    (no worker running yet, a launcher that cannot say, no device asked: each worker's default)."""
+    if not live or device is None or any(w.devices is None or device in w.devices for w in live):
+        return None
+    offered = sorted({d for w in live for d in w.devices or ()})
+    return (f"device {device}: no running worker can use it (their torch offers {', '.join(offered)}; a CPU-only "
+            f"torch has no cuda)")
+
+
+def workers_caption(live: Sequence[WorkerInfo]) -> str:
+    """One line on who runs queued evals, for the Launch page."""
+    if not live:
+        return ("No worker is running: queued evals wait until one starts (`draftboard worker`, or "
+                "`draftboard ui`, which starts one).")
+    devices = sorted({d for w in live for d in (w.devices or ("devices unknown",))})
+    return f"{len(live)} worker(s) running · devices: {', '.join(devices)}"
 
 
 # --------------------------------------------------------------------------- queue view
@@ -213,14 +271,15 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
     """What the queue list shows for one job."""
     now = now or datetime.now(timezone.utc)
     p = job.params
-    what = Path(str(p.get("drafter", "?"))).name
     train = (run_labels or {}).get(p.get("train_run_id") or "")
     if train and p.get("checkpoint_step") is not None:
-        what = f"{train} @ step {p['checkpoint_step']}"
+        what = names.eval_run_name(train, p["checkpoint_step"], p)
+    else:
+        env = " · ".join(str(p[k]) for k in ("dtype", "linear_attn", "device") if p.get(k))
+        what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env]))
     if p.get("reference"):
         what = f"reference {p['reference']} ({what})"
-    env = f"{p.get('linear_attn', 'auto')}/{p.get('device', '?')}/{p.get('dtype', '?')}"
-    title = f"{STATE_ICONS.get(job.state, '')} #{job.id} eval {what} · {env} · {job.state}"
+    title = f"{STATE_ICONS.get(job.state, '')} #{job.id} eval {what} · {job.state}"
     stage = job.stage or ("waiting for a worker" if job.state == QUEUED else "")
     if job.state == RUNNING and job.cancel_requested:
         stage = f"cancelling… ({stage})" if stage else "cancelling…"
@@ -231,3 +290,38 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
     return JobView(job.id, title, job.state, progress, text, when,
                    can_cancel=job.state in (QUEUED, RUNNING) and not job.cancel_requested,
                    run_id=job.mlflow_run_id, error=job.error, job=job)
+
+
+# tqdm redraws its bar with carriage returns; a line holding "NN%|" is one of its frames.
+_PROGRESS = re.compile(r"\r|\d+%\|")
+# The last line that says what went wrong: the CLI's `error: ...`, or a traceback's exception line.
+_ERROR_LINE = re.compile(r"^(error: .+|[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: .*)?)$")
+
+
+def shown_log(text: str, everything: bool = False) -> str:
+    """A job's log tail without tqdm progress frames and `@@draftboard` protocol lines (everything=False)."""
+    if everything:
+        return text
+    return "\n".join(line for line in text.splitlines()
+                     if not line.startswith(EVENT_PREFIX) and not _PROGRESS.search(line))
+
+
+def error_line(error: str | None) -> str | None:
+    """One line saying why a job failed: the last `error: ...` or exception line of the worker's
+    message (which ends with the eval's last output), else its first line."""
+    if not error:
+        return None
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    cause = next((line for line in reversed(lines) if _ERROR_LINE.match(line)), None)
+    return cause or (lines[0] if lines else None)
+
+
+def result_line(run: RunInfo | None) -> str | None:
+    """`τ 2.41 · ddtree_tau_b8 3.10` for a finished eval run (None: no run, or no τ logged)."""
+    if run is None or "tau" not in run.metrics:
+        return None
+    parts = [f"τ {run.metrics['tau']:.3f}"]
+    b8 = names.ddtree_tau_metric(8)
+    if b8 in run.metrics:
+        parts.append(f"{b8} {run.metrics[b8]:.3f}")
+    return " · ".join(parts)

@@ -21,6 +21,7 @@ from tracker.dashboard.index import RunIndex, RunInfo
 FIELD_NAMES = {
     "numerics.linear_attention_path": "linear-attn",
     "numerics.dtype": "dtype",
+    "numerics.drafter_precision": "drafter precision",
     "hardware.device": "device",
     "numerics.attn_implementation": "attention impl.",
     "numerics.tf32_matmul": "TF32 matmul",
@@ -31,8 +32,8 @@ FIELD_NAMES = {
     "probe.digest": "hidden-state probe digest",
 }
 # The differences named first in banners.
-HEADLINE_FIELDS = ["numerics.linear_attention_path", "numerics.dtype", "hardware.device",
-                   "numerics.attn_implementation"]
+HEADLINE_FIELDS = ["numerics.linear_attention_path", "numerics.dtype", "numerics.drafter_precision",
+                   "hardware.device", "numerics.attn_implementation"]
 _KERNEL_FIELDS = "numerics.linear_attention.functions."
 
 
@@ -67,17 +68,35 @@ def of_severity(rows: Sequence | None, severity: str) -> list:
     return [r for r in rows or () if r.severity == severity]
 
 
-def summarize_rows(rows: Sequence, a_name: str, b_name: str, limit: int = 4) -> str:
+def probe_words(a: dict | None, b: dict | None) -> str | None:
+    """The hidden-state probe difference of two fingerprints in plain words: `hidden states differ by
+    up to 5.7e-3 (relative) at layer 2` (the statistic and layer furthest apart, relative to the
+    larger). None when either has no probe or they share no layer; the digests stay in the diff table."""
+    pa, pb = (a or {}).get("probe"), (b or {}).get("probe")
+    if not isinstance(pa, dict) or not isinstance(pb, dict):
+        return None
+    la, lb = pa.get("layers") or {}, pb.get("layers") or {}
+    gaps = [(abs(la[k][stat] - lb[k][stat]) / max(abs(la[k][stat]), abs(lb[k][stat]), 1e-6), k)
+            for k in set(la) & set(lb) for stat in ("mean", "std", "absmax")]
+    if not gaps:
+        return None
+    worst, layer = max(gaps)
+    number = f"{worst:.1e}".replace("e-0", "e-").replace("e+0", "e+")  # 5.7e-3, as people write it
+    return f"hidden states differ by up to {number} (relative) at layer {layer}"
+
+
+def summarize_rows(rows: Sequence, a_name: str, b_name: str, limit: int = 4, probe: str | None = None) -> str:
     """`linear-attn fallback vs training: fast; dtype fp32 vs training: bf16`.
 
     The per-function kernel rows are left out when the linear-attention path itself differs
-    (they say the same thing).
+    (they say the same thing). `probe` (`probe_words`) words the probe row instead of its digests.
     """
     fields = {r.field for r in rows}
     shown = [r for r in rows if not (r.field.startswith(_KERNEL_FIELDS) and HEADLINE_FIELDS[0] in fields)]
     shown.sort(key=lambda r: (fingerprint.SEVERITY_ORDER.get(r.severity, 3),
                               HEADLINE_FIELDS.index(r.field) if r.field in HEADLINE_FIELDS else len(HEADLINE_FIELDS)))
-    parts = [f"{field_name(r.field)} {value_text(r.a_value)} vs {b_name}: {value_text(r.b_value)}"
+    parts = [probe if probe and r.field == "probe.max_rel_diff" else
+             f"{field_name(r.field)} {value_text(r.a_value)} vs {b_name}: {value_text(r.b_value)}"
              for r in shown[:limit]]
     if len(shown) > limit:
         parts.append(f"{len(shown) - limit} more")
@@ -105,7 +124,11 @@ class Lineage:
 
     def summary(self, train_name: str = "training") -> str:
         """The critical differences, worded: `linear-attn fallback vs training: fast`."""
-        return summarize_rows(self.critical, "", train_name)
+        return summarize_rows(self.critical, "", train_name, probe=self.probe)
+
+    @property
+    def probe(self) -> str | None:
+        return probe_words(self.eval.fingerprint, self.train.fingerprint)
 
 
 def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:

@@ -17,6 +17,7 @@ import pandas as pd
 from tracker import fingerprint
 from tracker.dashboard import lineage, metric_docs
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
+from tracker.dashboard.lineage import summarize_rows
 
 SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 _GPU_CHARS = 28
@@ -62,28 +63,47 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
 
 RUNS_TABLE_COLUMNS = ["env check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
+MISSING = "—"  # how an unknown value reads in a table (never "None" or "nan")
+
+
+def team_first(runs: Sequence[RunInfo]) -> list[RunInfo]:
+    """The team's own runs (training, evals, measured references) first, published references last.
+
+    Stable: each group keeps its order (the index's, newest first)."""
+    return sorted(runs, key=lambda r: r.published)
+
+
+def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) -> str:
+    """The env cell: what differs, in a few words, without repeating the row's own run name.
+
+    An eval's row names the fields that differ from its training run; a training run's row says
+    at which of its evaluated steps."""
+    if not found:
+        return "⚪ no fingerprint" if run.fingerprint is None else ""
+    parts = []
+    for pair in found[:2]:
+        reason = summarize_rows(pair.critical, "", "training", limit=2, probe=pair.probe)
+        step = pair.eval.checkpoint_step
+        parts.append(reason if run.kind != "train" else f"@ {step if step is not None else '?'}: {reason}")
+    more = f" | {len(found) - 2} more" if len(found) > 2 else ""
+    return "🔴 " + " | ".join(parts) + more
 
 
 def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
-    """One row per run; `critical` counts the run's critical lineage mismatches, `env check` names their fields."""
+    """One row per run, the team's first; `critical` counts the run's critical lineage mismatches,
+    `env check` names their fields. Missing text reads MISSING; missing numbers stay NaN (sortable),
+    shown as MISSING by `runs_display`."""
     rows = []
-    for run in runs:
+    for run in team_first(runs):
         found = lineage.mismatches(index, run)
-        check = ""
-        if found:
-            check = "🔴 " + " | ".join(lineage.mismatch_text(index, m) for m in found[:2])
-            if len(found) > 2:
-                check += f" | {len(found) - 2} more"
-        elif run.fingerprint is None:
-            check = "⚪ no fingerprint"
         latest, best = tau_of(index, run)
         gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
         device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
         rows.append({
-            "env check": check,
+            "env check": env_reason(index, run, found),
             "name": run.name,
             "kind": run.kind_label,
-            "status": run.status,
+            "status": run.status or MISSING,
             "target": run.target_name,
             "steps": run.steps,
             "tau latest": latest,
@@ -102,6 +122,19 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
     frame["tau latest"] = frame["tau latest"].astype("float64")
     frame["tau best"] = frame["tau best"].astype("float64")
     return frame
+
+
+def runs_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """The runs table as shown: numbers formatted as text and missing cells as MISSING (Streamlit's
+    number columns print a missing value as "None" whatever the format)."""
+    def text(value, fmt: str) -> str:
+        return MISSING if value is None or pd.isna(value) else fmt.format(value)
+
+    shown = frame.copy()
+    for column, fmt in (("tau latest", "{:.3f}"), ("tau best", "{:.3f}"), ("steps", "{:d}")):
+        shown[column] = [text(v, fmt) for v in frame[column]]
+    shown["started"] = [MISSING if pd.isna(t) else t.strftime("%Y-%m-%d %H:%M") for t in frame["started"]]
+    return shown
 
 
 # --------------------------------------------------------------------------- run detail

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import pandas as pd
 import streamlit as st
 
-from tracker import config
+from tracker import config, demo_progress
 from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
 from tracker.errors import DraftboardError
@@ -166,6 +167,8 @@ def setup(title: str | None, needs_runs: bool) -> Shared:
     that `needs_runs` with how to start.
     """
     cfg = settings()
+    if not demo_banner(cfg):
+        st.stop()
     try:
         index = run_index(cfg.store_uri)
     except DraftboardError as exc:
@@ -207,7 +210,50 @@ def store_sidebar(cfg: Settings, index: RunIndex) -> None:
         st.caption(f"Store: {md_code(cfg.store_uri)} · {len(index)} runs")
 
 
+DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds
+
+
+def demo_banner(cfg: Settings) -> bool:
+    """The demo build's progress while it runs in the background (`draftboard ui --demo`).
+
+    Returns False while the build has not yet created the store's tables: the page must not open
+    the store before then (tracker/demo_progress.py says why).
+    """
+    progress = demo_progress.read_progress(config.home_dir())
+    if progress is None or progress.store != cfg.store_uri or progress.state == demo_progress.DONE:
+        return True
+    if progress.building:
+        _live_demo_banner((progress.state, progress.stage, progress.runs, progress.store_ready))
+        return progress.store_ready
+    log = f" Its output: {md_code(progress.log)}." if progress.log else ""
+    why = f": {md(progress.error)}" if progress.error else f" (process {progress.pid} is gone)"
+    st.warning(f"**The demo build stopped** at stage {progress.stage}/{progress.stages}{why}.{log} "
+               f"The runs it made so far are shown; `./scripts/run.sh` (or `draftboard demo --resume`) "
+               "builds it again.", icon=":material/error:")
+    return True
+
+
+@st.fragment(run_every=DEMO_POLL_S)
+def _live_demo_banner(seen: tuple) -> None:
+    """Redrawn every DEMO_POLL_S; the whole page reruns when a stage or a run landed (new rows to show)."""
+    progress = demo_progress.read_progress(config.home_dir())
+    if progress is None or (progress.state, progress.stage, progress.runs, progress.store_ready) != seen:
+        refresh()  # the run that landed is in the tables now, not after INDEX_TTL_S
+        st.rerun(scope="app")
+
+    stage = f"stage {progress.stage}/{progress.stages}: {md(progress.text)}" if progress.stage else "starting"
+    st.progress(progress.fraction, text=f"**Building the demo store** · {stage} · {progress.runs} runs so far")
+    log = f" Output: {md_code(progress.log)}." if progress.log else ""
+    st.caption(f"{progress.fraction:.0%} of the build's stages, started {time.time() - progress.started:.0f} s ago. "
+               f"Runs appear in the tables as they land; this refreshes every {DEMO_POLL_S:g} s.{log}")
+
+
 def empty_state(cfg: Settings) -> None:
+    progress = demo_progress.read_progress(config.home_dir())
+    if progress is not None and progress.building and progress.store == cfg.store_uri:
+        st.info("**No runs yet.** The demo's first runs land once its target is trained (the progress above).",
+                icon=":material/hourglass_top:")
+        st.stop()
     st.info("**No runs yet.** Run `draftboard demo` to build a demo store, or log a training run with "
             "`tracker.Tracker().training_run(...)`, import one with `draftboard import-log FILE --name NAME`, "
             "or evaluate a checkpoint with `draftboard eval ...`.", icon=":material/inbox:")

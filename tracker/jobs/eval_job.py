@@ -56,13 +56,18 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("target", TEXT, "target model directory (transformers format)", required=True, path=True),
     EvalField("drafter", TEXT, "z-lab drafter directory, or a .safetensors/.pt checkpoint", required=True,
               path=True),
-    EvalField("prompts", TEXT, "JSON lines: {id, input_ids | prompt | messages}", required=True, path=True),
+    EvalField("prompts", TEXT, "JSON lines ({id, input_ids | prompt | messages}, z-lab or Spec-Bench turns), a "
+              "folder of them (one file per dataset), or hf:NAME[:CONFIG]:SPLIT", required=True, path=True),
     EvalField("completions", TEXT, "reuse fixed continuations: JSON lines or a previous results JSON", path=True),
     EvalField("max_new_tokens", INT, default=256),
     EvalField("budgets", BUDGETS, f"DDTree node budgets, e.g. 4,8,16,32 (each at most {config.MAX_BUDGET})",
               default=config.DEFAULT_BUDGETS),
     EvalField("device", TEXT, "default: cuda if available", choices=config.DEVICES),
-    EvalField("dtype", TEXT, default="fp32", choices=config.EVAL_DTYPES),
+    EvalField("dtype", TEXT, "the target's dtype (its features), and the drafter's unless --drafter-precision",
+              default="fp32", choices=config.EVAL_DTYPES),
+    EvalField("drafter_precision", TEXT, "how the drafter computes: bf16 = weights cast to bf16, bf16-autocast = "
+              "fp32 weights under bf16 autocast (mixed-precision training); default: cast to --dtype",
+              choices=config.DRAFTER_PRECISIONS),
     EvalField("linear_attn", TEXT, "which implementation runs the Gated DeltaNet layers (see docs/DESIGN.md)",
               default="auto", choices=config.LINEAR_ATTN_MODES),
     EvalField("out", TEXT, "write the results JSON here", job=False),
@@ -74,12 +79,19 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("no_log", FLAG, "do not log to MLflow", default=False),
     EvalField("cache_dir", TEXT, "target continuation/feature cache (default: $DRAFTBOARD_HOME/cache)", job=False),
     EvalField("enable_thinking", SWITCH, "passed to the chat template where it supports it"),
+    EvalField("last_block", TEXT, "end of generation: cut (z-lab 07ebd93: no block produces past "
+              "--max-new-tokens) or full (z-lab 44947fb: the last block is scored whole)",
+              default=config.LAST_BLOCK_RULES[0], choices=config.LAST_BLOCK_RULES),
+    EvalField("scoring", TEXT, "offline (teacher-forced, lossless) or online (z-lab's cached loop, batch 1)",
+              default=config.EVAL_SCORINGS[0], choices=config.EVAL_SCORINGS),
+    EvalField("limit_per_dataset", INT, "at most N prompts per dataset (a fixed-seed sample, as z-lab's "
+              "--max-samples)", metavar="N"),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)
 PATH_FIELDS = tuple(f for f in JOB_FIELDS if f.path)
 # The environment flags `draftboard fingerprint` shares with `draftboard eval`.
-ENV_FIELDS = ("device", "dtype", "linear_attn")
+ENV_FIELDS = ("device", "dtype", "drafter_precision", "linear_attn")
 
 
 # --------------------------------------------------------------------------- values
@@ -229,9 +241,15 @@ def _index_shards(index: Path) -> set[str]:
     return {v for v in weight_map.values() if isinstance(v, str)} if isinstance(weight_map, dict) else set()
 
 
-def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path:
+def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path | None:
     """The resolved path if it, and everything a folder there leads to, lies under roots;
-    DraftboardError otherwise. Paths that do not exist here are checked as written."""
+    DraftboardError otherwise. Paths that do not exist here are checked as written. A dataset
+    spec `hf:NAME...` is checked when NAME is a local folder, and passes as a hub id otherwise."""
+    if value.startswith(config.HF_DATASET_PREFIX):
+        name = value[len(config.HF_DATASET_PREFIX):].split(":")[0]
+        if not (name.startswith(("/", ".", "~")) or Path(name).expanduser().exists()):
+            return None
+        value = name
     path = Path(value).expanduser().resolve()
     shown = ", ".join(str(r) for r in roots)
     if not within(path, roots):

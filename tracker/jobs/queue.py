@@ -134,6 +134,28 @@ sa.Index(
     postgresql_where=_dedup_where,
 )
 
+# One row per worker, refreshed at every round of its loop (migration 0003).
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("devices", sa.JSON),
+    sa.Column("launcher", sa.Text, nullable=False),
+    sa.Column("heartbeat_at", UTCDateTime, nullable=False),
+)
+# A worker that has not refreshed its row for this long is gone (as a job's stale timeout).
+WORKER_MAX_AGE_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A live worker: the devices its jobs can use (None: its launcher cannot tell)."""
+
+    id: str
+    devices: tuple[str, ...] | None
+    launcher: str
+    heartbeat_at: datetime
+
 
 @dataclass(frozen=True)
 class Job:
@@ -456,6 +478,27 @@ class JobQueue:
                 # A concurrent submit of the same params won the unique index: return its job
                 # (or, if that one failed in the meantime, try again).
                 continue
+
+    def register_worker(self, worker_id: str, devices: Iterable[str] | None, launcher: str) -> None:
+        """Record (or refresh) a live worker and the devices its jobs can use."""
+        row = {"id": worker_id, "devices": None if devices is None else sorted(devices), "launcher": launcher,
+               "heartbeat_at": _now()}
+        with self._engine.begin() as conn:  # delete + insert: one upsert on every backend
+            conn.execute(sa.delete(workers).where(workers.c.id == worker_id))
+            conn.execute(sa.insert(workers).values(**row))
+
+    def unregister_worker(self, worker_id: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(sa.delete(workers).where(workers.c.id == worker_id))
+
+    def workers(self, max_age_s: float = WORKER_MAX_AGE_S) -> list[WorkerInfo]:
+        """The workers that refreshed their row within max_age_s, by id."""
+        since = _now() - timedelta(seconds=max_age_s)
+        with self._engine.connect() as conn:
+            rows = conn.execute(sa.select(workers).where(workers.c.heartbeat_at >= since)
+                                .order_by(workers.c.id)).all()
+        return [WorkerInfo(r.id, None if r.devices is None else tuple(r.devices), r.launcher, r.heartbeat_at)
+                for r in rows]
 
     def get(self, job_id: int) -> Job:
         job = self._first(sa.select(jobs).where(jobs.c.id == job_id))

@@ -100,6 +100,7 @@ def run_worker(
     stop_event: threading.Event | None = None,
     grace_s: float = 10.0,
     launcher: Launcher | None = None,
+    watch_s: float | None = None,
 ) -> int:
     """Run queued jobs, up to `slots` at a time, until stop_event is set; return how many ran.
 
@@ -110,7 +111,8 @@ def run_worker(
     LocalLauncher, subprocesses of this process). A cancel request stops a job (locally:
     SIGTERM to its process group, then SIGKILL after grace_s). When the worker stops
     (stop_event, SIGTERM in the main thread, Ctrl-C) its running jobs are stopped the same
-    way and marked failed. Logs go to `config.logs_dir()` (<DRAFTBOARD_HOME>/logs) as job-<id>.log,
+    way and marked failed. watch_s: also scan the store's watched checkpoint folders
+    (`tracker.jobs.watch.scan_all`) every watch_s seconds, so one process serves a team. Logs go to `config.logs_dir()` (<DRAFTBOARD_HOME>/logs) as job-<id>.log,
     the one folder the dashboard reads log tails from.
     """
     if slots < 1:
@@ -131,10 +133,20 @@ def run_worker(
     claimed = 0
     blocked: str | None = None  # why the launcher cannot take jobs, as last logged
     log.info("worker %s: %d slot(s) on %s, jobs run %s", worker_id, slots, queue.uri, launcher.describe())
+    devices = launcher_devices(launcher)
+    next_register = time.monotonic()
     with _stop_on_sigterm(stop, wake):
         try:
+            next_watch = time.monotonic()
             while not stop.is_set():
                 wake.clear()
+                if time.monotonic() >= next_register:  # so the Launch form knows what can run
+                    with contextlib.suppress(SQLAlchemyError):  # an outage is logged below, by the claim
+                        queue.register_worker(worker_id, devices, launcher.describe())
+                    next_register = time.monotonic() + heartbeat_s
+                if watch_s is not None and time.monotonic() >= next_watch:
+                    _scan_watched(queue)
+                    next_watch = time.monotonic() + watch_s
                 runners = [r for r in runners if not r.done.is_set()]
                 try:
                     for job in queue.fail_stale(stale_s):
@@ -163,7 +175,30 @@ def run_worker(
                 runner.abort()
             for runner in runners:
                 runner.join()
+            with contextlib.suppress(SQLAlchemyError):
+                queue.unregister_worker(worker_id)
     return claimed
+
+
+def launcher_devices(launcher: Launcher) -> list[str] | None:
+    """The devices jobs of this launcher can use: the local torch's for local subprocesses (cpu,
+    plus cuda when torch sees a GPU); None when the jobs run elsewhere (a Ray cluster)."""
+    if not isinstance(launcher, LocalLauncher):
+        return None
+    import torch  # the eval subprocesses run this same torch
+
+    return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def _scan_watched(queue: JobQueue) -> None:
+    """One scan of every watched run of the default store; a store outage is logged, not fatal."""
+    from tracker.jobs import watch  # MLflow: imported only by workers that watch
+    from tracker.store.tracker import Tracker
+
+    try:
+        watch.scan_all(Tracker(), queue)
+    except (DraftboardError, SQLAlchemyError) as exc:
+        log.warning("checkpoint watch failed this round: %s", exc)
 
 
 @contextlib.contextmanager

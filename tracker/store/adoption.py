@@ -148,7 +148,28 @@ class Detection:
 
     @property
     def label(self) -> str:
-        return TOOLS[self.tool].label if self.tool in TOOLS else (self.tool or "unknown")
+        return tool_label(self.tool) if self.tool else "unknown"
+
+
+def tool_label(tool: str) -> str:
+    """The badge of a tool (`SpecForge (legacy)`); a name given to `adopt --tool` as it is."""
+    return TOOLS[tool].label if tool in TOOLS else tool
+
+
+def listing_tags(view: RunView) -> dict[str, str]:
+    """The tags that list a run nobody adopted yet as a training run (the run index adds them in
+    memory, nothing is written): kind, tool, step unit, and the target where the tool logged it
+    (SpecForge's `target_model_path`); {} when no tool's names fit."""
+    if view.tags.get(names.KIND):
+        return {}
+    tool = detect(view).tool
+    if tool is None:
+        return {}
+    tags = {names.KIND: "train", TOOL_TAG: tool, STEP_UNIT_TAG: TOOLS[tool].steps.unit}
+    target = recipe(view, tool).get("target")
+    if target is not None and not view.tags.get(names.TARGET):
+        tags[names.TARGET] = target.value
+    return tags
 
 
 _SPECFORGE_LEGACY_PARAMS = ("block_size", "num_anchors", "loss_decay_gamma", "mask_token_id", "target_model_path")

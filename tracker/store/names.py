@@ -8,6 +8,8 @@ here, so a family such as `ddtree_tau_b{B}` is spelled exactly once. Standard li
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 # --------------------------------------------------------------------------- tags
 KIND = "draftboard.kind"
@@ -25,6 +27,7 @@ PUBLISHED = "draftboard.published"
 TOOL = "draftboard.tool"  # the training stack that wrote an adopted run (tracker/store/adoption.py)
 STEP_UNIT = "draftboard.step_unit"  # what an adopted run's step counts: micro-batch or optimizer step
 DEMO = "draftboard.demo"
+WATCH = "draftboard.watch"  # the checkpoint folder a watcher scans for this run (tracker/jobs/watch.py)
 
 ENV_HASH = "env.hash"
 ENV_LINEAR_ATTN = "env.linear_attn"
@@ -38,6 +41,7 @@ ENV_GPU = "env.gpu"
 FINGERPRINT_ARTIFACT = "fingerprint.json"
 EVAL_RESULTS_ARTIFACT = "eval_results.json"
 CHECKPOINTS_DIR = "checkpoints"
+WATCH_ARTIFACT = "watch.json"  # a watched run's watch state: folder, eval preset, checkpoints seen
 
 
 def checkpoint_artifact(step: int) -> str:
@@ -118,3 +122,16 @@ def parse_protocol_tag(tag: str) -> str | None:
 def is_eval_metric(name: str) -> bool:
     """True for the names `draftboard eval` logs: the scalars and the three families."""
     return name in EVAL_SCALARS or parse_metric(name) is not None
+
+
+# --------------------------------------------------------------------------- run names
+
+
+def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any]) -> str:
+    """`<training run> @ step N · <settings>`: one name for an eval of a checkpoint wherever it is
+    shown or logged. Settings: dtype, the drafter's precision where it is not a cast to that dtype,
+    linear-attention mode and device (what is unset is left out)."""
+    dtype, precision = settings.get("dtype"), settings.get("drafter_precision")
+    parts = [dtype, f"drafter {precision}" if precision and precision != dtype else None,
+             settings.get("linear_attn"), settings.get("device")]
+    return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p)])

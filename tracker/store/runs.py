@@ -71,6 +71,7 @@ class _Run:
         tags: Mapping[str, str],
         params: Mapping[str, Any],
         fp: dict | None,
+        start_time: int | None = None,
     ) -> None:
         from tracker import fingerprint  # imported late: capture() pulls in torch
 
@@ -81,7 +82,8 @@ class _Run:
         self._closed = False
         all_tags = {**fingerprint.env_tags(fp), **tags}
         try:
-            run = self._client.create_run(store.experiment_id, run_name=name, tags=all_tags)
+            # start_time (ms): when the work began, for runs logged once it is done (an eval).
+            run = self._client.create_run(store.experiment_id, run_name=name, tags=all_tags, start_time=start_time)
         except Exception as exc:
             raise DraftboardError(f"cannot create run {name!r} in {store.where}: {exc}") from exc
         self.run_id: str = run.info.run_id
@@ -239,6 +241,7 @@ class EvalRun(_Run):
         kind: str = "eval",
         reference_name: str | None = None,
         tags: Mapping[str, str] | None = None,
+        start_time: int | None = None,
     ) -> None:
         if kind not in ("eval", "reference"):
             raise DraftboardError(f"eval run kind must be 'eval' or 'reference', got {kind!r}")
@@ -254,7 +257,7 @@ class EvalRun(_Run):
             names.REFERENCE_NAME: reference_name,
         }
         run_tags.update({k: v for k, v in optional.items() if v is not None})
-        super().__init__(store, name, run_tags, params or {}, fingerprint)
+        super().__init__(store, name, run_tags, params or {}, fingerprint, start_time)
         self._checker = MetricChecker()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

@@ -17,19 +17,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mlflow import MlflowClient
-from mlflow.entities import Run
+from mlflow.entities import Run, RunTag
 from mlflow.exceptions import MlflowException
 
 from tracker import config
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.checkpoints import Checkpoint
-from tracker.store.retry import RetryPolicy
-from tracker.store.runs import EvalRun, StoreContext, TrainingRun
+from tracker.store.retry import RetryPolicy, call_with_retry
+from tracker.store.runs import EvalRun, StoreContext, TrainingRun, describe_error
 
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "draftboard"
+# mlflow ui guesses an experiment's kind from its runs and, for a guess of "GenAI", files everything
+# under a "Training runs" tab; draftboard's experiment holds training runs, evals and references,
+# so it says its kind (a model-development experiment: plain "Runs") and what it holds.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": "draftboard: DFlash drafter training runs, checkpoint evals and reference runs "
+                           "(tag draftboard.kind = train / eval / reference).",
+}
 
 
 def local_artifact_location(uri: str) -> str | None:
@@ -108,7 +116,7 @@ class Tracker:
             if found is None and create:
                 try:
                     return self.client.create_experiment(
-                        self.experiment_name, artifact_location=self._artifact_location
+                        self.experiment_name, artifact_location=self._artifact_location, tags=EXPERIMENT_TAGS
                     )
                 except MlflowException as exc:  # created concurrently by another process
                     if exc.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -125,7 +133,18 @@ class Tracker:
                 f"experiment {self.experiment_name!r} is deleted in {self.uri}; restore it with "
                 f"`mlflow experiments restore --experiment-id {found.experiment_id}` or use another name"
             )
+        if create and any(found.tags.get(k) != v for k, v in EXPERIMENT_TAGS.items()):
+            self._label(found.experiment_id)
         return found.experiment_id
+
+    def _label(self, experiment_id: str) -> None:
+        """Give an experiment made before EXPERIMENT_TAGS existed its labels (only when about to write:
+        a read-only reader never changes the store). A store that refuses keeps its old label."""
+        try:
+            for key, value in EXPERIMENT_TAGS.items():
+                self.client.set_experiment_tag(experiment_id, key, value)
+        except Exception as exc:  # a permission refusal, a server hiccup: the runs matter, the label does not
+            log.warning("could not label experiment %s: %s", experiment_id, getattr(exc, "message", exc))
 
     def _context(self) -> StoreContext:
         return StoreContext(self.client, self.experiment_id, self.uri, self.retry)
@@ -163,8 +182,13 @@ class Tracker:
         kind: str = "eval",
         reference_name: str | None = None,
         tags: Mapping[str, str] | None = None,
+        start_time: int | None = None,
     ) -> EvalRun:
-        """Start an eval (or reference) run with lineage tags; use as a context manager."""
+        """Start an eval (or reference) run with lineage tags; use as a context manager.
+
+        `start_time` (ms since the epoch): when the eval began, as evals are logged once done, so
+        that the run's start and end span the eval, not the few ms its logging takes.
+        """
         if train_run_id is not None:
             self.run(train_run_id)  # a typo in the lineage would otherwise go unnoticed
         return EvalRun(
@@ -179,6 +203,7 @@ class Tracker:
             kind=kind,
             reference_name=reference_name,
             tags=tags,
+            start_time=start_time,
         )
 
     def set_kind(self, run_id: str, kind: str) -> None:
@@ -205,22 +230,44 @@ class Tracker:
                 f"cannot read run {run_id!r} from {self.uri}: {access_problem(exc) or exc.message}"
             ) from exc
 
-    def find_runs(self, kind: str | None = None, filter: str | None = None) -> list[Run]:
-        """Runs of this experiment, newest first; `filter` is an MLflow search filter string."""
+    def find_runs(self, kind: str | None = None, filter: str | None = None, *, foreign: bool = False) -> list[Run]:
+        """Runs of this experiment, newest first; `filter` is an MLflow search filter string.
+
+        `foreign=True` adds the runs other training stacks wrote into other experiments of the
+        store (SpecForge logs into `specforge`, speculators into `speculators`, the HF Trainer into
+        `Default`): those without a `draftboard.kind` tag, or adopted ones (`draftboard.tool`).
+        Another team's draftboard experiment stays out, as without `foreign`.
+        """
         if kind is not None and kind not in names.KINDS:
             raise DraftboardError(f"kind must be one of {', '.join(names.KINDS)}, got {kind!r}")
         experiment_id = self.find_experiment()
-        if experiment_id is None:
-            return []
         clauses = [f"tags.`{names.KIND}` = '{kind}'"] if kind else []
         if filter:
             clauses.append(filter)
+        runs = self._search([experiment_id], clauses) if experiment_id is not None else []
+        if foreign:
+            others = [e for e in self.experiment_names() if e != experiment_id]
+            runs += [r for r in self._search(others, clauses)
+                     if names.KIND not in r.data.tags or names.TOOL in r.data.tags]
+            runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+        return runs
+
+    def experiment_names(self) -> dict[str, str]:
+        """{experiment id: name} of the store's active experiments."""
+        try:
+            return {e.experiment_id: e.name for e in self.client.search_experiments()}
+        except MlflowException as exc:
+            raise DraftboardError(f"cannot list experiments in {self.uri}: {access_problem(exc) or exc.message}") from exc
+
+    def _search(self, experiment_ids: list[str], clauses: list[str]) -> list[Run]:
+        if not experiment_ids:
+            return []
         runs: list[Run] = []
         token = None
         try:
             while True:
                 page = self.client.search_runs(
-                    [experiment_id],
+                    experiment_ids,
                     filter_string=" and ".join(clauses),
                     order_by=["attributes.start_time DESC"],
                     page_token=token,
@@ -231,6 +278,54 @@ class Tracker:
                     return runs
         except MlflowException as exc:
             raise DraftboardError(f"cannot search runs in {self.uri}: {access_problem(exc) or exc.message}") from exc
+
+    # ------------------------------------------------------------------ runs made elsewhere
+
+    def attach_fingerprint(self, run_id: str, fingerprint: dict | None = None) -> dict:
+        """Store a fingerprint (captured here unless given) and its `env.*` tags on an existing run.
+
+        For runs another tool created: run it on the training machine, in the training
+        environment, so env-diff compares what actually trained. An existing fingerprint.json
+        is replaced (the run's environment is the one measured now).
+        """
+        from tracker import fingerprint as fingerprints  # capture() pulls in torch
+
+        self.run(run_id)
+        fp = fingerprints.capture() if fingerprint is None else fingerprint
+        fingerprints.check(fp, f"the fingerprint for run {run_id}")
+        tags = [RunTag(k, v) for k, v in fingerprints.env_tags(fp).items()]
+        self._write(lambda: self.client.log_dict(run_id, fp, names.FINGERPRINT_ARTIFACT),
+                    f"writing {names.FINGERPRINT_ARTIFACT} to run {run_id}")
+        self._write(lambda: self.client.log_batch(run_id, tags=tags, synchronous=True),
+                    f"writing the env.* tags of run {run_id}")
+        return fp
+
+    def record_checkpoint(self, run_id: str, record: Checkpoint) -> None:
+        """Register a checkpoint (already described) on an existing run: its record and the count tag."""
+        self._write(lambda: self.client.log_dict(run_id, record.to_dict(), record.artifact_file),
+                    f"registering checkpoint {record.path} on run {run_id}")
+        count = str(len(self.checkpoints(run_id)))
+        self._write(lambda: self.client.set_tag(run_id, names.CHECKPOINT_COUNT, count),
+                    f"counting the checkpoints of run {run_id}")
+
+    def write_json(self, run_id: str, artifact: str, obj: Any) -> None:
+        """Store obj as the run's JSON artifact `artifact` (replacing it), under the retry policy."""
+        self._write(lambda: self.client.log_dict(run_id, obj, artifact), f"writing {artifact} to run {run_id}")
+
+    def read_json(self, run_id: str, artifact: str) -> Any:
+        """The run's JSON artifact `artifact`; DraftboardError if it is missing or not JSON."""
+        raw = self._download(run_id, artifact)
+        try:
+            return json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise DraftboardError(f"run {run_id}: {artifact} is not valid JSON ({exc})") from exc
+
+    def _write(self, fn, what: str) -> None:
+        """fn under the store's retry policy; a failure is one DraftboardError saying what failed."""
+        try:
+            call_with_retry(fn, self.retry, what)
+        except Exception as exc:
+            raise DraftboardError(f"{what} failed: {describe_error(exc)}") from exc
 
     def fingerprint(self, run_id: str) -> dict:
         """The run's fingerprint.json; DraftboardError if it is missing or not a JSON object."""
@@ -271,3 +366,20 @@ class Tracker:
                 why = f" ({missing})" if missing else ""
                 raise DraftboardError(f"run {run_id} has no readable {artifact}{why}: {exc}") from exc
             return Path(local).read_bytes()
+
+
+def attach_fingerprint(run_id: str | None = None, fingerprint: dict | None = None) -> dict:
+    """Attach this environment's fingerprint to `mlflow.active_run()` (or `run_id`): one line in a
+    launch script of a tool that logs to MLflow itself (SpecForge, speculators, the HF Trainer).
+
+    Uses the fluent tracking URI the tool logs to, so the fingerprint lands next to its run.
+    """
+    import mlflow
+
+    if run_id is None:
+        active = mlflow.active_run()
+        if active is None:
+            raise DraftboardError("attach_fingerprint(): no active MLflow run; call it after the tool started "
+                                  "its run, or pass run_id")
+        run_id = active.info.run_id
+    return Tracker(mlflow.get_tracking_uri()).attach_fingerprint(run_id, fingerprint)

@@ -1,0 +1,139 @@
+"""Online scoring as z-lab's `dflash_generate` runs it, and the check that shows whether it is lossless.
+
+`online_generate` is the loop at temperature 0, batch 1: prefill with the target's cache, then per
+block draft from the features of every verified position, verify [anchor, drafts] in one target
+forward on top of the cache, accept the matching prefix plus the bonus token, `crop` the cache
+back to the verified tokens, advance; the end-of-generation rule is `last_block`
+(metrics.walk_end: `cut` as z-lab 07ebd93, `full` as 44947fb). On a Gated DeltaNet target `crop`
+rolls back the attention layers and the short-conv states only (transformers 5.24), so after a
+block with rejected drafts the recurrent state still holds them and the next verify pass sees
+slightly different hidden states.
+
+`check_lossless` runs that loop and plain greedy decoding side by side and measures exactly
+that: per prompt, whether the completions agree, the first divergence, how many blocks agree,
+and the largest difference between the features the loop used and a full forward over the same
+tokens, split by whether the previous block rejected drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from evaluators.drafter import LoadedDrafter
+from evaluators.target import Target
+
+
+@dataclass
+class OnlineRun:
+    """One prompt through the cached online loop."""
+
+    completion_ids: list[int]
+    acceptance_lengths: list[int]  # tokens each block produced, as dflash_generate reports them
+    # per block after the first: (the previous block rejected drafts, max |used - full forward|);
+    # filled only when the loop is asked to measure it
+    feature_gaps: list[tuple[bool, float]] = field(default_factory=list)
+
+
+def _tapped(hidden_states, layer_ids: list[int]) -> torch.Tensor:
+    # output_hidden_states: 0 = embeddings, i + 1 = decoder layer i (z-lab extract_context_feature)
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+@torch.no_grad()
+def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int], max_new_tokens: int,
+                    stops: set[int], last_block: str, measure: bool = False) -> OnlineRun:
+    """z-lab's cached loop for one prompt; with `measure`, also each block's feature gap (one
+    extra full forward per block)."""
+    from transformers import DynamicCache
+
+    model, drafter = target.model, loaded.model
+    layer_ids, block = list(drafter.target_layer_ids), drafter.block_size
+    embed = target.embed_weight
+    lm_head = loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight
+    dev = target.device
+    P, cut = len(input_ids), last_block == "cut"
+    max_length = P + max_new_tokens
+    cache = DynamicCache(config=model.config)
+    # As z-lab's _make_cache: lets `crop` roll back the short-conv states of linear-attention
+    # layers; their recurrent state has no rollback, which is what `check_lossless` measures.
+    cache.activate_past_recording()
+    out = model(torch.tensor([input_ids], device=dev), past_key_values=cache, use_cache=True,
+                output_hidden_states=True)
+    seq = list(input_ids) + [int(out.logits[0, -1].argmax())]
+    feats = _tapped(out.hidden_states, layer_ids).float()  # [1, P, k*H]: features of positions < P
+    start, lengths, gaps = P, [], []
+    rejected_before = False
+    stopped = seq[P] in stops
+    while not stopped and (start + 1 < max_length if cut else start < max_length):
+        size = min(block, max_length - start) if cut else block
+        embeds = drafter.block_embeddings(torch.tensor([seq[start]], device=drafter.device),
+                                          embed.to(drafter.device), size)
+        hidden = drafter.forward_block(feats.to(drafter.device, drafter.dtype), torch.arange(start), embeds,
+                                       start + torch.arange(size)[None])
+        draft = drafter.logits(hidden, lm_head.to(drafter.device))[0].argmax(-1).tolist()  # [size-1]
+        verify = model(torch.tensor([[seq[start]] + draft], device=dev), past_key_values=cache, use_cache=True,
+                       position_ids=torch.arange(start, start + size, device=dev)[None], output_hidden_states=True)
+        posterior = verify.logits[0].argmax(-1).tolist()  # [size]
+        accepted = 0
+        while accepted < size - 1 and draft[accepted] == posterior[accepted]:
+            accepted += 1
+        seq = seq[: start + 1] + draft[:accepted] + [posterior[accepted]]
+        produced = min(accepted + 1, max_length - start - 1) if cut else accepted + 1
+        hit = [i for i, t in enumerate(seq[start + 1: start + produced + 1]) if t in stops]
+        if hit:
+            stopped = True
+            if cut:  # 07ebd93 ends the block at the stop; 44947fb reports the whole block
+                produced = hit[0] + 1
+        used = _tapped(verify.hidden_states, layer_ids)[:, :produced].float()
+        if measure and lengths:
+            full = model(torch.tensor([seq[: start + produced]], device=dev), output_hidden_states=True)
+            exact = _tapped(full.hidden_states, layer_ids)[:, start:start + produced].float()
+            gaps.append((rejected_before, float((used - exact).abs().max())))
+        feats = torch.cat([feats, used], dim=1)
+        rejected_before = accepted < size - 1
+        lengths.append(produced)
+        start += produced
+        cache.crop(-(cache.get_seq_length() - start))  # keep the verified positions only
+    completion = seq[P:max_length]
+    for i, t in enumerate(completion):
+        if t in stops:
+            completion = completion[: i + 1]
+            break
+    return OnlineRun(completion, lengths, gaps)
+
+
+@dataclass
+class LosslessRow:
+    """One prompt of `check_lossless`."""
+
+    id: str
+    equals_greedy: bool
+    first_divergence: int | None  # completion index where online and greedy first differ
+    blocks_agreeing: int  # leading blocks whose tokens all equal greedy's
+    n_blocks: int
+    max_gap_after_accept: float | None  # largest feature gap after a fully accepted block
+    max_gap_after_reject: float | None  # ... after a block with rejected drafts
+
+
+def _max(values: list[float]) -> float | None:
+    return max(values) if values else None
+
+
+def lossless_row(prompt_id: str, run: OnlineRun, greedy: list[int]) -> LosslessRow:
+    """Compare one online completion with plain greedy decoding (both cut the same way)."""
+    n = min(len(run.completion_ids), len(greedy))
+    first = next((i for i in range(n) if run.completion_ids[i] != greedy[i]), None)
+    if first is None and len(run.completion_ids) != len(greedy):
+        first = n
+    # Block k covers completion positions (sum of earlier lengths, + its own]; position 0 is the prefill's.
+    agree, end = 0, 0
+    for length in run.acceptance_lengths:
+        end += length
+        if first is not None and end >= first:
+            break
+        agree += 1
+    return LosslessRow(prompt_id, first is None, first, agree, len(run.acceptance_lengths),
+                       _max([g for rejected, g in run.feature_gaps if not rejected]),
+                       _max([g for rejected, g in run.feature_gaps if rejected]))

@@ -1,0 +1,75 @@
+"""Re-evaluation plans (tracker.dashboard.envmatrix): which flags reproduce a training run's numerics,
+and when a re-evaluation is pointless (same environment) or already done (an identical eval exists)."""
+
+import copy
+
+from test_views import fp, run
+from tracker.dashboard.envmatrix import reeval_plan, training_environment
+from tracker.dashboard.index import RunIndex
+
+
+def autocast_fp(**kw) -> dict:
+    """A mixed-precision training run's fingerprint: target fp32, drafter under bf16 autocast."""
+    out = fp(path="fallback", dtype="fp32", **kw)
+    out["numerics"]["drafter_precision"] = "bf16-autocast"
+    return out
+
+
+def settings(tmp_path, **extra) -> dict:
+    return {"target": str(tmp_path / "target"), "drafter": str(tmp_path / "ck"), "prompts": str(tmp_path / "p.jsonl"),
+            "max_new_tokens": "64", "budgets": "[4, 8]", "device": "cpu", "dtype": "fp32",
+            "linear_attn": "fallback", **extra}
+
+
+def test_training_environment_reads_the_drafter_precision():
+    assert training_environment(autocast_fp()) == (
+        {"linear_attn": "fallback", "dtype": "fp32", "drafter_precision": "bf16-autocast", "device": "cpu"}, None)
+    # Before the field existed a fingerprint had one dtype for target and drafter (both cast).
+    assert training_environment(fp(path="fast", dtype="bf16"))[0]["drafter_precision"] == "bf16"
+    odd = autocast_fp()
+    odd["numerics"]["drafter_precision"] = "fp8"
+    assert "drafter precision is fp8" in training_environment(odd)[1]
+
+
+def test_reeval_of_an_autocast_run_keeps_the_target_fp32_and_autocasts_the_drafter(tmp_path):
+    index = RunIndex([run("t", "train", autocast_fp()),
+                      run("e", "eval", fp(), train="t", step=200, params=settings(tmp_path))])
+    plan = reeval_plan(index, "e", "sqlite:///x.db")
+    assert plan.blocked is None and plan.existing is None
+    assert plan.changes == ["drafter-precision fp32 → bf16-autocast"]
+    assert plan.params["dtype"] == "fp32" and plan.params["drafter_precision"] == "bf16-autocast"
+
+
+def test_reeval_is_refused_when_nothing_would_change(tmp_path):
+    index = RunIndex([run("t", "train", fp()), run("e", "eval", fp(), train="t", step=200,
+                                                   params=settings(tmp_path))])
+    plan = reeval_plan(index, "e", "u")
+    assert plan.params is None and plan.changes == []
+    assert plan.blocked.startswith("this eval already ran in its training run's environment (linear-attn fallback")
+
+
+def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
+    matched_fp = autocast_fp()
+    done_params = settings(tmp_path, drafter_precision="bf16-autocast")
+    original = run("e", "eval", fp(), train="t", step=200, params=settings(tmp_path))
+    original.tags["protocol.last_block"] = "cut"
+    done = run("e2", "eval", matched_fp, train="t", step=200, params=done_params)
+    done.tags["protocol.last_block"] = "cut"
+    index = RunIndex([run("t", "train", autocast_fp()), original, done])
+    plan = reeval_plan(index, "e", "u")
+    assert plan.existing == "e2" and plan.params is None and plan.blocked is None
+    assert plan.changes == ["drafter-precision fp32 → bf16-autocast"]
+
+    # Not the same measurement: another protocol, other settings, another step, another environment.
+    for change in ({"tags": {"protocol.last_block": "full"}}, {"params": {"max_new_tokens": "32"}},
+                   {"step": 100}, {"fingerprint": fp()}):
+        other = copy.deepcopy(done)
+        other.tags.update(change.get("tags", {}))
+        other.params.update(change.get("params", {}))
+        if "step" in change:
+            other.tags["draftboard.checkpoint_step"] = str(change["step"])
+        if "fingerprint" in change:
+            other = run("e2", "eval", change["fingerprint"], train="t", step=200, params=done_params)
+            other.tags["protocol.last_block"] = "cut"
+        plan = reeval_plan(RunIndex([run("t", "train", autocast_fp()), original, other]), "e", "u")
+        assert plan.existing is None and plan.params is not None, change

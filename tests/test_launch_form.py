@@ -1,0 +1,100 @@
+"""The Launch page's logic (tracker.dashboard.launch_form): pre-filled values, job cards, log tails."""
+
+import pytest
+import torch
+from test_views import fp, run
+
+from tracker.dashboard.index import RunIndex
+from tracker.dashboard.launch_form import error_line, form_defaults, result_line, shown_log
+from tracker.events import PREFIX
+
+
+def test_form_defaults_come_from_the_run_and_the_project_never_an_odd_job(tmp_path):
+    train_fp = fp(path="fallback", dtype="fp32")
+    train_fp["numerics"]["drafter_precision"] = "bf16-autocast"
+    usual = {"prompts": "/data/p.jsonl", "max_new_tokens": "64", "budgets": "[4, 8]"}
+    odd = {"prompts": "/tmp/other.jsonl", "max_new_tokens": "9", "budgets": "[100000]"}
+    index = RunIndex([
+        run("t", "train", train_fp),
+        run("e1", "eval", fp(), train="t", step=100, params=usual, start=1),
+        run("e2", "eval", fp(), train="t", step=200, params=usual, start=2),
+        run("e3", "eval", fp(), train="t", step=200, params=odd, start=3),  # the latest: someone's odd job
+        run("other", "eval", fp(), params=odd, start=4),
+    ])
+    d = form_defaults(index, index.runs["t"])
+    assert d == {"prompts": "/data/p.jsonl", "max_new_tokens": 64, "budgets": "4,8,16,32",
+                 "target": "/models/Qwen3.5-4B", "device": "cpu", "dtype": "fp32",
+                 "drafter_precision": "bf16-autocast"}
+    # No run chosen: the project's defaults, not the store's latest eval.
+    assert form_defaults(index, None) == {"prompts": None, "max_new_tokens": 256, "budgets": "4,8,16,32",
+                                          "target": None, "device": None, "dtype": None, "drafter_precision": None}
+
+
+def test_log_tail_drops_progress_and_protocol_lines_unless_asked():
+    tail = "\n".join([
+        "loading target",
+        "target: features:  40%|████      | 2/5 [00:01<00:01,  1.9it/s]",
+        PREFIX + '{"event": "progress", "stage": "drafter", "done": 1, "total": 3}',
+        "drafter:   0%|          | 0/3\rdrafter: 100%|██████████| 3/3",
+        "tau 2.410  streak 1.410",
+    ])
+    assert shown_log(tail) == "loading target\ntau 2.410  streak 1.410"
+    assert shown_log(tail, everything=True) == tail
+
+
+def test_error_line_finds_the_cause_under_the_workers_message():
+    error = ("exit code 1; last output:\nTraceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+             "    torch.zeros(1, device='cuda')\n"
+             "AssertionError: Torch not compiled with CUDA enabled\n")
+    assert error_line(error) == "AssertionError: Torch not compiled with CUDA enabled"
+    assert error_line("exit code 2; last output:\nerror: --prompts p.jsonl: no such file") == \
+        "error: --prompts p.jsonl: no such file"
+    assert error_line("worker w1 stopped while the job ran") == "worker w1 stopped while the job ran"
+    assert error_line(None) is None
+
+
+def test_result_line_shows_tau_and_ddtree_at_8():
+    assert result_line(run("e", "eval", metrics={"tau": 2.4104, "ddtree_tau_b8": 3.1})) == \
+        "τ 2.410 · ddtree_tau_b8 3.100"
+    assert result_line(run("e", "eval", metrics={"tau": 2.0})) == "τ 2.000"
+    assert result_line(run("e", "eval")) is None and result_line(None) is None
+
+
+def test_evals_are_named_after_their_training_run_step_and_settings(tmp_path):
+    from tracker.dashboard.launch_form import LaunchForm, eval_params
+    from tracker.store.names import eval_run_name
+
+    for name in ("target", "ck"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "p.jsonl").write_text("")
+    form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
+                      train_run_id="t", train_name="drafter-v1 (1 tapped layer)", checkpoint_step=200,
+                      dtype="fp32", drafter_precision="bf16-autocast", linear_attn="fallback")
+    params = eval_params(form, "sqlite:///x.db", [tmp_path])
+    assert params["name"] == "drafter-v1 (1 tapped layer) @ step 200 · fp32 · drafter bf16-autocast · fallback · cpu"
+    assert eval_run_name("v4", 100, {"dtype": "bf16", "drafter_precision": "bf16"}) == "v4 @ step 100 · bf16"
+
+
+def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
+    from tracker.dashboard.launch_form import submit_eval, workers_caption
+    from tracker.errors import DraftboardError
+    from tracker.jobs.launchers.local import LocalLauncher
+    from tracker.jobs.queue import JobQueue
+    from tracker.jobs.worker import launcher_devices
+
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    params = {"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "device": "cuda"}
+    assert "No worker is running" in workers_caption(queue.workers())
+    assert not submit_eval(queue, params).existing  # nobody to ask yet: queued, and the page says so
+    queue.register_worker("w1", launcher_devices(LocalLauncher()), "local")
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU: a local worker can run cuda")
+    assert [w.devices for w in queue.workers()] == [("cpu",)]
+    with pytest.raises(DraftboardError, match=r"^not queued: device cuda: no running worker can use it "
+                                              r"\(their torch offers cpu; a CPU-only torch has no cuda\)$"):
+        submit_eval(queue, {**params, "prompts": "/m/q.jsonl"})
+    assert submit_eval(queue, {**params, "prompts": "/m/q.jsonl", "device": "cpu"}).state == "queued"
+    queue.register_worker("ray", None, "ray")  # a launcher that cannot tell: nothing is refused
+    assert submit_eval(queue, {**params, "prompts": "/m/r.jsonl"}).state == "queued"
+    queue.unregister_worker("ray")
+    assert [w.id for w in queue.workers()] == ["w1"] and queue.workers(max_age_s=-1) == []

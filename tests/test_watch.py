@@ -1,0 +1,182 @@
+"""Foreign training runs in the run index, and `draftboard watch` on the tools' checkpoint folders.
+
+A store of its own holds a SpecForge-legacy-style run and a speculators-style run, written with a
+bare `MlflowClient` as the tools write them, and their checkpoint folders are written exactly as
+the tools write them (tests/toolformats.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+from tests import toolformats
+from tracker import Tracker
+from tracker.cli import main
+from tracker.dashboard.index import load_run_index
+from tracker.dashboard.tables import runs_table
+from tracker.errors import DraftboardError
+from tracker.jobs import watch
+from tracker.jobs.queue import JobQueue
+from tracker.jobs.worker import run_worker
+from tracker.store import adoption, checkpoints, names
+
+
+def _log(client, run_id, metrics: dict, step: int) -> None:
+    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, step) for k, v in metrics.items()], synchronous=True)
+
+
+@pytest.fixture
+def store(tmp_path, machine_fp):
+    """(tracker, legacy run id, speculators run id) in a fresh sqlite store, plus one draftboard run."""
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    legacy = client.create_run(client.create_experiment("dflash-qwen3-8b"), run_name="train_dflash").info.run_id
+    args = {"target_model_path": "Qwen/Qwen3-8B", "block_size": 16, "num_anchors": 512, "mask_token_id": 151669,
+            "loss_decay_gamma": 7.0, "learning_rate": 6e-4}
+    client.log_batch(legacy, params=[Param(k, str(v)) for k, v in args.items()], synchronous=True)
+    for step in (50, 100):
+        _log(client, legacy, {"train/loss": 3.0 / step, "train/accuracy": step / 300, "train/lr": 6e-4}, step)
+    spec = client.create_run(client.create_experiment("speculators"), run_name="2026-12-01T10:00").info.run_id
+    _log(client, spec, {"dflash/block_size": 8, "draft/num_layers": 5}, 0)
+    for step in range(3):
+        _log(client, spec, {"train/loss": 2.0 - step / 10, "train/full_acc": 0.2, "train/eal": 1.5}, step)
+    tracker = Tracker(uri)
+    with Tracker(uri, experiment="other-team").training_run("theirs", {}, "t", fingerprint=machine_fp):
+        pass
+    return tracker, legacy, spec
+
+
+def test_foreign_runs_are_listed_as_training_runs_with_their_badge(store):
+    tracker, legacy, spec = store
+    index = load_run_index(tracker)
+    assert {r.run_id for r in index.of_kind("train")} == {legacy, spec}  # not the other team's run
+    assert index.get(legacy).kind_label == "train · SpecForge (train_dflash.py)"
+    assert index.get(spec).kind_label == "train · vLLM speculators"
+    assert index.get(legacy).tags[names.STEP_UNIT] == "micro-batch"
+    assert index.get(spec).steps == 2 and index.get(legacy).target_name == "Qwen3-8B"
+    table = runs_table(index, index.of_kind("train")).set_index("run_id")
+    assert table.loc[legacy, "kind"] == "train · SpecForge (train_dflash.py)" and table.loc[legacy, "steps"] == 100
+    assert names.KIND not in tracker.run(legacy).data.tags  # listed in memory, nothing written
+
+
+def _preset(tmp_path) -> str:
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps({"target": "/models/Qwen3-8B", "prompts": "/data/prompts.jsonl", "budgets": [4, 8],
+                                "device": "cpu"}))
+    return str(path)
+
+
+def _watch(tracker, run_id, folder, jobs, *extra) -> int:
+    return main(["watch", run_id, str(folder), "--settle", "0", "--tracking-uri", tracker.uri,
+                 "--jobs-uri", jobs, *extra])
+
+
+def test_watch_auto_eval_records_and_queues_each_checkpoint_once(store, tmp_path, monkeypatch, capsys):
+    tracker, legacy, spec = store
+    jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
+    model = toolformats.tiny_drafter()
+    legacy_dir, spec_dir = tmp_path / "specforge-out", tmp_path / "spec-ckpts"
+    toolformats.specforge_legacy(legacy_dir, 0, 1000, model)
+    toolformats.specforge_legacy(legacy_dir, 0, 2000, model)
+    toolformats.speculators(spec_dir, 0, 120, model)
+    digests = []
+    real_digest = checkpoints.digest
+    monkeypatch.setattr(checkpoints, "digest", lambda root: digests.append(root) or real_digest(root))
+
+    assert _watch(tracker, legacy, legacy_dir, jobs, "--auto-eval", _preset(tmp_path)) == 0
+    assert _watch(tracker, spec, spec_dir, jobs, "--auto-eval", _preset(tmp_path)) == 0
+    assert [c.step for c in tracker.checkpoints(legacy)] == [1000, 2000]
+    assert [c.step for c in tracker.checkpoints(spec)] == [120]  # global_step of training_state.json
+    queue = JobQueue(jobs)
+    queued = sorted(queue.list(), key=lambda j: j.id)
+    assert [(j.params["train_run_id"], j.params["checkpoint_step"]) for j in queued] == [
+        (legacy, 1000), (legacy, 2000), (spec, 120)]
+    assert queued[0].params["drafter"] == str((legacy_dir / "epoch_0_step_1000").resolve())
+    assert queued[0].params["budgets"] == [4, 8] and queued[0].params["tracking_uri"] == tracker.uri
+    assert len(digests) == 3  # the symlinks epoch0_step120 / checkpoint_best are not checkpoints
+
+    # A restart (a new process reading the state from the store) queues and digests nothing again,
+    # even after an eval was cancelled (the queue's own dedup would let it in again): the watcher
+    # queued it once.
+    queue.request_cancel(queued[0].id)
+    assert _watch(tracker, legacy, legacy_dir, jobs) == 0
+    assert watch.scan_all(tracker, queue) and len(queue.list()) == 3 and len(digests) == 3
+
+    # A checkpoint that appears later is picked up, once.
+    toolformats.specforge_legacy(legacy_dir, 1, 3000, model)
+    results = watch.scan_all(tracker, queue)
+    assert [f.step for r in results for f in r.recorded] == [3000]
+    assert [c.step for c in tracker.checkpoints(legacy)] == [1000, 2000, 3000]
+    assert len(queue.list()) == 4 and len(digests) == 4
+    assert not any(r.recorded or r.queued for r in watch.scan_all(tracker, queue))
+    assert "queued eval job(s)" in capsys.readouterr().out
+
+
+def test_a_checkpoint_still_being_written_waits(store, tmp_path):
+    tracker, legacy, _ = store
+    out = tmp_path / "runtime-out"
+    toolformats.specforge_runtime(out, "run7", 100, toolformats.tiny_drafter())
+    watch.start(tracker, legacy, out, settle_s=30.0)
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    assert watch.scan(tracker, queue, legacy).recorded == []  # files written just now
+    [found] = watch.scan(tracker, queue, legacy, now=time.time() + 60).recorded
+    assert (found.step, found.layout, found.name) == (100, watch.SPECFORGE_RUNTIME, "run7-step100")
+    assert queue.list() == []  # no preset: recorded, not evaluated
+
+
+def test_bad_watch_input_is_one_error_line(store, tmp_path, capsys):
+    tracker, legacy, _ = store
+    jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    assert _watch(tracker, legacy, folder, jobs, "--auto-eval", '{"target": "/m", "drafter": "/x"}') == 2
+    assert "may not set drafter" in capsys.readouterr().err
+    assert _watch(tracker, legacy, folder, jobs, "--auto-eval", '{"target": "/m"}') == 2
+    assert "prompts" in capsys.readouterr().err
+    assert _watch(tracker, legacy, tmp_path / "nowhere", jobs) == 2
+    assert _watch(tracker, legacy, folder, jobs) == 0
+    assert _watch(tracker, legacy, tmp_path, jobs) == 2
+    assert "already watches" in capsys.readouterr().err
+    with pytest.raises(DraftboardError, match="not watched"):
+        watch.scan(tracker, JobQueue(jobs), store[2])
+
+
+def test_fingerprint_attach_makes_an_unknown_environment_comparable(store, tmp_path, capsys, monkeypatch):
+    tracker, legacy, spec = store
+    assert main(["env-diff", legacy, spec, "--tracking-uri", tracker.uri]) == 2
+    assert "no readable fingerprint.json" in capsys.readouterr().err
+    assert main(["fingerprint", "--device", "cpu", "--attach", legacy, "--tracking-uri", tracker.uri]) == 0
+    assert f"to run {legacy}" in capsys.readouterr().out
+    # tracker.attach_fingerprint() in a launch script: the tool's active MLflow run
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracker.uri)
+    with mlflow.start_run(run_id=spec):
+        import tracker as package
+
+        fp = package.attach_fingerprint()
+    assert tracker.fingerprint(spec) == json.loads(json.dumps(fp))
+    assert main(["env-diff", legacy, spec, "--tracking-uri", tracker.uri]) == 0
+    assert "no differences" in capsys.readouterr().out
+    index = load_run_index(tracker)
+    assert index.get(legacy).env_hash == index.get(spec).env_hash != "unknown"
+    assert adoption.detect(adoption.RunView.of(tracker.run(legacy), "x")).tool == adoption.SPECFORGE_LEGACY
+
+
+def test_the_worker_runs_the_watchers(store, tmp_path, monkeypatch):
+    tracker, _, spec = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracker.uri)  # the worker's store
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "spec-ckpts"
+    toolformats.speculators(folder, 0, 7, toolformats.tiny_drafter())
+    watch.start(tracker, spec, folder, json.loads(open(_preset(tmp_path)).read()), settle_s=0)
+    jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert run_worker(jobs, once=True, poll_s=0.05, watch_s=60) == 1  # queued by the watch, then run
+    [job] = JobQueue(jobs).list()
+    assert job.params["checkpoint_step"] == 7 and job.finished  # /models/Qwen3-8B does not exist here
+    assert [c.step for c in tracker.checkpoints(spec)] == [7]

@@ -1,0 +1,217 @@
+"""Checkpoint watchers: record the checkpoints a training tool writes as they appear, and queue their evals.
+
+`draftboard watch RUN_ID DIR [--auto-eval PRESET]` (and `draftboard worker --watch`, which scans
+every watched run of the store) looks at the entries of DIR in each tool's layout
+(../shared/research/training-stacks.md):
+
+- SpecForge legacy `epoch_{e}_step_{s}/` (z-lab config.json + model.safetensors): step s;
+- SpecForge runtime `{run_id}-step{N}/training_state.pt`: step N (the drafter loader reads the
+  pickle with weights_only=True, or says how to `specforge export` it);
+- speculators `{epoch}/` (config.json + model.safetensors + training_state.json): the
+  global_step of training_state.json, else the epoch;
+- any other z-lab folder (config.json + model.safetensors) whose name ends in its step.
+
+Symlinks (`-latest`, `-best`, `checkpoint_best`, `epoch{e}_step{N}`) are skipped: they name a
+folder that is already listed. A folder is taken once none of its files changed for `settle_s`
+seconds, so a checkpoint still being written is not digested half-way.
+
+The watch state lives in the store, on the watched run: the tag `draftboard.watch` (the folder,
+so a worker finds the run) and the artifact `watch.json` {dir, preset, settle_s, seen: {entry:
+{step, sha256, job_id}}}. An entry in `seen` is never digested again; its eval is queued once
+(`job_id` set after `JobQueue.submit`, whose dedup covers a crash between the two). The preset
+(`--auto-eval`) is a JSON object of eval params (target, prompts, budgets, device, ...) validated
+by `tracker.jobs.eval_job.validate`; drafter, train_run_id and checkpoint_step are filled per
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from tracker.errors import DraftboardError
+from tracker.jobs import eval_job
+from tracker.store import checkpoints, names
+
+log = logging.getLogger(__name__)
+
+SPECFORGE_LEGACY, SPECFORGE_RUNTIME, SPECULATORS, ZLAB = "specforge-legacy", "specforge-runtime", "speculators", "z-lab"
+DEFAULT_SETTLE_S = 30.0
+# Set per checkpoint by the watcher, so a preset may not hold them.
+PER_CHECKPOINT = ("drafter", "train_run_id", "checkpoint_step")
+
+_LEGACY = re.compile(r"^epoch_(\d+)_step_(\d+)$")
+_RUNTIME = re.compile(r"^.+-step(\d+)$")
+_EPOCH = re.compile(r"^\d+$")
+_TRAILING_STEP = re.compile(r"(\d+)$")
+_ZLAB_FILES = ("config.json", "model.safetensors")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint entry of a watched folder."""
+
+    name: str  # the entry's name in the folder (the key of watch.json's `seen`)
+    path: Path
+    step: int
+    layout: str
+
+
+def _settled(folder: Path, settle_s: float, now: float) -> bool:
+    """True when no file under folder changed in the last settle_s seconds."""
+    newest = max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=now)
+    return now - newest >= settle_s
+
+
+def _step_of_speculators(folder: Path, epoch: int) -> int:
+    try:
+        state = json.loads((folder / "training_state.json").read_text())
+        step = state.get("global_step") if isinstance(state, dict) else None
+    except (OSError, ValueError):
+        step = None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else epoch
+
+
+def classify(entry: Path) -> Found | None:
+    """The checkpoint a folder entry holds in one of the layouts above, else None."""
+    if entry.is_symlink() or not entry.is_dir():
+        return None
+    name = entry.name
+    zlab = all((entry / f).is_file() for f in _ZLAB_FILES)
+    if (m := _LEGACY.match(name)) and zlab:
+        return Found(name, entry, int(m.group(2)), SPECFORGE_LEGACY)
+    if (m := _RUNTIME.match(name)) and (entry / "training_state.pt").is_file():
+        return Found(name, entry, int(m.group(1)), SPECFORGE_RUNTIME)
+    if _EPOCH.match(name) and zlab and (entry / "training_state.json").is_file():
+        return Found(name, entry, _step_of_speculators(entry, int(name)), SPECULATORS)
+    if zlab and (m := _TRAILING_STEP.search(name)):
+        return Found(name, entry, int(m.group(1)), ZLAB)
+    return None
+
+
+def find_checkpoints(root: Path, settle_s: float = DEFAULT_SETTLE_S, now: float | None = None) -> list[Found]:
+    """The settled checkpoints directly under root, by step."""
+    if not root.is_dir():
+        raise DraftboardError(f"{root}: not a folder (watch the folder the tool saves its checkpoints in)")
+    now = time.time() if now is None else now
+    found = [f for entry in sorted(root.iterdir()) if (f := classify(entry)) and _settled(f.path, settle_s, now)]
+    return sorted(found, key=lambda f: (f.step, f.name))
+
+
+def check_preset(preset: Any) -> dict[str, Any]:
+    """The preset validated as an eval's params (without the per-checkpoint ones)."""
+    if not isinstance(preset, Mapping):
+        raise DraftboardError(f"an eval preset must be a JSON object of eval params, got {type(preset).__name__}")
+    fixed = sorted(k for k in PER_CHECKPOINT if k in preset)
+    if fixed:
+        raise DraftboardError(f"an eval preset may not set {', '.join(fixed)}: the watcher sets them per checkpoint")
+    checked = eval_job.validate({**preset, "drafter": "checkpoint"})
+    del checked["drafter"]
+    return checked
+
+
+@dataclass
+class WatchState:
+    """watch.json of a watched run."""
+
+    dir: str
+    preset: dict[str, Any] | None
+    settle_s: float
+    seen: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict:
+        return {"dir": self.dir, "preset": self.preset, "settle_s": self.settle_s, "seen": self.seen}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "WatchState":
+        if not isinstance(data, dict) or not isinstance(data.get("dir"), str) or not isinstance(data.get("seen"), dict):
+            raise DraftboardError(f"{where}: {names.WATCH_ARTIFACT} is not a watch state ({{dir, preset, seen}})")
+        preset = data.get("preset")
+        return cls(data["dir"], None if preset is None else check_preset(preset),
+                   float(data.get("settle_s", DEFAULT_SETTLE_S)), dict(data["seen"]))
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    run_id: str
+    recorded: list[Found]  # new checkpoints registered on the run
+    queued: list[int]  # eval jobs queued (or found queued already) for them
+
+
+def start(tracker, run_id: str, folder: str | Path, preset: Mapping[str, Any] | None = None,
+          settle_s: float = DEFAULT_SETTLE_S) -> WatchState:
+    """Watch folder for run_id (state stored on the run); watching it again keeps what was seen.
+
+    A new preset replaces the old one; without one the stored preset stays (checkpoints already
+    queued are not queued again).
+    """
+    run = tracker.run(run_id)
+    root = Path(folder).expanduser().resolve()
+    if not root.is_dir():
+        raise DraftboardError(f"{folder}: not a folder (watch the folder the tool saves its checkpoints in)")
+    state = _state(tracker, run) if run.data.tags.get(names.WATCH) else None
+    if state is not None and state.dir != str(root):
+        raise DraftboardError(f"run {run_id} already watches {state.dir}; one folder per run")
+    if state is None:
+        state = WatchState(str(root), None, settle_s, {})
+    state.settle_s = settle_s
+    if preset is not None:
+        state.preset = check_preset(preset)
+    tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+    tracker.client.set_tag(run_id, names.WATCH, str(root))
+    return state
+
+
+def _state(tracker, run) -> WatchState:
+    run_id = run.info.run_id
+    return WatchState.from_dict(tracker.read_json(run_id, names.WATCH_ARTIFACT), f"run {run_id}")
+
+
+def scan(tracker, queue, run_id: str, now: float | None = None) -> ScanResult:
+    """Record the new checkpoints of a watched run's folder and queue their evals (with a preset).
+
+    The state is written after each checkpoint, so a crash loses at most the one in hand.
+    """
+    run = tracker.run(run_id)
+    if not run.data.tags.get(names.WATCH):
+        raise DraftboardError(f"run {run_id} is not watched; start with: draftboard watch {run_id} DIR")
+    state = _state(tracker, run)
+    recorded, queued = [], []
+    for found in find_checkpoints(Path(state.dir), state.settle_s, now):
+        seen = state.seen.get(found.name)
+        if seen is None:  # digested once, here
+            record = checkpoints.describe(found.path, found.step)
+            tracker.record_checkpoint(run_id, record)
+            seen = state.seen[found.name] = {"step": found.step, "sha256": record.sha256, "layout": found.layout,
+                                             "job_id": None}
+            recorded.append(found)
+            tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+        if state.preset is not None and seen.get("job_id") is None:
+            params = {"tracking_uri": tracker.uri, **state.preset, "drafter": str(found.path),
+                      "train_run_id": run_id, "checkpoint_step": seen["step"]}
+            job = queue.submit(eval_job.KIND, params)
+            seen["job_id"] = job.id
+            queued.append(job.id)
+            tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+    return ScanResult(run_id, recorded, queued)
+
+
+def scan_all(tracker, queue, now: float | None = None) -> list[ScanResult]:
+    """Scan every watched run of the store; a run that fails is logged and skipped, not fatal."""
+    results = []
+    for run in tracker.find_runs(filter=f"tags.`{names.WATCH}` LIKE '%'", foreign=True):
+        run_id = run.info.run_id
+        try:
+            result = scan(tracker, queue, run_id, now)
+        except DraftboardError as exc:
+            log.warning("watch of run %s: %s", run_id, exc)
+            continue
+        for found in result.recorded:
+            log.info("run %s: checkpoint %s recorded (step %d, %s)", run_id, found.path, found.step, found.layout)
+        results.append(result)
+    return results
