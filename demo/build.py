@@ -85,17 +85,18 @@ def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, re
     it), and keeps a finished one. Progress goes to `<home>/demo-progress.json` (tracker/demo_progress.py).
     """
     home = Path(home).resolve()
+    previous = read_manifest(home / DEMO_DIR)  # first: a folder that is not the demo's stops everything
     progress = ProgressWriter(home, store=f"sqlite:///{home / 'draftboard.db'}")
     try:
-        return _build(home, quick, force, resume, report, progress)
+        return _build(home, previous, quick, force, resume, report, progress)
     except BaseException as exc:  # Ctrl-C included: the page says the build stopped, and why
         progress.failed(str(exc) or type(exc).__name__)
         raise
 
 
-def _build(home: Path, quick: bool, force: bool, resume: bool, report: Report, progress: ProgressWriter) -> dict:
+def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: bool, report: Report,
+           progress: ProgressWriter) -> dict:
     root = home / DEMO_DIR
-    previous = read_manifest(root)  # first: a folder that is not the demo's stops everything
     if previous is not None and previous["complete"] and not force:
         report(f"demo store already built in {home} ({previous['seconds']:.0f} s, "
                f"{len(previous['train_runs'])} training runs); --force rebuilds it")

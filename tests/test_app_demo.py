@@ -41,7 +41,9 @@ def test_compare_names_the_bf16_training_mismatch(demo_env):
     v3 = client.search_runs([exp], "attributes.run_name = 'drafter-v3 (uniform loss, bf16)'")[0]
     text = page_text(run_page("pages/compare.py", runs=v3.info.run_id))
     assert "reference (demo)" in text
-    assert "dtype bf16 vs reference: fp32" in text  # the banner names the field and both values
+    # v3 trained its drafter under bf16 autocast on fp32 features; the demo's evals cast nothing to
+    # bf16, so the banner names the drafter's precision, with both values.
+    assert "drafter precision fp32 vs its training run: bf16-autocast" in text
 
 
 def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
@@ -49,7 +51,7 @@ def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
     jobs = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").list()
-    assert len(jobs) == 1 and jobs[0].kind == "eval"
+    assert len(jobs) == 1 and jobs[0].kind == "eval", [e.value for e in at.error] + [w.value for w in at.warning]
     assert jobs[0].params["target"].endswith("qwen35-tiny-stdlib")
 
 

@@ -386,7 +386,8 @@ def test_worker_cli_runs_jobs_on_ray(ray_head, queue, tmp_path, monkeypatch, cap
                  "--ray-runtime-env", '{"env_vars": {"EXTRA": "from-runtime-env"}}']) == 0
     done = queue.get(job.id)
     assert done.state == SUCCEEDED, done.error
-    assert "env from-runtime-env s3 secret:none -m tracker.cli eval --target /models/t" in Path(done.log_path).read_text()
+    log_text = Path(done.log_path).read_text()
+    assert "env from-runtime-env s3 secret:none -m tracker.cli eval --target /models/t" in log_text, log_text
     assert done.log_path.startswith(str(tmp_path / "home" / "logs"))
     assert "worker stopped after 1 job(s)" in capsys.readouterr().out
 

@@ -91,11 +91,16 @@ def form_defaults(index: RunIndex, run: RunInfo | None) -> dict:
     env = environment_flags(run.fingerprint)
     for key, choices in (("device", DEVICES), ("dtype", DTYPES), ("drafter_precision", DRAFTER_PRECISIONS)):
         defaults[key] = env[key] if env[key] in choices else None
-    measured = [eval_settings_of(e) for e in index.evals_of(run.run_id)]
-    for key in ("prompts", "max_new_tokens"):
-        common = Counter(m[key] for m in measured if m.get(key)).most_common(1)
-        if common:
-            defaults[key] = common[0][0]
+    # This run's evals first; a run with none (a new run, a reference's own training run) takes
+    # what the project's evals use most.
+    for evals in (index.evals_of(run.run_id), index.of_kind("eval")):
+        measured = [eval_settings_of(e) for e in evals if eval_settings_of(e).get("prompts")]
+        if measured:
+            for key in ("prompts", "max_new_tokens"):
+                common = Counter(m[key] for m in measured if m.get(key)).most_common(1)
+                if common:
+                    defaults[key] = common[0][0]
+            break
     return defaults
 
 

@@ -41,6 +41,7 @@ _RAY_ENV_EXCLUDED = frozenset({"DRAFTBOARD_JOBS_URI", "MLFLOW_TRACKING_USERNAME"
 _RAY_PENDING, _RAY_SUCCEEDED, _RAY_FAILED, _RAY_STOPPED = "PENDING", "SUCCEEDED", "FAILED", "STOPPED"
 # Ray's terminal job states (a PENDING or RUNNING job can still change).
 _RAY_TERMINAL = (_RAY_SUCCEEDED, _RAY_FAILED, _RAY_STOPPED)
+_FINAL_LOG_READS, _FINAL_LOG_WAIT_S = 6, 0.5  # after a terminal status (see _RayExecution._follow)
 # How long a stop request waits for a PENDING Ray job to react before giving up on it.
 PENDING_STOP_WAIT_S = 3.0
 
@@ -259,6 +260,7 @@ class _RayExecution(Execution):
         sid, output = self.submission_id, self._output
         offset, partial = 0, ""
         last_ok, warned = time.monotonic(), False
+        final_reads, settled_len = 0, -1
         try:
             while not self._quit.is_set():
                 try:
@@ -299,9 +301,16 @@ class _RayExecution(Execution):
                     self._status = status
                     output.note(f"ray job {sid}: {status}" + (f" ({info.message})" if info.message else ""))
                 if status in _RAY_TERMINAL:
-                    self._message = info.message or ""
-                    self._exit_code = getattr(info, "driver_exit_code", None)
-                    return
+                    # Ray's log agent can still be writing a finished job's last lines: read again
+                    # until the log has content that stopped growing, a few reads at most.
+                    settled = text and len(text) == settled_len
+                    if settled or final_reads == _FINAL_LOG_READS:
+                        self._message = info.message or ""
+                        self._exit_code = getattr(info, "driver_exit_code", None)
+                        return
+                    final_reads, settled_len = final_reads + 1, len(text)
+                    self._quit.wait(_FINAL_LOG_WAIT_S)
+                    continue
                 self._wake.wait(self._launcher.poll_s)
                 self._wake.clear()
         finally:
