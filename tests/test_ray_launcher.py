@@ -377,7 +377,9 @@ def test_worker_cli_runs_jobs_on_ray(ray_head, queue, tmp_path, monkeypatch, cap
     monkeypatch.setenv("SHARED_SETTING", "s3")
     # --ray-python: the interpreter on the node; this one only reports what it was given.
     python = tmp_path / "python"
-    python.write_text('#!/bin/sh\necho env "$EXTRA" "$SHARED_SETTING" "secret:${MLFLOW_TRACKING_PASSWORD:-none}" "$@"\n')
+    seen = tmp_path / "seen.txt"  # what the job was given, read here rather than through Ray's log collection
+    python.write_text('#!/bin/sh\necho env "$EXTRA" "$SHARED_SETTING" "secret:${MLFLOW_TRACKING_PASSWORD:-none}" "$@"'
+                      f' > {seen}\n')
     python.chmod(0o755)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2")  # the worker's own: never sent to the cluster
     job = queue.submit("eval", eval_params())
@@ -386,8 +388,7 @@ def test_worker_cli_runs_jobs_on_ray(ray_head, queue, tmp_path, monkeypatch, cap
                  "--ray-runtime-env", '{"env_vars": {"EXTRA": "from-runtime-env"}}']) == 0
     done = queue.get(job.id)
     assert done.state == SUCCEEDED, done.error
-    log_text = Path(done.log_path).read_text()
-    assert "env from-runtime-env s3 secret:none -m tracker.cli eval --target /models/t" in log_text, log_text
+    assert "env from-runtime-env s3 secret:none -m tracker.cli eval --target /models/t" in seen.read_text()
     assert done.log_path.startswith(str(tmp_path / "home" / "logs"))
     assert "worker stopped after 1 job(s)" in capsys.readouterr().out
 
