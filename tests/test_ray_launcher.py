@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,18 +37,11 @@ from tracker.jobs.launchers.ray import RayLauncher, ray_env, ray_gpus
 from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
 from conftest import eval_params, script_entry
+from uiprocess import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD_START_TIMEOUT_S = 90.0
 FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
-
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -27,6 +27,7 @@ from demo.build import DEMO_DIR, MANIFEST, remove_demo
 from tracker import Tracker, config
 from tracker.cli import main
 from tracker.errors import DraftboardError
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,17 +187,15 @@ def test_interrupted_import_ends_failed_with_the_steps_read_so_far(big_log, stor
                               "--tracking-uri", store_uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=ROOT)
     try:
-        run = None
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and child.poll() is None:
-            found = client.search_runs(client.get_experiment_by_name("draftboard").experiment_id,
-                                       f"attributes.run_name = '{name}'") if client.get_experiment_by_name(
-                                           "draftboard") else []
-            if found and "loss" in found[0].data.metrics:
-                run = found[0]
-                break
-            time.sleep(0.2)
-        assert run is not None and child.poll() is None, "the import finished before it could be interrupted"
+        def first_steps_logged():
+            if child.poll() is not None:
+                return "finished"
+            experiment = client.get_experiment_by_name("draftboard")
+            found = client.search_runs(experiment.experiment_id, f"attributes.run_name = '{name}'") if experiment else []
+            return found[0] if found and "loss" in found[0].data.metrics else None
+
+        run = wait_until(first_steps_logged, 300, interval=0.2, what="the import's first steps in the store")
+        assert run != "finished" and child.poll() is None, "the import finished before it could be interrupted"
         child.send_signal(sig)
         _, err = child.communicate(timeout=300)
     finally:

@@ -309,18 +309,10 @@ def cmd_check_lossless(args) -> int:
 
 def _eval_results(tracker, run_id: str) -> dict:
     """A run's eval_results.json, checked to hold per-prompt acceptance lengths."""
-    import tempfile
-
     from tracker.store import names
 
     tracker.run(run_id)
-    with tempfile.TemporaryDirectory(prefix="draftboard-") as tmp:
-        try:
-            local = tracker.client.download_artifacts(run_id, names.EVAL_RESULTS_ARTIFACT, tmp)
-            results = json.loads(Path(local).read_bytes())
-        except Exception as exc:  # missing artifact, unreadable store, not JSON
-            raise DraftboardError(f"run {run_id} has no readable {names.EVAL_RESULTS_ARTIFACT} "
-                                  f"(not an eval run?): {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    results = tracker.read_json(run_id, names.EVAL_RESULTS_ARTIFACT, missing="not an eval run?")
     records = results.get("prompts") if isinstance(results, dict) else None
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and "id" in r and isinstance(r.get("acceptance_lengths"), list) for r in records):

@@ -314,17 +314,22 @@ def _severity(field: str, a: Any, b: Any) -> str:
     return "info"
 
 
+def probe_gap(a: dict | None, b: dict | None) -> tuple[float, str] | None:
+    """(largest relative difference of a per-layer statistic, its layer) between two probes, over
+    the layers both probed; None when there is nothing to compare."""
+    la, lb = (a or {}).get("layers") or {}, (b or {}).get("layers") or {}
+    gaps = [(abs(la[k][stat] - lb[k][stat]) / max(abs(la[k][stat]), abs(lb[k][stat]), 1e-6), k)
+            for k in set(la) & set(lb) for stat in ("mean", "std", "absmax")]
+    return max(gaps) if gaps else None
+
+
 def _probe_row(a: dict | None, b: dict | None) -> DiffRow | None:
     if a is None or b is None or a.get("digest") == b.get("digest"):
         return None
-    shared = set(a.get("layers", {})) & set(b.get("layers", {}))
-    if a.get("seed") != b.get("seed") or a.get("length") != b.get("length") or not shared:
+    gap = probe_gap(a, b)
+    if a.get("seed") != b.get("seed") or a.get("length") != b.get("length") or gap is None:
         return DiffRow("probe.digest", a.get("digest"), b.get("digest"), "warning")
-    worst = 0.0
-    for layer in shared:
-        for stat in ("mean", "std", "absmax"):
-            x, y = a["layers"][layer][stat], b["layers"][layer][stat]
-            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-6))
+    worst = gap[0]
     severity = "critical" if worst > PROBE_RTOL else "warning"
     return DiffRow("probe.max_rel_diff", a["digest"], f"{b['digest']} (max rel. diff {worst:.2e})", severity)
 

@@ -10,15 +10,14 @@ output directory (printed on failure).
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import mlflow
 import pytest
 from playwright.sync_api import expect
+from uiprocess import free_port, healthy
 from waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -27,27 +26,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     reason="needs Debian's chromium (scripts/test.sh installs it)")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-            return response.read() == b"ok"
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def dashboard(demo_home, tmp_path):
     home = tmp_path / "home"
     shutil.copytree(demo_home, home)
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "ui.log", "w")
     env = dict(os.environ, DRAFTBOARD_HOME=str(home))
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -58,7 +41,7 @@ def dashboard(demo_home, tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: proc.poll() is not None or _healthy(url), 90, 0.2, "the dashboard to serve")
+        wait_until(lambda: proc.poll() is not None or healthy(port), 90, 0.2, "the dashboard to serve")
         assert proc.poll() is None, (tmp_path / "ui.log").read_text()[-3000:]
         yield url, home
     finally:

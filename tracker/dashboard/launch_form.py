@@ -94,7 +94,7 @@ def form_defaults(index: RunIndex, run: RunInfo | None) -> dict:
     # This run's evals first; a run with none (a new run, a reference's own training run) takes
     # what the project's evals use most.
     for evals in (index.evals_of(run.run_id), index.of_kind("eval")):
-        measured = [eval_settings_of(e) for e in evals if eval_settings_of(e).get("prompts")]
+        measured = [m for m in map(eval_settings_of, evals) if m.get("prompts")]
         if measured:
             for key in ("prompts", "max_new_tokens"):
                 common = Counter(m[key] for m in measured if m.get(key)).most_common(1)

@@ -75,12 +75,10 @@ def probe_words(a: dict | None, b: dict | None) -> str | None:
     pa, pb = (a or {}).get("probe"), (b or {}).get("probe")
     if not isinstance(pa, dict) or not isinstance(pb, dict):
         return None
-    la, lb = pa.get("layers") or {}, pb.get("layers") or {}
-    gaps = [(abs(la[k][stat] - lb[k][stat]) / max(abs(la[k][stat]), abs(lb[k][stat]), 1e-6), k)
-            for k in set(la) & set(lb) for stat in ("mean", "std", "absmax")]
-    if not gaps:
+    gap = fingerprint.probe_gap(pa, pb)
+    if gap is None:
         return None
-    worst, layer = max(gaps)
+    worst, layer = gap
     number = f"{worst:.1e}".replace("e-0", "e-").replace("e+0", "e+")  # 5.7e-3, as people write it
     return f"hidden states differ by up to {number} (relative) at layer {layer}"
 

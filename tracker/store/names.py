@@ -119,11 +119,6 @@ def parse_protocol_tag(tag: str) -> str | None:
     return tag[len(PROTOCOL_PREFIX):] if tag.startswith(PROTOCOL_PREFIX) else None
 
 
-def is_eval_metric(name: str) -> bool:
-    """True for the names `draftboard eval` logs: the scalars and the three families."""
-    return name in EVAL_SCALARS or parse_metric(name) is not None
-
-
 # --------------------------------------------------------------------------- run names
 
 

@@ -312,9 +312,10 @@ class Tracker:
         """Store obj as the run's JSON artifact `artifact` (replacing it), under the retry policy."""
         self._write(lambda: self.client.log_dict(run_id, obj, artifact), f"writing {artifact} to run {run_id}")
 
-    def read_json(self, run_id: str, artifact: str) -> Any:
-        """The run's JSON artifact `artifact`; DraftboardError if it is missing or not JSON."""
-        raw = self._download(run_id, artifact)
+    def read_json(self, run_id: str, artifact: str, missing: str = "") -> Any:
+        """The run's JSON artifact `artifact`; DraftboardError if it is missing (`missing` says what
+        that likely means) or not JSON."""
+        raw = self._download(run_id, artifact, missing)
         try:
             return json.loads(raw)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -364,7 +365,8 @@ class Tracker:
                 local = self.client.download_artifacts(run_id, artifact, tmp)
             except Exception as exc:
                 why = f" ({missing})" if missing else ""
-                raise DraftboardError(f"run {run_id} has no readable {artifact}{why}: {exc}") from exc
+                first = str(exc).splitlines()[0] if str(exc) else repr(exc)  # one line: the CLI prints it as one
+                raise DraftboardError(f"run {run_id} has no readable {artifact}{why}: {first}") from exc
             return Path(local).read_bytes()
 
 
