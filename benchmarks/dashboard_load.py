@@ -6,9 +6,10 @@ Builds a fresh sqlite store in a temp dir with 20 training runs x 10,000 steps x
 - naive: `MlflowClient.get_metric_history` for every run and metric (what a dashboard
   written against the MLflow client does);
 - compare load: what the Compare page calls, uncached: `load_run_index` (runs, lineage,
-  fingerprints), `history_signature` (its cache key), `load_histories` downsampled to
-  PLOT_MAX_POINTS per curve (read-only SQL on MLflow's `metrics` table), and `compare_data`;
-- full history: `load_histories` of every point (the page's "Full resolution" toggle).
+  fingerprints), `history_signature` (its cache key), `load_histories` of every point (read-only
+  SQL on MLflow's `metrics` table; kept server-side per store version) `decimated` to
+  CHART_BUCKETS per curve, and `compare_data`;
+- full history: `load_histories` of every point alone (what a zoom re-cuts).
 
 Store build: `--build api` logs every run through `Tracker.training_run` + `log_step`
 (MLflow's log_batch inserts ~10k rows/s here, so this takes ~1.5 min on 2 cores). The default
@@ -38,7 +39,7 @@ from mlflow import MlflowClient
 from tracker import Tracker
 from tracker.dashboard.compare import compare_data, train_runs_for_histories
 from tracker.dashboard.index import load_run_index
-from tracker.store.history import PLOT_MAX_POINTS, history_signature, load_histories
+from tracker.store.history import CHART_BUCKETS, decimated, history_signature, load_histories
 
 RUNS, STEPS = 20, 10_000
 METRICS = ("loss", "acc", "streak", "dds8")
@@ -61,25 +62,26 @@ def _metrics(run: int, step: int) -> dict[str, float]:
             "streak": 1 + math.log1p(step) / 4, "dds8": 1.5 + step / 8_000}
 
 
-def _log_run(tracker: Tracker, i: int, fp: dict) -> str:
+def _log_run(tracker: Tracker, i: int, fp: dict, steps: int = STEPS) -> str:
     with tracker.training_run(f"bench-{i:02d}", {"lr": 3e-4}, "/models/Qwen3.5-4B", fingerprint=fp) as run:
-        for step in range(STEPS):
+        for step in range(steps):
             run.log_step(step, **_metrics(i, step))
     return run.run_id
 
 
-def build_store(home: Path, mode: str) -> tuple[str, list[str], float]:
+def build_store(home: Path, mode: str, runs: int = RUNS, steps: int = STEPS) -> tuple[str, list[str], float]:
+    """`runs` training runs of `steps` steps x METRICS in home/draftboard.db (the module doc says how)."""
     uri = f"sqlite:///{home / 'draftboard.db'}"
     tracker = Tracker(uri)
     fp = _fingerprint()
     start = time.perf_counter()
-    first = _log_run(tracker, 0, fp)
+    first = _log_run(tracker, 0, fp, steps)
     one_run_s = time.perf_counter() - start
     run_ids = [first]
     if mode == "api":
-        run_ids += [_log_run(tracker, i, fp) for i in range(1, RUNS)]
+        run_ids += [_log_run(tracker, i, fp, steps) for i in range(1, runs)]
     else:
-        for i in range(1, RUNS):
+        for i in range(1, runs):
             with tracker.training_run(f"bench-{i:02d}", {"lr": 3e-4}, "/models/Qwen3.5-4B", fingerprint=fp) as run:
                 pass
             run_ids.append(run.run_id)
@@ -89,7 +91,7 @@ def build_store(home: Path, mode: str) -> tuple[str, list[str], float]:
                     db.execute(f"INSERT INTO {table} (key, value, timestamp, step, is_nan, run_uuid) "
                                f"SELECT key, value + ?, timestamp, step, is_nan, ? FROM {table} WHERE run_uuid = ?",
                                (0.01 * i, run_id, first))
-    print(f"store      : {RUNS} runs x {STEPS:,} steps x {len(METRICS)} metrics built in "
+    print(f"store      : {runs} runs x {steps:,} steps x {len(METRICS)} metrics built in "
           f"{time.perf_counter() - start:.1f} s (--build {mode}; one run via log_step: {one_run_s:.1f} s)")
     return uri, run_ids, one_run_s
 
@@ -112,7 +114,7 @@ def compare_load(uri: str, run_ids: list[str]) -> tuple[float, dict[str, float],
     history_signature(uri, chosen)
     parts["signature"] = time.perf_counter() - t
     t = time.perf_counter()
-    hist = load_histories(uri, chosen, max_points=PLOT_MAX_POINTS)
+    hist = decimated(load_histories(uri, chosen), CHART_BUCKETS)
     parts["histories"] = time.perf_counter() - t
     t = time.perf_counter()
     data = compare_data(index, run_ids, None, hist)
@@ -136,7 +138,7 @@ def main() -> None:
     ratio = naive_s / load_s
     full_ratio = naive_s / full_s
     print(f"naive      : get_metric_history x {RUNS * len(METRICS)} calls: {naive_s:.2f} s ({naive_points:,} points)")
-    print(f"compare    : {load_s:.3f} s for {shown:,} plotted points (at most {PLOT_MAX_POINTS} per curve): " +
+    print(f"compare    : {load_s:.3f} s for {shown:,} plotted points (min and max of {CHART_BUCKETS} step ranges per curve): " +
           ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()))
     print(f"full       : load_histories of all {len(full):,} points: {full_s:.3f} s")
     print(f"compare load is {ratio:.1f}x faster than the naive loop; the full history {full_ratio:.1f}x")

@@ -143,7 +143,7 @@ def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: 
         s = replace(settings, drafter=ckpt.path)
         results = evaluate(s)
         record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
-                            name=f"eval {name} @ step {ckpt.step}", tags={names.DEMO: "1"}))
+                            name=names.eval_run_name(name, ckpt.step, asdict(s)), tags={names.DEMO: "1"}))
         report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
                f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
         progress.within_stage((n + 1) / len(todo))

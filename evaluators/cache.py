@@ -4,7 +4,18 @@ Evaluating 20 checkpoints of one run against the same target and prompts must co
 pass, not 20. Keys include the numbers-relevant part of the fingerprint (linear-attention path,
 dtype, device kind, library versions), so features computed on the fast kernels are never
 served to an eval on the torch fallback, or the other way round. Features are stored per layer,
-so drafters tapping different layers share what they have in common.
+so drafters tapping different layers share what they have in common, in the dtype the target
+computed them (bf16 for a bf16 eval: half the disk of fp32, and exact).
+
+Memory stays bounded by the largest prompt, not the number of prompts: a layer file's header
+(every prompt's shape and offset) is written before any data, the target pass then writes each
+prompt's features at its offset as soon as they exist, and an eval reads one prompt's slice at a
+time with plain reads (no mmap, whose touched pages would count towards the process's RSS).
+The files are ordinary safetensors files; entries written by earlier versions (one `save_file`
+per layer, fp32) read the same way, and a file that does not parse is a miss, recomputed.
+
+The fingerprint's probe and the rest of what only a loaded target can tell (its linear-attention
+resolution) are cached too, by (target digest, environment): a warm eval never loads the target.
 
 The cache is bounded: after every write, entries are evicted least recently used first until the
 whole cache fits `DRAFTBOARD_CACHE_MAX_GB` (tracker/config.py). Reading an entry touches its
@@ -14,6 +25,7 @@ mounts). An entry is one continuations file or one features folder (every layer 
 Layout under the root, and the only paths the cache ever deletes (draftboard writes exactly these
 names; anything else someone puts in the folder is neither counted nor removed):
     continuations/<key>.json        continuations/<key>.meta.json
+    fingerprints/<key>.json         fingerprints/<key>.meta.json
     features/<key>/layer_<i>.safetensors   features/<key>/meta.json
 `<key>` is the 24 hex digits of `evaluators.target.cache_key`; the meta file names the target's
 content digest, when the writer gave it.
@@ -24,19 +36,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from tracker import config
 
-CONTINUATIONS, FEATURES = "continuations", "features"
+CONTINUATIONS, FINGERPRINTS, FEATURES = "continuations", "fingerprints", "features"
+_JSON_KINDS = (CONTINUATIONS, FINGERPRINTS)  # one `<key>.json` per entry
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+_ST_CODES = {dtype: code for code, dtype in _ST_DTYPES.items()}
 META_SCHEMA = "draftboard.cache/1"
 _KEY = re.compile(r"[0-9a-f]{24}")
-_CONT_FILE = re.compile(r"([0-9a-f]{24})\.json")
+_JSON_FILE = re.compile(r"([0-9a-f]{24})\.json")
 _LAYER_FILE = re.compile(r"layer_(\d+)\.safetensors")
 _FEATURES_META = "meta.json"
 
@@ -68,58 +83,85 @@ class EvalCache:
         self.root = Path(root) if root is not None else config.cache_dir()
         self.max_bytes = config.cache_max_bytes() if max_bytes is None else max_bytes
 
-    def _continuations_path(self, key: str) -> Path:
-        return self.root / CONTINUATIONS / f"{key}.json"
+    def _json_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / f"{key}.json"
 
     def _features_path(self, key: str, layer: int) -> Path:
         return self.root / FEATURES / key / f"layer_{layer}.safetensors"
 
-    def get_continuations(self, key: str) -> list[list[int]] | None:
-        path = self._continuations_path(key)
+    def _get_json(self, kind: str, key: str):
+        path = self._json_path(kind, key)
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:  # never written, or evicted by another process a moment ago
             return None
+        except (OSError, ValueError):  # damaged: a miss, and the eval writes it again
+            return None
         _touch(path)
         return data
 
+    def _put_json(self, kind: str, key: str, value, target: str | None) -> None:
+        path = self._json_path(kind, key)
+        _atomic_write(path.with_name(f"{key}.meta.json"), lambda tmp: tmp.write_text(_meta(kind, target)))
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(value)))
+        self.enforce_cap(keep=(kind, key))
+
+    def get_continuations(self, key: str) -> list[list[int]] | None:
+        return self._get_json(CONTINUATIONS, key)
+
     def put_continuations(self, key: str, continuations: list[list[int]], *, target: str | None = None) -> None:
         """target: the target's content digest, shown by `draftboard cache ls`."""
-        path = self._continuations_path(key)
-        _atomic_write(path.with_name(f"{key}.meta.json"), lambda tmp: tmp.write_text(_meta(CONTINUATIONS, target)))
-        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(continuations)))
-        self.enforce_cap(keep=(CONTINUATIONS, key))
+        self._put_json(CONTINUATIONS, key, continuations, target)
 
-    def get_features(self, key: str, layer: int, n: int) -> list[torch.Tensor] | None:
-        """Features of one layer for n sequences ([T_i, H] each), or None if not cached."""
+    def get_fingerprint(self, key: str) -> dict | None:
+        """What a loaded target told the fingerprint (harness: probe, linear-attention resolution)."""
+        data = self._get_json(FINGERPRINTS, key)
+        return data if isinstance(data, dict) else None
+
+    def put_fingerprint(self, key: str, part: dict, *, target: str | None = None) -> None:
+        self._put_json(FINGERPRINTS, key, part, target)
+
+    def open_features(self, key: str, layer: int, n: int) -> "LayerFile | None":
+        """One layer's features for n sequences, read a sequence at a time; None if not cached
+        (or unreadable: a damaged or foreign file is recomputed and replaced)."""
         path = self._features_path(key, layer)
         try:
-            tensors = load_file(path)
-        except FileNotFoundError:
+            layer_file = LayerFile(path)
+        except (OSError, ValueError):
+            return None
+        if len(layer_file) != n:
+            layer_file.close()
             return None
         _touch(path)
-        return [tensors[f"s{i}"] for i in range(n)]
+        return layer_file
 
-    def put_features(self, key: str, layer: int, features: list[torch.Tensor], *, target: str | None = None) -> None:
-        tensors = {f"s{i}": f.contiguous() for i, f in enumerate(features)}
-        path = self._features_path(key, layer)
-        meta = path.with_name(_FEATURES_META)
+    def feature_writer(self, key: str, lengths: list[int], hidden: int, layers: list[int],
+                       *, target: str | None = None) -> "FeatureWriter":
+        """A writer for `layers` of n sequences of `lengths` tokens; `FeatureWriter.write` one
+        sequence at a time (any order), then `close` publishes every layer at once."""
+        meta = self._features_path(key, 0).with_name(_FEATURES_META)
         if target is not None or not meta.is_file():  # a later layer without a digest keeps the recorded one
             _atomic_write(meta, lambda tmp: tmp.write_text(_meta(FEATURES, target)))
-        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-        self.enforce_cap(keep=(FEATURES, key))
+        return FeatureWriter(self, key, {i: self._features_path(key, i) for i in layers}, [(t, hidden) for t in lengths])
+
+    def put_features(self, key: str, layer: int, features: list[torch.Tensor], *, target: str | None = None) -> None:
+        """One layer of n sequences at once (a writer's shortcut: everything in memory already)."""
+        hidden = features[0].shape[-1] if features else 0
+        with self.feature_writer(key, [f.shape[0] for f in features], hidden, [layer], target=target) as w:
+            for n, f in enumerate(features):
+                w.write(n, {layer: f})
 
     # ------------------------------------------------------------------ size, listing, eviction
 
     def entries(self) -> list[CacheEntry]:
         """Every entry draftboard wrote, least recently used first."""
         found = []
-        cont = self.root / CONTINUATIONS
-        for path in _files(cont):
-            m = _CONT_FILE.fullmatch(path.name)
-            if m:
-                meta = cont / f"{m[1]}.meta.json"
-                found.append(_entry(CONTINUATIONS, m[1], [path], meta, ()))
+        for kind in _JSON_KINDS:
+            folder = self.root / kind
+            for path in _files(folder):
+                m = _JSON_FILE.fullmatch(path.name)
+                if m:
+                    found.append(_entry(kind, m[1], [path], folder / f"{m[1]}.meta.json", ()))
         for folder in _dirs(self.root / FEATURES):
             if not _KEY.fullmatch(folder.name):
                 continue
@@ -210,3 +252,125 @@ def _remove(entry: CacheEntry) -> None:
             entry.files[0].parent.rmdir()  # only when empty: a file someone else put there stays
         except OSError:
             pass
+
+
+# ---------------------------------------------------------------------- streamed safetensors
+
+
+class FeatureWriter:
+    """Streams the layer files of one features entry, one sequence at a time.
+
+    Every shape is known before the target pass starts, so each file's safetensors header (all
+    offsets) is written first and a sequence's features go straight to their offset: nothing is
+    held beyond the sequence being written. A layer's dtype is that of its first features (the
+    target's). Files appear under their names only on `close`, when every sequence has been
+    written; a failed pass leaves nothing behind.
+    """
+
+    def __init__(self, cache: EvalCache, key: str, paths: dict[int, Path], shapes: list[tuple[int, int]]):
+        self.cache, self.key, self.paths, self.shapes = cache, key, paths, shapes
+        self.streams: dict[int, _LayerStream] = {}
+        self.written: set[int] = set()
+
+    def write(self, n: int, features: dict[int, torch.Tensor]) -> None:
+        """Sequence n's features, {layer: [T_n, H]} for every layer of this writer."""
+        for layer, path in self.paths.items():
+            f = features[layer]
+            if layer not in self.streams:
+                self.streams[layer] = _LayerStream(path, self.shapes, f.dtype)
+            self.streams[layer].write(n, f)
+        self.written.add(n)
+
+    def close(self) -> None:
+        complete = len(self.written) == len(self.shapes)
+        for layer, stream in self.streams.items():
+            stream.close(self.paths[layer] if complete else None)
+        self.streams = {}
+        if complete:
+            self.cache.enforce_cap(keep=(FEATURES, self.key))
+
+    def __enter__(self) -> "FeatureWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self.written.clear()  # an error mid-pass: publish nothing
+        self.close()
+
+
+class _LayerStream:
+    """One layer file being written: header first, then each sequence at its offset."""
+
+    def __init__(self, path: Path, shapes: list[tuple[int, int]], dtype: torch.dtype):
+        if dtype not in _ST_CODES:
+            raise ValueError(f"features of dtype {dtype} cannot be cached")
+        self.shapes, self.dtype = shapes, dtype
+        size = torch.tensor([], dtype=dtype).element_size()
+        self.offsets, end = [], 0
+        for t, h in shapes:
+            self.offsets.append((end, end + t * h * size))
+            end = self.offsets[-1][1]
+        header = {f"s{n}": {"dtype": _ST_CODES[dtype], "shape": list(shape), "data_offsets": list(span)}
+                  for n, (shape, span) in enumerate(zip(shapes, self.offsets))}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self.base = 8 + len(blob)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.fh = self.tmp.open("wb")
+        self.fh.write(struct.pack("<Q", len(blob)) + blob)
+        self.fh.truncate(self.base + end)
+
+    def write(self, n: int, f: torch.Tensor) -> None:
+        if tuple(f.shape) != self.shapes[n] or f.dtype != self.dtype:
+            raise ValueError(f"sequence {n}: got {tuple(f.shape)} {f.dtype}, expected {self.shapes[n]} {self.dtype}")
+        self.fh.seek(self.base + self.offsets[n][0])
+        self.fh.write(memoryview(f.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()))
+
+    def close(self, publish_as: Path | None) -> None:
+        self.fh.close()
+        if publish_as is not None:
+            os.replace(self.tmp, publish_as)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+class LayerFile:
+    """One layer file of a features entry, read a sequence at a time (`read(n)`: [T_n, H])."""
+
+    def __init__(self, path: Path):
+        self.fh = path.open("rb")
+        try:
+            size = os.fstat(self.fh.fileno()).st_size
+            (length,) = struct.unpack("<Q", self.fh.read(8))
+            if length > size - 8:
+                raise ValueError(f"{path}: header runs past the end of the file")
+            header = json.loads(self.fh.read(length))
+            header.pop("__metadata__", None)
+            base, self.spans = 8 + length, []
+            for n in range(len(header)):
+                entry = header[f"s{n}"]  # KeyError: not a features file
+                begin, end = entry["data_offsets"]
+                dtype, shape = _ST_DTYPES[entry["dtype"]], tuple(entry["shape"])
+                if end - begin != torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size() \
+                        or base + end > size:
+                    raise ValueError(f"{path}: sequence {n} does not fit the file")
+                self.spans.append((base + begin, end - begin, dtype, shape))
+        except (KeyError, TypeError, ValueError, struct.error) as exc:
+            self.fh.close()
+            raise ValueError(f"{path}: not a features file ({exc!r})") from None
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def read(self, n: int) -> torch.Tensor:
+        start, nbytes, dtype, shape = self.spans[n]
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        self.fh.seek(start)
+        buf = bytearray(nbytes)
+        self.fh.readinto(buf)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def close(self) -> None:
+        self.fh.close()

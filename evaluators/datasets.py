@@ -44,16 +44,15 @@ class ZlabDataset:
     turns: Callable[[dict], list]
 
 
-ZLAB_DATASETS = {
-    "gsm8k": ZlabDataset("openai/gsm8k", "main", "test", lambda row: [row["question"] + _REASON]),
-    "math500": ZlabDataset("HuggingFaceH4/MATH-500", None, "test", lambda row: [row["problem"] + _REASON]),
-    "humaneval": ZlabDataset(
-        "openai/openai_humaneval", None, "test",
-        lambda row: ["Write a solution to the following problem and make sure that it passes the tests:\n"
-                     f"```python\n{row['prompt']}\n```"]),
-    "mbpp": ZlabDataset("google-research-datasets/mbpp", "sanitized", "test", lambda row: [row["prompt"]]),
-    "mt-bench": ZlabDataset("HuggingFaceH4/mt_bench_prompts", None, "train", lambda row: list(row["prompt"])),
+_ZLAB_TURNS = {
+    "gsm8k": lambda row: [row["question"] + _REASON],
+    "math500": lambda row: [row["problem"] + _REASON],
+    "humaneval": lambda row: ["Write a solution to the following problem and make sure that it passes the tests:\n"
+                              f"```python\n{row['prompt']}\n```"],
+    "mbpp": lambda row: [row["prompt"]],
+    "mt-bench": lambda row: list(row["prompt"]),
 }
+ZLAB_DATASETS = {name: ZlabDataset(*config.ZLAB_BENCHMARKS[name], turns) for name, turns in _ZLAB_TURNS.items()}
 
 
 def zlab_name(name: str) -> str | None:

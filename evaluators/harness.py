@@ -24,18 +24,19 @@ from pathlib import Path
 
 import torch
 
-from evaluators import metrics
-from evaluators.cache import EvalCache
+from evaluators import metrics, sizing
+from evaluators.cache import EvalCache, FeatureWriter, LayerFile
 from evaluators.ddtree import ddtree_acceptance_batch
 from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
 from evaluators.online import lossless_row, online_generate
 from evaluators.prompts import Prompt, attach_completions
-from evaluators.target import (Target, cache_key, check_weights, content_digest, greedy_continuations,
-                               layer_hidden_states, load_target, load_tokenizer, text_config)
-from evaluators.uncertainty import results_uncertainty
+from evaluators.target import (HeadLocation, Target, TargetHeads, cache_key, check_weights, content_digest,
+                               greedy_continuations, layer_hidden_states_batch, load_heads, load_target,
+                               load_tokenizer, stop_token_ids, text_config)
+from tracker.uncertainty import results_uncertainty
 from tracker import fingerprint
-from tracker.config import DEFAULT_BUDGETS, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET
+from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET
 from tracker.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
 from tracker.errors import DraftboardError
 
@@ -57,7 +58,8 @@ class EvalSettings:
     linear_attn: str = "auto"
     enable_thinking: bool | None = None
     cache_dir: str | None = None
-    batch_size: int = 8
+    batch_size: int | None = None  # prompts per target batch; None: from free device memory (evaluators.sizing)
+    anchor_chunk: int | None = None  # anchors per drafter call; None: from free device memory
     last_block: str = LAST_BLOCK_RULES[0]
     scoring: str = EVAL_SCORINGS[0]
     limit_per_dataset: int | None = None
@@ -75,6 +77,9 @@ class EvalSettings:
             raise DraftboardError(f"--last-block must be one of {', '.join(LAST_BLOCK_RULES)}, got {self.last_block!r}")
         if self.scoring not in EVAL_SCORINGS:
             raise DraftboardError(f"--scoring must be one of {', '.join(EVAL_SCORINGS)}, got {self.scoring!r}")
+        for name in ("batch_size", "anchor_chunk"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise DraftboardError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.scoring == "online" and self.completions:
             raise DraftboardError("--scoring online generates its own completions; drop --completions")
 
@@ -128,8 +133,8 @@ def completion_bounds(continuation: list[int], max_new_tokens: int, stops: set[i
     return completion, len(completion)
 
 
-def _continuations(target: Target, prompts: list[Prompt], s: EvalSettings, block: int, cache: EvalCache,
-                   env: dict, digest: str, progress: Progress) -> list[list[int]]:
+def _continuations(target: "_OnDemand", prompts: list[Prompt], s: EvalSettings, block: int, cache: EvalCache,
+                   env: dict, digest: str, progress: Progress, batch: int) -> list[list[int]]:
     """Greedy tokens after each prompt, reaching block-1 tokens past the last anchor."""
     fixed = [p for p in prompts if p.completion_ids is not None]
     key = cache_key("continuations", digest, env, s.max_new_tokens, block,
@@ -142,13 +147,13 @@ def _continuations(target: Target, prompts: list[Prompt], s: EvalSettings, block
     if fixed:  # reuse the given completions; only the lookahead past their end is generated
         if len(fixed) != len(prompts):
             raise DraftboardError("either every prompt has a completion or none has")
-        tails = greedy_continuations(target, [p.input_ids + p.completion_ids for p in prompts], block - 1,
-                                     block - 1, s.batch_size, _counter(step))
+        tails = greedy_continuations(target(), [p.input_ids + p.completion_ids for p in prompts], block - 1,
+                                     block - 1, batch, _counter(step))
         out = [p.completion_ids + t for p, t in zip(prompts, tails)]
     else:
-        out = greedy_continuations(target, [p.input_ids for p in prompts], s.max_new_tokens + block - 1,
-                                   block - 1, s.batch_size, _counter(step))
-    cache.put_continuations(key, out)
+        out = greedy_continuations(target(), [p.input_ids for p in prompts], s.max_new_tokens + block - 1,
+                                   block - 1, batch, _counter(step))
+    cache.put_continuations(key, out, target=digest)
     return out
 
 
@@ -163,44 +168,80 @@ def _counter(step: Callable[[int], None]) -> Callable[[int], None]:
     return advance
 
 
-def _features(target: Target, walked: list[Walked], layers: list[int], cache: EvalCache, env: dict,
-              digest: str, progress: Progress) -> list[torch.Tensor]:
-    """Per prompt, cat of the tapped features over the context positions: [T_i, n_tapped*H]."""
+class Contexts:
+    """Per prompt, the cat of the tapped features over its context positions: [T_i, n_tapped*H].
+
+    Read from the cache one prompt at a time (`contexts[i]`), so an eval holds one prompt's
+    features, never all of them."""
+
+    def __init__(self, layer_files: list[LayerFile]):
+        self.layer_files = layer_files
+
+    def __len__(self) -> int:
+        return len(self.layer_files[0])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.cat([f.read(i) for f in self.layer_files], dim=-1)
+
+    def close(self) -> None:
+        for f in self.layer_files:
+            f.close()
+
+
+def _features(target: "_OnDemand", walked: list[Walked], layers: list[int], cache: EvalCache, env: dict,
+              digest: str, progress: Progress, batch_size: int, hidden: int) -> Contexts:
+    """The tapped features of every prompt: computed once (streamed to the cache), then read back."""
     seqs = [w.input_ids + w.completion_ids[: w.n_anchors] for w in walked]
     key = cache_key("features", digest, env, seqs)
-    per_layer = {i: cache.get_features(key, i, len(seqs)) for i in layers}
-    missing = [i for i in layers if per_layer[i] is None]
+    opened = {i: cache.open_features(key, i, len(seqs)) for i in layers}
+    missing = [i for i in layers if opened[i] is None]
     if missing:
-        fresh: dict[int, list[torch.Tensor]] = {i: [] for i in missing}
-        for n, seq in enumerate(seqs, 1):
-            feats = layer_hidden_states(target, seq, missing)
-            for i in missing:
-                if not torch.isfinite(feats[i]).all():
-                    pos = int((~torch.isfinite(feats[i])).any(-1).nonzero()[0])
-                    raise DraftboardError(f"non-finite target features for prompt {walked[n - 1].id!r} "
-                                          f"at layer {i}, position {pos}: the target's numbers are broken here")
-                fresh[i].append(feats[i])
-            progress("target: features", n, len(seqs))
-        for i in missing:
-            cache.put_features(key, i, fresh[i])
-            per_layer[i] = fresh[i]
+        _target_features(target(), walked, seqs, missing, cache.feature_writer(key, list(map(len, seqs)), hidden,
+                                                                                missing, target=digest),
+                         batch_size, progress)
+        opened.update({i: cache.open_features(key, i, len(seqs)) for i in missing})
+        if any(opened[i] is None for i in missing):  # another process's prune removed it a moment ago
+            raise DraftboardError(f"the target features just written to {cache.root} are gone: "
+                                  "is another process pruning the cache? rerun")
     else:
         progress("target: features (cached)", len(seqs), len(seqs))
-    return [torch.cat([per_layer[i][n] for i in layers], dim=-1) for n in range(len(seqs))]
+    return Contexts([opened[i] for i in layers])
+
+
+def _target_features(target: Target, walked: list[Walked], seqs: list[list[int]], layers: list[int],
+                     writer: FeatureWriter, batch_size: int, progress: Progress) -> None:
+    """One target pass over every sequence, `batch_size` similar lengths at a time (right-padded),
+    each prompt's features going to the cache as soon as its batch is done."""
+    order = sorted(range(len(seqs)), key=lambda n: len(seqs[n]))
+    done = 0
+    with writer:
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            for n, feats in zip(batch, layer_hidden_states_batch(target, [seqs[n] for n in batch], layers)):
+                for i in layers:
+                    if not torch.isfinite(feats[i]).all():
+                        pos = int((~torch.isfinite(feats[i])).any(-1).nonzero()[0])
+                        raise DraftboardError(f"non-finite target features for prompt {walked[n].id!r} "
+                                              f"at layer {i}, position {pos}: the target's numbers are broken here")
+                writer.write(n, feats)
+            done += len(batch)
+            progress("target: features", done, len(seqs))
 
 
 @torch.no_grad()
-def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: torch.Tensor, continuation: list[int],
-                  budgets: tuple[int, ...], chunk: int = 256, precision: Precision | None = None) -> None:
+def score_anchors(loaded: LoadedDrafter, target: Target | TargetHeads, w: Walked, context: torch.Tensor,
+                  continuation: list[int], budgets: tuple[int, ...], chunk: int = 256,
+                  precision: Precision | None = None) -> None:
     """Chain and DDTree acceptance at every anchor of one completion (fills w.chain / w.tree).
 
-    The drafter computes under `precision`'s autocast, if any (as a mixed-precision training run did)."""
+    The drafter computes under `precision`'s autocast, if any (as a mixed-precision training run did).
+    The context reaches it in fp32 whatever dtype the cache stores (bf16 features widen exactly)."""
     drafter, block = loaded.model, loaded.model.block_size
     n, P = w.n_anchors, len(w.input_ids)
     lm_head = loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight
     embed = target.embed_weight.to(drafter.device)
     lm_head = lm_head.to(drafter.device)
-    ctx = context[None].to(drafter.device)  # [1, T, n_tapped*H]
+    ctx = context[None].to(drafter.device, torch.float32)  # [1, T, n_tapped*H]
     seq = torch.tensor(continuation, device=drafter.device)
     w.chain, w.tree = [], {b: [] for b in budgets}
     for start in range(0, n, chunk):
@@ -219,7 +260,7 @@ def score_anchors(loaded: LoadedDrafter, target: Target, w: Walked, context: tor
 
 
 @torch.no_grad()
-def score_short_blocks(loaded: LoadedDrafter, target: Target, w: Walked, context: torch.Tensor,
+def score_short_blocks(loaded: LoadedDrafter, target: Target | TargetHeads, w: Walked, context: torch.Tensor,
                        continuation: list[int], budgets: tuple[int, ...], precision: Precision | None = None) -> None:
     """`cut`: the blocks z-lab verifies at fewer than block_size positions (fills w.short_*).
 
@@ -230,7 +271,7 @@ def score_short_blocks(loaded: LoadedDrafter, target: Target, w: Walked, context
     P = len(w.input_ids)
     lm_head = (loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight).to(drafter.device)
     embed = target.embed_weight.to(drafter.device)
-    ctx = context[None].to(drafter.device)
+    ctx = context[None].to(drafter.device, torch.float32)
     seq = torch.tensor(continuation, device=drafter.device)
     w.short_chain, w.short_tree = {}, {b: {} for b in budgets}
     for a in range(max(0, w.limit - block + 1), min(w.n_anchors, w.limit - 1)):
@@ -325,11 +366,12 @@ def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit
 
 @dataclass
 class _Pair:
-    """What an eval loads: its prompts, the target and the drafter."""
+    """What an eval loads up front: its prompts, the target's config and where its heads are, the drafter."""
 
     prompts: list[Prompt]
     tokenizer: object | None
-    target: Target
+    config: object  # the target's text config
+    heads: HeadLocation | None  # None: no safetensors files, so a warm eval loads the whole target
     loaded: LoadedDrafter
     precision: Precision
 
@@ -342,16 +384,31 @@ def _load(s: EvalSettings, device: str, progress: Progress) -> _Pair:
     prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
     if s.completions:
         prompts = attach_completions(prompts, s.completions, cfg.vocab_size)
-    check_weights(s.target)
+    heads = check_weights(s.target)
     checked = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size))
 
     progress("load", 0, 2)
-    target = load_target(s.target, device, s.dtype, s.linear_attn)
     precision = parse_precision(s.drafter_precision or s.dtype)
     loaded = checked.load(device, precision.weights)
-    _check_context(prompts, s.max_new_tokens, loaded.model.block_size, target.max_positions)
+    _check_context(prompts, s.max_new_tokens, loaded.model.block_size, getattr(cfg, "max_position_embeddings", None))
     progress("load", 1, 2)
-    return _Pair(prompts, tokenizer, target, loaded, precision)
+    return _Pair(prompts, tokenizer, cfg, heads, loaded, precision)
+
+
+class _OnDemand:
+    """The target, loaded the first time some work needs it: a warm eval never does."""
+
+    def __init__(self, s: EvalSettings, device: str):
+        self.s, self.device = s, device
+        self.target: Target | None = None
+        self.seconds = 0.0  # spent loading it
+
+    def __call__(self) -> Target:
+        if self.target is None:
+            t0 = time.perf_counter()
+            self.target = load_target(self.s.target, self.device, self.s.dtype, self.s.linear_attn)
+            self.seconds = time.perf_counter() - t0
+        return self.target
 
 
 def check_lossless(s: EvalSettings, progress: Progress = _quiet) -> dict:
@@ -362,13 +419,15 @@ def check_lossless(s: EvalSettings, progress: Progress = _quiet) -> dict:
     (every token it caches is kept); the online loop's cache is cropped after rejected drafts.
     """
     t0 = time.perf_counter()
-    pair = _load(s, s.device or fingerprint.default_device(), progress)
-    stops = set(pair.target.stop_token_ids())
+    device = s.device or fingerprint.default_device()
+    pair = _load(s, device, progress)
+    target = _OnDemand(s, device)()
+    stops = set(target.stop_token_ids())
     rows = []
     for i, p in enumerate(pair.prompts, 1):
-        greedy = greedy_continuations(pair.target, [p.input_ids], s.max_new_tokens, 0, 1)[0]
+        greedy = greedy_continuations(target, [p.input_ids], s.max_new_tokens, 0, 1)[0]
         greedy, _ = completion_bounds(greedy, s.max_new_tokens, stops)
-        run = online_generate(pair.target, pair.loaded, p.input_ids, s.max_new_tokens, stops, s.last_block,
+        run = online_generate(target, pair.loaded, p.input_ids, s.max_new_tokens, stops, s.last_block,
                               measure=True)
         rows.append(asdict(lossless_row(p.id, run, greedy)))
         progress("check-lossless", i, len(pair.prompts))
@@ -376,39 +435,86 @@ def check_lossless(s: EvalSettings, progress: Progress = _quiet) -> dict:
             "prompts": rows, "timing": {"total_s": time.perf_counter() - t0}}
 
 
+def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[int], precision: Precision,
+                 digest: str, cache: EvalCache) -> tuple[dict, dict]:
+    """(this eval's fingerprint, the target's linear-attention resolution).
+
+    What only the loaded target can tell (the probe, which kernels its layers resolved to) is
+    cached by (target digest, environment, kernel mode, device, probed layers): the rest of the
+    fingerprint is captured afresh every time, so a changed library or flag is a miss."""
+    here = fingerprint.capture(None, device, s.dtype, with_probe=False, drafter_precision=precision.name)
+    key = cache_key("fingerprint", digest, fingerprint.environment(here), s.linear_attn, device, layers)
+    known = cache.get_fingerprint(key)
+    if known is None or not {"part", "resolution"} <= set(known):
+        model = target()  # load_target applied the mode
+        fp = fingerprint.capture(model.model, device, s.dtype, probe_layers=layers, drafter_precision=precision.name)
+        known = {"part": fingerprint.target_part(fp), "resolution": model.resolution.to_dict()}
+        cache.put_fingerprint(key, known, target=digest)
+    return fingerprint.with_target_part(here, known["part"]), known["resolution"]
+
+
 def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
-    """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1)."""
+    """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1).
+
+    The target is loaded only when some of its work is missing from the cache (and always for
+    `--scoring online`, whose loop runs it); otherwise only its embedding and lm_head are read.
+    `timing` splits the eval into load (inputs, drafter, target weights), target, fingerprint
+    and drafter seconds; `timing.loaded` says what of the target was read ("model" or "heads").
+    """
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
     pair = _load(s, device, progress)
-    prompts, tokenizer, target, loaded = pair.prompts, pair.tokenizer, pair.target, pair.loaded
-    precision = pair.precision
+    prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
-    fp = fingerprint.capture(target.model, device, s.dtype, probe_layers=layers,  # load_target applied the mode
-                             drafter_precision=precision.name)
+    target = _OnDemand(s, device)
+    if pair.heads is None or s.scoring == "online":
+        target()
+    digest, cache = content_digest(s.target), EvalCache(s.cache_dir)
+    load_s = time.perf_counter() - t0 - target.seconds
+
+    def timed(work):  # (result, seconds spent outside loading the target)
+        start, loading = time.perf_counter(), target.seconds
+        out = work()
+        return out, time.perf_counter() - start - (target.seconds - loading)
+
+    (fp, resolution), fingerprint_s = timed(lambda: _fingerprint(target, s, device, layers, precision, digest, cache))
     progress("load", 2, 2)
 
     # The target's work does not depend on how the drafter computes: evals differing only there share it.
     env = {k: v for k, v in fingerprint.numbers_relevant(fp).items() if k != "numerics.drafter_precision"}
-    digest, cache = content_digest(target.path), EvalCache(s.cache_dir)
-    t_target = time.perf_counter()
-    conts = _continuations(target, prompts, s, block, cache, env, digest, progress)
-    stops = set(target.stop_token_ids())
+    longest = max(len(p.input_ids) + (len(p.completion_ids) if p.completion_ids else s.max_new_tokens)
+                  for p in prompts) + block
+    elem = torch.tensor([], dtype=getattr(torch, DTYPES[s.dtype])).element_size()
+    batch = s.batch_size or sizing.target_batch(device, pair.config, longest, elem)
+    dcfg = loaded.model.cfg
+    chunk = s.anchor_chunk or sizing.anchor_chunk(device, block, pair.config.vocab_size, dcfg.hidden_size,
+                                                  dcfg.num_attention_heads, longest)
+    conts, target_s = timed(lambda: _continuations(target, prompts, s, block, cache, env, digest, progress, batch))
+    stops = set(stop_token_ids(s.target, pair.config))
     walked = []
     for p, cont in zip(prompts, conts):
         max_new = s.max_new_tokens if p.completion_ids is None else min(s.max_new_tokens, len(p.completion_ids))
         completion, n_anchors = completion_bounds(cont, max_new, stops)
         end = metrics.walk_end(len(completion), n_anchors, n_anchors < len(completion), s.last_block)
         walked.append(Walked(p, completion, n_anchors, max_new, end))
-    contexts = _features(target, walked, layers, cache, env, digest, progress)
-    target_s = time.perf_counter() - t_target
+    contexts, features_s = timed(lambda: _features(target, walked, layers, cache, env, digest, progress,
+                                                   batch, pair.config.hidden_size))
+    target_s += features_s
+    # With the target loaded for its work, its heads are at hand; else read them alone.
+    start = time.perf_counter()
+    heads = target.target or load_heads(s.target, pair.heads, pair.config, sorted(stops), device, s.dtype)
+    load_s += time.perf_counter() - start
 
     t_drafter = time.perf_counter()
-    for i, (w, ctx, cont) in enumerate(zip(walked, contexts, conts), 1):
-        score_anchors(loaded, target, w, ctx, cont, s.budgets, precision=precision)
-        if s.last_block == "cut":
-            score_short_blocks(loaded, target, w, ctx, cont, s.budgets, precision)
-        progress("drafter", i, len(walked))
+    try:
+        for i, (w, cont) in enumerate(zip(walked, conts), 1):
+            ctx = contexts[i - 1]
+            score_anchors(loaded, heads, w, ctx, cont, s.budgets, chunk, precision)
+            if s.last_block == "cut":
+                score_short_blocks(loaded, heads, w, ctx, cont, s.budgets, precision)
+            progress("drafter", i, len(walked))
+    finally:
+        contexts.close()
     drafter_s = time.perf_counter() - t_drafter
     if not any(w.n_anchors for w in walked):
         raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
@@ -416,16 +522,19 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
     results = {"schema": SCHEMA, **summarize(walked, block, s.budgets, s.last_block)}
     if s.scoring == "online":
         t_online = time.perf_counter()
-        _score_online(results, target, loaded, walked, s.last_block, stops, block, progress)
+        _score_online(results, target(), loaded, walked, s.last_block, stops, block, progress)
         drafter_s += time.perf_counter() - t_online
     results.update(results_uncertainty(results["prompts"]))
-    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, target.stop_token_ids(), digest).to_dict()
+    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, sorted(stops), digest).to_dict()
     results.update({
         "fingerprint": fp,
-        "timing": {"target_s": target_s, "drafter_s": drafter_s, "total_s": time.perf_counter() - t0},
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
+        "timing": {"load_s": load_s + target.seconds, "target_s": target_s, "fingerprint_s": fingerprint_s,
+                   "drafter_s": drafter_s, "total_s": time.perf_counter() - t0,
+                   "loaded": "model" if target.target is not None else "heads"},
+        "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
+                     "batch_size": batch, "anchor_chunk": chunk},  # as sized for this device
         "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,
-                   "num_layers": target.num_layers, "linear_attention": target.resolution.to_dict()},
+                   "num_layers": pair.config.num_hidden_layers, "linear_attention": resolution},
         "drafter": {"path": str(Path(s.drafter).resolve()), "source": loaded.source,
                     "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id},
     })

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from evaluators.harness import EvalSettings
-from evaluators.uncertainty import ci_metrics
+from tracker.uncertainty import ci_metrics
 from tracker.protocol import Protocol
 from evaluators.weights import one_line
 from tracker.errors import DraftboardError

@@ -19,7 +19,7 @@ from torch import nn
 
 from evaluators.limits import check_sizes
 from evaluators.weights import (SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line,
-                                safetensors_shapes)
+                                read_safetensors, safetensors_shapes)
 from tracker import linear_attn
 from tracker.config import DTYPES
 from tracker.errors import DraftboardError
@@ -66,12 +66,52 @@ class Target:
         return getattr(self.config, "max_position_embeddings", None)
 
     def stop_token_ids(self) -> list[int]:
-        ids = getattr(self.model.generation_config, "eos_token_id", None)
-        if ids is None:
-            ids = self.config.eos_token_id
-        if ids is None:
-            return []
-        return [ids] if isinstance(ids, int) else list(ids)
+        return _stop_ids(self.model.generation_config, self.config)
+
+
+def _stop_ids(generation_config, text_cfg) -> list[int]:
+    ids = getattr(generation_config, "eos_token_id", None)
+    if ids is None:
+        ids = text_cfg.eos_token_id
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+@dataclass
+class HeadLocation:
+    """Where the embedding and lm_head sit in the weight files (tied: one tensor for both)."""
+
+    embed: tuple[str, Path]  # (stored tensor name, file)
+    lm_head: tuple[str, Path]
+
+
+@dataclass
+class TargetHeads:
+    """What a warm eval needs of the target: its embedding and lm_head, config and stop tokens.
+
+    Read as two tensors from the safetensors files (never the decoder stack): with the target's
+    continuations and features cached, the drafter needs nothing else of it.
+    """
+
+    path: Path
+    device: str
+    dtype: str
+    config: object  # the text config
+    embed_weight: torch.Tensor  # [V, H]
+    lm_head_weight: torch.Tensor  # [V, H]
+    stop_ids: list[int]
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def stop_token_ids(self) -> list[int]:
+        return list(self.stop_ids)
 
 
 def content_digest(path: str | Path) -> str:
@@ -140,7 +180,39 @@ def _by_suffix(keys) -> dict[str, list[str]]:
     return tails
 
 
-def check_weights(path: str | Path) -> None:
+def _meta_model(path: Path, cfg):
+    """The model `cfg` describes, on the meta device: names and shapes, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(cfg)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise DraftboardError(f"target {path}: config.json does not describe a causal LM: {one_line(exc)}") from exc
+
+
+def _stored_name(name: str, stored, tails: dict[str, list[str]]) -> str | None:
+    """The checkpoint's name for parameter `name`: itself, else the one stored name ending in its tail."""
+    same = [name] if name in stored else tails.get(name.split(".", 1)[-1], [])
+    return same[0] if len(same) == 1 else None
+
+
+def _locate_heads(model, stored, where: dict[str, Path], tails) -> HeadLocation | None:
+    """Where the embedding and lm_head of `model` are stored; None when either cannot be told apart."""
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    names = dict.fromkeys(("embed", "head"))
+    for name, param in model.named_parameters(remove_duplicate=False):
+        for role, p in (("embed", embed), ("head", head)):
+            found = _stored_name(name, stored, tails) if param is p else None
+            names[role] = names[role] or found
+    if head is embed:  # tied: a checkpoint stores the shared matrix once, under either name
+        names["head"] = names["embed"] = names["embed"] or names["head"]
+    if names["embed"] is None or names["head"] is None:
+        return None
+    return HeadLocation((names["embed"], where[names["embed"]]), (names["head"], where[names["head"]]))
+
+
+def check_weights(path: str | Path) -> HeadLocation | None:
     """The target folder against its config, before from_pretrained allocates anything.
 
     Every entry of the folder resolves inside it; the config's sizes are bounded; every
@@ -150,29 +222,26 @@ def check_weights(path: str | Path) -> None:
     multimodal release keeps the text model under `model.language_model.`), so a parameter is
     matched by its full name, else by the one stored name ending in its name without the first
     component. Targets stored only as `.bin` get the bounds check.
-    """
-    from transformers import AutoModelForCausalLM
 
+    Returns where the embedding and lm_head are stored (what a warm eval reads), or None for a
+    target without safetensors files.
+    """
     path = Path(path)
     cfg = model_config(path)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     check_sizes(text.to_dict(), f"target {path} config.json")
     files = _safetensors_files(path)
     if not files:
-        return
+        return None
     stored, where = safetensors_shapes(files)
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(cfg)
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise DraftboardError(f"target {path}: config.json does not describe a causal LM: {one_line(exc)}") from exc
+    model = _meta_model(path, cfg)
     tails = _by_suffix(stored)
     for name, param in model.state_dict().items():
-        same = [name] if name in stored else tails.get(name.split(".", 1)[-1], [])
-        if len(same) == 1 and stored[same[0]] != tuple(param.shape):
+        same = _stored_name(name, stored, tails)
+        if same is not None and stored[same] != tuple(param.shape):
             raise DraftboardError(
                 f"target {path}: config.json gives {name} the shape {list(param.shape)} but "
-                f"{where[same[0]].name} holds {same[0]} {list(stored[same[0]])}: config and weights do not belong together"
+                f"{where[same].name} holds {same} {list(stored[same])}: config and weights do not belong together"
             )
     needed = sum(p.numel() for p in model.parameters())
     held = sum(math.prod(shape) for shape in stored.values())
@@ -181,6 +250,31 @@ def check_weights(path: str | Path) -> None:
             f"target {path}: config.json describes {needed:,} parameters but the weight files hold {held:,}: "
             "config and weights do not belong together"
         )
+    return _locate_heads(model, stored, where, tails)
+
+
+def load_heads(path: str | Path, heads: HeadLocation, text_cfg, stop_ids: list[int], device: str = "cpu",
+               dtype: str = "fp32") -> TargetHeads:
+    """The embedding and lm_head alone, as from_pretrained would hold them (cast to `dtype`)."""
+    torch_dtype = getattr(torch, DTYPES[dtype])
+
+    def read(name: str, file: Path) -> torch.Tensor:
+        return read_safetensors(file, [name])[name].to(device=device, dtype=torch_dtype)
+
+    embed = read(*heads.embed)
+    head = embed if heads.lm_head == heads.embed else read(*heads.lm_head)
+    return TargetHeads(Path(path), device, dtype, text_cfg, embed, head, list(stop_ids))
+
+
+def stop_token_ids(path: str | Path, text_cfg) -> list[int]:
+    """The target's stop tokens as a loaded model's generation config gives them, from the files alone."""
+    from transformers import GenerationConfig
+
+    if (Path(path) / "generation_config.json").is_file():
+        generation = GenerationConfig.from_pretrained(path)
+    else:  # what from_pretrained derives when the file is missing
+        generation = GenerationConfig.from_model_config(model_config(path))
+    return _stop_ids(generation, text_cfg)
 
 
 def load_tokenizer(path: str | Path):
@@ -293,19 +387,36 @@ class FeatureTap:
             handle.remove()
 
 
-@torch.no_grad()
 def layer_hidden_states(target: Target, sequence: list[int], layer_ids: list[int]) -> dict[int, torch.Tensor]:
-    """Hidden states of `layer_ids` for one token sequence: {layer: [T, H]} (float32, CPU)."""
+    """Hidden states of `layer_ids` for one token sequence: {layer: [T, H]} (the target's dtype, CPU).
+
+    The reference for the batched pass: a batch of one has no padding at all."""
+    return layer_hidden_states_batch(target, [sequence], layer_ids)[0]
+
+
+@torch.no_grad()
+def layer_hidden_states_batch(target: Target, sequences: list[list[int]],
+                              layer_ids: list[int]) -> list[dict[int, torch.Tensor]]:
+    """`layer_hidden_states` of several sequences in one forward, right-padded.
+
+    The decoder is causal (attention and the linear-attention recurrence alike), so a real
+    position never sees the padding after it: no attention mask is needed, and each row is cut
+    back to its own length. Features equal the per-sequence pass to float rounding (batched
+    matmuls may block differently; tests/test_target.py bounds the gap).
+    """
     limit = target.max_positions
-    if limit is not None and len(sequence) > limit:
-        raise DraftboardError(f"sequence of {len(sequence)} tokens exceeds the target's context of {limit}")
+    for seq in sequences:
+        if limit is not None and len(seq) > limit:
+            raise DraftboardError(f"sequence of {len(seq)} tokens exceeds the target's context of {limit}")
+    ids = torch.zeros((len(sequences), max(map(len, sequences))), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, :len(seq)] = torch.tensor(seq)
     tap = FeatureTap(target, layer_ids)
     try:
-        ids = torch.tensor([sequence], device=target.device)
-        target.text_model(input_ids=ids, use_cache=False)
+        target.text_model(input_ids=ids.to(target.device), use_cache=False)
     finally:
         tap.close()
-    return {i: tap.outputs[i][0].float().cpu() for i in layer_ids}
+    return [{i: tap.outputs[i][row, :len(seq)].cpu() for i in layer_ids} for row, seq in enumerate(sequences)]
 
 
 def describe(target: Target) -> dict:

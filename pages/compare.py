@@ -1,14 +1,22 @@
-"""Compare: training and eval curves of chosen runs against a reference, with environment checks."""
+"""Compare: training and eval curves of chosen runs against a reference, with environment checks.
+
+One view at a time (`VIEWS`, picked with the `compare_view` switch, kept in the URL): only the shown
+view is computed and sent. To add a view, define `def my_view() -> None` (it may read the page's
+`data`, `index`, `colors`, ...) and add it to `VIEWS`; list it in `NEEDS_HISTORIES` if it reads
+`data.train_curves`.
+"""
 
 import streamlit as st
 
-from tracker.dashboard import charts, metric_docs, ui
+from tracker.dashboard import charts, metric_docs, recipe, ui
 from tracker.dashboard.compare import (
     best_evals,
     closest_reference,
     common_budgets,
     compare_data,
     default_selection,
+    env_key,
+    eval_tables,
     outside_budgets,
     reference_label,
     train_runs_for_histories,
@@ -17,6 +25,7 @@ from tracker.dashboard.escape import csv_bytes, md, md_code
 
 AUTO = "__closest__"
 NONE = "__none__"
+PLOTLY = {"displaylogo": False}
 
 cfg, index = ui.shared()
 st.title("Compare")
@@ -59,16 +68,13 @@ with st.sidebar:
                             help="default: a reference evaluated for the same target with the closest environment "
                                  "(fewest critical, then warning, fingerprint differences). Published references "
                                  "show their target.")
-    full = st.toggle("Full resolution", key="compare_full",
-                     help=f"off: at most {ui.DEFAULT_MAX_POINTS} points per training curve (every k-th step, first "
-                          "and last kept); on: every logged point (slower for long runs)")
 reference_id = choice.run_id if ref_pick == AUTO else (None if ref_pick == NONE else ref_pick)
 
 
 def _pick_label(run_id: str) -> str:
     ev = index.runs[run_id]
     tau = ev.metrics.get("tau")
-    return (f"step {ev.checkpoint_step} · {ev.linear_attn}/{ev.device}/{ev.dtype}"
+    return (f"step {ev.checkpoint_step} · {env_key(ev)}"
             + (f" · tau {tau:.3f}" if isinstance(tau, float) else ""))
 
 
@@ -78,85 +84,103 @@ with st.sidebar:
               if index.runs[r].kind == "train"}
     if any(len(evals) > 1 for evals in ranked.values()):
         st.subheader("Checkpoint drawn", help="which eval of each training run the Acceptance by position and "
-                                              "DDTree tabs draw. Default: the one closest to the reference's "
-                                              "environment, then to its training run's; then the latest step.")
+                                              "DDTree views draw. Default: one drawn solid (matching its training "
+                                              "run's environment), then the closest to the reference's; then the "
+                                              "latest step.")
         for run_id, evals in ranked.items():
             if len(evals) > 1:
                 picks[run_id] = st.selectbox(index.label(run_id), [e.run_id for e in evals],
                                              key=f"compare_pick_{run_id}", format_func=_pick_label)
 
-hist = ui.histories(cfg.store_uri, train_runs_for_histories(index, chosen),
-                    max_points=None if full else ui.DEFAULT_MAX_POINTS, index=index)
-data = compare_data(index, chosen, reference_id, hist, ui.eval_results_loader(cfg.store_uri), picks)
-ref = data.reference
-colors = charts.run_colors(index)
-PLOTLY = {"displaylogo": False}
-if data.target_note:
-    # A reference for another model makes every other difference moot: said once, first, loudest.
-    st.error(f"**{md(data.target_note)}**", icon=":material/error:")
-else:
-    if ref_pick == AUTO:
-        if choice.run_id is None or not choice.matches:
-            st.warning(f"Reference: {md(choice.message)}", icon=":material/info:")
-        else:
-            st.caption(f"Reference: {md(choice.message)}")
-    if ref is not None and ref.published:
-        st.info(f"The reference **{md(ref.name)}** is published numbers for target {md_code(ref.target or 'unknown')}: "
-                "its environment is unknown, so differences are warnings, not proof of comparability.",
-                icon=":material/menu_book:")
-    ui.bullet_list(data.banner, "Environment differs critically from the reference — drawn dashed on every chart "
-                                "(the legend says why), not comparable:")
-ui.bullet_list(data.lineage_banner, "Evaluated in a different environment than trained:", st.warning)
 
-tab_eval, tab_train, tab_pos, tab_tree, tab_data = st.tabs(
-    ["Eval by checkpoint", "Training curves", "Acceptance by position", "DDTree vs budget", "Data"])
+# --------------------------------------------------------------------------- views
 
-with tab_eval:
+
+@st.fragment
+def eval_view() -> None:
     if not data.eval_metrics:
         st.info("No eval results for these runs yet: evaluate a checkpoint from the Launch page or with "
                 "`draftboard eval --train-run-id ... --checkpoint-step ...`.")
+        return
+    wanted = [m for m in ("tau", "streak") if m in data.eval_metrics] or data.eval_metrics[:1]
+    keys = st.multiselect("Eval metrics", data.eval_metrics, default=wanted, key="compare_eval_metrics",
+                          help="\n\n".join(metric_docs.help_text(k) for k in data.eval_metrics
+                                           if metric_docs.family(k) != "accept_rate_pos"))
+    ref_label = reference_label(index, ref) if ref is not None else None
+    cols = st.columns(2)
+    for i, key in enumerate(keys):
+        with cols[i % 2]:
+            st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
+            figure = charts.eval_curves(data.eval_points, key, data.reference_values.get(key), ref_label, colors)
+            st.plotly_chart(charts.add_intervals(figure, data.eval_points, key,
+                                                 data.reference_interval if key == "tau" else None),
+                            key=f"compare_eval_{key}", config=PLOTLY)
+    st.caption("Error bars: the 95% bootstrap interval over prompts of each eval. Series marked (online) were "
+               "scored by z-lab's cached online loop, not the lossless offline walk.")
+    shown = data.eval_points[data.eval_points["key"].isin(keys)]
+    st.download_button("Download shown eval data (CSV)", csv_bytes(shown), "eval_by_checkpoint.csv", "text/csv",
+                       key="compare_eval_csv", on_click="ignore")
+    tables = eval_tables(index, data, results)
+    verdict_help = ("Δτ = this − the other, with its 95% interval: a paired bootstrap over prompts when both evals "
+                    "hold per-prompt data for the same prompts (as `draftboard compare`), else each side's own "
+                    "interval (better or worse only when they do not overlap). Not comparable: a critical "
+                    "environment or protocol difference.")
+    st.markdown("**vs reference**", help="each chosen eval (a training run's: the checkpoint drawn) against the "
+                                         "reference's number for the same dataset, never an average over other "
+                                         "sets. " + verdict_help)
+    if ref is None:
+        st.info("No reference chosen.")
     else:
-        wanted = [m for m in ("tau", "streak") if m in data.eval_metrics] or data.eval_metrics[:1]
-        keys = st.multiselect("Eval metrics", data.eval_metrics, default=wanted, key="compare_eval_metrics",
-                              help="\n\n".join(metric_docs.help_text(k) for k in data.eval_metrics
-                                               if metric_docs.family(k) != "accept_rate_pos"))
-        ref_label = reference_label(index, ref) if ref is not None else None
-        cols = st.columns(2)
-        for i, key in enumerate(keys):
-            with cols[i % 2]:
-                st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-                st.plotly_chart(charts.eval_curves(data.eval_points, key, data.reference_values.get(key), ref_label,
-                                                   colors), key=f"compare_eval_{key}", config=PLOTLY)
-        shown = data.eval_points[data.eval_points["key"].isin(keys)]
-        st.download_button("Download shown eval data (CSV)", csv_bytes(shown), "eval_by_checkpoint.csv", "text/csv",
-                           key="compare_eval_csv", on_click="ignore")
+        st.dataframe(tables.vs_reference.drop(columns="run_id"), hide_index=True, key="compare_vs_reference")
+    st.markdown("**vs previous checkpoint**", help="each evaluated checkpoint against the one before it in the "
+                                                   "same series, per dataset. " + verdict_help)
+    if tables.vs_previous.empty:
+        st.caption("No series has two evaluated checkpoints.")
+    else:
+        st.dataframe(tables.vs_previous.drop(columns="run_id"), hide_index=True, key="compare_vs_previous")
+    st.markdown("**Per-dataset results**", help="tau per dataset with its 95% bootstrap interval (published "
+                                                "numbers have none), grouped by dataset")
+    st.dataframe(tables.by_dataset.drop(columns="run_id"), hide_index=True, key="compare_by_dataset")
+    if not tables.online.empty:
+        st.markdown("**Online vs offline**", help="tau of one checkpoint scored online (z-lab's cached loop) and "
+                                                  "offline (the lossless walk): on hybrid targets the cached loop "
+                                                  "can leave greedy decoding, and the gap shows it")
+        st.dataframe(tables.online, hide_index=True, key="compare_online_gap")
 
-with tab_train:
+
+@st.fragment
+def train_view() -> None:
     if not data.train_metrics:
         st.info("No training steps logged by the chosen runs.")
-    else:
-        keys = st.multiselect("Training metrics", data.train_metrics, default=data.train_metrics[:4],
-                              key="compare_train_metrics",
-                              help="\n\n".join(metric_docs.help_text(k) for k in data.train_metrics))
-        with st.container(horizontal=True):
-            smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="compare_smoothing",
-                                  help="exponential moving average weight w: each point is w × the previous smoothed "
-                                       "value + (1 − w) × its own. 0: raw. The raw curve stays behind, faint.")
-            log_x = st.toggle("Log step axis", key="compare_log_step",
-                              help="training step on a log scale: early training is readable next to late")
-        cols = st.columns(2)
-        for i, key in enumerate(keys):
-            with cols[i % 2]:
-                st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-                st.plotly_chart(charts.step_curves(data.train_curves, key, colors=colors, smoothing=smoothing,
-                                                   log_x=log_x), key=f"compare_train_{key}", config=PLOTLY)
-        shown = data.train_curves[data.train_curves["key"].isin(keys)]
-        st.caption(f"{len(shown):,} points shown" + ("" if full else
-                                                      f" (at most {ui.DEFAULT_MAX_POINTS} per curve)"))
-        st.download_button("Download shown training data (CSV)", csv_bytes(shown), "training_curves.csv",
-                           "text/csv", key="compare_train_csv", on_click="ignore")
+        return
+    keys = st.multiselect("Training metrics", data.train_metrics, default=data.train_metrics[:4],
+                          key="compare_train_metrics",
+                          help="\n\n".join(metric_docs.help_text(k) for k in data.train_metrics))
+    with st.container(horizontal=True):
+        smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="compare_smoothing",
+                              help="exponential moving average weight w: each point is w × the previous smoothed "
+                                   "value + (1 − w) × its own. 0: raw. The raw curve stays behind, faint.")
+        log_x = st.toggle("Log step axis", key="compare_log_step",
+                          help="training step on a log scale: early training is readable next to late")
+    window = ui.step_window(data.train_curves)
+    curves = data.train_curves
+    if window is not None:  # zoomed: the window again, at full detail where it fits the chart
+        hist = ui.curves(cfg.store_uri, history_runs, index=index, window=window)
+        curves = compare_data(index, chosen, reference_id, hist, results, picks).train_curves
+    cols = st.columns(2)
+    for i, key in enumerate(keys):
+        with cols[i % 2]:
+            st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
+            st.plotly_chart(charts.step_curves(curves, key, recipe.step_axis_title(index, chosen), colors=colors,
+                                               smoothing=smoothing, log_x=log_x, x_range=window),
+                            key=f"compare_train_{key}", config=PLOTLY)
+    shown = curves[curves["key"].isin(keys)]
+    st.caption(ui.curves_caption(shown))
+    st.download_button("Download shown training data (CSV)", csv_bytes(shown), "training_curves.csv",
+                       "text/csv", key="compare_train_csv", on_click="ignore")
 
-def per_run_tab(title: str, family: str, frame, figure, empty: str, csv_name: str, key: str) -> None:
+
+def per_run_view(title: str, family: str, frame, figure, empty: str, csv_name: str, key: str) -> None:
     """A chart of one checkpoint per chosen run, with its data as CSV."""
     st.markdown(f"**{title}**", help=metric_docs.family_help(family))
     if frame.empty:
@@ -169,22 +193,24 @@ def per_run_tab(title: str, family: str, frame, figure, empty: str, csv_name: st
                        on_click="ignore")
 
 
-with tab_pos:
-    per_run_tab("Acceptance rate by draft position", "accept_rate_pos", data.accept_by_position,
-                lambda frame: charts.accept_by_position(frame, colors), "No per-position acceptance for these runs.",
-                "accept_by_position.csv", "positions")
+def position_view() -> None:
+    per_run_view("Acceptance rate by draft position", "accept_rate_pos", data.accept_by_position,
+                 lambda frame: charts.accept_by_position(frame, colors), "No per-position acceptance for these runs.",
+                 "accept_by_position.csv", "positions")
 
-with tab_tree:
+
+def ddtree_view() -> None:
     span = common_budgets(data.ddtree)
-    per_run_tab("DDTree tau against node budget", "ddtree_tau", data.ddtree,
-                lambda frame: charts.ddtree_vs_budget(frame, colors, span), "No DDTree results for these runs.",
-                "ddtree_vs_budget.csv", "ddtree")
+    per_run_view("DDTree tau against node budget", "ddtree_tau", data.ddtree,
+                 lambda frame: charts.ddtree_vs_budget(frame, colors, span), "No DDTree results for these runs.",
+                 "ddtree_vs_budget.csv", "ddtree")
     outside = outside_budgets(data.ddtree, span)
     if outside:
         st.caption(f"The axis spans the budgets every series has ({span[0]}–{span[1]} nodes). Also measured, off "
                    f"the chart (in the CSV): {md('; '.join(outside))}.")
 
-with tab_data:
+
+def data_view() -> None:
     export = data.export_frame()
     st.dataframe(export, hide_index=True, key="compare_data_table")
     st.download_button("Download all shown data (CSV)", csv_bytes(export), "compare.csv", "text/csv",
@@ -192,3 +218,80 @@ with tab_data:
     with st.expander("Metric definitions"):
         for doc in metric_docs.glossary():
             st.markdown(doc.help())
+
+
+def config_view() -> None:
+    ids, default = recipe.reference_choices(index, chosen, reference_id)
+    if len(ids) < 2:
+        st.info("The Config view diffs training recipes: choose at least two training runs (or evals of them).")
+        return
+    with st.container(horizontal=True):
+        ref_id = st.selectbox("Recipe reference", ids, index=ids.index(default), key="compare_recipe_ref",
+                              format_func=lambda r: ui.run_option_label(index, r),
+                              help="default: the training run behind the reference, else the first chosen run")
+        show_all = st.toggle("Show all keys", key="compare_config_all", help="off: only the keys that differ")
+    cv = recipe.config_view(index, ids, ref_id, diff_only=not show_all)
+    st.caption(f"{md(cv.summary)} · {recipe.DFLASH_MARK} a DFlash recipe key · `logged as`: the tool's own name")
+    if cv.critical_keys:
+        st.error(f"Critical recipe differences ({md(', '.join(cv.critical_keys))}): acceptance numbers of these "
+                 "runs are not comparable with the reference's.", icon=":material/error:")
+    if cv.table.empty:
+        st.success("No key differs from the reference.")
+    else:
+        st.dataframe(cv.styled(), hide_index=True, key="compare_config_table",
+                     column_config={"reason": st.column_config.TextColumn(width="large")})
+    if not cv.lints.empty:
+        st.markdown("**Lint**", help="rules on each recipe, each with why it matters")
+        st.dataframe(cv.lints, hide_index=True, key="compare_config_lints",
+                     column_config={"reason": st.column_config.TextColumn(width="large")})
+    st.download_button("Download the recipe diff (CSV)", csv_bytes(cv.table), "recipe_diff.csv", "text/csv",
+                       key="compare_config_csv", on_click="ignore")
+
+
+VIEWS = {
+    "Eval by checkpoint": eval_view,
+    "Training curves": train_view,
+    "Acceptance by position": position_view,
+    "DDTree vs budget": ddtree_view,
+    "Config": config_view,
+    "Data": data_view,
+}
+NEEDS_HISTORIES = {"Training curves", "Data"}  # the views that read data.train_curves
+
+# --------------------------------------------------------------------------- the page
+
+banners = st.container()  # above the view switch, filled once the data is known
+view = st.segmented_control("View", list(VIEWS), default=next(iter(VIEWS)), required=True, key="compare_view",
+                            bind="query-params", label_visibility="collapsed",
+                            help="one view at a time: only the one shown is computed")
+history_runs = train_runs_for_histories(index, chosen)
+results = ui.eval_results_loader(cfg.store_uri)
+hist = ui.curves(cfg.store_uri, history_runs if view in NEEDS_HISTORIES else [], index=index)
+data = compare_data(index, chosen, reference_id, hist, results, picks)
+ref = data.reference
+colors = charts.run_colors(index)
+with banners:
+    if data.target_note:
+        # A reference for another model makes every other difference moot: said once, first, loudest.
+        st.error(f"**{md(data.target_note)}**", icon=":material/error:")
+    else:
+        if ref_pick == AUTO:
+            if choice.run_id is None or not choice.matches:
+                st.warning(f"Reference: {md(choice.message)}", icon=":material/info:")
+            else:
+                st.caption(f"Reference: {md(choice.message)}")
+        if ref is not None and ref.published:
+            st.info(f"The reference **{md(ref.name)}** is published numbers for target "
+                    f"{md_code(ref.target or 'unknown')}: its environment is unknown, so differences are warnings, "
+                    "not proof of comparability.", icon=":material/menu_book:")
+        ui.bullet_list(data.banner, "Environment or protocol differs critically from the reference — not comparable "
+                                    "with it (series dashed where the legend says ≠ reference):")
+        if data.probe_help:
+            st.caption("Hidden states compared on the fixed probe input", help=md("\n\n".join(data.probe_help)))
+        ui.bullet_list(data.protocol_notes, "Protocol differences from the reference that do not dash a series:",
+                       st.info, icon=":material/rule:")
+        if data.reference_note:
+            (st.warning if data.reference_note.startswith("No reference") else st.caption)(md(data.reference_note))
+    ui.bullet_list(data.lineage_banner, "Evaluated in a different environment than trained — not the drafter as "
+                                        "trained, drawn dashed (≠ training):", st.warning)
+VIEWS[view]()

@@ -3,8 +3,8 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, reeval_plan
-from tracker.dashboard.escape import md
+from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, reeval_plan, unfingerprinted
+from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import submit_eval
 from tracker.dashboard.lineage import train_eval_pairs
 
@@ -21,10 +21,14 @@ if not pairs:
     st.info("No eval is linked to a training run yet (evals carry the tag `draftboard.train_run_id`).")
 else:
     table = pairs_frame(index, pairs)
-    n_crit = int((table["critical"] > 0).sum())
+    redone = table["re-evaluated as"].ne("")
+    n_crit = int(((table["critical"] > 0) & ~redone).sum())
     if n_crit:
         st.error(f"{n_crit} eval(s) ran in an environment that differs critically from their training run.",
                  icon=":material/warning:")
+    if redone.any():
+        st.success(f"{int(redone.sum())} such eval(s) were re-evaluated under their training run's environment "
+                   "and match it (column *re-evaluated as*).", icon=":material/check_circle:")
     st.dataframe(table, hide_index=True, key="env_pairs", column_order=[c for c in table.columns
                                                                        if c != "eval_run_id"],
                  column_config={"differences": st.column_config.TextColumn(width="large")})
@@ -56,6 +60,22 @@ else:
                 else:
                     st.success(f"Queued job #{job.id}.")
                 st.page_link("pages/launch.py", label="Follow it in the queue", icon=":material/list:")
+
+# ------------------------------------------------------------------ no fingerprint
+SHOWN_FIXES = 15
+missing = unfingerprinted(index, cfg.store_uri)
+if not missing.empty:
+    st.subheader(f"Runs without a fingerprint ({len(missing)})",
+                 help="their environment is unknown, so no environment check can compare them; runs other tools "
+                      "(SpecForge, speculators, the HF Trainer) wrote are the usual case")
+    st.caption("Run the command on the machine that trained the run, in its environment (same Python, torch, GPU); "
+               "or add `tracker.attach_fingerprint()` to the launch script.")
+    for row in missing.head(SHOWN_FIXES).itertuples(index=False):
+        st.markdown(f"**{md(row.run)}** · {md(row.kind)}: {md_code(row.fix)}")
+    if len(missing) > SHOWN_FIXES:
+        with st.expander(f"All {len(missing)} runs"):
+            st.dataframe(missing, hide_index=True, key="env_unfingerprinted",
+                         column_config={"fix": st.column_config.TextColumn(width="large")})
 
 # ------------------------------------------------------------------ matrix
 st.subheader("Fingerprint matrix", help="one column per run; cells are graded against the baseline column")

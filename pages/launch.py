@@ -9,11 +9,13 @@ from tracker.dashboard.launch_form import (
     DRAFTER_PRECISIONS,
     DTYPES,
     LINEAR_ATTN_CHOICES,
+    PROMPT_PATH,
     LaunchForm,
     describe_job,
     error_line,
     eval_params,
     form_defaults,
+    prompt_choices,
     result_line,
     shown_log,
     submit_eval,
@@ -24,6 +26,16 @@ from tracker.dashboard.launch_form import (
 OTHER = "__path__"
 
 cfg, index = ui.shared(needs_runs=False)
+PROMPT_CHOICES = {c.value: c.label for c in prompt_choices(index)}
+
+
+def _set_prompts(spec: str) -> None:
+    """The picker on a known set or file; any other path goes to the path field below it."""
+    known = spec in PROMPT_CHOICES and spec != PROMPT_PATH
+    st.session_state["launch_prompt_set"] = spec if known else PROMPT_PATH
+    if not known:
+        st.session_state["launch_prompts"] = spec
+
 st.title("Launch eval")
 queue = ui.open_queue_or_stop(cfg)
 
@@ -32,10 +44,12 @@ def _on_train_change() -> None:
     """Pre-fill the form from the chosen training run and the project defaults (launch_form.form_defaults)."""
     defaults = form_defaults(index, index.get(st.session_state.get("launch_train_run")))
     for key, field in (("launch_target", "target"), ("launch_device", "device"), ("launch_dtype", "dtype"),
-                       ("launch_precision", "drafter_precision"), ("launch_prompts", "prompts"),
-                       ("launch_max_new", "max_new_tokens"), ("launch_budgets", "budgets")):
+                       ("launch_precision", "drafter_precision"), ("launch_max_new", "max_new_tokens"),
+                       ("launch_budgets", "budgets")):
         if defaults[field] is not None:
             st.session_state[key] = defaults[field]
+    if defaults["prompts"] is not None:
+        _set_prompts(defaults["prompts"])
     run = index.get(st.session_state.get("launch_train_run"))
     st.session_state["launch_linear"] = ("match training run" if run and training_linear_attn(run.fingerprint)[0]
                                          else "auto")
@@ -77,9 +91,18 @@ else:
     c1, c2 = st.columns(2)
     target = c1.text_input("Target", key="launch_target", placeholder="/path/to/target model directory",
                            help="the target model directory (transformers format)")
-    prompts = c2.text_input("Prompts file", key="launch_prompts", placeholder="/path/to/prompts.jsonl",
-                            help='JSON lines: {"id", "input_ids"} or {"id", "prompt"} or {"id", "messages"}')
-    c1, c2, c3, c4, c5, c6 = st.columns(6)
+    prompt_set = c2.selectbox(
+        "Prompts", list(PROMPT_CHOICES), key="launch_prompt_set", format_func=PROMPT_CHOICES.get,
+        help="the prompt files this project's evals used (an eval on them compares with theirs), z-lab's benchmark "
+             "sets by name (gsm8k, math500, humaneval, mbpp, mt-bench: read by the worker's `datasets` library with "
+             "z-lab's column mapping, each prompt labelled with its set so Compare meets the reference's number "
+             "for it), or a path under the allowed roots")
+    prompts = prompt_set
+    if prompt_set == PROMPT_PATH:
+        prompts = c2.text_input("Prompts path", key="launch_prompts", placeholder="/path/to/prompts.jsonl or folder",
+                                help='JSON lines ({"id", "input_ids" | "prompt" | "messages"}, optional "dataset"), '
+                                     "z-lab or Spec-Bench `turns` files, or a folder of them (one file per dataset)")
+    c1, c2, c3, c4, c5, c6, c7 = st.columns(7)
     for key, field in (("launch_budgets", "budgets"), ("launch_max_new", "max_new_tokens")):
         st.session_state.setdefault(key, form_defaults(index, None)[field])
     budgets = c1.text_input("DDTree budgets", key="launch_budgets",
@@ -92,6 +115,9 @@ else:
                              format_func=lambda p: "as dtype" if p is None else p,
                              help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 weights "
                                   "under bf16 autocast, as mixed-precision training computes")
+    limit = c7.number_input("Prompts per dataset", min_value=1, value=None, step=1, key="launch_limit",
+                            help="at most N prompts of each dataset, a fixed-seed sample as z-lab's --max-samples "
+                                 "draws it (gsm8k has 1,319); empty: every prompt")
     linear = c6.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
                           help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "
                                "torch; match training run: the path in the training run's fingerprint")
@@ -117,6 +143,7 @@ else:
             drafter_precision=precision, linear_attn=linear,
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
+            limit_per_dataset=None if limit is None else int(limit),
         )
         with ui.reported(lambda text: st.error(text, icon=":material/block:")):
             params = eval_params(form, cfg.store_uri, cfg.allowed_roots)

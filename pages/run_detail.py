@@ -1,8 +1,10 @@
 """Run detail: params, curves, checkpoints with their evals, fingerprint, link to mlflow ui."""
 
+import json
+
 import streamlit as st
 
-from tracker.dashboard import charts, lineage, metric_docs, ui
+from tracker.dashboard import charts, lineage, metric_docs, recipe, ui, watch_form
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.tables import (
@@ -48,6 +50,8 @@ if train is not None:
 for pair in lineage.mismatches(index, run):
     st.error(f"**Critical environment difference** — {md(lineage.mismatch_text(index, pair))}",
              icon=":material/warning:")
+    if pair.probe_help(index):
+        st.caption("Hidden states compared on the fixed probe input", help=md(pair.probe_help(index)))
 
 if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
     # Published numbers were never an eval of ours: there is nothing to demote them to.
@@ -61,24 +65,78 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
             st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
 
+
+def watch_section(run) -> None:
+    """The run's checkpoint watch: its state, and (unless read-only) a form that registers one
+    for `draftboard worker --watch` to run."""
+    st.markdown("**Checkpoint watch**", help="records the checkpoints a training tool writes into a folder as they "
+                                             "appear (z-lab folders, SpecForge epoch_*_step_* and *-stepN, "
+                                             "speculators epoch folders), each digested once; with an eval preset, "
+                                             "queues an eval of each, so Eval by checkpoint fills itself")
+    state = None
+    with ui.reported(st.warning):
+        state = watch_form.state(ui.tracker_for(cfg.store_uri), run.run_id)
+        if state is not None:
+            st.caption(f"Watching {md_code(state.dir)}" + (" · evaluates each new checkpoint"
+                                                           if state.preset else " · records only")
+                       + f" · a checkpoint is taken once its files are {state.settle_s:g} s old. A running "
+                         "`draftboard worker --watch` scans it.")
+            seen = watch_form.seen_frame(state)
+            if not seen.empty:
+                st.dataframe(seen, hide_index=True, key="detail_watch_seen")
+    if cfg.readonly:
+        if state is None:
+            st.caption("Not watched. This dashboard is read-only: start a watch with "
+                       f"{md_code(f'draftboard watch {run.run_id} DIR')}.")
+        return
+    if not st.toggle("Watch a checkpoint folder" if state is None else "Change the watch", key="detail_watch",
+                     help="registers the watch in the store; `draftboard worker --watch` runs it"):
+        return
+    with st.form("detail_watch_form"):
+        folder = st.text_input("Checkpoint folder", value=state.dir if state else "", key="detail_watch_dir",
+                               help="the folder the tool saves its checkpoints in (SpecForge --output-dir, "
+                                    "speculators --save-path)")
+        auto = st.checkbox("Evaluate each new checkpoint", value=bool(state and state.preset), key="detail_watch_auto")
+        preset = st.text_area("Eval preset (JSON eval params)", key="detail_watch_preset", height=160,
+                              value=json.dumps(state.preset, indent=2) if state and state.preset
+                              else watch_form.default_preset(index, run),
+                              help="target, prompts, budgets, device, dtype, ...: the watcher fills in the drafter, "
+                                   "train_run_id and checkpoint_step of each checkpoint")
+        settle = st.number_input("Settle time (s)", min_value=0.0, value=state.settle_s if state
+                                 else watch_form.DEFAULT_SETTLE_S, key="detail_watch_settle",
+                                 help="a checkpoint is taken once none of its files changed for this long, so one "
+                                      "still being written is not read half-way")
+        st.caption(ui.allowed_roots_caption(cfg))
+        if st.form_submit_button("Watch", icon=":material/visibility:", type="primary"):
+            with ui.reported():
+                state = watch_form.register(ui.tracker_for(cfg.store_uri), run.run_id, folder,
+                                            preset if auto else "", settle, cfg.allowed_roots)
+                st.toast(f"Watching {md_code(state.dir)}: `draftboard worker --watch` records each checkpoint "
+                         "as it appears" + (" and queues its eval." if state.preset else "."))
+                st.rerun()
+
+
 colors = charts.run_colors(index)  # the run's colour on Compare too
 tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance", "Params", "Fingerprint"])
 
 with tabs[0]:
     if run.kind == "train":
         frame = ui.histories(cfg.store_uri, [run.run_id], index=index)
+        if not frame.empty:  # another tool's metric names read as ours, its own in the legend
+            frame = recipe.alias_curves(frame.assign(series=run.name, owner=run.run_id, dashed=False, reason=""),
+                                        index)
         keys = metric_docs.sort_metrics(frame["key"].unique()) if not frame.empty else []
         if not keys:
             st.info("This run has logged no steps yet.")
         else:
-            frame = frame.assign(series=run.name, owner=run.run_id, dashed=False, reason="")
             chosen = st.multiselect("Metrics", keys, default=keys[:4], key="detail_metrics",
                                     help="\n\n".join(metric_docs.help_text(k) for k in keys[:8]))
             cols = st.columns(2)
             for i, key in enumerate(chosen):
                 with cols[i % 2]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
-                    st.plotly_chart(charts.step_curves(frame, key, colors=colors), key=f"detail_curve_{key}",
+                    st.plotly_chart(charts.step_curves(frame, key, recipe.step_axis_title(index, [run.run_id]),
+                                                       colors=colors), key=f"detail_curve_{key}",
                                     config={"displaylogo": False})
             st.caption(f"Curves show at most {ui.DEFAULT_MAX_POINTS} points each (every k-th step).")
     metrics = metrics_frame(run)
@@ -103,6 +161,7 @@ with tabs[1]:
         for ev in evals:
             st.page_link(ui.RUN_DETAIL_PAGE, label=md(f"{index.eval_label(ev)} — {ev.name} [{ev.env_badges}]"),
                          query_params={"run": ev.run_id}, icon=":material/science:")
+        watch_section(run)
     else:
         positions, trees = run_acceptance(run, ui.eval_results_loader(cfg.store_uri))
         if not positions.empty:

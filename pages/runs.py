@@ -31,12 +31,14 @@ cols = st.columns(4)
 cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
 cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
 cols[2].metric("References", sum(r.kind == "reference" for r in runs))
-cols[3].metric("Critical env mismatches", n_bad,
-               help="runs whose environment differs critically from the runs they are compared with "
-                    "(a training run vs its evals): their numbers are not comparable")
+cols[3].metric("Critical mismatches", n_bad,
+               help="runs whose environment differs critically from the runs they are compared with (a training "
+                    "run vs its evals), or whose evals were measured under protocols that differ critically (another "
+                    "prompt set or dataset, thinking, temperature, block size): their numbers are not comparable")
 
 tau_help = metric_docs.help_text("tau") + " For a training run: over its evals (latest checkpoint / best)."
-# Widths add up to about 1230 px, a 1600 px screen less the sidebar: the env reason gets the room.
+# Widths add up to 1100 px: with the selection column, what a 1600 px screen leaves beside the sidebar (the
+# e2e test measures it). Cut text shows in full on hover; the env and protocol reasons get the most room.
 event = st.dataframe(
     runs_display(table),
     key="runs_table",
@@ -48,23 +50,30 @@ event = st.dataframe(
         "env check": st.column_config.TextColumn(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
                         "row: at which evaluated step). ⚪ no fingerprint. Empty: no critical difference.",
-            width=240),
-        "name": st.column_config.TextColumn("name", width=160),
-        "status": st.column_config.TextColumn("status", width=75),
-        "kind": st.column_config.TextColumn("kind", width=115, help="train / eval / reference; published = numbers from a "
+            width=170),
+        "protocol check": st.column_config.TextColumn(
+            "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
+                             "run (on a training run's row: which evaluated steps differ from its latest eval's): "
+                             "another prompt set or dataset, thinking, temperature, block size. 🔵 online: tau from "
+                             "z-lab's cached online loop, not the lossless offline score. ⚪ evaluated before "
+                             "protocols were recorded. Empty: nothing to say.",
+            width=95),
+        "name": st.column_config.TextColumn("name", width=135),
+        "status": st.column_config.TextColumn("status", width=60),
+        "kind": st.column_config.TextColumn("kind", width=85, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
-        "target": st.column_config.TextColumn("target", width=95, help="the target model (last path component)"),
-        "steps": st.column_config.TextColumn("steps", width=50, help="training: the last logged step; eval: the "
+        "target": st.column_config.TextColumn("target", width=80, help="the target model (last path component)"),
+        "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
-        "tau latest": st.column_config.TextColumn("tau (latest)", width=65, help=tau_help),
-        "tau best": st.column_config.TextColumn("tau (best)", width=65, help=tau_help),
+        "tau latest": st.column_config.TextColumn("tau (latest)", width=52, help=tau_help),
+        "tau best": st.column_config.TextColumn("tau (best)", width=52, help=tau_help),
         "linear-attn": st.column_config.TextColumn(
-            "linear-attn", width=90, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
+            "linear-attn", width=75, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
                                 "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
-        "device": st.column_config.TextColumn("device", width=80, help="device kind (GPU model)"),
-        "dtype": st.column_config.TextColumn("dtype", width=50, help="dtype of the target's forward pass"),
-        "started": st.column_config.TextColumn("started (UTC)", width=110),
-        "detail": st.column_config.LinkColumn("detail", display_text="open", width=45,
+        "device": st.column_config.TextColumn("device", width=60, help="device kind (GPU model)"),
+        "dtype": st.column_config.TextColumn("dtype", width=45, help="dtype of the target's forward pass"),
+        "started": st.column_config.TextColumn("started (UTC)", width=105),
+        "detail": st.column_config.LinkColumn("detail", display_text="open", width=40,
                                             help="the run's detail page"),
     },
 )

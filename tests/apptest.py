@@ -8,6 +8,19 @@ from streamlit.testing.v1 import AppTest
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
 
+def serve(monkeypatch, uri: str, home: Path, jobs_dir: Path, allowed_roots: Path | None = None) -> None:
+    """Point the dashboard AppTest runs at store `uri` with its home, a job queue of its own in
+    `jobs_dir` and file pickers limited to `allowed_roots` (unset: the defaults), read-write."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(home))
+    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{jobs_dir / 'jobs.db'}")
+    if allowed_roots is None:
+        monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS", raising=False)
+    else:
+        monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(allowed_roots))
+    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
+
+
 def run_page(page: str, timeout: float = 60, **query) -> AppTest:
     """Render `page` through app.py (its navigation and layout); fail on any exception."""
     at = AppTest.from_file(APP, default_timeout=timeout)

@@ -1,6 +1,7 @@
 """The dashboard, page by page, with Streamlit's AppTest on a store of real runs (conftest `dashboard_store`)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,16 +9,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest import APP, page_text, run_page, shown
+from apptest import APP, page_text, run_page, serve, shown
 from tracker.jobs.queue import QUEUED, JobQueue
 
 @pytest.fixture
 def app_env(dashboard_store, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", dashboard_store.uri)
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(dashboard_store.home))
-    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
-    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(dashboard_store.root))
-    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
+    serve(monkeypatch, dashboard_store.uri, dashboard_store.home, tmp_path, allowed_roots=dashboard_store.root)
     monkeypatch.setenv("DRAFTBOARD_MLFLOW_UI_URL", "http://mlflow.example:5000")
     return dashboard_store
 
@@ -36,7 +33,7 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     assert by_id.loc[app_env.ids["v4@200"], "env check"].startswith("🔴")
     assert not by_id.loc[app_env.ids["v5"], "env check"].startswith("🔴")
     # The headline count is the number of runs with a critical mismatch (v4 and its eval).
-    assert [m.value for m in at.metric if m.label == "Critical env mismatches"] == ["2"]
+    assert [m.value for m in at.metric if m.label == "Critical mismatches"] == ["2"]
     assert by_id.loc[app_env.ids["published"], "kind"] == "reference · published"
     assert by_id.loc[app_env.ids["published"], "target"] == "Qwen3.5-4B"
     # A training run's tau comes from its evals; its steps from its curve.
@@ -157,17 +154,33 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
     ids = app_env.ids
     at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
     text = page_text(at)
-    # The default reference: same target, closest environment.
-    assert "z-lab ref" in text and "closest" in text
+    # The default reference: same target, and the environment it shares with the chosen runs named.
+    assert "z-lab ref: same target, same environment" in text
     errors = "\n".join(shown(e.value) for e in at.error)
     assert "v4 (training): linear-attn fast vs reference: fallback" in errors
     assert "v5" not in errors
     warnings = "\n".join(shown(w.value) for w in at.warning)
     assert "v4 @ step 200 (eval): linear-attn fallback vs its training run: fast" in warnings
+    # One view at a time: only the shown one is computed, each with its CSV; Data holds every chart's rows.
+    assert _view(at) == "Eval by checkpoint" and not _traces(at, "compare_train_")
+    for view in VIEWS:
+        _view(at, view)
+        assert at.get("download_button"), view
     export = next(f for f in _frames(at) if "chart" in f.columns)
     assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
             "ddtree vs budget"} <= set(export["chart"])
-    assert len(at.get("download_button")) >= 4
+
+
+VIEWS = ("Eval by checkpoint", "Training curves", "Acceptance by position", "DDTree vs budget", "Data")
+
+
+def _view(at: AppTest, view: str | None = None) -> str:
+    """Switch Compare to `view` (when given); the view shown."""
+    switch = at.segmented_control(key="compare_view")
+    if view is not None:
+        switch.set_value(view).run()
+        assert not at.exception, [e.message for e in at.exception]
+    return switch.value
 
 
 def _traces(at: AppTest, key_prefix: str) -> list[dict]:
@@ -180,18 +193,27 @@ def _traces(at: AppTest, key_prefix: str) -> list[dict]:
 def test_compare_draws_each_run_in_one_colour_with_the_dash_reason_in_the_legend(app_env):
     ids = app_env.ids
     at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
-    colours = {}
-    for trace in _traces(at, "compare_"):
+    colours, dashed_against = {}, set()
+    traces = []
+    for view in VIEWS:
+        _view(at, view)
+        traces += _traces(at, "compare_")
+    for trace in traces:
         run_name = trace["name"].split(" ")[0]
         colours.setdefault(run_name, set()).add(trace["line"]["color"])
         if "⚠" in trace["name"]:  # dashed, and the legend says why
-            assert trace["line"]["dash"] == "dash" and "linear-attn" in trace["name"].split("≠ reference: ")[1]
+            against = re.search(r"≠ (reference|training): (.*)", trace["name"])
+            assert trace["line"]["dash"] == "dash" and "linear-attn" in against.group(2)
+            dashed_against.add(against.group(1))
             reason = trace["name"].split(" ⚠ ")[1]
-            assert f"dashed: environment {reason}" in trace["hovertemplate"]
+            assert f"dashed: {reason}" in trace["hovertemplate"]
         elif not trace["name"].startswith("reference"):
             assert trace["line"]["dash"] == "solid"
     assert len(colours["v4"]) == 1 and len(colours["v5"]) == 1 and colours["v4"] != colours["v5"]
-    # The Training tab smooths (EMA) by default and offers a log step axis.
+    # v4 trained on the fast kernels, unlike the reference (its training curve); its eval ran the fallback.
+    assert dashed_against == {"reference", "training"}
+    # The Training view smooths (EMA) by default and offers a log step axis.
+    _view(at, "Training curves")
     assert at.slider(key="compare_smoothing").value == 0.6 and not at.toggle(key="compare_log_step").value
 
 
@@ -242,7 +264,7 @@ def test_launch_prefills_the_run_and_project_defaults_not_the_last_eval(app_env)
     # Every eval in the store ran budgets 2,4,8: budgets are the project's, the measurement the run's.
     assert at.text_input(key="launch_budgets").value == "4,8,16,32"
     assert at.number_input(key="launch_max_new").value == 12
-    assert at.text_input(key="launch_prompts").value == app_env.prompts
+    assert at.selectbox(key="launch_prompt_set").value == app_env.prompts  # a file the project's evals used
 
 
 def test_launch_cards_show_the_result_or_the_cause_and_a_clean_log_tail(app_env):
@@ -279,7 +301,7 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
     assert at.text_input(key="launch_target").value == app_env.target
-    at.text_input(key="launch_prompts").set_value(app_env.prompts)
+    at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
     at.text_input(key="launch_budgets").set_value("2,8")
     at.number_input(key="launch_max_new").set_value(12)
     at.selectbox(key="launch_checkpoint").set_value(100)
@@ -309,7 +331,7 @@ def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_checkpoint").set_value("__path__").run()
     at.text_input(key="launch_drafter_path").set_value(str(tmp_path))
-    at.text_input(key="launch_prompts").set_value(app_env.prompts)
+    at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
     at.button(key="launch_submit").click().run()
     assert any("outside the allowed roots" in shown(e.value) for e in at.error)
     assert JobQueue().list() == []

@@ -4,7 +4,7 @@
 import mlflow
 import pytest
 
-from apptest import page_text, run_page
+from apptest import page_text, run_page, serve
 from tracker.jobs.queue import JobQueue
 
 PAGES = ["pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/launch.py", "pages/run_detail.py"]
@@ -12,11 +12,7 @@ PAGES = ["pages/runs.py", "pages/compare.py", "pages/environments.py", "pages/la
 
 @pytest.fixture
 def demo_env(demo_home, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{demo_home / 'draftboard.db'}")
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(demo_home))
-    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
-    monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS", raising=False)
-    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
+    serve(monkeypatch, f"sqlite:///{demo_home / 'draftboard.db'}", demo_home, tmp_path)
     return demo_home
 
 
@@ -62,3 +58,21 @@ def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(d
     assert names == {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)"}
     assert at.selectbox(key="compare_reference").options[0].startswith("closest match: reference (demo)")
 
+
+
+def test_compare_keeps_every_legend_clear_of_the_plotly_toolbar(demo_env):
+    """The toolbar sits at the top right of a chart, where a default legend goes: every Compare chart
+    puts its legend under the plot instead."""
+    import json
+
+    at = run_page("pages/compare.py")
+    charts = []
+    switch = at.segmented_control(key="compare_view")
+    for view in switch.options:  # one view is drawn at a time
+        at.segmented_control(key="compare_view").set_value(view).run()
+        assert not at.exception, [e.message for e in at.exception]
+        charts += [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    assert len(charts) >= 5
+    for spec in charts:
+        legend = spec["layout"]["legend"]
+        assert legend["orientation"] == "h" and legend["y"] < 0, legend

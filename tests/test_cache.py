@@ -18,6 +18,16 @@ def feats(n: int = 3, t: int = 5, h: int = 4) -> list[torch.Tensor]:
     return [torch.arange(t * h, dtype=torch.float32).reshape(t, h) + i for i in range(n)]
 
 
+def read(cache: EvalCache, key: str, layer: int, n: int) -> list[torch.Tensor] | None:
+    f = cache.open_features(key, layer, n)
+    if f is None:
+        return None
+    try:
+        return [f.read(i) for i in range(n)]
+    finally:
+        f.close()
+
+
 def age(cache: EvalCache, kind: str, key: str, when: float) -> None:
     """Set an entry's last use to `when` (unix seconds) without reading it."""
     for entry in cache.entries():
@@ -42,8 +52,8 @@ def test_entries_report_what_was_written_and_its_size(tmp_path):
     layer = tmp_path / "features" / KEY_B / "layer_2.safetensors"
     assert layer.stat().st_size > 240 and layer in feat.files
     assert cache.get_continuations(KEY_A) == [[1, 2, 3], [4]]
-    assert all(torch.equal(a, b) for a, b in zip(cache.get_features(KEY_B, 0, 3), feats()))
-    assert cache.get_features(KEY_B, 1, 3) is None and cache.get_continuations(KEY_C) is None
+    assert all(torch.equal(a, b) for a, b in zip(read(cache, KEY_B, 0, 3), feats()))
+    assert read(cache, KEY_B, 1, 3) is None and cache.get_continuations(KEY_C) is None
 
 
 def test_reading_an_entry_makes_it_recently_used(tmp_path):
@@ -51,7 +61,7 @@ def test_reading_an_entry_makes_it_recently_used(tmp_path):
     cache.put_features(KEY_A, 1, feats())
     age(cache, FEATURES, KEY_A, 1_000_000)
     assert cache.entries()[0].last_used == 1_000_000
-    cache.get_features(KEY_A, 1, 3)
+    read(cache, KEY_A, 1, 3)
     assert cache.entries()[0].last_used > 1_000_000
 
 
@@ -64,10 +74,10 @@ def test_the_cap_evicts_the_least_recently_used_entry(tmp_path):
     cache.put_features(KEY_B, 1, feats())
     age(cache, FEATURES, KEY_A, 1_000_000)
     age(cache, FEATURES, KEY_B, 2_000_000)
-    assert cache.get_features(KEY_A, 1, 3) is not None  # A is now the newest: B is the least recently used
+    assert read(cache, KEY_A, 1, 3) is not None  # A is now the newest: B is the least recently used
     cache.put_features(KEY_C, 1, feats())
     assert sorted(e.key for e in cache.entries()) == sorted([KEY_A, KEY_C])
-    assert cache.get_features(KEY_B, 1, 3) is None  # an evicted entry is a plain miss
+    assert read(cache, KEY_B, 1, 3) is None  # an evicted entry is a plain miss
     assert not (tmp_path / "cache" / "features" / KEY_B).exists()
     assert cache.size() <= cache.max_bytes
 
@@ -126,3 +136,47 @@ def test_cap_from_the_environment(value, expected, tmp_path):
 def test_a_bad_cap_is_refused(value):
     with pytest.raises(DraftboardError, match=f"{config.CACHE_MAX_VAR} must be a positive number of GB"):
         config.cache_max_bytes({config.CACHE_MAX_VAR: value})
+
+
+def test_streamed_features_are_plain_safetensors_written_in_any_order(tmp_path):
+    from safetensors.torch import load_file
+
+    cache = EvalCache(tmp_path, max_bytes=10**9)
+    parts = {1: feats(4, t=3), 2: [f.to(torch.bfloat16) for f in feats(4, t=6)]}
+    lengths = [3, 6, 3, 6]
+    seqs = [{1: parts[1][n][: lengths[n]] if lengths[n] <= 3 else torch.ones(6, 4), 2: parts[2][n][: lengths[n]]}
+            for n in range(4)]
+    with cache.feature_writer(KEY_A, lengths, 4, [1, 2], target="d") as writer:
+        for n in (2, 0, 3, 1):  # a batched pass finishes prompts out of order
+            writer.write(n, seqs[n])
+            assert cache.open_features(KEY_A, 1, 4) is None  # nothing is published before close
+    for layer, dtype in ((1, torch.float32), (2, torch.bfloat16)):  # each layer keeps its own dtype
+        on_disk = load_file(tmp_path / FEATURES / KEY_A / f"layer_{layer}.safetensors")
+        assert all(torch.equal(on_disk[f"s{n}"], seqs[n][layer]) and on_disk[f"s{n}"].dtype == dtype
+                   for n in range(4))
+        assert all(torch.equal(a, s[layer]) for a, s in zip(read(cache, KEY_A, layer, 4), seqs))
+    assert read(cache, KEY_A, 1, 5) is None  # another prompt count is another entry's business
+
+
+def test_a_failed_pass_publishes_nothing(tmp_path):
+    cache = EvalCache(tmp_path, max_bytes=10**9)
+    with pytest.raises(RuntimeError):
+        with cache.feature_writer(KEY_A, [5, 5], 4, [0]) as writer:
+            writer.write(0, {0: feats(1)[0]})
+            raise RuntimeError("the target pass failed")
+    assert read(cache, KEY_A, 0, 2) is None and list((tmp_path / FEATURES / KEY_A).glob("*.safetensors*")) == []
+    with cache.feature_writer(KEY_B, [5, 5], 4, [0]) as writer:
+        writer.write(0, {0: feats(1)[0]})  # closed with a prompt missing: incomplete, not published
+    assert read(cache, KEY_B, 0, 2) is None
+
+
+def test_fingerprint_entries_are_listed_and_evicted_like_the_rest(tmp_path):
+    from evaluators.cache import FINGERPRINTS
+
+    cache = EvalCache(tmp_path, max_bytes=10**9)
+    cache.put_fingerprint(KEY_A, {"part": {"probe": None}}, target="d")
+    (tmp_path / FINGERPRINTS / f"{KEY_B}.json").write_text("{damaged")
+    assert cache.get_fingerprint(KEY_A) == {"part": {"probe": None}} and cache.get_fingerprint(KEY_B) is None
+    assert {(e.kind, e.key, e.target) for e in cache.entries()} >= {(FINGERPRINTS, KEY_A, "d")}
+    cache.prune(0)
+    assert cache.get_fingerprint(KEY_A) is None

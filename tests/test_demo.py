@@ -41,6 +41,9 @@ def test_every_training_run_has_evals_that_show_learning(client):
             continue
         mine = [e for e in evals if e.data.tags["draftboard.train_run_id"] == run.info.run_id]
         assert mine, run.info.run_name
+        # Named as Launch and Re-evaluate name evals (names.eval_run_name): `<training run> @ step N · <settings>`.
+        assert {e.info.run_name for e in mine} == {f"{run.info.run_name} @ step {e.data.tags['draftboard.checkpoint_step']}"
+                                                   " · fp32 · auto · cpu" for e in mine}
         steps = sorted(int(e.data.tags["draftboard.checkpoint_step"]) for e in mine)
         assert steps[-1] == int(run.data.params["steps"])
         best = max(e.data.metrics["tau"] for e in mine)

@@ -73,3 +73,38 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
             other.tags["protocol.last_block"] = "cut"
         plan = reeval_plan(RunIndex([run("t", "train", autocast_fp()), original, other]), "e", "u")
         assert plan.existing is None and plan.params is not None, change
+
+
+def test_runs_without_a_fingerprint_are_listed_with_the_command_that_fixes_each():
+    from tracker.dashboard.envmatrix import store_for_command, unfingerprinted
+
+    index = RunIndex([run("t", "train", fp(), start=3), run("e", "eval", None, start=2),
+                      run("f", "train", None, name="train dflash; rm -rf ~", start=1)])
+    table = unfingerprinted(index, "sqlite:////srv/draftboard db/store.db")
+    assert list(table["run_id"]) == ["f", "e"]  # training runs first
+    # The command is copied into a shell: the store path is quoted, the run id passed as it is.
+    assert table["fix"][0] == "draftboard fingerprint --attach f --tracking-uri 'sqlite:////srv/draftboard db/store.db'"
+    assert table["run"][0] == "train dflash; rm -rf ~"
+    # Credentials in the store URI never reach the page; MLflow reads them from its env vars.
+    assert store_for_command("https://alice:s3cret@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
+    assert "s3cret" not in unfingerprinted(index, "https://alice:s3cret@mlflow.example/").to_csv()
+
+
+def test_an_eval_redone_in_its_training_environment_no_longer_counts_as_a_mismatch(tmp_path):
+    from tracker.dashboard.envmatrix import pairs_frame
+    from tracker.dashboard.lineage import train_eval_pairs
+
+    cast = fp()
+    cast["numerics"]["drafter_precision"] = "fp32"  # what every eval records: the drafter cast to fp32
+    original = run("e", "eval", cast, train="t", step=200, params=settings(tmp_path))
+    redo = run("e2", "eval", autocast_fp(), train="t", step=200, name="t @ step 200 · fp32 · drafter bf16-autocast",
+               params=settings(tmp_path, drafter_precision="bf16-autocast"))
+    index = RunIndex([run("t", "train", autocast_fp()), original, redo])
+    table = pairs_frame(index, train_eval_pairs(index)).set_index("eval_run_id")
+    assert table.loc["e", "critical"] == 1 and table.loc["e", "re-evaluated as"] == "t @ step 200 · fp32 · drafter bf16-autocast"
+    assert table.loc["e2", "critical"] == 0 and table.loc["e2", "re-evaluated as"] == ""
+    # Another measurement (fewer tokens) answers nothing: the mismatch stays open.
+    other = run("e2", "eval", autocast_fp(), train="t", step=200,
+                params=settings(tmp_path, drafter_precision="bf16-autocast", max_new_tokens="32"))
+    index = RunIndex([run("t", "train", autocast_fp()), original, other])
+    assert pairs_frame(index, train_eval_pairs(index)).set_index("eval_run_id").loc["e", "re-evaluated as"] == ""

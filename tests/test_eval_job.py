@@ -42,7 +42,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--target", "--drafter", "--prompts", "--completions", "--max-new-tokens", "--budgets", "--device",
         "--dtype", "--drafter-precision", "--linear-attn", "--out", "--tracking-uri", "--train-run-id", "--checkpoint-step",
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
-        "--limit-per-dataset"]
+        "--limit-per-dataset", "--batch-size", "--anchor-chunk"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 

@@ -30,3 +30,29 @@ def test_imported_reference_runs_are_published_and_other_targets(tracker, store_
     assert fingerprint.env_tags(fp)["env.linear_attn"] == "unknown"
     table1 = next(client.get_run(r) for r in run_ids if "Qwen3-8B, temperature 0" in client.get_run(r).info.run_name)
     assert table1.data.metrics["tau"] == 6.49  # the paper's own Avg. column
+
+
+def test_published_references_carry_their_datasets_and_the_stated_protocol(tracker):
+    from tracker.dashboard.comparisons import Estimate, dataset_estimates
+    from tracker.dashboard.index import run_info
+    from tracker.protocol import Protocol
+
+    tables = load_tables()
+    for t in tables:  # every column but the average names its dataset as --prompts calls it
+        assert {r.get("dataset") for r in t["rows"] if not r["benchmark"].lower().startswith("avg")} >= {
+            "gsm8k", "humaneval", "mbpp", "mt-bench"}
+    run_ids = import_published(tracker)
+    runs = {tracker.run(r).info.run_name: tracker.run(r) for r in run_ids}
+    table1 = runs["z-lab published: DFlash paper, Table 1 (Qwen3-4B, temperature 0)"]
+    proto = Protocol.from_tags(table1.data.tags)
+    assert proto.datasets == {"gsm8k": "unknown", "math500": "unknown", "aime25": "unknown", "humaneval": "unknown",
+                              "mbpp": "unknown", "livecodebench": "unknown", "mt-bench": "unknown"}
+    assert (proto.temperature, proto.enable_thinking, proto.block_size, proto.max_new_tokens, proto.scoring) == (
+        0.0, False, 16, 2048, "published")
+    assert proto.prompt_digest == proto.last_block == proto.chat_template_digest == "unknown"  # not stated
+    estimates = dataset_estimates(run_info(table1))
+    assert estimates["gsm8k"] == Estimate(6.53) and estimates["math500"] == Estimate(7.84)
+    assert None not in estimates  # the Avg. column is no dataset
+    card = Protocol.from_tags(runs["z-lab published: z-lab/Qwen3.5-27B-DFlash model card, SGLang acceptance "
+                                   "length (block 8)"].data.tags)
+    assert card.temperature == "unknown" and card.enable_thinking is True and card.block_size == 8

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from markdown_it import MarkdownIt
 
-from apptest import page_text, run_page, shown
+from apptest import page_text, run_page, serve, shown
 from tracker.dashboard.compare import compare_data
 from tracker.dashboard.escape import csv_bytes, csv_cell, html_text, md, md_badge, md_code
 from tracker.dashboard.index import load_run_index
@@ -82,12 +82,8 @@ def hostile_store(tmp_path_factory):
 
 @pytest.fixture
 def hostile_env(hostile_store, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", hostile_store["uri"])
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(hostile_store["home"]))
-    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
-    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(hostile_store["root"]))
+    serve(monkeypatch, hostile_store["uri"], hostile_store["home"], tmp_path, allowed_roots=hostile_store["root"])
     monkeypatch.setenv("DRAFTBOARD_MLFLOW_UI_URL", "http://mlflow.example:5000")
-    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
     return hostile_store
 
 
@@ -181,6 +177,7 @@ def test_launch_and_the_queue_show_the_run_name_escaped(hostile_env):
 
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(hostile_env["ids"]["train"]).run()
+    at.selectbox(key="launch_prompt_set").set_value("__path__").run()
     at.text_input(key="launch_prompts").set_value(hostile_env["prompts"])
     at.selectbox(key="launch_checkpoint").set_value(100).run()
     at.button(key="launch_submit").click().run()
@@ -223,8 +220,10 @@ def test_the_pages_downloads_are_the_safe_csv(hostile_env, monkeypatch):
     monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", recording)
     ids = hostile_env["ids"]
     run_page("pages/runs.py")
-    run_page("pages/compare.py", runs=f"{ids['train']},{ids['formula']}")
-    assert {"runs.csv", "compare.csv", "eval_by_checkpoint.csv"} <= set(downloads)
+    at = run_page("pages/compare.py", runs=f"{ids['train']},{ids['formula']}")
+    for view in at.segmented_control(key="compare_view").options:  # one view at a time, each with its CSV
+        at.segmented_control(key="compare_view").set_value(view).run()
+    assert {"runs.csv", "compare.csv", "eval_by_checkpoint.csv", "training_curves.csv"} <= set(downloads)
     for name, data in downloads.items():
         text = data.decode()
         assert not re.search(r'(^|,)"?[=+@]', text, re.M), (name, text)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from apptest import shown
+from apptest import serve, shown
 from tracker import Tracker
 from tracker.errors import DraftboardError
 from tracker.jobs.queue import (
@@ -137,11 +137,7 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
     for path in ("target", "drafter"):
         (tmp_path / path).mkdir()
     (tmp_path / "prompts.jsonl").write_text('{"id": 0, "input_ids": [1, 2]}\n')
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
-    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", f"sqlite:///{tmp_path / 'jobs.db'}")
-    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(tmp_path))
-    monkeypatch.delenv("DRAFTBOARD_READONLY", raising=False)
+    serve(monkeypatch, mlflow_server.uri, tmp_path, tmp_path, allowed_roots=tmp_path)
     as_user(name, password)
 
     at = AppTest.from_file(APP, default_timeout=60)
@@ -152,6 +148,7 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
     at.selectbox(key="launch_checkpoint").set_value("__path__").run()
     at.text_input(key="launch_drafter_path").set_value(str(tmp_path / "drafter"))
     at.text_input(key="launch_target").set_value(str(tmp_path / "target"))
+    at.selectbox(key="launch_prompt_set").set_value("__path__").run()
     at.text_input(key="launch_prompts").set_value(str(tmp_path / "prompts.jsonl"))
     at.selectbox(key="launch_linear").set_value("auto")
     at.button(key="launch_submit").click().run()

@@ -1,4 +1,4 @@
-"""evaluators/uncertainty.py: bootstrap intervals against exactly computed ones, paired verdicts."""
+"""tracker/uncertainty.py: bootstrap intervals against exactly computed ones, paired verdicts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from evaluators.uncertainty import (
+from tracker.uncertainty import (
     BETTER,
     NO_DIFFERENCE,
     RESAMPLES,

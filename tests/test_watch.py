@@ -60,7 +60,8 @@ def test_foreign_runs_are_listed_as_training_runs_with_their_badge(store):
     assert index.get(legacy).tags[names.STEP_UNIT] == "micro-batch"
     assert index.get(spec).steps == 2 and index.get(legacy).target_name == "Qwen3-8B"
     table = runs_table(index, index.of_kind("train")).set_index("run_id")
-    assert table.loc[legacy, "kind"] == "train · SpecForge (train_dflash.py)" and table.loc[legacy, "steps"] == 100
+    assert table.loc[legacy, "kind"] == "train · SpecForge (train_dflash.py) · step = micro-batch"
+    assert table.loc[legacy, "steps"] == 100
     assert names.KIND not in tracker.run(legacy).data.tags  # listed in memory, nothing written
 
 
@@ -180,3 +181,20 @@ def test_the_worker_runs_the_watchers(store, tmp_path, monkeypatch):
     [job] = JobQueue(jobs).list()
     assert job.params["checkpoint_step"] == 7 and job.finished  # /models/Qwen3-8B does not exist here
     assert [c.step for c in tracker.checkpoints(spec)] == [7]
+
+
+def test_the_dashboard_form_states_the_whole_watch_and_keeps_what_was_seen(store, tmp_path):
+    tracker, legacy, _ = store
+    folder = tmp_path / "specforge-out"
+    toolformats.specforge_legacy(folder, 0, 10, toolformats.tiny_drafter())
+    assert watch.state(tracker, legacy) is None
+    watch.start(tracker, legacy, folder, json.loads(open(_preset(tmp_path)).read()), settle_s=0)
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    assert len(watch.scan(tracker, queue, legacy).queued) == 1
+    watch.start(tracker, legacy, folder, settle_s=0)  # the CLI without --auto-eval: the preset stays
+    assert watch.state(tracker, legacy).preset is not None
+    state = watch.start(tracker, legacy, folder, None, settle_s=5, keep_preset=False)  # the form, box unticked
+    assert state.preset is None and state.settle_s == 5 and list(state.seen) == ["epoch_0_step_10"]
+    toolformats.specforge_legacy(folder, 0, 20, toolformats.tiny_drafter())
+    result = watch.scan(tracker, queue, legacy, now=time.time() + 60)
+    assert [f.step for f in result.recorded] == [20] and result.queued == [] and len(queue.list()) == 1

@@ -245,6 +245,7 @@ def cmd_eval(args) -> int:
         drafter_precision=args.drafter_precision, linear_attn=args.linear_attn,
         enable_thinking=args.enable_thinking, cache_dir=args.cache_dir, last_block=args.last_block,
         scoring=args.scoring, limit_per_dataset=args.limit_per_dataset,
+        batch_size=args.batch_size, anchor_chunk=args.anchor_chunk,
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
@@ -322,7 +323,7 @@ def _eval_results(tracker, run_id: str) -> dict:
 
 
 def cmd_compare(args) -> int:
-    from evaluators.uncertainty import NO_DIFFERENCE, WORSE, paired_comparison, tau_intervals
+    from tracker.uncertainty import NO_DIFFERENCE, WORSE, paired_comparison, tau_intervals
     from tracker import protocol
     from tracker.store.tracker import Tracker
 

@@ -51,6 +51,16 @@ LINEAR_ATTN_MODES = ("auto", "fast", "fallback")
 LAST_BLOCK_RULES = ("cut", "full")
 # `--prompts hf:NAME[:CONFIG]:SPLIT` reads a dataset through the `datasets` library (evaluators/datasets.py).
 HF_DATASET_PREFIX = "hf:"
+# The benchmark sets z-lab's dflash/benchmark.py reports on, where the `datasets` library finds
+# them: name -> (hub id, config, split). evaluators/datasets.py maps their columns to prompts; the
+# Launch page offers them by name.
+ZLAB_BENCHMARKS = {
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "humaneval": ("openai/openai_humaneval", None, "test"),
+    "mbpp": ("google-research-datasets/mbpp", "sanitized", "test"),
+    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+}
 EVAL_SCORINGS = ("offline", "online")
 DEFAULT_BUDGETS = (4, 8, 16, 32)
 # A DDTree budget is a node count per block; the search costs O(budget log budget) per block, so a

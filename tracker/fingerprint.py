@@ -9,6 +9,7 @@ hash over the fields that can change the numbers, so equal hashes mean comparabl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -48,11 +49,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _installed() -> tuple[tuple[str, str | None], ...]:
+    """Versions of PACKAGES, read once per process: what this process imported does not change
+    when someone upgrades a package under it (and reading dist metadata costs tens of ms)."""
+    return tuple((key, _version(dist)) for key, dist in PACKAGES.items())
+
+
 def _software() -> dict:
     import torch
 
     sw = {"python": platform.python_version()}
-    sw.update({key: _version(dist) for key, dist in PACKAGES.items()})
+    sw.update(dict(_installed()))
     sw["cuda"] = torch.version.cuda
     sw["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return sw
@@ -169,6 +177,24 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# What only a loaded target tells: numerics fields read off its modeling module (plus the probe).
+TARGET_NUMERICS = ("linear_attention", "linear_attention_path", "attn_implementation")
+
+
+def target_part(fp: dict) -> dict:
+    """The part of a captured fingerprint that needed the loaded target (its probe included)."""
+    return {"numerics": {k: fp["numerics"][k] for k in TARGET_NUMERICS}, "probe": fp.get("probe")}
+
+
+def with_target_part(fp: dict, part: dict) -> dict:
+    """A fingerprint captured without the target, completed by a `target_part` taken earlier for
+    the same target in the same environment (the eval cache keys it so): what `capture` with the
+    loaded target would give, without loading it."""
+    out = {**fp, "numerics": {**fp["numerics"], **part["numerics"]}}
+    out.pop("probe", None)
+    return out if part.get("probe") is None else {**out, "probe": part["probe"]}
 
 
 def capture(target=None, device: str | None = None, dtype: str | None = None, *,
@@ -365,6 +391,13 @@ def numbers_relevant(fp: dict) -> dict:
     keep.update({f: _minor(flat.get(f)) for f in VERSIONED})
     keep.update({f: v for f, v in flat.items() if f.startswith(CRITICAL_PREFIXES)})
     return keep
+
+
+def environment(fp: dict) -> dict:
+    """numbers_relevant without what comes from the target or the drafter: what a fingerprint
+    taken without the target can tell about this environment (the eval cache's key for the rest)."""
+    return {f: v for f, v in numbers_relevant(fp).items()
+            if f.split(".")[1] not in (*TARGET_NUMERICS, "drafter_precision")}
 
 
 def env_hash(fp: dict) -> str:

@@ -34,7 +34,7 @@ DIGEST_HEX = 16
 
 @dataclass(frozen=True)
 class Protocol:
-    datasets: dict[str, int] | str = UNKNOWN  # {dataset name: prompts}
+    datasets: dict[str, int | str] | str = UNKNOWN  # {dataset name: prompts (or unknown)}
     prompt_digest: str = UNKNOWN  # prompt_digest() of the prompts' token ids
     completions: str = UNKNOWN  # GENERATED, or file_digest() of a --completions file
     max_new_tokens: int | str = UNKNOWN
@@ -101,7 +101,9 @@ def _count(value: Any) -> bool:
 
 
 def _check_datasets(value):
-    if not isinstance(value, dict) or not value or not all(isinstance(k, str) and k and _count(n) for k, n in value.items()):
+    # A publication names its sets without their sizes: a count may read `unknown`.
+    if not isinstance(value, dict) or not value or not all(
+            isinstance(k, str) and k and (_count(n) or n == UNKNOWN) for k, n in value.items()):
         _fail("datasets", "a non-empty {name: number of prompts} object", value)
 
 

@@ -1,10 +1,11 @@
 """A newcomer's path through the real dashboard in a real browser (Debian's headless Chromium).
 
 `draftboard ui` serves a copy of the quick demo store on a free loopback port, with its local
-worker. The test opens Launch, queues an eval of a training checkpoint in bf16 (a new
+worker. One test opens Launch, queues an eval of a training checkpoint in bf16 (a new
 environment for that run), waits for the job to succeed, then finds the new eval on Compare,
-where evals from another environment form their own series. Screenshots go to the test's
-output directory (printed on failure).
+where evals from another environment form their own series. The headline test re-evaluates the
+bf16 demo run's eval under its training environment from Environments and checks that the flag
+clears. Screenshots of every page visited go to the test's output directory (printed on failure).
 """
 
 import os
@@ -68,14 +69,31 @@ def _settled(page) -> None:
     page.locator("[data-testid='stStatusWidget']").wait_for(state="hidden")
 
 
-def _choose(page, label: str, option: str) -> None:
-    """Pick `option` in the Streamlit selectbox labelled `label`, and let the app apply it."""
+def _choose(page, label: str, option: str, exact: bool = False) -> None:
+    """Pick `option` (the first option starting with it, or exactly it) in the Streamlit selectbox
+    labelled `label`, and let the app apply it."""
     box = page.locator("[data-testid='stSelectbox']").filter(has_text=label)
     box.click()
-    page.get_by_role("option", name=option).first.click()
+    page.get_by_role("option", name=option, exact=exact).first.click()
     # The choice shows as the value of the box's input; then the rerun it starts must finish.
-    expect(box.locator("input")).to_have_value(re.compile("^" + re.escape(option)))
+    expect(box.locator("input")).to_have_value(re.compile("^" + re.escape(option) + ("$" if exact else "")))
     _settled(page)
+
+
+def test_the_browser_draws_the_badges_in_colour(page):
+    """scripts/test.sh installs an emoji font so screenshots show the 🔴 / 🟢 badges users see: without
+    one Chromium draws an empty box or a black outline, never red."""
+    page.set_content("<canvas id=c width=64 height=64></canvas>")
+    red = page.evaluate("""() => {
+        const ctx = document.getElementById('c').getContext('2d');
+        ctx.font = '48px sans-serif';
+        ctx.fillText('🔴', 4, 52);
+        const px = ctx.getImageData(0, 0, 64, 64).data;
+        let n = 0;
+        for (let i = 0; i < px.length; i += 4) if (px[i] > 180 && px[i + 1] < 90 && px[i + 2] < 90 && px[i + 3] > 200) n++;
+        return n;
+    }""")
+    assert red > 100, f"{red} red pixels: no colour emoji font (apt-get install fonts-noto-color-emoji)"
 
 
 # A run name that would run script if any page let it through as HTML: each payload sets __xss.
@@ -112,6 +130,15 @@ def test_every_page_by_its_deep_link_stays_local_and_runs_no_script_from_a_run_n
     # Deep links ask the server root for health and host-config (no /<page>/_stcore/health 404s), the
     # favicon is drawn from an emoji, and nothing is fetched from another host.
     assert failed == [] and elsewhere == [], (failed, elsewhere)
+    # On a 1600 px screen the Runs table's columns fit: nothing to scroll sideways inside it.
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    page.goto(url + "/runs")
+    scroller = page.locator("[data-testid='stDataFrame'] .dvn-scroller").first
+    scroller.wait_for()
+    _settled(page)
+    page.screenshot(path=tmp_path / "page-runs-1600.png", full_page=True)
+    widths = scroller.evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert widths[0] <= widths[1], f"the Runs table is {widths[0]} px wide in {widths[1]} px"
     print(f"screenshots: {tmp_path}")
 
 
@@ -143,4 +170,84 @@ def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, 
     legend.first.wait_for()
     page.screenshot(path=tmp_path / "3-compare.png", full_page=True)
     assert "drafter-v1" in legend.first.text_content()
+    print(f"screenshots: {tmp_path}")
+
+
+def _critical_count(page) -> int:
+    """The number in Environments' banner of evals that differ critically from their training run (0: no banner)."""
+    banner = page.get_by_text(re.compile(r"eval\(s\) ran in an environment that differs critically"))
+    if banner.count() == 0:
+        return 0
+    return int(re.match(r"\s*(\d+)", banner.first.text_content()).group(1))
+
+
+def _visit(page, url: str, shot: Path) -> None:
+    page.goto(url)
+    page.locator("h1").first.wait_for()
+    _settled(page)
+    page.wait_for_timeout(500)  # plots draw after the script run ends
+    page.screenshot(path=shot, full_page=True)
+
+
+def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_flag(dashboard, page, tmp_path):
+    """The headline flow: the demo's v3 trained its drafter under bf16 autocast on fp32 features, and
+    every demo eval cast the drafter to fp32. Re-evaluate on Environments must queue the eval that
+    reproduces training's numerics, and its result must match the training run: 0 critical."""
+    from tracker import Tracker, fingerprint
+    from tracker.dashboard.envmatrix import environment_flags
+
+    url, home = dashboard
+    tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
+    client = tracker.client
+    exp = client.get_experiment_by_name("draftboard").experiment_id
+    v3 = client.search_runs([exp], "attributes.run_name = 'drafter-v3 (uniform loss, bf16)'")[0].info.run_id
+    train_fp = tracker.fingerprint(v3)
+
+    def v3_evals():
+        return [r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
+                if r.data.tags.get("draftboard.train_run_id") == v3]
+
+    before = v3_evals()
+    step = max(int(r.data.tags["draftboard.checkpoint_step"]) for r in before)
+    v3_name = "drafter-v3 (uniform loss, bf16)"
+
+    # The original eval, and after the re-evaluation the one beside it: their badges tell them apart.
+    original = f"{v3_name} @ step {step} — 🟠 fallback · cpu · fp32"
+    _visit(page, f"{url}/environments", tmp_path / "1-environments-before.png")
+    flagged = _critical_count(page)
+    assert flagged >= 1, "the demo's bf16 run should start with a critical mismatch"
+    _choose(page, "Eval to repeat", original, exact=True)
+    expect(page.get_by_text("Changes: drafter-precision fp32 → bf16-autocast")).to_be_visible()
+    page.screenshot(path=tmp_path / "2-environments-chosen.png", full_page=True)
+    page.get_by_role("button", name="Re-evaluate under the training environment").click()
+    page.get_by_text(re.compile(r"Queued job #\d+")).wait_for()
+
+    _visit(page, f"{url}/launch", tmp_path / "3-launch-queued.png")
+    page.get_by_text("succeeded").first.wait_for(timeout=180_000)
+    page.screenshot(path=tmp_path / "4-launch-succeeded.png", full_page=True)
+
+    new = [r for r in v3_evals() if r.info.run_id not in {b.info.run_id for b in before}]
+    assert len(new) == 1, [r.info.run_name for r in new]
+    reeval = new[0]
+    assert reeval.info.run_name == f"{v3_name} @ step {step} · fp32 · drafter bf16-autocast · fallback · cpu"
+    assert int(reeval.data.tags["draftboard.checkpoint_step"]) == step
+    reeval_fp = tracker.fingerprint(reeval.info.run_id)
+    assert environment_flags(reeval_fp) == environment_flags(train_fp)
+    rows = fingerprint.diff(train_fp, reeval_fp)
+    assert not fingerprint.has_critical(rows), [(r.field, r.severity) for r in rows if r.severity == "critical"]
+
+    _visit(page, f"{url}/environments", tmp_path / "5-environments-after.png")
+    assert _critical_count(page) == flagged - 1
+    # The original eval now links to its re-evaluation instead of offering another one.
+    _choose(page, "Eval to repeat", original, exact=True)
+    expect(page.get_by_text(re.compile("Already re-evaluated"))).to_be_visible()
+    assert page.get_by_role("button", name="Re-evaluate under the training environment").is_disabled()
+    page.screenshot(path=tmp_path / "6-environments-linked.png", full_page=True)
+
+    _visit(page, f"{url}/compare?runs={v3}", tmp_path / "7-compare.png")
+    # The re-evaluation is its own series, drawn solid: it matches its training run's numerics.
+    legend = page.locator("g.legend text").filter(has_text="bf16-autocast")
+    legend.first.wait_for()
+    series = page.locator("g.legend g.traces").filter(has=page.locator("text", has_text="bf16-autocast")).first
+    assert series.locator("path.js-line").first.evaluate("e => getComputedStyle(e).strokeDasharray") in ("", "none")
     print(f"screenshots: {tmp_path}")

@@ -1,8 +1,10 @@
 """Plotly figures for the dashboard, built from the frames of `tracker.dashboard.compare`.
 
-Axis titles carry units, hovers carry the environment. The one dashing rule (compare.py): a series
-is dashed, with open markers, when its environment differs critically from the reference; its
-`reason` (`≠ reference: dtype`) follows its name in the legend and shows in the tooltip. Each run
+Axis titles carry units, hovers carry the environment. The one dashing rule (`compare.series_reason`):
+a series is dashed, with open markers, when it differs critically from what it must match (an eval its
+training run's environment, everything the reference's protocol and, unless an eval of a known training
+run, its environment); its `reason` (`≠ reference: dtype`, `≠ training: drafter precision`) follows its
+name in the legend and shows in the tooltip. Each run
 keeps one colour on every chart and page (`run_colors`, the only owner of the palette); an eval
 takes its training run's colour. Legends sit under the plot, clear of Plotly's toolbar.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -72,7 +75,7 @@ def _name(series: str, reason: str) -> str:
 
 def _reason_hover(reason: str) -> str:
     """The tooltip line saying why a series is dashed (escaped: field names come from fingerprints)."""
-    return f"<br>dashed: environment {html_text(reason)}" if reason else ""
+    return f"<br>dashed: {html_text(reason)}" if reason else ""
 
 
 def _owner(part: pd.DataFrame, series: str) -> str:
@@ -84,10 +87,12 @@ def _reason(part: pd.DataFrame) -> str:
 
 
 def step_curves(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: Mapping[str, str] | None = None,
-                smoothing: float = 0.0, log_x: bool = False) -> go.Figure:
+                smoothing: float = 0.0, log_x: bool = False, x_range: tuple[float, float] | None = None) -> go.Figure:
     """One line per series of `frame` (columns series, step, value, dashed) for metric `key`.
 
-    `smoothing` in [0, 1): the EMA weight (`compare.ema`); the raw curve stays behind it, faint."""
+    `smoothing` in [0, 1): the EMA weight (`compare.ema`); the raw curve stays behind it, faint.
+    `x_range`: the steps the x axis spans (a zoom), else all of them. SVG traces, not WebGL: curves come
+    decimated (`history.decimate`), and SVG draws that many points at once, with no GL context per chart."""
     doc = metric_docs.describe(key)
     fig = go.Figure()
     sub = frame[frame["key"] == key]
@@ -99,16 +104,19 @@ def step_curves(frame: pd.DataFrame, key: str, x_title: str = "training step", c
         dash = "dash" if reason else "solid"
         hover = f"%{{fullData.name}}<br>step %{{x}}<br>{key} %{{y:.4g}} {doc.unit}{_reason_hover(reason)}<extra></extra>"
         if smoothing > 0:
-            fig.add_trace(go.Scattergl(x=part["step"], y=part["value"], mode="lines", opacity=0.25, showlegend=False,
+            fig.add_trace(go.Scatter(x=part["step"], y=part["value"], mode="lines", opacity=0.25, showlegend=False,
                                        line=dict(color=color, dash=dash), hoverinfo="skip"))
-            values = ema(part["value"].tolist(), smoothing)
+            values = np.asarray(ema(part["value"].tolist(), smoothing))  # arrays ship as binary, lists as text
             hover = hover.replace("%{y:.4g}", f"%{{y:.4g}} (EMA {smoothing:g})")
         else:
             values = part["value"]
-        fig.add_trace(go.Scattergl(x=part["step"], y=values, mode="lines", name=_name(series, reason),
+        fig.add_trace(go.Scatter(x=part["step"], y=values, mode="lines", name=_name(series, reason),
                                    line=dict(color=color, dash=dash), hovertemplate=hover))
     if log_x:
         fig.update_xaxes(type="log")
+    if x_range is not None:
+        lo, hi = x_range
+        fig.update_xaxes(range=[math.log10(max(lo, 1)), math.log10(max(hi, 1))] if log_x else [lo, hi])
     return _layout(fig, x_title + (" (log scale)" if log_x else ""), doc.label)
 
 
@@ -175,3 +183,25 @@ def ddtree_vs_budget(frame: pd.DataFrame, colors: Mapping[str, str] | None = Non
         pad = 0.15  # in log10 units: the end points stay visible
         fig.update_xaxes(range=[math.log10(span[0]) - pad, math.log10(span[1]) + pad])
     return _layout(fig, "DDTree node budget B (nodes)", "ddtree_tau_b{B} (tokens / block)")
+
+
+def add_intervals(fig: go.Figure, points: pd.DataFrame, key: str,
+                  reference_interval: tuple[float, float] | None = None) -> go.Figure:
+    """`eval_curves`' figure with each point's 95% bootstrap interval (`low`, `high`) as error bars,
+    and the reference's interval, when it has one, as a faint band around its line. Points without
+    an interval (evals from before intervals, published numbers) keep a bare marker."""
+    sub = points[points["key"] == key]
+    for trace, (_, part) in zip(fig.data, sub.groupby("series", sort=False)):
+        part = part.sort_values("step")
+        if "low" not in part.columns or part["low"].isna().all():
+            continue
+        trace.error_y = dict(type="data", symmetric=False, array=(part["high"] - part["value"]).tolist(),
+                             arrayminus=(part["value"] - part["low"]).tolist(), thickness=1.5, width=4)
+        trace.hovertemplate = trace.hovertemplate.replace(
+            "<extra>", "<br>95% interval over prompts: %{customdata[1]}<extra>")
+        intervals = [f"{lo:.3f}–{hi:.3f}" if pd.notna(lo) else "none" for lo, hi in zip(part["low"], part["high"])]
+        trace.customdata = [[*row, text] for row, text in zip(trace.customdata.tolist(), intervals)]
+    if reference_interval is not None:
+        fig.add_hrect(y0=reference_interval[0], y1=reference_interval[1], fillcolor=REFERENCE_COLOR, opacity=0.08,
+                      line_width=0)
+    return fig

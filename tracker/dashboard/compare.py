@@ -3,22 +3,30 @@
 - Training curves: every logged step of the chosen training runs (`metrics_sql`, optionally
   downsampled for plotting).
 - Eval curves: the eval runs of each chosen training run (tag `draftboard.train_run_id`),
-  one point per checkpoint step (tag `draftboard.checkpoint_step`); evals of one training run
-  made in different environments form separate series, so a re-evaluation shows next to the
-  original instead of zig-zagging one line.
+  one point per checkpoint step (tag `draftboard.checkpoint_step`), with their 95% intervals
+  (`low`, `high`); evals of one training run made in different environments, or under protocols
+  that differ critically (another prompt set, thinking, temperature, block size) or scored
+  online, form separate series, so a re-evaluation shows next to the original instead of
+  zig-zagging one line.
 - The reference: its eval metrics as horizontal lines; its acceptance by position and DDTree
   points as their own series.
-- Environment: every eval series, every training run and the reference are diffed against the
-  reference's fingerprint. The one dashing rule, for every chart: a series is dashed when its
-  environment differs critically from the reference's; its `reason` column says which fields
-  (legend and tooltip), and the banner says it in full (`v4 @ step 200: linear-attn fallback vs
-  reference: fast`). A reference for another target is said first (`target_note`).
+- Environment and protocol: every eval series, every training run and the reference are diffed
+  against the reference's fingerprint and protocol (`lineage.vs_reference`, the protocol matched
+  per dataset), and every eval against its training run. The one dashing rule, for every chart
+  (`series_reason`): an eval of a fingerprinted training run is dashed when its environment differs
+  critically from its training run's or its protocol from the reference's; any other series when
+  its environment or protocol differs critically from the reference's. Its `reason` column says
+  which fields (legend and tooltip); the banners say it in full (`v4 @ step 200: linear-attn fallback vs
+  reference: fast`); the protocol's warnings and infos are named in `protocol_notes`. A
+  reference for another target is said first (`target_note`).
+- The reference's tau line is its number for the chosen evals' dataset (`comparisons.reference_tau`),
+  never an average over other sets; `reference_note` says which, or why there is none.
 - Acceptance by position and DDTree: one checkpoint per chosen training run, `picks` or by default
-  `best_evals` (the eval closest to the reference's environment, then to its training run's).
+  `best_evals` (a solid one, then the closest to the reference's environment, then to its training run's).
 
 Every frame carries `owner`, the run whose colour a series takes (`charts.run_colors`).
 `closest_reference` picks the default reference: one evaluated for the same target, with the
-fewest critical, then warning, differences from the chosen runs' eval environments.
+fewest critical, then warning, differences from the chosen runs' eval environments and protocols.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tracker.dashboard import lineage, metric_docs
+from tracker.dashboard import comparisons, lineage, metric_docs, recipe
 from tracker.dashboard.index import RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
 from tracker.store import names
@@ -84,11 +92,10 @@ def closest_reference(index: RunIndex, run_ids: Sequence[str]) -> ReferenceChoic
         crit = warn = 0
         fields: dict[str, list[str]] = {"critical": [], "warning": []}
         for anchor in anchors:
-            rows = lineage.env_diff(anchor, ref)
-            if rows is None:
+            if lineage.env_diff(anchor, ref) is None:
                 warn += 1
                 fields["warning"].append("no fingerprint")
-                continue
+            rows = lineage.vs_reference(anchor, ref)
             for severity in fields:
                 found = lineage.of_severity(rows, severity)
                 fields[severity] += [lineage.field_name(r.field) for r in found]
@@ -135,7 +142,8 @@ def reference_label(index: RunIndex, ref: RunInfo) -> str:
 
 
 TRAIN_COLUMNS = ["series", "owner", "run_id", "key", "step", "value", "dashed", "reason"]
-POINT_COLUMNS = ["series", "owner", "run_id", "train_run_id", "key", "step", "value", "dashed", "reason", "env"]
+POINT_COLUMNS = ["series", "owner", "run_id", "train_run_id", "key", "step", "value", "low", "high", "scoring",
+                 "dashed", "reason", "env"]
 POSITION_COLUMNS = ["series", "owner", "run_id", "position", "rate", "dashed", "reason"]
 DDTREE_COLUMNS = ["series", "owner", "run_id", "budget", "tau", "dashed", "reason"]
 
@@ -155,6 +163,10 @@ class CompareData:
     eval_metrics: list[str] = field(default_factory=list)
     target_note: str | None = None  # the reference was evaluated for another target
     picked: dict[str, str] = field(default_factory=dict)  # chosen training run -> eval drawn by position/DDTree
+    protocol_notes: list[str] = field(default_factory=list)  # protocol warnings/infos vs the reference
+    probe_help: list[str] = field(default_factory=list)  # probe digests behind the banner's probe words
+    reference_note: str = ""  # which reference number the tau line is, or why there is none
+    reference_interval: tuple[float, float] | None = None  # the reference tau's 95% interval, when it has one
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -182,46 +194,85 @@ class CompareData:
 
 
 def _critical_vs(run: RunInfo, ref: RunInfo | None) -> list:
-    return [] if ref is None else lineage.of_severity(lineage.env_diff(run, ref), "critical")
+    return [] if ref is None else lineage.of_severity(lineage.vs_reference(run, ref), "critical")
 
 
-def dash_reason(rows: Sequence) -> str:
+def dash_reason(rows: Sequence, against: str = "reference") -> str:
     """Why a series is dashed, short enough for a legend: `≠ reference: linear-attn, dtype`; "" when not."""
     if not rows:
         return ""
-    return "≠ reference: " + _named([lineage.field_name(r.field) for r in rows], limit=3)
+    return f"≠ {against}: " + _named([lineage.field_name(r.field) for r in rows], limit=3)
 
 
-def _env_key(run: RunInfo) -> str:
-    return f"{run.linear_attn}/{run.device}/{run.dtype}"
+def series_reason(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> str:
+    """The one dashing rule, for every chart: why `run`'s series is dashed, "" when it is not.
+
+    An eval of a fingerprinted training run answers "how good is the drafter as trained?": its
+    environment must match its training run's (a bf16-autocast run re-evaluated under bf16 autocast
+    is solid, its fp32 eval dashed), and its protocol the reference's. Any other run (a training run,
+    a reference, an eval of unknown lineage) must match the reference in both. Where a training run
+    itself differs from the reference, the banner says so once for all of its series."""
+    own = lineage.vs_training(index, run)
+    if own is None or own.rows is None:
+        return dash_reason(_critical_vs(run, ref))
+    if own.critical:
+        return dash_reason(own.critical, "training")
+    return dash_reason([r for r in _critical_vs(run, ref) if names.parse_protocol_tag(r.field)])
+
+
+def env_key(run: RunInfo) -> str:
+    """`fallback/cpu/fp32`, and `/drafter bf16-autocast` where the drafter was not cast to the dtype."""
+    drafter = f"/drafter {run.drafter_precision}" if run.drafter_precision else ""
+    return f"{run.linear_attn}/{run.device}/{run.dtype}{drafter}"
+
+
+def _protocol_key(run: RunInfo) -> tuple[str, ...]:
+    """What splits a training run's evals into separate lines besides the environment, each part
+    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1.0`, `block 8`,
+    `online`)."""
+    proto = lineage.protocol_of(run)
+    if proto is None:
+        return ()
+    datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
+    thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
+    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, f"T={proto.temperature}",
+            f"block {proto.block_size}", str(proto.scoring))
 
 
 def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]]:
-    """Eval series of a chosen run: (label, evals by step). A training run's evals split by environment."""
+    """Eval series of a chosen run: (label, evals by step). A training run's evals split by
+    environment and by the protocol fields that make taus incomparable (`_protocol_key`); the
+    label names only the parts that differ between its series."""
     if run.kind != "train":
-        return [(index.eval_label(run), [run])]
+        return [(index.eval_label(run) + comparisons.scoring_note(run), [run])]
     evals = index.evals_of(run.run_id)
     if not evals:
         return []
-    groups: dict[str, list[RunInfo]] = {}
+    groups: dict[tuple, list[RunInfo]] = {}
     for ev in evals:
-        groups.setdefault(ev.env_hash or _env_key(ev), []).append(ev)
+        groups.setdefault((ev.env_hash or env_key(ev), *_protocol_key(ev)), []).append(ev)
     label = index.label(run.run_id)
     if len(groups) == 1:
-        return [(label, evals)]
-    return [(f"{label} [{_env_key(g[0])}]", g) for g in groups.values()]
+        return [(label + comparisons.scoring_note(evals[0]), evals)]
+    keys = [(env_key(g[0]), *_protocol_key(g[0])) for g in groups.values()]
+    width = max(map(len, keys))
+    keys = [k + ("",) * (width - len(k)) for k in keys]
+    # Environments with one summary but different hashes (a kernel, a library version) still say so.
+    varying = [i for i in range(width) if len({k[i] for k in keys}) > 1] or [0]
+    return [(f"{label} [{' · '.join(k[i] for i in varying if k[i])}]", g) for k, g in zip(keys, groups.values())]
 
 
 def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
-    """A chosen run's evals, the best match first: fewest critical differences from the reference,
-    then from its own training run; then the latest checkpoint, the newest eval."""
+    """A chosen run's evals, the best match first: drawn solid (`series_reason`), then the fewest
+    critical differences from the reference, then from its own training run; then the latest
+    checkpoint, the newest eval."""
     if run.kind != "train":
         return [run]
 
     def rank(ev: RunInfo) -> tuple:
         own = lineage.vs_training(index, ev)
-        return (len(_critical_vs(ev, ref)), len(own.critical) if own is not None else 0,
-                -(ev.checkpoint_step or 0), -(ev.start_time or 0))
+        return (bool(series_reason(index, ev, ref)), len(_critical_vs(ev, ref)),
+                len(own.critical) if own is not None else 0, -(ev.checkpoint_step or 0), -(ev.start_time or 0))
 
     return sorted(index.evals_of(run.run_id), key=rank)
 
@@ -256,17 +307,25 @@ def compare_data(
     ref = index.get(reference_id)
     banner: list[str] = []
     vs_training_lines: list[str] = []
+    probe_help: list[str] = []
     ref_name = "reference"
+
+    def note_probe(run: RunInfo, label: str, rows: Sequence) -> None:
+        """The probe digests behind a banner line's probe words (a tooltip on the page)."""
+        digests = lineage.probe_digests(run.fingerprint, ref.fingerprint, label, ref_name)
+        if digests and any(r.field == "probe.max_rel_diff" for r in rows):
+            probe_help.append(digests)
 
     # Training curves.
     train_runs = [r for r in runs if r.kind == "train"]
     reasons = {}
     for run in train_runs:
         crit = _critical_vs(run, ref)
-        reasons[run.run_id] = dash_reason(crit)
+        reasons[run.run_id] = series_reason(index, run, ref)
         if crit:
             banner.append(summarize_rows(crit, f"{index.label(run.run_id)} (training)", ref_name,
                                          probe=lineage.probe_words(run.fingerprint, ref.fingerprint)))
+            note_probe(run, index.label(run.run_id), crit)
     curves = histories[histories["run_id"].isin(reasons)] if not histories.empty else histories
     if curves.empty:
         train_curves = pd.DataFrame(columns=TRAIN_COLUMNS)
@@ -274,18 +333,26 @@ def compare_data(
         reason = curves["run_id"].map(reasons)
         train_curves = curves.assign(series=curves["run_id"].map(index.label), owner=curves["run_id"],
                                      reason=reason, dashed=reason.ne(""))[TRAIN_COLUMNS]
+        train_curves = recipe.alias_curves(train_curves, index)  # other tools' names -> ours, both shown
 
     # Eval points by checkpoint, one series per chosen run and environment.
-    points = []
+    points, drawn, protocol_notes = [], [], []
     for run in runs:
         for label, evals in eval_series(index, run):
             reason = ""
             vs_ref: dict[str, list[RunInfo]] = {}  # same differences -> one banner line
             vs_train: dict[str, list[RunInfo]] = {}
+            noted: dict[str, list[RunInfo]] = {}
             for ev in evals:
                 crit = _critical_vs(ev, ref)
+                if ref is not None:
+                    minor = [r for r in lineage.matched_protocol_rows(lineage.protocol_diff(ev, ref), ev, ref)
+                             if r.severity != "critical"]
+                    if minor:
+                        noted.setdefault(comparisons.protocol_text(minor), []).append(ev)
+                reason = reason or series_reason(index, ev, ref)
                 if crit:
-                    reason = reason or dash_reason(crit)
+                    note_probe(ev, index.eval_label(ev), crit)
                     vs_ref.setdefault(summarize_rows(crit, "", ref_name,
                                                      probe=lineage.probe_words(ev.fingerprint, ref.fingerprint)),
                                       []).append(ev)
@@ -296,12 +363,20 @@ def compare_data(
                 banner.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for text, group in vs_train.items():
                 vs_training_lines.append(f"{_group_label(index, run, label, group)} (eval): {text}")
+            for text, group in noted.items():
+                protocol_notes.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for ev in evals:
+                drawn.append(ev)
+                bounds = _ci_bounds(ev.metrics)
                 for key, value in ev.metrics.items():
+                    if key in bounds["of"]:
+                        continue  # drawn as the interval of its metric
+                    low, high = bounds.get(key, (None, None))
                     points.append({"series": label, "owner": run.run_id, "run_id": ev.run_id,
                                    "train_run_id": ev.train_run_id, "key": key,
                                    "step": ev.checkpoint_step if ev.checkpoint_step is not None else 0,
-                                   "value": value, "dashed": bool(reason), "reason": reason, "env": ev.env_badges})
+                                   "value": value, "low": low, "high": high, "scoring": comparisons.scoring(ev),
+                                   "dashed": bool(reason), "reason": reason, "env": ev.env_badges})
 
     # Acceptance by position and DDTree: one checkpoint per chosen run.
     positions, trees, picked = [], [], {}
@@ -311,14 +386,24 @@ def compare_data(
             continue
         chosen = next((e for e in ranked if picks and e.run_id == picks.get(run.run_id)), ranked[0])
         picked[run.run_id] = chosen.run_id
-        label = index.eval_label(chosen)
-        if run.kind == "train" and len(eval_series(index, run)) > 1:
-            label += f" [{_env_key(chosen)}]"
-        _add_curves(positions, trees, label, run.run_id, chosen, dash_reason(_critical_vs(chosen, ref)), results)
-    reference_values = {}
+        label = index.eval_label(chosen) + comparisons.scoring_note(chosen)
+        series = eval_series(index, run) if run.kind == "train" else []
+        if len(series) > 1:  # the part of its series' label that tells it from the others: ` [gsm8k]`
+            label = index.eval_label(chosen) + next(s[len(index.label(run.run_id)):] for s, evs in series
+                                                    if chosen in evs)
+        _add_curves(positions, trees, label, run.run_id, chosen, series_reason(index, chosen, ref), results)
+    reference_values, ref_tau = {}, comparisons.ReferenceTau(None, "")
     if ref is not None:
-        reference_values = {k: v for k, v in ref.metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        ref_tau = comparisons.reference_tau(drawn, ref, results(ref) if results is not None else None)
+        reference_values = {k: v for k, v in ref.metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
+                            and k not in _ci_bounds(ref.metrics)["of"]}
+        if not ref_tau.same_sets:  # its other numbers are over other prompts: only per-dataset ones stay
+            per_dataset = {names.dataset_metric(m, d) for d in lineage.datasets_of(ref) for m in ("tau", "speedup")}
+            reference_values = {k: v for k, v in reference_values.items() if k in per_dataset}
+        if ref_tau.estimate is not None:
+            reference_values["tau"] = ref_tau.estimate.value
         _add_curves(positions, trees, f"reference: {reference_label(index, ref)}", ref.run_id, ref, "", results)
+    est = ref_tau.estimate
 
     eval_points = pd.DataFrame(points, columns=POINT_COLUMNS)
     if not eval_points.empty:
@@ -340,6 +425,50 @@ def compare_data(
         eval_metrics=eval_keys,
         target_note=target_note(index, runs, ref),
         picked=picked,
+        protocol_notes=list(dict.fromkeys(protocol_notes)),
+        probe_help=list(dict.fromkeys(probe_help)),
+        reference_note=ref_tau.note,
+        reference_interval=(est.low, est.high) if est is not None and est.has_interval else None,
+    )
+
+
+def _ci_bounds(metrics: Mapping[str, float]) -> dict:
+    """{metric: (low, high)} for each metric logged with its interval, and under "of" the
+    interval metrics' own names (`tau_ci_low`, ...), which are not series of their own."""
+    out: dict = {"of": set()}
+    for key in metrics:
+        low, high = names.ci_metrics(key)
+        if low in metrics and high in metrics:
+            out[key] = (metrics[low], metrics[high])
+            out["of"].update((low, high))
+    return out
+
+
+@dataclass
+class EvalTables:
+    """Compare's tables beside the eval chart (`comparisons`): built only where they are shown,
+    since they read every drawn eval's results JSON."""
+
+    vs_reference: pd.DataFrame  # comparisons.REFERENCE_COLUMNS
+    vs_previous: pd.DataFrame  # comparisons.PREVIOUS_COLUMNS
+    by_dataset: pd.DataFrame  # comparisons.DATASET_COLUMNS
+    online: pd.DataFrame  # comparisons.ONLINE_COLUMNS
+
+
+def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | None = None) -> EvalTables:
+    """The chosen evals (a training run's: the checkpoint drawn, `data.picked`) against the
+    reference per dataset; every eval series against its previous checkpoint; per-dataset results
+    of the chosen evals and the reference; offline vs online tau wherever both exist."""
+    chosen = [index.runs[data.picked[r.run_id]] if r.kind == "train" else r
+              for r in data.runs if r.kind != "train" or r.run_id in data.picked]
+    series = [s for run in data.runs for s in eval_series(index, run)]
+    every = [ev for _, evals in series for ev in evals]
+    shown = chosen + ([data.reference] if data.reference is not None else [])
+    return EvalTables(
+        vs_reference=comparisons.vs_reference_frame(index, chosen, data.reference, results),
+        vs_previous=comparisons.vs_previous_frame(index, series, results),
+        by_dataset=comparisons.by_dataset_frame(index, shown, results),
+        online=comparisons.online_gaps(index, every, results),
     )
 
 

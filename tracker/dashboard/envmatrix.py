@@ -3,18 +3,23 @@
 `fingerprint_matrix` lays the chosen runs' fingerprints side by side (one row per field) and
 grades every cell against a baseline run with `fingerprint.diff`'s severities, so a red cell
 is a difference that can change the numbers. `pairs_frame` tabulates the (training run, eval)
-pairs of `tracker.dashboard.lineage.train_eval_pairs`. `reeval_plan` builds the eval job that
+pairs of `tracker.dashboard.lineage.train_eval_pairs`, a critically differing eval marked once a
+re-evaluation matched its training run (`reevaluations`). `reeval_plan` builds the eval job that
 repeats an eval with its training run's linear-attention path, dtype, drafter precision and
 device, or says why none is needed (same environment already, or an eval that already did it).
+`unfingerprinted` lists the runs without a fingerprint (runs other tools wrote, mostly), each
+with the `draftboard fingerprint --attach` command that fixes it.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
@@ -125,7 +130,9 @@ def _section_order(field_key: str) -> int:
 
 
 def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
-    """One row per (training run, eval) pair of `tracker.dashboard.lineage.train_eval_pairs`."""
+    """One row per (training run, eval) pair of `tracker.dashboard.lineage.train_eval_pairs`;
+    `re-evaluated as` names the matching re-evaluation of a critically differing eval (`reevaluations`)."""
+    redone = reevaluations(pairs)
     rows = []
     for p in pairs:
         crit, warn = p.critical, p.warnings
@@ -138,14 +145,33 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
             "warning": len(warn),
             "differences": "no fingerprint to compare" if p.rows is None else p.summary() if crit else
             ", ".join(field_name(r.field) for r in warn)[:200],
+            "re-evaluated as": index.label(redone[p.eval.run_id]) if p.eval.run_id in redone else "",
             "training env": p.train.env_badges,
             "eval env": p.eval.env_badges,
             "eval_run_id": p.eval.run_id,
         })
     frame = pd.DataFrame(rows, columns=["check", "training run", "eval", "step", "critical", "warning",
-                                        "differences", "training env", "eval env", "eval_run_id"])
+                                        "differences", "re-evaluated as", "training env", "eval env", "eval_run_id"])
     frame["step"] = frame["step"].astype("Int64")
     return frame
+
+
+def reevaluations(pairs: Sequence[Lineage]) -> dict[str, str]:
+    """{eval run id: its re-evaluation's run id} for each eval that differs critically from its
+    training run and whose measurement was repeated without a critical difference: same training
+    run, checkpoint, settings and protocol. Such an eval is answered, no longer an open mismatch."""
+    matched = [q for q in pairs if q.rows is not None and not q.critical]
+    found = {}
+    for p in pairs:
+        if not p.critical:
+            continue
+        settings = eval_settings_of(p.eval)
+        redo = next((q for q in matched if q.train.run_id == p.train.run_id
+                     and q.eval.checkpoint_step == p.eval.checkpoint_step
+                     and _same_settings(q.eval, settings) and _protocol(q.eval) == _protocol(p.eval)), None)
+        if redo is not None:
+            found[p.eval.run_id] = redo.eval.run_id
+    return found
 
 
 # --------------------------------------------------------------------------- re-evaluation
@@ -286,13 +312,52 @@ _SAME_SETTINGS = ("drafter", "prompts", "completions", "max_new_tokens", "budget
 def _same_eval(run: RunInfo, original: RunInfo, params: dict) -> bool:
     """Whether `run` measured what `params` would: same checkpoint and settings, the planned
     environment (from its fingerprint), and the same protocol tags as the eval being repeated."""
-    settings = eval_settings_of(run)
-    if any(settings[k] != params.get(k) for k in _SAME_SETTINGS):
+    if not _same_settings(run, params):
         return False
     if any(environment_flags(run.fingerprint)[k] != params[k] for k in ENV_FLAGS):
         return False
     return _protocol(run) == _protocol(original)
 
 
+def _same_settings(run: RunInfo, settings: dict) -> bool:
+    mine = eval_settings_of(run)
+    return all(mine[k] == settings.get(k) for k in _SAME_SETTINGS)
+
+
 def _protocol(run: RunInfo) -> dict[str, str]:
     return {k: v for k, v in run.tags.items() if names.parse_protocol_tag(k)}
+
+
+# --------------------------------------------------------------------------- runs without a fingerprint
+
+UNFINGERPRINTED_COLUMNS = ["run", "kind", "started", "fix", "run_id"]
+
+
+def store_for_command(store_uri: str) -> str:
+    """The store URI as it may be printed: credentials in it are left out (the CLI reads them from
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, as MLflow does)."""
+    parts = urlsplit(store_uri)
+    if parts.username is None and parts.password is None:
+        return store_uri
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def attach_command(run_id: str, store_uri: str) -> str:
+    """The command that attaches a fingerprint to `run_id`, run on the machine (and in the
+    environment) that trained it; the store is named because that machine's default is not ours."""
+    return shlex.join(["draftboard", "fingerprint", "--attach", run_id, "--tracking-uri",
+                       store_for_command(store_uri)])
+
+
+def unfingerprinted(index: RunIndex, store_uri: str) -> pd.DataFrame:
+    """Runs without a fingerprint (their environment is unknown, so nothing can be compared with
+    them), training runs first, each with the command that fixes it (column `fix`)."""
+    runs = [r for r in index.runs.values() if r.fingerprint is None]
+    runs.sort(key=lambda r: (r.kind != "train", -(r.start_time or 0)))
+    rows = [{"run": index.label(r.run_id), "kind": r.kind_label, "started": r.started,
+             "fix": attach_command(r.run_id, store_uri), "run_id": r.run_id} for r in runs]
+    return pd.DataFrame(rows, columns=UNFINGERPRINTED_COLUMNS)

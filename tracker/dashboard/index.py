@@ -119,11 +119,19 @@ class RunInfo:
         return self.checkpoint_step
 
     @property
+    def drafter_precision(self) -> str | None:
+        """How the drafter computed where it was not a cast to `dtype` (`bf16-autocast`), else None: a
+        re-evaluation under bf16 autocast otherwise reads exactly like the fp32 eval it repeats."""
+        precision = ((self.fingerprint or {}).get("numerics") or {}).get("drafter_precision")
+        return precision if precision and precision != self.dtype else None
+
+    @property
     def env_badges(self) -> str:
-        """`🟢 fast · cuda (H100) · bf16`."""
+        """`🟢 fast · cuda (H100) · bf16`, and `· drafter bf16-autocast` where the drafter was not cast to the dtype."""
         icon = LINEAR_ATTN_ICONS.get(self.linear_attn, "⚪")
         device = f"{self.device} ({self.gpu})" if self.gpu and self.device == "cuda" else self.device
-        return f"{icon} {self.linear_attn} · {device} · {self.dtype}"
+        drafter = f" · drafter {self.drafter_precision}" if self.drafter_precision else ""
+        return f"{icon} {self.linear_attn} · {device} · {self.dtype}{drafter}"
 
     @property
     def kind_label(self) -> str:

@@ -40,6 +40,32 @@ LINEAR_ATTN_CHOICES = (*config.LINEAR_ATTN_MODES, "match training run")
 DEVICES, DTYPES, DRAFTER_PRECISIONS = config.DEVICES, config.EVAL_DTYPES, config.DRAFTER_PRECISIONS
 DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
+PROMPT_PATH = "__path__"  # the prompts picker's "a path under the allowed roots…" choice
+
+
+def benchmark_spec(name: str) -> str:
+    """`--prompts` for a named z-lab benchmark set: `gsm8k` -> `hf:openai/gsm8k:main:test`."""
+    hub_id, subset, split = config.ZLAB_BENCHMARKS[name]
+    return config.HF_DATASET_PREFIX + ":".join(p for p in (hub_id, subset, split) if p)
+
+
+@dataclass(frozen=True)
+class PromptChoice:
+    value: str  # what `--prompts` gets (PROMPT_PATH: the path typed below the picker)
+    label: str
+
+
+def prompt_choices(index: RunIndex) -> list[PromptChoice]:
+    """The prompts picker: the prompt files the project's evals used (most used first: a new eval
+    on them is comparable with theirs), z-lab's benchmark sets by name (read by the worker's
+    `datasets` library, with z-lab's column mapping; each prompt labelled with its set, so Compare
+    meets the reference's number for it), then a path under the allowed roots."""
+    used = Counter(m["prompts"] for m in map(eval_settings_of, index.of_kind("eval", "reference")) if m.get("prompts"))
+    benchmarks = {benchmark_spec(name): name for name in config.ZLAB_BENCHMARKS}
+    choices = [PromptChoice(spec, f"{Path(spec).name} · used by {n} eval(s) · {spec}")
+               for spec, n in used.most_common() if spec not in benchmarks]
+    choices += [PromptChoice(spec, f"{name} · z-lab benchmark set · {spec}") for spec, name in benchmarks.items()]
+    return [*choices, PromptChoice(PROMPT_PATH, "a path under the allowed roots…")]
 
 
 def check_path(path: str, roots: Sequence[Path], what: str) -> str:
@@ -124,6 +150,7 @@ class LaunchForm:
     training_fingerprint: dict | None = None
     reference: bool = False
     reference_name: str = ""
+    limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
 
 
 def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> dict:
@@ -143,6 +170,8 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
             raise DraftboardError(f"linear-attention path: {why}")
     if not isinstance(form.max_new_tokens, int) or form.max_new_tokens < 1:
         raise DraftboardError("max new tokens must be a positive integer")
+    if form.limit_per_dataset is not None and form.limit_per_dataset < 1:
+        raise DraftboardError("prompts per dataset must be a positive integer (or empty: all of them)")
     params = {
         "target": target,
         "drafter": drafter,
@@ -155,6 +184,8 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         "linear_attn": linear,
         "tracking_uri": tracking_uri,
     }
+    if form.limit_per_dataset is not None:
+        params["limit_per_dataset"] = int(form.limit_per_dataset)
     if form.train_run_id:
         params["train_run_id"] = form.train_run_id
         if form.checkpoint_step is not None:

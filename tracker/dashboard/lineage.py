@@ -5,7 +5,10 @@ Two relations use it:
   pair with its `fingerprint.diff` rows; the Runs table, Run detail, the checkpoint table, Compare's
   "evaluated in a different environment" banner and the Environments pairs all read it from here,
   and count mismatches from the rows' severities;
-- against a reference (Compare): `env_diff` of any two runs.
+- against a reference (Compare): `env_diff` of any two runs, and beside it `protocol_diff` (how
+  each number was measured: prompts, thinking, temperature, block size, scoring; tracker.protocol).
+  `vs_reference` is both, the protocol matched per dataset (`matched_protocol_rows`), and is what
+  Compare dashes, banners and picks the closest reference by.
 How a difference is worded (`linear-attn fallback vs training: fast`) lives here too.
 """
 
@@ -14,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tracker import fingerprint
+from tracker import fingerprint, protocol
 from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.errors import DraftboardError
+from tracker.store import names
 
 # Readable names of fingerprint fields, for banners and tables.
 FIELD_NAMES = {
@@ -30,6 +35,18 @@ FIELD_NAMES = {
     "hardware.gpu_name": "GPU",
     "probe.max_rel_diff": "hidden-state probe",
     "probe.digest": "hidden-state probe digest",
+    names.protocol_tag("datasets"): "dataset",
+    names.protocol_tag("prompt_digest"): "prompt set",
+    names.protocol_tag("completions"): "completions",
+    names.protocol_tag("max_new_tokens"): "max new tokens",
+    names.protocol_tag("enable_thinking"): "thinking",
+    names.protocol_tag("chat_template_digest"): "chat template",
+    names.protocol_tag("block_size"): "block size",
+    names.protocol_tag("temperature"): "temperature",
+    names.protocol_tag("stop_token_ids"): "stop tokens",
+    names.protocol_tag("last_block"): "last-block rule",
+    names.protocol_tag("scoring"): "scoring",
+    names.protocol_tag("target_digest"): "target weights",
 }
 # The differences named first in banners.
 HEADLINE_FIELDS = ["numerics.linear_attention_path", "numerics.dtype", "numerics.drafter_precision",
@@ -54,6 +71,8 @@ def value_text(value) -> str:
         return "unknown"
     if isinstance(value, bool):
         return "on" if value else "off"
+    if isinstance(value, dict):  # a protocol's datasets: `gsm8k (80), mbpp (40)`
+        return ", ".join(f"{k} ({value_text(v)})" for k, v in value.items())
     return str(value)
 
 
@@ -62,6 +81,59 @@ def env_diff(a: RunInfo, b: RunInfo) -> tuple | None:
     if a.fingerprint is None or b.fingerprint is None:
         return None
     return tuple(fingerprint.diff(a.fingerprint, b.fingerprint))
+
+
+def protocol_of(run: RunInfo) -> protocol.Protocol | None:
+    """How an eval or reference was measured (its `protocol.*` tags; `unknown` where a run has none
+    or a tag cannot be read); None for other runs, which measure nothing."""
+    if run.kind not in ("eval", "reference"):
+        return None
+    try:
+        return protocol.Protocol.from_tags(run.tags)
+    except DraftboardError:  # a hand-edited tag proves nothing either way: unknown, a warning
+        return protocol.Protocol()
+
+
+def protocol_diff(a: RunInfo, b: RunInfo) -> tuple:
+    """`protocol.diff` rows of run a against run b; () when either measures nothing (a training run)."""
+    pa, pb = protocol_of(a), protocol_of(b)
+    return () if pa is None or pb is None else tuple(protocol.diff(pa, pb))
+
+
+def datasets_of(run: RunInfo) -> dict:
+    """{dataset: prompts} an eval's protocol names; {} when unknown."""
+    proto = protocol_of(run)
+    return proto.datasets if proto is not None and isinstance(proto.datasets, dict) else {}
+
+
+_SAMPLE_FIELDS = (names.protocol_tag("datasets"), names.protocol_tag("prompt_digest"))
+
+
+def matched_protocol_rows(rows: Sequence, a: RunInfo, b: RunInfo, same_prompts: bool = False) -> list:
+    """The protocol rows of `a` against a reference `b` that reports each of a's datasets.
+
+    Compared per dataset (a GSM8K eval against the reference's GSM8K number), a reference that
+    also covers other sets is no different dataset: the dataset and prompt-set rows become one
+    warning that the two may be different samples of it, or none when `same_prompts` (checked
+    token by token). Where b lacks one of a's datasets the rows stay as they are (critical)."""
+    mine, theirs = datasets_of(a), datasets_of(b)
+    if not mine or not set(mine) <= set(theirs):
+        return list(rows)
+    kept = [r for r in rows if r.field not in _SAMPLE_FIELDS]
+    sampled = {k: theirs[k] for k in mine}
+    if not same_prompts and any(r.field in _SAMPLE_FIELDS for r in rows) and (
+            sampled != mine or protocol_of(a).prompt_digest != protocol_of(b).prompt_digest):
+        kept.append(fingerprint.DiffRow(names.protocol_tag("datasets"), mine, sampled, "warning"))
+    kept.sort(key=lambda r: (fingerprint.SEVERITY_ORDER[r.severity], r.field))
+    return kept
+
+
+def vs_reference(a: RunInfo, ref: RunInfo) -> tuple:
+    """Environment and protocol rows of a run against a reference, most severe first (a missing
+    fingerprint adds no environment rows: `env_diff` says so with None)."""
+    rows = [*(env_diff(a, ref) or ()), *matched_protocol_rows(protocol_diff(a, ref), a, ref)]
+    rows.sort(key=lambda r: fingerprint.SEVERITY_ORDER[r.severity])
+    return tuple(rows)
 
 
 def of_severity(rows: Sequence | None, severity: str) -> list:
@@ -81,6 +153,15 @@ def probe_words(a: dict | None, b: dict | None) -> str | None:
     worst, layer = gap
     number = f"{worst:.1e}".replace("e-0", "e-").replace("e+0", "e+")  # 5.7e-3, as people write it
     return f"hidden states differ by up to {number} (relative) at layer {layer}"
+
+
+def probe_digests(a: dict | None, b: dict | None, a_name: str, b_name: str) -> str | None:
+    """The digests behind `probe_words`, for a tooltip beside them: `hidden-state probe digest:
+    v4 @ step 200 3fa2c1d0e5b6a7f8, training 9bc1e2f3a4b5c6d7`. None when `probe_words` is."""
+    if probe_words(a, b) is None:
+        return None
+    return (f"hidden-state probe digest: {a_name} {value_text(a['probe'].get('digest'))}, "
+            f"{b_name} {value_text(b['probe'].get('digest'))}")
 
 
 def summarize_rows(rows: Sequence, a_name: str, b_name: str, limit: int = 4, probe: str | None = None) -> str:
@@ -127,6 +208,11 @@ class Lineage:
     @property
     def probe(self) -> str | None:
         return probe_words(self.eval.fingerprint, self.train.fingerprint)
+
+    def probe_help(self, index: RunIndex) -> str | None:
+        """The probe digests of the pair (`probe_digests`), for the tooltip where `probe` is shown."""
+        return probe_digests(self.eval.fingerprint, self.train.fingerprint, index.eval_label(self.eval),
+                             index.label(self.train.run_id))
 
 
 def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:

@@ -1,7 +1,8 @@
 """The dashboard's tables, as DataFrames: the runs table and a run's params, metrics, fingerprint,
 environment differences and checkpoints.
 
-Plain pandas over `RunIndex` / `RunInfo`; environment checks come from `tracker.dashboard.lineage`.
+Plain pandas over `RunIndex` / `RunInfo`; environment and protocol checks come from
+`tracker.dashboard.lineage`.
 Cells hold text as the user wrote it: st.dataframe shows cells as plain text, and CSV downloads go
 through `tracker.dashboard.escape.csv_bytes`.
 """
@@ -14,10 +15,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from tracker import fingerprint
-from tracker.dashboard import lineage, metric_docs
+from tracker import fingerprint, protocol
+from tracker.dashboard import lineage, metric_docs, recipe
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
 from tracker.dashboard.lineage import summarize_rows
+from tracker.store import adoption
 
 SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 _GPU_CHARS = 28
@@ -61,7 +63,7 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
     return out
 
 
-RUNS_TABLE_COLUMNS = ["env check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
+RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
 MISSING = "—"  # how an unknown value reads in a table (never "None" or "nan")
 
@@ -89,20 +91,54 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
     return "🔴 " + " | ".join(parts) + more
 
 
+def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
+    """The protocol cell and its count of critical mismatches. A training run's evals measure one
+    curve only under one protocol: its row names the steps whose protocol differs critically from
+    its latest eval's; an eval's row, how it differs from the latest other eval of its training run.
+    ⚪: an eval from before protocols were recorded; 🔵 online: scored by z-lab's cached loop."""
+    if run.kind == "train":
+        evals = index.evals_of(run.run_id)
+        if len(evals) < 2:
+            return "", 0
+        latest = evals[-1]
+        found = [(ev, lineage.of_severity(lineage.protocol_diff(ev, latest), "critical")) for ev in evals[:-1]]
+        found = [(ev, crit) for ev, crit in found if crit]
+        parts = [f"@ {ev.checkpoint_step if ev.checkpoint_step is not None else '?'}: "
+                 + ", ".join(lineage.field_name(r.field) for r in crit) for ev, crit in found[:2]]
+        more = f" | {len(found) - 2} more" if len(found) > 2 else ""
+        step = latest.checkpoint_step if latest.checkpoint_step is not None else "?"
+        return ("🔴 " + " | ".join(parts) + more + f" ≠ @ {step}" if found else ""), len(found)
+    proto = lineage.protocol_of(run)
+    if proto is None:
+        return "", 0
+    if proto == protocol.Protocol():
+        return "⚪ no protocol (evaluated before protocols were recorded)", 0
+    notes = ["🔵 online"] if proto.scoring == "online" else []
+    train = index.train_of(run)
+    others = [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id] if train is not None else []
+    crit = lineage.of_severity(lineage.protocol_diff(run, others[-1]), "critical") if others else []
+    if crit:
+        step = others[-1].checkpoint_step if others[-1].checkpoint_step is not None else "?"
+        notes.insert(0, "🔴 " + summarize_rows(crit, "", f"@ {step}", limit=2))
+    return " · ".join(notes), int(bool(crit))
+
+
 def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
-    """One row per run, the team's first; `critical` counts the run's critical lineage mismatches,
-    `env check` names their fields. Missing text reads MISSING; missing numbers stay NaN (sortable),
+    """One row per run, the team's first; `critical` counts the run's critical lineage mismatches
+    and protocol mismatches (`protocol_reason`), `env check` and `protocol check` name their fields. Missing text reads MISSING; missing numbers stay NaN (sortable),
     shown as MISSING by `runs_display`."""
     rows = []
     for run in team_first(runs):
         found = lineage.mismatches(index, run)
+        proto_text, proto_critical = protocol_reason(index, run)
         latest, best = tau_of(index, run)
         gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
         device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
         rows.append({
             "env check": env_reason(index, run, found),
+            "protocol check": proto_text,
             "name": run.name,
-            "kind": run.kind_label,
+            "kind": run.kind_label + recipe.step_unit_note(run),
             "status": run.status or MISSING,
             "target": run.target_name,
             "steps": run.steps,
@@ -113,7 +149,7 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
             "dtype": run.dtype,
             "started": run.started,
             "detail": f"run?run={run.run_id}",
-            "critical": len(found),
+            "critical": len(found) + proto_critical,
             "run_id": run.run_id,
         })
     frame = pd.DataFrame(rows, columns=RUNS_TABLE_COLUMNS)
@@ -146,7 +182,7 @@ def mlflow_ui_url(run: RunInfo, base: str) -> str:
 
 
 def params_frame(run: RunInfo) -> pd.DataFrame:
-    return pd.DataFrame(sorted(run.params.items()), columns=["param", "value"])
+    return pd.DataFrame(sorted(adoption.mask_params(run.params).items()), columns=["param", "value"])
 
 
 def metrics_frame(run: RunInfo) -> pd.DataFrame:

@@ -35,7 +35,8 @@ from tracker.store.names import EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
-DEFAULT_MAX_POINTS = history.PLOT_MAX_POINTS  # per curve on the Compare page
+DEFAULT_MAX_POINTS = history.PLOT_MAX_POINTS  # per curve on the Run detail page
+CHART_BUCKETS = history.CHART_BUCKETS  # Compare: min and max of this many step ranges per curve
 INDEX_TTL_S = 5
 
 
@@ -117,6 +118,20 @@ def eval_results_loader(uri: str):
     return lambda run: _eval_results(uri, run.run_id, run.artifact_uri)
 
 
+def _run_signatures(uri: str, run_ids: tuple[str, ...], index: RunIndex | None) -> tuple[tuple[str, tuple], ...]:
+    """(run, latest steps of its metrics) per run: what changes when a run logs a new step.
+
+    From MLflow's latest_metrics table on a database store; on an http store from the run index
+    (re-read every INDEX_TTL_S), which saves a request per run.
+    """
+    if index is not None and not history.is_database_uri(uri):
+        return tuple((r, tuple(sorted(index.runs[r].metric_steps.items()))) for r in run_ids if r in index.runs)
+    per_run: dict[str, list] = {r: [] for r in run_ids}
+    for row in history.history_signature(uri, run_ids, client=tracker_for(uri).client):
+        per_run[row[0]].append(row[1:])
+    return tuple((r, tuple(rows)) for r, rows in per_run.items())
+
+
 @st.cache_data(max_entries=32, show_spinner="Loading metric histories…")
 def _histories(uri: str, run_ids: tuple[str, ...], keys: tuple[str, ...] | None, max_points: int | None,
                signature: tuple) -> pd.DataFrame:
@@ -126,25 +141,102 @@ def _histories(uri: str, run_ids: tuple[str, ...], keys: tuple[str, ...] | None,
 
 def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX_POINTS,
               index: RunIndex | None = None) -> pd.DataFrame:
-    """Metric histories, cached on (uri, runs, keys, max_points, latest steps of the runs).
-
-    The latest steps come from MLflow's latest_metrics table on a database store; on an http
-    store from the run index (re-read every INDEX_TTL_S), which saves a request per run.
-    """
+    """Metric histories, cached on (uri, runs, keys, max_points, latest steps of the runs)."""
     run_ids = tuple(sorted(set(run_ids)))
     if not run_ids:
         return history.load_histories(uri, [], None, max_points)
-    if index is not None and not history.is_database_uri(uri):
-        sig = tuple((r, tuple(sorted(index.runs[r].metric_steps.items()))) for r in run_ids if r in index.runs)
-    else:
-        sig = history.history_signature(uri, run_ids, client=tracker_for(uri).client)
+    sig = _run_signatures(uri, run_ids, index)
     return _histories(uri, run_ids, None if keys is None else tuple(sorted(keys)), max_points, sig)
+
+
+# Every point of each run's metrics, kept once per (store, run) and replaced when the run logs a new
+# step: the source of every zoom. Not st.cache_data, which would copy it out on every read.
+_full: dict[tuple[str, str], tuple[tuple, pd.DataFrame]] = {}
+_full_lock = threading.Lock()
+
+
+def _full_history(uri: str, run_id: str, signature: tuple) -> pd.DataFrame:
+    with _full_lock:
+        hit = _full.get((uri, run_id))
+    if hit is not None and hit[0] == signature:
+        return hit[1]
+    frame = history.load_histories(uri, [run_id])
+    with _full_lock:
+        _full[(uri, run_id)] = (signature, frame)
+    return frame
+
+
+@st.cache_data(max_entries=64, show_spinner="Loading metric histories…")
+def _curves(uri: str, signature: tuple[tuple[str, tuple], ...], window: tuple | None, buckets: int) -> pd.DataFrame:
+    lo, hi = window or (None, None)
+    return pd.concat([history.decimated(_full_history(uri, run_id, sig), buckets, lo, hi)
+                      for run_id, sig in signature], ignore_index=True)
+
+
+def curves(uri: str, run_ids, index: RunIndex | None = None, window: tuple[int, int] | None = None,
+           buckets: int = CHART_BUCKETS) -> pd.DataFrame:
+    """The runs' metric histories as Compare draws them: steps `window` (lo, hi; None: all), each
+    curve `history.decimate`d to `buckets` (min and max per bucket; every point once few enough).
+
+    Every point is read once per store version (the runs' latest steps) and kept server-side; the
+    decimated frames are cached per (runs, version, window), shared by every session and rerun.
+    """
+    run_ids = tuple(sorted(set(run_ids)))
+    if not run_ids:
+        return history.load_histories(uri, [])
+    return _curves(uri, _run_signatures(uri, run_ids, index), window, buckets)
+
+
+_STEP_SPAN = "compare_step_span"  # the (first, last) step the window inputs were last drawn for
+
+
+def step_window(curves: pd.DataFrame) -> tuple[int, int] | None:
+    """From/To step inputs over the steps of `curves`: the zoom that is re-fetched at full detail.
+
+    None while they span every step (the whole run, decimated)."""
+    first, last = int(curves["step"].min()), int(curves["step"].max())
+    state = st.session_state
+    seen = state.get(_STEP_SPAN)
+    if seen != (first, last):  # new steps (or runs): an input left at an end follows that end
+        for key, old, new in (("compare_step_from", seen and seen[0], first),
+                              ("compare_step_to", seen and seen[1], last)):
+            if state.get(key) in (None, old):
+                state[key] = new
+        state[_STEP_SPAN] = (first, last)
+
+    def whole_run() -> None:
+        state["compare_step_from"], state["compare_step_to"] = first, last
+
+    # A form: both ends change in one rerun (Enter in either box zooms).
+    with st.form("compare_step_window", border=False), st.container(horizontal=True, vertical_alignment="bottom"):
+        lo = st.number_input("From step", step=1, key="compare_step_from",
+                             help=f"zoom: the curves between From and To step are read again, in full detail once "
+                                  f"a curve has at most {2 * CHART_BUCKETS + 2} points there (every logged point)")
+        hi = st.number_input("To step", step=1, key="compare_step_to", help="the last training step shown")
+        st.form_submit_button("Zoom", key="compare_step_zoom", icon=":material/zoom_in:")
+        st.form_submit_button("Whole run", key="compare_step_all", on_click=whole_run, icon=":material/zoom_out_map:",
+                              help=f"steps {first:,}–{last:,}")
+    lo, hi = int(lo), int(hi)
+    if hi < lo:
+        st.warning(f"To step ({hi:,}) is before From step ({lo:,}): showing the whole run.")
+        return None
+    return None if lo <= first and hi >= last else (lo, hi)
+
+
+def curves_caption(shown: pd.DataFrame) -> str:
+    """What the training charts hold, in words."""
+    return (f"{len(shown):,} points shown. Each curve keeps the lowest and the highest value of each of "
+            f"{CHART_BUCKETS} step ranges (spikes survive); where a curve has at most {2 * CHART_BUCKETS + 2} "
+            "points in the shown steps, every logged point. Narrow From/To step to zoom in at full detail.")
 
 
 def refresh() -> None:
     """Forget cached runs and histories (after a change made from the dashboard, or on request)."""
     run_index.clear()
     _histories.clear()
+    _curves.clear()
+    with _full_lock:
+        _full.clear()
 
 
 # --------------------------------------------------------------------------- the shared setup

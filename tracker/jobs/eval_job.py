@@ -86,6 +86,10 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               default=config.EVAL_SCORINGS[0], choices=config.EVAL_SCORINGS),
     EvalField("limit_per_dataset", INT, "at most N prompts per dataset (a fixed-seed sample, as z-lab's "
               "--max-samples)", metavar="N"),
+    EvalField("batch_size", INT, "prompts per target batch (continuations and features); default: sized from "
+              "the device's free memory", metavar="N"),
+    EvalField("anchor_chunk", INT, "anchors the drafter scores per call; default: sized from the device's free "
+              "memory (pin both for bitwise repeatability across machines)", metavar="N"),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)

@@ -144,11 +144,12 @@ class ScanResult:
 
 
 def start(tracker, run_id: str, folder: str | Path, preset: Mapping[str, Any] | None = None,
-          settle_s: float = DEFAULT_SETTLE_S) -> WatchState:
+          settle_s: float = DEFAULT_SETTLE_S, keep_preset: bool = True) -> WatchState:
     """Watch folder for run_id (state stored on the run); watching it again keeps what was seen.
 
-    A new preset replaces the old one; without one the stored preset stays (checkpoints already
-    queued are not queued again).
+    A new preset replaces the old one; without one the stored preset stays, unless keep_preset
+    is False (the dashboard's form, which states the whole watch). Checkpoints already queued are
+    not queued again.
     """
     run = tracker.run(run_id)
     root = Path(folder).expanduser().resolve()
@@ -160,8 +161,8 @@ def start(tracker, run_id: str, folder: str | Path, preset: Mapping[str, Any] | 
     if state is None:
         state = WatchState(str(root), None, settle_s, {})
     state.settle_s = settle_s
-    if preset is not None:
-        state.preset = check_preset(preset)
+    if preset is not None or not keep_preset:
+        state.preset = None if preset is None else check_preset(preset)
     tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
     tracker.client.set_tag(run_id, names.WATCH, str(root))
     return state
@@ -170,6 +171,12 @@ def start(tracker, run_id: str, folder: str | Path, preset: Mapping[str, Any] | 
 def _state(tracker, run) -> WatchState:
     run_id = run.info.run_id
     return WatchState.from_dict(tracker.read_json(run_id, names.WATCH_ARTIFACT), f"run {run_id}")
+
+
+def state(tracker, run_id: str) -> WatchState | None:
+    """The run's watch state; None when the run is not watched."""
+    run = tracker.run(run_id)
+    return _state(tracker, run) if run.data.tags.get(names.WATCH) else None
 
 
 def scan(tracker, queue, run_id: str, now: float | None = None) -> ScanResult:

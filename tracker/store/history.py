@@ -14,6 +14,12 @@ about N points remain; the first and the last step are always kept. The choice i
 the database on the index alone, so skipped points are never read. Every k-th point can
 hide a single-step spike; `max_points=None` reads everything.
 
+Decimation (`decimate`, `window`): what the Compare page draws. Shape-preserving: within each of
+`buckets` equal step ranges the points holding the minimum and the maximum value are kept (and a
+history's first and last point), so no spike is lost however many points are dropped; a history
+or step window with at most 2 x buckets + 2 points is kept whole, so zooming in far enough shows
+every logged point.
+
 Rows come back as a DataFrame with columns run_id, key, step, value, timestamp, sorted by
 (run_id, key, step, timestamp); NaN values are NaN (MLflow stores them as 0 + a flag).
 """
@@ -31,6 +37,7 @@ import sqlalchemy as sa
 
 COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
 PLOT_MAX_POINTS = 1500  # per curve, the dashboard's default (a wide chart is ~1500 px)
+CHART_BUCKETS = 400  # Compare's decimation: a half-width chart is ~650 px; min and max per bucket
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 _engines: dict[str, sa.Engine | None] = {}
@@ -274,3 +281,56 @@ def downsample(rows: list[tuple], max_points: int | None) -> list[tuple]:
     if stride == 1:
         return rows
     return [r for r in rows if (r[0] - first) % stride == 0 or r[0] == last]
+
+
+# --------------------------------------------------------------------------- decimation
+
+
+def decimate(steps: np.ndarray, values: np.ndarray, buckets: int) -> np.ndarray:
+    """Indices (ascending) of the points of one history, sorted by step, to draw it `buckets` wide.
+
+    The steps from first to last are cut into `buckets` equal ranges; each range keeps the point of
+    its minimum and of its maximum value (NaN counts as neither, but a range of NaNs keeps one, so
+    the gap shows); the first and last point are always kept. At most 2 x buckets + 2 points
+    remain; a history with no more than that is kept whole.
+    """
+    if buckets < 1:
+        raise ValueError(f"buckets must be at least 1, got {buckets}")
+    n = len(steps)
+    if n <= 2 * buckets + 2:
+        return np.arange(n)
+    steps = np.asarray(steps, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    span = steps[-1] - steps[0]
+    bucket = np.minimum(((steps - steps[0]) * buckets // span).astype(np.int64), buckets - 1) if span > 0 \
+        else np.zeros(n, dtype=np.int64)
+    nan = np.isnan(values)
+    by_min = np.lexsort((np.where(nan, np.inf, values), bucket))  # within a bucket: smallest first
+    by_max = np.lexsort((np.where(nan, -np.inf, values), bucket))  # within a bucket: largest last
+    starts = np.flatnonzero(np.r_[True, np.diff(bucket[by_min]) != 0])
+    ends = np.r_[starts[1:], n] - 1
+    return np.unique(np.concatenate([[0, n - 1], by_min[starts], by_max[ends]]))
+
+
+def window(steps: np.ndarray, lo: float | None = None, hi: float | None = None) -> slice:
+    """The slice of a step-sorted history with lo <= step <= hi (None: unbounded)."""
+    start = 0 if lo is None else int(np.searchsorted(steps, lo, side="left"))
+    stop = len(steps) if hi is None else int(np.searchsorted(steps, hi, side="right"))
+    return slice(start, max(start, stop))
+
+
+def decimated(frame: pd.DataFrame, buckets: int, lo: float | None = None, hi: float | None = None) -> pd.DataFrame:
+    """`load_histories`' frame cut to steps lo..hi, each (run, key) history `decimate`d to `buckets`."""
+    if frame.empty:
+        return frame
+    steps = frame["step"].to_numpy()
+    values = frame["value"].to_numpy()
+    runs, keys = frame["run_id"].to_numpy(), frame["key"].to_numpy()
+    # Rows are sorted by (run_id, key, step): each history is one contiguous block.
+    edges = np.flatnonzero(np.r_[True, (runs[1:] != runs[:-1]) | (keys[1:] != keys[:-1]), True])
+    keep = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        part = window(steps[a:b], lo, hi)
+        s, e = a + part.start, a + part.stop
+        keep.append(s + decimate(steps[s:e], values[s:e], buckets))
+    return frame.iloc[np.concatenate(keep)].reset_index(drop=True)

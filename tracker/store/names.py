@@ -105,6 +105,13 @@ def ci_metrics(metric: str) -> tuple[str, str]:
     return f"{metric}{_CI_LOW}", f"{metric}{_CI_HIGH}"
 
 
+def dataset_metric(metric: str, dataset: str) -> str:
+    """A number on one dataset, as a reference of published numbers logs it: (`tau`, `gsm8k`) ->
+    `tau_gsm8k`, (`speedup`, `mt-bench`) -> `speedup_mt_bench`. Measured evals keep theirs in the
+    results' `by_dataset`."""
+    return f"{metric}_" + "".join(c if c.isalnum() else "_" for c in dataset.lower()).strip("_")
+
+
 # --------------------------------------------------------------------------- protocol tags
 # `protocol.<field>` for each field of tracker.protocol.Protocol (DESIGN.md, fixed).
 PROTOCOL_PREFIX = "protocol."

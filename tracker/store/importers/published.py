@@ -4,7 +4,10 @@ The numbers live in `published_zlab.json` beside this module, each table with it
 hardware, backend, temperature and thinking mode. Imported runs are `draftboard.kind=reference`
 for their own target (never the demo's), and their fingerprint is `published`: it states what
 the publication states and nothing else, so every comparison with a local run shows which
-fields are unknown.
+fields are unknown. Each run's protocol (`protocol.*` tags) states what the table states: its
+datasets (sizes unknown), temperature, thinking, block size and max new tokens, scoring
+`published`; every other field reads `unknown`. Each dataset's tau is its own metric
+(`names.dataset_metric`), so an eval on GSM8K meets the table's GSM8K number, not an average.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from pathlib import Path
 
 from tracker import fingerprint
+from tracker.protocol import UNKNOWN, Protocol
 from tracker.store import names
 
 DATA = Path(__file__).with_name("published_zlab.json")
@@ -29,8 +33,11 @@ def _fingerprint(table: dict) -> dict:
     return fingerprint.published(source, {k: v for k, v in known.items() if v is not None})
 
 
-def _slug(benchmark: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in benchmark.lower()).strip("_")
+def _protocol(table: dict) -> Protocol:
+    stated = {"datasets": {row["dataset"]: UNKNOWN for row in table["rows"] if row.get("dataset")},
+              "temperature": table.get("temperature"), "enable_thinking": table.get("thinking"),
+              "block_size": table.get("block_size"), "max_new_tokens": table.get("max_new_tokens")}
+    return Protocol(scoring="published", **{k: v for k, v in stated.items() if v is not None and v != {}})
 
 
 def import_published(tracker, tags: dict[str, str] | None = None, path: str | Path = DATA) -> list[str]:
@@ -47,17 +54,17 @@ def import_published(tracker, tags: dict[str, str] | None = None, path: str | Pa
                   "source": table["source"].get("url"), "publication": table["source"].get("publication")}
         metrics = {}
         for row in table["rows"]:
-            if row["benchmark"].lower().startswith("avg"):
+            if not row.get("dataset"):  # the average column ("Avg.")
                 metrics["tau"] = row["tau"]
                 metrics["streak"] = row["tau"] - 1
                 continue
-            metrics[f"tau_{_slug(row['benchmark'])}"] = row["tau"]
+            metrics[names.dataset_metric("tau", row["dataset"])] = row["tau"]
             if row.get("speedup") is not None:
-                metrics[f"speedup_{_slug(row['benchmark'])}"] = row["speedup"]
+                metrics[names.dataset_metric("speedup", row["dataset"])] = row["speedup"]
         name = f"z-lab published: {table['title']}"
         with tracker.eval_run(name, target=table["target"], params={k: v for k, v in params.items() if v is not None},
                               fingerprint=_fingerprint(table), kind="reference", reference_name=name,
-                              tags={**(tags or {}), names.PUBLISHED: "1"}) as run:
+                              tags={**_protocol(table).to_tags(), **(tags or {}), names.PUBLISHED: "1"}) as run:
             run.log_metrics({k: float(v) for k, v in metrics.items()}, step=0)
             run_ids.append(run.run_id)
     return run_ids

@@ -1,0 +1,293 @@
+"""Time to curves on screen, in a real browser: draftboard's Compare page vs MLflow's chart view.
+
+Builds a store like `dashboard_load.py`'s (default 20 training runs x 10,000 steps x 4 metrics),
+serves it with `mlflow server` and `draftboard ui` on loopback, and drives Debian's headless
+Chromium with Playwright. Trials alternate between the two UIs; each opens its page in a fresh tab
+of a browser context kept per UI (static assets cached, as for a returning user).
+
+"Drawn", for both UIs: every metric chart (a `.js-plotly-plot`) holds at least one SVG trace
+(`.scatterlayer .trace`) per run, each with a non-empty line path; for draftboard also Streamlit's
+script is not running (no visible `[data-testid="stStatusWidget"]`). MLflow's chart view shows its
+first 10 runs by default: the benchmark switches it to "Show all runs" once (kept by MLflow in the
+browser's local storage) before the timed trials.
+
+Measured:
+- load: navigation start to all curves drawn (Compare's "Training curves" view with every run
+  chosen, vs MLflow's chart view with all runs shown); draftboard's first trial is the first visitor
+  after the server started (histories read from the store), the others find them cached;
+- zoom: From/To step set to a 100-step window to drawn with every logged point of it (each curve's
+  trace holds exactly the window's steps);
+- widget changes: the log step axis toggled (a fragment rerun) and a 20th run added to 19 (a full
+  rerun), each to the charts redrawn with the change;
+- peak RSS of the Streamlit server process and of the MLflow server over the whole run.
+
+    python benchmarks/ui_time_to_chart.py [--runs 20] [--steps 10000] [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # dashboard_load, runnable from a checkout
+
+import psutil
+from dashboard_load import METRICS, RUNS, STEPS, build_store
+
+CHROMIUM = "/usr/bin/chromium"
+VIEWPORT = {"width": 1500, "height": 1100}
+TARGET_LOAD_RATIO = 10.0  # draftboard at least this many times faster than MLflow
+TARGET_CHANGE_S = 1.0
+TARGET_ZOOM_S = 1.0
+TARGET_RSS_MB = 500
+ZOOM = (5000, 5099)  # scaled down with --steps
+
+# True once every chart of `selector` holds `traces` rendered traces; `busy` is Streamlit's status widget.
+DRAWN_JS = """([selector, charts, traces, streamlit]) => {
+  if (streamlit) {
+    const busy = document.querySelector('[data-testid="stStatusWidget"]');
+    if (busy && busy.offsetParent !== null) return false;
+  }
+  const plots = [...document.querySelectorAll(selector)].filter(p => {
+    const lines = [...p.querySelectorAll('.scatterlayer .trace path.js-line')];
+    return lines.length >= traces && lines.every(l => (l.getAttribute('d') || '').length > 0);
+  });
+  return plots.length >= charts;
+}"""
+STREAMLIT_PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot"
+# Every Compare chart's x axis is log scale, or every named trace holds exactly the steps lo..hi.
+LOG_AXIS_JS = f"""() => [...document.querySelectorAll("{STREAMLIT_PLOTS}")].length > 0 &&
+  [...document.querySelectorAll("{STREAMLIT_PLOTS}")].every(p => p._fullLayout && p._fullLayout.xaxis.type === 'log')"""
+WINDOW_JS = f"""([lo, hi]) => {{
+  const plots = [...document.querySelectorAll("{STREAMLIT_PLOTS}")];
+  return plots.length > 0 && plots.every(p => {{
+    const named = (p._fullData || []).filter(t => t.showlegend !== false);
+    return named.length > 0 && named.every(t => t._length === hi - lo + 1 && t.x[0] === lo && t.x[t._length - 1] === hi);
+  }});
+}}"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: {proc.args[:4]} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"error: {url} did not answer within {timeout:.0f} s")
+
+
+class PeakRss(threading.Thread):
+    """Samples the RSS of the processes `pick` finds under each root every 50 ms; keeps the peak."""
+
+    def __init__(self, roots: dict[str, subprocess.Popen], pick: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.roots, self.pick, self.peak_mb = roots, pick, {name: 0.0 for name in roots}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            for name, proc in self.roots.items():
+                try:
+                    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                    rss = sum(p.memory_info().rss for p in tree if self.pick[name] in " ".join(p.cmdline()))
+                except psutil.Error:
+                    continue
+                self.peak_mb[name] = max(self.peak_mb[name], rss / 2**20)
+
+
+def start_servers(home: Path, uri: str, log_dir: Path) -> tuple[dict[str, subprocess.Popen], dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["DRAFTBOARD_HOME"] = str(home)
+    ports = {"mlflow": free_port(), "draftboard": free_port()}
+    argv = {
+        "mlflow": [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                   "--port", str(ports["mlflow"]), "--workers", "1"],
+        "draftboard": [sys.executable, "-m", "tracker.cli", "ui", "--port", str(ports["draftboard"]), "--home",
+                       str(home), "--no-worker"],
+    }
+    procs = {}
+    for name, cmd in argv.items():
+        out = open(log_dir / f"{name}.log", "w")
+        procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                       cwd=Path(__file__).resolve().parents[1])
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    wait_http(urls["mlflow"] + "/health", procs["mlflow"])
+    wait_http(urls["draftboard"] + "/_stcore/health", procs["draftboard"])
+    return procs, urls
+
+
+def stop(procs: dict[str, subprocess.Popen]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+def timed(page, action, predicate: str, arg=None, timeout_s: float = 120) -> float:
+    """Seconds from `action()` until `predicate` holds, polled every animation frame."""
+    start = time.perf_counter()
+    action()
+    page.wait_for_function(predicate, arg=arg, polling="raf", timeout=timeout_s * 1000)
+    return time.perf_counter() - start
+
+
+def mlflow_show_all_runs(context, url: str, uri: str, runs: int, shots: Path) -> str:
+    """The chart view's URL, after switching it once to show every run (MLflow keeps that in local storage)."""
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(uri).get_experiment_by_name("draftboard").experiment_id
+    chart_url = f"{url}/#/experiments/{experiment}/runs?compareRunsMode=CHART"
+    page = context.new_page()
+    page.goto(chart_url)
+    page.wait_for_function(DRAWN_JS, arg=[".js-plotly-plot", len(METRICS), min(runs, 10), False], timeout=180_000)
+    page.locator("button[aria-label='Toggle visibility of runs']").click()
+    page.get_by_text("Show all runs").click()
+    page.wait_for_function(DRAWN_JS, arg=[".js-plotly-plot", len(METRICS), runs, False], timeout=180_000)
+    page.screenshot(path=shots / "mlflow-chart-view.png")
+    page.close()
+    return chart_url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--shots", type=Path, default=None, help="keep screenshots in this directory")
+    args = parser.parse_args()
+    if args.runs < 2 or args.steps < 200 or args.trials < 2:
+        print("error: needs --runs >= 2, --steps >= 200 and --trials >= 2", file=sys.stderr)
+        raise SystemExit(2)
+    from playwright.sync_api import sync_playwright
+
+    zoom = ZOOM if args.steps > ZOOM[1] else (args.steps // 2, args.steps // 2 + 99)
+    with tempfile.TemporaryDirectory(prefix="draftboard-ui-bench-") as tmp:
+        home, shots = Path(tmp), args.shots or Path(tmp)
+        shots.mkdir(parents=True, exist_ok=True)
+        uri, run_ids, _ = build_store(home, "copy", args.runs, args.steps)
+        procs, urls = start_servers(home, uri, home)
+        rss = PeakRss(procs, {"mlflow": "mlflow", "draftboard": "tracker.serve"})
+        rss.start()
+        results: dict[str, list[float]] = {"mlflow": [], "draftboard": []}
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                contexts = {name: browser.new_context(viewport=VIEWPORT) for name in results}
+                chart_url = mlflow_show_all_runs(contexts["mlflow"], urls["mlflow"], uri, args.runs, shots)
+                compare_url = (f"{urls['draftboard']}/compare?runs={','.join(run_ids)}"
+                               "&compare_view=Training+curves")
+                drawn = {"mlflow": [".js-plotly-plot", len(METRICS), args.runs, False],
+                         "draftboard": [STREAMLIT_PLOTS, len(METRICS), args.runs, True]}
+                target = {"mlflow": chart_url, "draftboard": compare_url}
+                for trial in range(args.trials):
+                    for name in results:
+                        page = contexts[name].new_page()
+                        page.set_default_timeout(120_000)
+                        results[name].append(timed(page, lambda: page.goto(target[name]), DRAWN_JS, drawn[name]))
+                        page.screenshot(path=shots / f"{name}-{trial}.png")
+                        page.close()
+                        print(f"trial {trial + 1}: {name:10s} all curves drawn in {results[name][-1]:.2f} s",
+                              flush=True)
+
+                page = contexts["draftboard"].new_page()
+                page.set_default_timeout(120_000)
+                page.goto(compare_url)
+                page.wait_for_function(DRAWN_JS, arg=drawn["draftboard"], polling="raf")
+                log_s = timed(page, lambda: page.get_by_text("Log step axis").click(), LOG_AXIS_JS)
+                page.get_by_text("Log step axis").click()
+                page.wait_for_function(f"() => !({LOG_AXIS_JS})()")
+                page.wait_for_function(DRAWN_JS, arg=drawn["draftboard"], polling="raf")
+
+                def set_window() -> None:
+                    page.get_by_role("spinbutton", name="From step").fill(str(zoom[0]))
+                    page.get_by_role("spinbutton", name="To step").fill(str(zoom[1]))
+                    page.get_by_role("spinbutton", name="To step").press("Enter")
+
+                zoom_s = timed(page, set_window, WINDOW_JS, list(zoom))
+                page.wait_for_function(DRAWN_JS, arg=drawn["draftboard"], polling="raf")
+                zoom_total_s = zoom_s  # the window is drawn once its traces hold it; the script has ended too
+                page.screenshot(path=shots / "draftboard-zoom.png")
+                page.close()
+
+                page = contexts["draftboard"].new_page()
+                page.set_default_timeout(120_000)
+                page.goto(compare_url.replace(",".join(run_ids), ",".join(run_ids[:-1])))
+                page.wait_for_function(DRAWN_JS, arg=[STREAMLIT_PLOTS, len(METRICS), args.runs - 1, True],
+                                       polling="raf")
+                name = "bench-%02d" % (args.runs - 1)
+
+                def add_run() -> None:
+                    page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs").first.locator(
+                        "input").click()
+                    page.get_by_role("option", name=name).first.click()
+                    page.keyboard.press("Escape")
+
+                add_s = timed(page, add_run, DRAWN_JS, drawn["draftboard"])
+                page.screenshot(path=shots / "draftboard-add-run.png")
+                page.close()
+                browser.close()
+        finally:
+            rss.stopped.set()
+            rss.join()
+            stop(procs)
+
+    mlflow_s = statistics.median(results["mlflow"])
+    cold_s, warm_s = results["draftboard"][0], statistics.median(results["draftboard"][1:])
+    ratio, cold_ratio = mlflow_s / warm_s, mlflow_s / cold_s
+    points = args.runs * args.steps * len(METRICS)
+    print(f"store      : {args.runs} runs x {args.steps:,} steps x {len(METRICS)} metrics ({points:,} points)")
+    print(f"mlflow     : chart view, all runs: median {mlflow_s:.2f} s ({', '.join(f'{t:.2f}' for t in results['mlflow'])})")
+    print(f"draftboard : Compare, training curves: first visitor {cold_s:.2f} s, then median {warm_s:.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in results['draftboard'])})")
+    print(f"ratio      : {ratio:.1f}x faster than MLflow ({cold_ratio:.1f}x for the first visitor)")
+    print(f"zoom       : steps {zoom[0]}-{zoom[1]} with every logged point drawn in {zoom_total_s:.2f} s "
+          f"({mlflow_s / zoom_total_s:.1f}x MLflow's time to its chart view)")
+    print(f"widgets    : log step axis redrawn in {log_s:.2f} s, a run added redrawn in {add_s:.2f} s")
+    print(f"peak RSS   : Streamlit server {rss.peak_mb['draftboard']:.0f} MB, mlflow server {rss.peak_mb['mlflow']:.0f} MB")
+    ok = (ratio >= TARGET_LOAD_RATIO and max(log_s, add_s) < TARGET_CHANGE_S and zoom_total_s < TARGET_ZOOM_S
+          and rss.peak_mb["draftboard"] < TARGET_RSS_MB)
+    print(json.dumps({
+        "benchmark": "ui_time_to_chart",
+        "store": {"runs": args.runs, "steps": args.steps, "metrics": len(METRICS)},
+        "ratios": {"load_vs_mlflow": round(ratio, 1), "first_visit_vs_mlflow": round(cold_ratio, 1),
+                   "zoom_vs_mlflow_load": round(mlflow_s / zoom_total_s, 1)},
+        "seconds": {"mlflow_load": round(mlflow_s, 3), "draftboard_load": round(warm_s, 3),
+                    "draftboard_first_visit": round(cold_s, 3), "zoom_100_steps": round(zoom_total_s, 3),
+                    "log_axis_toggle": round(log_s, 3), "add_run": round(add_s, 3)},
+        "peak_rss_mb": {k: round(v) for k, v in rss.peak_mb.items()},
+        "targets": {"load_vs_mlflow": TARGET_LOAD_RATIO, "widget_change_s": TARGET_CHANGE_S,
+                    "zoom_s": TARGET_ZOOM_S, "streamlit_rss_mb": TARGET_RSS_MB},
+        "ok": ok,
+    }))
+
+
+if __name__ == "__main__":
+    main()
