@@ -289,9 +289,9 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     assert data.lineage_banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs its "
                                    "training run: fast"]
     assert not data.train_curves["dashed"].any() and data.reference_values["tau"] == 3.0
-    # One dashing rule, its reason on every series: the fallback evals differ from the reference.
+    # One dashing rule, its reason on every series: the fallback evals differ from their training run.
     reasons = data.eval_points.groupby("series")["reason"].first()
-    assert reasons["v4 [fallback/cpu/fp32]"] == "≠ reference: linear-attn" and reasons["v4 [fast/cpu/fp32]"] == ""
+    assert reasons["v4 [fallback/cpu/fp32]"] == "≠ training: linear-attn" and reasons["v4 [fast/cpu/fp32]"] == ""
     # By position / DDTree: the eval closest to the reference by default (the fast re-eval, which has no
     # per-position data), else the checkpoint picked.
     assert data.picked == {"t4": "e4c"} and list(data.accept_by_position["series"]) == [
@@ -299,12 +299,32 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     data = compare_data(index, ["t4"], "ref", hist, picks={"t4": "e4b"})
     assert list(data.accept_by_position["series"]) == ["v4 @ step 200 [fallback/cpu/fp32]",
                                                        "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
-    assert data.accept_by_position["reason"].tolist() == ["≠ reference: linear-attn", ""]
+    assert data.accept_by_position["reason"].tolist() == ["≠ training: linear-attn", ""]
     assert set(data.accept_by_position["owner"]) == {"t4", "ref"}
     assert data.ddtree["budget"].tolist() == [8] and "tau" in data.eval_metrics and data.train_metrics == ["loss"]
     export = data.export_frame()
     assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
             "ddtree vs budget"} == set(export["chart"])
+
+
+def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_differs_from_the_reference():
+    """The headline flow's end: a run trained on the fallback, re-evaluated on the fallback, is the
+    drafter as trained (solid); the run's difference from a fast-kernel reference is said once, on
+    its training curve (dashed) and in the banner. Its fast-kernel eval is dashed against training."""
+    index = RunIndex([
+        run("t3", "train", fp(), name="v3"),
+        run("e3", "eval", fp(), train="t3", step=100, metrics={"tau": 2.0}),
+        run("e3f", "eval", fp(path="fast"), train="t3", step=100, metrics={"tau": 2.2}),
+        run("ref", "reference", fp(path="fast"), metrics={"tau": 3.0}, ref_name="z"),
+    ])
+    hist = pd.DataFrame({"run_id": ["t3"] * 2, "key": ["loss"] * 2, "step": [0, 1], "value": [3.0, 2.0],
+                         "timestamp": [0, 0]})
+    data = compare_data(index, ["t3"], "ref", hist)
+    reasons = data.eval_points.groupby("series")["reason"].first()
+    assert reasons.to_dict() == {"v3 [fallback/cpu/fp32]": "", "v3 [fast/cpu/fp32]": "≠ training: linear-attn"}
+    assert set(data.train_curves["reason"]) == {"≠ reference: linear-attn"} and data.train_curves["dashed"].all()
+    assert "v3 (training): linear-attn fallback vs reference: fast" in data.banner
+    assert data.picked == {"t3": "e3"}  # the solid one, though the fast eval is closer to the reference
 
 
 def test_default_selection_is_the_teams_training_runs_not_the_references_own():
