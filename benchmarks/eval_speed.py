@@ -13,6 +13,8 @@
     z-lab's cached online speculative loop (evaluators.online, what `--scoring online` runs; its
     hybrid-cache handling is the one tests/test_online_equivalence.py checks) over the same
     prompts. Target: >= 5x.
+(f) `check-lossless` (plain greedy and z-lab's cached online loop, one prompt at a time) against
+    one cold and one warm eval on the same prompts: what the check costs (reported, no target).
 
 Usage: python benchmarks/eval_speed.py [--prompts 16] [--tokens 512]
 """
@@ -203,10 +205,18 @@ def main() -> None:
           f"warm eval {warm['timing']['total_s']:.2f} s ({zlab_s / warm['timing']['total_s']:.1f}x faster, "
           "and it also scores every anchor and the DDTree budgets)")
 
+    # (f) check-lossless (greedy and z-lab's cached online loop, prompt by prompt) against one eval
+    lossless = harness.check_lossless(base)
+    lossless_s = lossless["timing"]["total_s"]
+    print(f"(f) check-lossless {lossless_s:.2f} s ({lossless['n_diverged']}/{len(lossless['prompts'])} prompts leave "
+          f"greedy) vs one eval: cold {t['total_s']:.2f} s ({lossless_s / t['total_s']:.1f}x), warm "
+          f"{warm['timing']['total_s']:.2f} s ({lossless_s / warm['timing']['total_s']:.1f}x)")
+
     ratios = {"harness_vs_per_block_loop": round(loop_s / harness_s, 2),
               "ten_checkpoints_cache_vs_none": round(nocache_s / cache_s, 2),
               "intervals_share_of_warm_eval": round(intervals_s / warm["timing"]["total_s"], 4),
-              "warm_eval_vs_zlab_load_and_loop": round(zlab_s / warm["timing"]["total_s"], 2)}
+              "warm_eval_vs_zlab_load_and_loop": round(zlab_s / warm["timing"]["total_s"], 2),
+              "check_lossless_vs_cold_eval": round(lossless_s / t["total_s"], 2)}
     # "close to 10x minus the drafter's share": within 70% of what the drafter's share allows
     targets = {"harness_vs_per_block_loop": 10.0, "ten_checkpoints_cache_vs_none": round(0.7 * ideal, 2),
                "warm_eval_vs_zlab_load_and_loop": 5.0}

@@ -159,7 +159,8 @@ def train_view() -> None:
     with st.container(horizontal=True):
         smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="compare_smoothing",
                               help="exponential moving average weight w: each point is w × the previous smoothed "
-                                   "value + (1 − w) × its own. 0: raw. The raw curve stays behind, faint.")
+                                   "value + (1 − w) × its own. 0: raw. The raw curve stays behind, faint, for up "
+                                   f"to {charts.RAW_BEHIND_MAX_SERIES} runs.")
         log_x = st.toggle("Log step axis", key="compare_log_step",
                           help="training step on a log scale: early training is readable next to late")
     window = ui.step_window(data.train_curves)
@@ -176,7 +177,8 @@ def train_view() -> None:
                             key=f"compare_train_{key}", config=PLOTLY)
     shown = curves[curves["key"].isin(keys)]
     st.caption(ui.curves_caption(shown))
-    st.download_button("Download shown training data (CSV)", csv_bytes(shown), "training_curves.csv",
+    # Written when clicked: a CSV of every shown point costs more than drawing them, on every rerun.
+    st.download_button("Download shown training data (CSV)", lambda: csv_bytes(shown), "training_curves.csv",
                        "text/csv", key="compare_train_csv", on_click="ignore")
 
 
@@ -213,7 +215,7 @@ def ddtree_view() -> None:
 def data_view() -> None:
     export = data.export_frame()
     st.dataframe(export, hide_index=True, key="compare_data_table")
-    st.download_button("Download all shown data (CSV)", csv_bytes(export), "compare.csv", "text/csv",
+    st.download_button("Download all shown data (CSV)", lambda: csv_bytes(export), "compare.csv", "text/csv",
                        key="compare_csv", on_click="ignore")
     with st.expander("Metric definitions"):
         for doc in metric_docs.glossary():

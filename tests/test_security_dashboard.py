@@ -208,6 +208,7 @@ def test_csv_exports_neutralise_formula_cells(hostile_env):
 
 def test_the_pages_downloads_are_the_safe_csv(hostile_env, monkeypatch):
     """What the download buttons hand to the browser, recorded where Streamlit stores it."""
+    from streamlit.runtime.media_file_manager import MediaFileManager
     from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
     downloads: dict[str, bytes] = {}
@@ -218,6 +219,15 @@ def test_the_pages_downloads_are_the_safe_csv(hostile_env, monkeypatch):
         return store(self, data, mimetype, kind, filename)
 
     monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", recording)
+    # A CSV written when its button is clicked (data=callable): written here as the click would.
+    deferred = MediaFileManager.add_deferred
+
+    def written_now(self, data, mimetype, coordinates, file_name=None, **kwargs):
+        body = data()
+        downloads[file_name] = body.encode() if isinstance(body, str) else body
+        return deferred(self, data, mimetype, coordinates, file_name=file_name, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", written_now)
     ids = hostile_env["ids"]
     run_page("pages/runs.py")
     at = run_page("pages/compare.py", runs=f"{ids['train']},{ids['formula']}")

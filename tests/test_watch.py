@@ -169,18 +169,35 @@ def test_fingerprint_attach_makes_an_unknown_environment_comparable(store, tmp_p
     assert adoption.detect(adoption.RunView.of(tracker.run(legacy), "x")).tool == adoption.SPECFORGE_LEGACY
 
 
-def test_the_worker_runs_the_watchers(store, tmp_path, monkeypatch):
+def test_the_worker_runs_the_watchers_and_evaluates_what_they_find(store, tmp_path, monkeypatch):
+    """A speculators checkpoint, as the tool writes it, evaluated end to end by the worker against a
+    real (tiny, random) hybrid target whose shape the drafter was built for."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from tiny import qwen35_config, save_target
+
     tracker, _, spec = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracker.uri)  # the worker's store
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    target = save_target(Qwen3_5ForCausalLM(qwen35_config(
+        vocab_size=toolformats.V, eos_token_id=toolformats.V - 2, hidden_size=toolformats.H,
+        num_hidden_layers=toolformats.TARGET_LAYERS,
+        layer_types=["linear_attention", "linear_attention", "full_attention"] * 2)).eval(),
+        tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "input_ids": [3 + i, 7, 11 + i, 5]}) + "\n" for i in range(3)))
     folder = tmp_path / "spec-ckpts"
     toolformats.speculators(folder, 0, 7, toolformats.tiny_drafter())
-    watch.start(tracker, spec, folder, json.loads(open(_preset(tmp_path)).read()), settle_s=0)
+    preset = {"target": str(target), "prompts": str(prompts), "budgets": [4], "device": "cpu",
+              "max_new_tokens": 8}
+    watch.start(tracker, spec, folder, preset, settle_s=0)
     jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
     assert run_worker(jobs, once=True, poll_s=0.05, watch_s=60) == 1  # queued by the watch, then run
     [job] = JobQueue(jobs).list()
-    assert job.params["checkpoint_step"] == 7 and job.finished  # /models/Qwen3-8B does not exist here
+    assert job.params["checkpoint_step"] == 7 and job.state == "succeeded", job.error
     assert [c.step for c in tracker.checkpoints(spec)] == [7]
+    [ev] = tracker.client.search_runs([tracker.experiment_id], f"tags.`{names.TRAIN_RUN_ID}` = '{spec}'")
+    assert ev.data.tags[names.CHECKPOINT_STEP] == "7" and ev.data.metrics["tau"] >= 1
 
 
 def test_the_dashboard_form_states_the_whole_watch_and_keeps_what_was_seen(store, tmp_path):
