@@ -64,9 +64,11 @@ DRAWN_JS = """([selector, charts, traces, streamlit]) => {
   return plots.length >= charts;
 }"""
 STREAMLIT_PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot"
-# Every Compare chart's x axis is log scale, or every named trace holds exactly the steps lo..hi.
-LOG_AXIS_JS = f"""() => [...document.querySelectorAll("{STREAMLIT_PLOTS}")].length > 0 &&
-  [...document.querySelectorAll("{STREAMLIT_PLOTS}")].every(p => p._fullLayout && p._fullLayout.xaxis.type === 'log')"""
+# Every Compare chart's x axis is of `type` (log / linear) and drawn; or every named trace holds exactly the steps lo..hi.
+AXIS_JS = f"""([type, drawn]) => {{
+  const plots = [...document.querySelectorAll("{STREAMLIT_PLOTS}")];
+  return plots.length > 0 && plots.every(p => p._fullLayout && p._fullLayout.xaxis.type === type) && ({DRAWN_JS})(drawn);
+}}"""
 WINDOW_JS = f"""([lo, hi]) => {{
   const plots = [...document.querySelectorAll("{STREAMLIT_PLOTS}")];
   return plots.length > 0 && plots.every(p => {{
@@ -223,11 +225,9 @@ def main() -> None:
                 page.wait_for_function(DRAWN_JS, arg=drawn["draftboard"], polling="raf")
                 # A widget change, several times (on, off, ...): one alone varies by half a second here.
                 toggles = []
-                for k in range(2 * args.trials):
-                    back = "!" if k % 2 else ""
-                    toggles.append(timed(page, lambda: page.get_by_text("Log step axis").click(),
-                                         f"() => {back}({LOG_AXIS_JS})()"))
-                    page.wait_for_function(DRAWN_JS, arg=drawn["draftboard"], polling="raf")
+                for k in range(2 * args.trials):  # every chart switched and drawn, both ways
+                    toggles.append(timed(page, lambda: page.get_by_text("Log step axis").click(), AXIS_JS,
+                                         ["linear" if k % 2 else "log", drawn["draftboard"]]))
                 log_s = statistics.median(toggles)
 
                 def set_window() -> None:

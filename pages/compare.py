@@ -188,8 +188,8 @@ def per_run_view(title: str, family: str, frame, figure, empty: str, csv_name: s
     if frame.empty:
         st.info(empty)
         return
-    st.caption("Training runs: one evaluated checkpoint each, picked in the sidebar (default: the eval closest to "
-               "the reference's environment).")
+    st.caption("Training runs: one evaluated checkpoint each, picked in the sidebar (default: one matching its "
+               "training run's environment, then the closest to the reference's).")
     st.plotly_chart(figure(frame), key=f"compare_{key}", config=PLOTLY)
     st.download_button("Download (CSV)", csv_bytes(frame), csv_name, "text/csv", key=f"compare_{key}_csv",
                        on_click="ignore")
