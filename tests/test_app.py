@@ -376,3 +376,28 @@ def test_pages_never_import_torch_or_transformers(app_env):
     done = subprocess.run([sys.executable, "-c", code], env=os.environ.copy(), capture_output=True, text=True,
                           cwd=Path(APP).parent, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path):
+    """`ui.warm` (run beside the server by `draftboard ui`) reads the fingerprints and every point of
+    the default Compare selection's histories into the caches the pages use; an empty store stays
+    uncached, so runs logged next show at once."""
+    from tracker import Tracker
+    from tracker.dashboard import ui
+    from tracker.dashboard.compare import default_selection, train_runs_for_histories
+
+    ui.refresh()
+    with ui._fp_lock:
+        ui._fingerprints.clear()
+    said = ui.warm(app_env.uri)
+    index = ui.run_index(app_env.uri)
+    chosen = train_runs_for_histories(index, default_selection(index))
+    assert said.startswith(f"warm: {len(index.runs)} runs, the histories of {len(chosen)} training runs"), said
+    assert chosen and {run for uri, run in ui._full if uri == app_env.uri} == set(chosen)
+    assert {run for uri, run in ui._fingerprints if uri == app_env.uri} == set(index.runs)
+
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert ui.warm(empty) == "warm: the store has no runs yet"
+    with Tracker(empty).training_run("first", {}, "/models/t") as run:
+        pass
+    assert run.run_id in ui.run_index(empty).runs  # not the empty index the warm-up saw

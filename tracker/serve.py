@@ -12,6 +12,9 @@ and open the default page. So `RootBase` tells the browser where the server is i
 HTML page it serves sets `window.__streamlit.BACKEND_BASE_URL` (Streamlit's embedding setting) to
 the server's root, and the browser asks there first and only.
 
+While the server starts, a thread reads what the first visitor would wait for (`ui.warm`: the
+store's fingerprints and the default Compare selection's histories, into the pages' own caches).
+
 `draftboard ui --auth` sets AUTH_VAR: then every HTTP request and websocket handshake needs
 HTTP basic auth with USER_VAR / PASSWORD_VAR, except Streamlit's health probe (a container's
 health check; it says only "ok"). The check is an ASGI middleware put in front of Streamlit's
@@ -28,6 +31,7 @@ import hmac
 import json
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -168,7 +172,15 @@ def main(argv: list[str]) -> None:
 
     _add_middleware(credentials_from_env() if os.environ.get(AUTH_VAR) == "basic" else None)
     PagesManager.uses_pages_directory = False
+    threading.Thread(target=_warm, name="draftboard-warm", daemon=True).start()
     cli.main(args=["run", *argv], prog_name="streamlit")
+
+
+def _warm() -> None:
+    """The first visitor's reads, done while the server starts (`ui.warm`: the same caches the pages use)."""
+    from tracker.dashboard import ui
+
+    print(ui.warm(config.store_uri()), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

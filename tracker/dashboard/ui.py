@@ -230,6 +230,28 @@ def curves_caption(shown: pd.DataFrame) -> str:
             "points in the shown steps, every logged point. Narrow From/To step to zoom in at full detail.")
 
 
+def warm(uri: str) -> str:
+    """Read what a first visitor waits for before anyone asks: the store's fingerprints (through the
+    run index) and every point of the default Compare selection's histories. `draftboard ui` runs it
+    beside the server as it starts; it only fills caches a page would fill, so a failure is said in
+    one line and the page reads the store itself. An empty store is not cached as empty (a demo may
+    be filling it). -> what it did, in words."""
+    from tracker.dashboard.compare import default_selection, train_runs_for_histories
+
+    start = time.perf_counter()
+    try:
+        index = run_index(uri)
+        if not index.runs:
+            run_index.clear()
+            return "warm: the store has no runs yet"
+        chosen = train_runs_for_histories(index, default_selection(index))
+        shown = curves(uri, chosen, index=index)
+    except Exception as exc:  # noqa: BLE001 - a cache warm-up: the page reports the same error itself
+        return f"warm: skipped ({type(exc).__name__}: {exc})"
+    return (f"warm: {len(index.runs)} runs, the histories of {len(chosen)} training runs ({len(shown):,} points "
+            f"drawn) in {time.perf_counter() - start:.1f} s")
+
+
 def refresh() -> None:
     """Forget cached runs and histories (after a change made from the dashboard, or on request)."""
     run_index.clear()
