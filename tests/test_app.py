@@ -378,11 +378,11 @@ def test_pages_never_import_torch_or_transformers(app_env):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path):
+def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkeypatch):
     """`ui.warm` (run beside the server by `draftboard ui`) reads the fingerprints and every point of
     the default Compare selection's histories into the caches the pages use; an empty store stays
     uncached, so runs logged next show at once."""
-    from tracker import Tracker
+    from tracker import Tracker, demo_progress
     from tracker.dashboard import ui
     from tracker.dashboard.compare import default_selection, train_runs_for_histories
 
@@ -401,3 +401,10 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path):
     with Tracker(empty).training_run("first", {}, "/models/t") as run:
         pass
     assert run.run_id in ui.run_index(empty).runs  # not the empty index the warm-up saw
+
+    # A store the demo is still building is not opened (two first opens of one SQLite file can fail).
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    building = f"sqlite:///{tmp_path / 'home' / 'draftboard.db'}"
+    demo_progress.ProgressWriter(tmp_path / "home", building, pid=os.getpid(), log="demo.log").update()
+    assert ui.warm(building) == "warm: skipped (the demo is building the store)"
+    assert not (tmp_path / "home" / "draftboard.db").exists()

@@ -235,9 +235,13 @@ def warm(uri: str) -> str:
     run index) and every point of the default Compare selection's histories. `draftboard ui` runs it
     beside the server as it starts; it only fills caches a page would fill, so a failure is said in
     one line and the page reads the store itself. An empty store is not cached as empty (a demo may
-    be filling it). -> what it did, in words."""
+    be filling it), and a store the demo is building is not opened at all (`demo_banner` says why).
+    -> what it did, in words."""
     from tracker.dashboard.compare import default_selection, train_runs_for_histories
 
+    progress = demo_progress.read_progress(config.home_dir())
+    if progress is not None and progress.store == uri and progress.building:
+        return "warm: skipped (the demo is building the store)"
     start = time.perf_counter()
     try:
         index = run_index(uri)
