@@ -20,6 +20,7 @@ from tracker.dashboard.compare import (
     outside_budgets,
     reference_label,
     train_runs_for_histories,
+    training_curves,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
 
@@ -167,7 +168,7 @@ def train_view() -> None:
     curves = data.train_curves
     if window is not None:  # zoomed: the window again, at full detail where it fits the chart
         hist = ui.curves(cfg.store_uri, history_runs, index=index, window=window)
-        curves = compare_data(index, chosen, reference_id, hist, results, picks).train_curves
+        curves = training_curves(index, chosen, reference_id, hist)
     cols = st.columns(2)
     for i, key in enumerate(keys):
         with cols[i % 2]:

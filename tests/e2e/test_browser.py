@@ -74,19 +74,22 @@ def _choose(page, label: str, option: str, exact: bool = False) -> None:
     labelled `label`, and let the app apply it."""
     box = page.locator("[data-testid='stSelectbox']").filter(has_text=label).first
     value = re.compile("^" + re.escape(option) + ("$" if exact else ""))
-    for _ in range(3):
+    for _ in range(2):
         box.click()
         page.get_by_role("option", name=option, exact=exact).first.click()
         # The choice shows as the value of the box's input once the rerun it starts has finished. A
         # choice made while the previous change's rerun still ran can be undone when Streamlit
         # restarts that rerun and its on_change pre-fill (Launch's) runs again: choose again then,
         # as a user would.
-        _settled(page)
-        page.wait_for_timeout(300)
-        _settled(page)
-        if value.search(box.locator("input").input_value()):
+        try:
+            expect(box.locator("input")).to_have_value(value, timeout=5_000)
+            _settled(page)
+            expect(box.locator("input")).to_have_value(value, timeout=1_000)
             return
+        except AssertionError:
+            continue
     expect(box.locator("input")).to_have_value(value)
+    _settled(page)
 
 
 def test_the_browser_draws_the_badges_in_colour(page):
@@ -194,7 +197,9 @@ def _visit(page, url: str, shot: Path) -> None:
     page.goto(url)
     page.locator("h1").first.wait_for()
     _settled(page)
-    page.wait_for_timeout(500)  # plots draw after the script run ends
+    # Plots draw after the script run ends: every chart on the page holds its drawn SVG.
+    page.wait_for_function("""() => [...document.querySelectorAll("[data-testid='stPlotlyChart']")]
+        .every(c => c.querySelector('.js-plotly-plot .main-svg'))""")
     page.screenshot(path=shot, full_page=True)
 
 

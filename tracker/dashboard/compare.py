@@ -288,6 +288,21 @@ def target_note(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -
             "the curves, not their values.")
 
 
+def training_curves(index: RunIndex, run_ids: Sequence[str], reference_id: str | None,
+                    histories: pd.DataFrame) -> pd.DataFrame:
+    """The chosen training runs' `histories` as Compare draws them (TRAIN_COLUMNS): labelled, dashed
+    by `series_reason`, other tools' metric names aliased to ours. A zoom redraws only these."""
+    ref = index.get(reference_id)
+    reasons = {r: series_reason(index, index.runs[r], ref) for r in train_runs_for_histories(index, run_ids)}
+    curves = histories[histories["run_id"].isin(reasons)] if not histories.empty else histories
+    if curves.empty:
+        return pd.DataFrame(columns=TRAIN_COLUMNS)
+    reason = curves["run_id"].map(reasons)
+    curves = curves.assign(series=curves["run_id"].map(index.label), owner=curves["run_id"],
+                           reason=reason, dashed=reason.ne(""))[TRAIN_COLUMNS]
+    return recipe.alias_curves(curves, index)  # other tools' names -> ours, both shown
+
+
 def compare_data(
     index: RunIndex,
     run_ids: Sequence[str],
@@ -317,23 +332,13 @@ def compare_data(
             probe_help.append(digests)
 
     # Training curves.
-    train_runs = [r for r in runs if r.kind == "train"]
-    reasons = {}
-    for run in train_runs:
-        crit = _critical_vs(run, ref)
-        reasons[run.run_id] = series_reason(index, run, ref)
+    for run in runs:
+        crit = _critical_vs(run, ref) if run.kind == "train" else []
         if crit:
             banner.append(summarize_rows(crit, f"{index.label(run.run_id)} (training)", ref_name,
                                          probe=lineage.probe_words(run.fingerprint, ref.fingerprint)))
             note_probe(run, index.label(run.run_id), crit)
-    curves = histories[histories["run_id"].isin(reasons)] if not histories.empty else histories
-    if curves.empty:
-        train_curves = pd.DataFrame(columns=TRAIN_COLUMNS)
-    else:
-        reason = curves["run_id"].map(reasons)
-        train_curves = curves.assign(series=curves["run_id"].map(index.label), owner=curves["run_id"],
-                                     reason=reason, dashed=reason.ne(""))[TRAIN_COLUMNS]
-        train_curves = recipe.alias_curves(train_curves, index)  # other tools' names -> ours, both shown
+    train_curves = training_curves(index, run_ids, reference_id, histories)
 
     # Eval points by checkpoint, one series per chosen run and environment.
     points, drawn, protocol_notes = [], [], []
