@@ -8,7 +8,7 @@ view is computed and sent. To add a view, define `def my_view() -> None` (it may
 
 import streamlit as st
 
-from tracker.dashboard import charts, metric_docs, recipe, ui
+from tracker.dashboard import charts, curve_chart, metric_docs, recipe, ui
 from tracker.dashboard.compare import (
     best_evals,
     closest_reference,
@@ -161,7 +161,7 @@ def train_view() -> None:
         smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="compare_smoothing",
                               help="exponential moving average weight w: each point is w × the previous smoothed "
                                    "value + (1 − w) × its own. 0: raw. The raw curve stays behind, faint, for up "
-                                   f"to {charts.RAW_BEHIND_MAX_SERIES} runs.")
+                                   f"to {curve_chart.RAW_BEHIND_MAX_SERIES} runs.")
         log_x = st.toggle("Log step axis", key="compare_log_step",
                           help="training step on a log scale: early training is readable next to late")
     window = ui.step_window(data.train_curves)
@@ -173,9 +173,9 @@ def train_view() -> None:
     for i, key in enumerate(keys):
         with cols[i % 2]:
             st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-            st.plotly_chart(charts.step_curves(curves, key, recipe.step_axis_title(index, chosen), colors=colors,
-                                               smoothing=smoothing, log_x=log_x, x_range=window),
-                            key=f"compare_train_{key}", config=PLOTLY)
+            ui.training_chart(curve_chart.spec(curves, key, recipe.step_axis_title(index, chosen), colors=colors,
+                                               smoothing=smoothing, log_x=log_x, x_range=window, zoomable=True),
+                              key=f"compare_train_{key}")
     shown = curves[curves["key"].isin(keys)]
     st.caption(ui.curves_caption(shown))
     # Written when clicked: a CSV of every shown point costs more than drawing them, on every rerun.

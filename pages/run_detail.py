@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from tracker.dashboard import charts, lineage, metric_docs, recipe, ui, watch_form
+from tracker.dashboard import charts, curve_chart, lineage, metric_docs, recipe, ui, watch_form
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.tables import (
@@ -135,9 +135,8 @@ with tabs[0]:
             for i, key in enumerate(chosen):
                 with cols[i % 2]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
-                    st.plotly_chart(charts.step_curves(frame, key, recipe.step_axis_title(index, [run.run_id]),
-                                                       colors=colors), key=f"detail_curve_{key}",
-                                    config={"displaylogo": False})
+                    ui.training_chart(curve_chart.spec(frame, key, recipe.step_axis_title(index, [run.run_id]),
+                                                       colors=colors), key=f"detail_curve_{key}")
             st.caption(f"Curves show at most {ui.DEFAULT_MAX_POINTS} points each (every k-th step).")
     metrics = metrics_frame(run)
     if not metrics.empty:

@@ -41,3 +41,12 @@ def page_text(at: AppTest) -> str:
     """Everything the page wrote as text (markdown, captions, alerts, titles), as a reader sees it."""
     kinds = ("title", "subheader", "markdown", "caption", "error", "warning", "info", "success")
     return "\n".join(shown(el.value) for kind in kinds for el in getattr(at, kind))
+
+
+def training_charts(at: AppTest, key_prefix: str) -> dict[str, dict]:
+    """Chart key -> what each training chart (`ui.training_chart`, a canvas) was sent to draw
+    (`curve_chart.spec`)."""
+    import json
+
+    return {chart.proto.id: json.loads(chart.proto.json) for chart in at.get("bidi_component")
+            if key_prefix in chart.proto.id}

@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from apptest import page_text, run_page, serve, shown
+from apptest import page_text, run_page, serve, shown, training_charts
 from tests import toolformats
 from tracker import Tracker
 from tracker.jobs import watch
@@ -138,12 +138,6 @@ def test_a_read_only_dashboard_offers_no_watch_form(app_env, monkeypatch):
     assert f"draftboard watch {app_env.spec} DIR" in page_text(at)
 
 
-def _traces(at, key_prefix: str) -> dict[str, list[dict]]:
-    """Chart key -> its named traces."""
-    return {chart.proto.id: [t for t in json.loads(chart.proto.spec)["data"] if t.get("name")]
-            for chart in at.get("plotly_chart") if chart.proto.id and key_prefix in chart.proto.id}
-
-
 def test_compare_draws_foreign_curves_under_our_names_with_both_names_shown(app_env):
     runs = f"{app_env.legacy},{app_env.spec},{app_env.ours}"
     at = run_page("pages/compare.py", runs=runs, compare_view="Training curves")
@@ -151,14 +145,10 @@ def test_compare_draws_foreign_curves_under_our_names_with_both_names_shown(app_
     assert {"acc", "loss", "acc_pos1", "lr", "eal"} <= set(options)
     assert not [k for k in options if k.startswith(("train/", "dflash/", "draft/"))]  # aliased, or config
     at.multiselect(key="compare_train_metrics").set_value(["acc", "loss"]).run()
-    charts = _traces(at, "compare_train_")
-    acc = next(traces for key, traces in charts.items() if "compare_train_acc" in key)
-    names_ = sorted(t["name"] for t in acc)
+    acc = next(spec for key, spec in training_charts(at, "compare_train_").items() if "compare_train_acc" in key)
+    names_ = sorted(s["name"] for s in acc["series"] if not s["faint"])
     assert names_ == ["ours", "spec-8b · train/full_acc", "train_dflash · train/accuracy"]
-    assert all("%{fullData.name}" in t["hovertemplate"] for t in acc)  # the tooltip names the series too
-    layout = json.loads(next(c for c in at.get("plotly_chart") if "compare_train_acc" in c.proto.id).proto.spec)
-    assert layout["layout"]["xaxis"]["title"]["text"] == (
-        "training step (micro-batches: train_dflash; optimizer steps: spec-8b, ours)")
+    assert acc["x_title"] == "training step (micro-batches: train_dflash; optimizer steps: spec-8b, ours)"
 
 
 def test_config_view_flags_a_changed_block_size_and_a_tapped_last_layer(app_env):

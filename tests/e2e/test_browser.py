@@ -197,9 +197,11 @@ def _visit(page, url: str, shot: Path) -> None:
     page.goto(url)
     page.locator("h1").first.wait_for()
     _settled(page)
-    # Plots draw after the script run ends: every chart on the page holds its drawn SVG.
+    # Plots draw after the script run ends: every Plotly chart holds its drawn SVG, every training
+    # chart has drawn its canvas.
     page.wait_for_function("""() => [...document.querySelectorAll("[data-testid='stPlotlyChart']")]
-        .every(c => c.querySelector('.js-plotly-plot .main-svg'))""")
+        .every(c => c.querySelector('.js-plotly-plot .main-svg'))
+        && [...document.querySelectorAll('.db-curves')].every(c => c.dataset.drawn === '1')""")
     page.screenshot(path=shot, full_page=True)
 
 

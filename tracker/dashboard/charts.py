@@ -1,4 +1,5 @@
-"""Plotly figures for the dashboard, built from the frames of `tracker.dashboard.compare`.
+"""Plotly figures for the dashboard's eval charts, built from the frames of `tracker.dashboard.compare`
+(training curves are drawn on a canvas: `curve_chart`).
 
 Axis titles carry units, hovers carry the environment. The one dashing rule (`compare.series_reason`):
 a series is dashed, with open markers, when it differs critically from what it must match (an eval its
@@ -18,12 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from tracker.dashboard import metric_docs
-from tracker.dashboard.compare import ema
 from tracker.dashboard.escape import html_text
 from tracker.dashboard.index import RunIndex
 
@@ -56,7 +55,8 @@ def run_colors(index: RunIndex) -> dict[str, str]:
     return out
 
 
-def _color(colors: Mapping[str, str] | None, owner: str, fallback: dict[str, str]) -> str:
+def series_color(colors: Mapping[str, str] | None, owner: str, fallback: dict[str, str]) -> str:
+    """`owner`'s colour from `colors` (`run_colors`), else the next palette slot, kept in `fallback`."""
     if colors and owner in colors:
         return colors[owner]
     return fallback.setdefault(owner, PALETTE[len(fallback) % len(PALETTE)])
@@ -86,47 +86,6 @@ def _reason(part: pd.DataFrame) -> str:
     return str(part["reason"].iloc[0]) if "reason" in part.columns and len(part) else ""
 
 
-RAW_BEHIND_MAX_SERIES = 6  # step_curves: beyond this many series, smoothed curves are drawn alone
-
-
-def step_curves(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: Mapping[str, str] | None = None,
-                smoothing: float = 0.0, log_x: bool = False, x_range: tuple[float, float] | None = None) -> go.Figure:
-    """One line per series of `frame` (columns series, step, value, dashed) for metric `key`.
-
-    `smoothing` in [0, 1): the EMA weight (`compare.ema`); the raw curve stays behind it, faint, while
-    at most RAW_BEHIND_MAX_SERIES series are drawn (more faint lines blur into a haze, and they double
-    what the browser draws on every change: 2.5 s against 1.1 s to redraw 20 runs on 2 cores).
-    `x_range`: the steps the x axis spans (a zoom), else all of them. SVG traces, not WebGL: curves come
-    decimated (`history.decimate`), and SVG draws that many points at once, with no GL context per chart."""
-    doc = metric_docs.describe(key)
-    fig = go.Figure()
-    sub = frame[frame["key"] == key]
-    fallback: dict[str, str] = {}
-    raw_behind = sub["series"].nunique() <= RAW_BEHIND_MAX_SERIES
-    for series, part in sub.groupby("series", sort=False):
-        part = part.sort_values("step")
-        reason = _reason(part)
-        color = _color(colors, _owner(part, series), fallback)
-        dash = "dash" if reason else "solid"
-        hover = f"%{{fullData.name}}<br>step %{{x}}<br>{key} %{{y:.4g}} {doc.unit}{_reason_hover(reason)}<extra></extra>"
-        if smoothing > 0 and raw_behind:
-            fig.add_trace(go.Scatter(x=part["step"], y=part["value"], mode="lines", opacity=0.25, showlegend=False,
-                                       line=dict(color=color, dash=dash), hoverinfo="skip"))
-        if smoothing > 0:
-            values = np.asarray(ema(part["value"].tolist(), smoothing))  # arrays ship as binary, lists as text
-            hover = hover.replace("%{y:.4g}", f"%{{y:.4g}} (EMA {smoothing:g})")
-        else:
-            values = part["value"]
-        fig.add_trace(go.Scatter(x=part["step"], y=values, mode="lines", name=_name(series, reason),
-                                   line=dict(color=color, dash=dash), hovertemplate=hover))
-    if log_x:
-        fig.update_xaxes(type="log")
-    if x_range is not None:
-        lo, hi = x_range
-        fig.update_xaxes(range=[math.log10(max(lo, 1)), math.log10(max(hi, 1))] if log_x else [lo, hi])
-    return _layout(fig, x_title + (" (log scale)" if log_x else ""), doc.label)
-
-
 def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = None,
                 reference_label: str | None = None, colors: Mapping[str, str] | None = None) -> go.Figure:
     """Eval metric over checkpoint step, one line per series; the reference as a labelled horizontal line."""
@@ -143,7 +102,7 @@ def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = 
         per_owner[owner] = per_owner.get(owner, 0) + 1
         fig.add_trace(go.Scatter(
             x=part["step"], y=part["value"], mode="lines+markers", name=_name(series, reason),
-            line=dict(color=_color(colors, owner, fallback), dash="dash" if reason else "solid"),
+            line=dict(color=series_color(colors, owner, fallback), dash="dash" if reason else "solid"),
             marker=dict(symbol=f"{symbol}-open" if reason else symbol, size=size, line=dict(width=2)),
             customdata=part[["env"]].map(html_text).to_numpy(),  # env badges come from tags
             hovertemplate=(f"%{{fullData.name}}<br>checkpoint step %{{x}}<br>{key} %{{y:.4f}} {doc.unit}"
@@ -165,7 +124,7 @@ def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Map
         part = part.sort_values(x)
         fig.add_trace(go.Scatter(
             x=part[x], y=part[y], mode="lines+markers", name=_name(series, reason),
-            line=dict(color=REFERENCE_COLOR if ref else _color(colors, _owner(part, series), fallback),
+            line=dict(color=REFERENCE_COLOR if ref else series_color(colors, _owner(part, series), fallback),
                       dash="dash" if reason else ("dot" if ref else "solid"), width=3 if ref else 2),
             marker=dict(symbol="circle-open" if reason else "circle"),
             hovertemplate=f"%{{fullData.name}}<br>{hover}{_reason_hover(reason)}<extra></extra>"))

@@ -14,6 +14,7 @@ and the optional `mlflow ui` URL for run links. Everything a user wrote goes thr
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ import pandas as pd
 import streamlit as st
 
 from tracker import config, demo_progress
+from tracker.dashboard import curve_chart
 from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
 from tracker.errors import DraftboardError
@@ -221,6 +223,27 @@ def step_window(curves: pd.DataFrame) -> tuple[int, int] | None:
         st.warning(f"To step ({hi:,}) is before From step ({lo:,}): showing the whole run.")
         return None
     return None if lo <= first and hi >= last else (lo, hi)
+
+
+@functools.cache
+def _curve_component():
+    # Not isolated in a shadow root: the page's tests and benchmarks find the drawn chart by its class.
+    return st.components.v2.component("draftboard.curves", js=curve_chart.JS, css=curve_chart.CSS,
+                                      isolate_styles=False)
+
+
+def training_chart(spec: dict, key: str) -> None:
+    """One training chart (`curve_chart.spec`) on a canvas. A zoomable one's dragged window (or a
+    double click, the whole run) is set in the From/To step inputs of `step_window`, so the page
+    reads those steps again at full detail."""
+
+    def zoomed() -> None:
+        window = st.session_state[key].get("zoom")
+        first, last = st.session_state.get(_STEP_SPAN, (None, None))
+        lo, hi = window if window else (first, last)
+        st.session_state["compare_step_from"], st.session_state["compare_step_to"] = lo, hi
+
+    _curve_component()(key=key, data=spec, **({"on_zoom_change": zoomed} if spec["zoomable"] else {}))
 
 
 def curves_caption(shown: pd.DataFrame) -> str:

@@ -1,0 +1,81 @@
+"""What a training chart draws (tracker.dashboard.curve_chart.spec), read back from its data."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tracker.dashboard import curve_chart
+from tracker.dashboard.curve_chart import X_DTYPE, Y_DTYPE, unpack
+
+
+def _curves(n_series: int, steps=range(5)) -> pd.DataFrame:
+    return pd.DataFrame([{"series": f"run {i}", "owner": f"r{i}", "run_id": f"r{i}", "key": "loss", "step": step,
+                          "value": 1.0 / (step + 1) + i, "dashed": False, "reason": ""}
+                         for i in range(n_series) for step in steps])
+
+
+def _lines(spec: dict) -> list[tuple[str, bool, list[float]]]:
+    return [(s["name"], s["faint"], unpack(s["y"], Y_DTYPE).tolist()) for s in spec["series"]]
+
+
+def test_raw_curves_are_drawn_as_logged_in_float32():
+    spec = curve_chart.spec(_curves(2), "loss")
+    assert unpack(spec["x"], X_DTYPE).tolist() == [0, 1, 2, 3, 4]
+    assert [(name, faint) for name, faint, _ in _lines(spec)] == [("run 0", False), ("run 1", False)]
+    for (_, _, y), expected in zip(_lines(spec), ([1.0, 0.5, 1 / 3, 0.25, 0.2], [2.0, 1.5, 4 / 3, 1.25, 1.2])):
+        assert y == pytest.approx(expected, rel=1e-7)  # float32: 7 significant digits
+    assert spec["y_title"] == "loss (nats / token)" and spec["x_title"] == "training step"
+    assert spec["x_range"] is None and not spec["log_x"] and not spec["zoomable"]
+
+
+def test_smoothed_curves_keep_the_raw_one_faint_behind_them_while_few_runs_are_drawn():
+    few = _lines(curve_chart.spec(_curves(2), "loss", smoothing=0.5))
+    assert [(name, faint) for name, faint, _ in few] == [("run 0", True), ("run 0", False),
+                                                         ("run 1", True), ("run 1", False)]
+    raw, smoothed = few[0][2], few[1][2]
+    assert raw[:2] == [1.0, 0.5]
+    # EMA: 0.5 x the previous smoothed value + 0.5 x its own.
+    assert smoothed[:3] == pytest.approx([1.0, 0.75, 0.5 * 0.75 + 0.5 / 3])
+    many = _lines(curve_chart.spec(_curves(curve_chart.RAW_BEHIND_MAX_SERIES + 1), "loss", smoothing=0.5))
+    assert len(many) == curve_chart.RAW_BEHIND_MAX_SERIES + 1 and not any(faint for _, faint, _ in many)
+
+
+def test_series_share_the_union_of_their_steps_with_holes_where_one_did_not_log():
+    frame = pd.concat([_curves(1, steps=[0, 10, 20]),
+                       _curves(2, steps=[5, 10]).query("series == 'run 1'")])
+    spec = curve_chart.spec(frame, "loss")
+    assert unpack(spec["x"], X_DTYPE).tolist() == [0, 5, 10, 20]
+    (_, _, first), (_, _, second) = _lines(spec)
+    assert first[0] == 1.0 and math.isnan(first[1]) and first[3] == pytest.approx(1 / 21)
+    assert math.isnan(second[0]) and second[1] == pytest.approx(1 / 6 + 1) and math.isnan(second[3])
+
+
+def test_a_dashed_series_says_why_and_each_run_keeps_its_colour():
+    frame = _curves(2)
+    frame.loc[frame["series"] == "run 1", "reason"] = "≠ reference: dtype"
+    spec = curve_chart.spec(frame, "loss", colors={"r0": "#111111", "r1": "#222222"})
+    assert [(s["name"], s["color"], s["dashed"], s["reason"]) for s in spec["series"]] == [
+        ("run 0", "#111111", False, ""), ("run 1", "#222222", True, "≠ reference: dtype")]
+
+
+def test_a_log_axis_leaves_out_step_zero_and_a_zoom_spans_its_window():
+    spec = curve_chart.spec(_curves(1), "loss", log_x=True, x_range=(1, 3), zoomable=True)
+    assert unpack(spec["x"], X_DTYPE).tolist() == [1, 2, 3, 4]
+    assert spec["x_title"] == "training step (log scale)" and spec["x_range"] == [1, 3] and spec["zoomable"]
+
+
+def test_names_are_data_not_markup():
+    """uPlot writes a series name with textContent: it must arrive exactly as the user wrote it, and
+    nothing in the chart's code may parse a string as HTML."""
+    frame = _curves(1).assign(series="<img src=x onerror=alert(1)> & co")
+    assert curve_chart.spec(frame, "loss")["series"][0]["name"] == "<img src=x onerror=alert(1)> & co"
+    assert not any(sink in curve_chart.JS for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "eval("))
+
+
+def test_pack_round_trips_nan_and_large_steps():
+    steps = np.array([0, 2**40, 2**53], dtype=np.int64)
+    assert unpack(curve_chart.pack(steps, X_DTYPE), X_DTYPE).tolist() == [0, 2**40, 2**53]
+    values = unpack(curve_chart.pack(np.array([1.5, np.nan]), Y_DTYPE), Y_DTYPE)
+    assert values[0] == 1.5 and math.isnan(values[1])
