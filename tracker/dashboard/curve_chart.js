@@ -34,6 +34,9 @@ function valueAt(ys, span, i) {
   return null;
 }
 
+// Steps are whole numbers: x ticks at 1, 2, 5, 10, 20, 50, ... steps apart, never at 0.2.
+const STEP_INCRS = Array.from({ length: 13 }, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
+
 function options(data, width, root, setTriggerValue) {
   const axis = { stroke: "#31333F", grid: { stroke: "#E6E9EF", width: 1 }, ticks: { stroke: "#E6E9EF", width: 1 } };
   const smoothed = data.smoothing > 0 ? ` (EMA ${data.smoothing})` : "";
@@ -41,7 +44,8 @@ function options(data, width, root, setTriggerValue) {
     width,
     height: data.height,
     scales: { x: { time: false, distr: data.log_x ? 3 : 1 } },
-    axes: [{ ...axis, label: data.x_title }, { ...axis, label: data.y_title, size: 64 }],
+    axes: [{ ...axis, label: data.x_title, ...(data.log_x ? {} : { incrs: STEP_INCRS }) },
+           { ...axis, label: data.y_title, size: 64 }],
     series: [
       { label: "step", value: (u, v) => v == null ? "--" : v.toLocaleString("en-US") },
       ...data.series.map((s) => {
@@ -91,7 +95,6 @@ export default function ({ data: packed, parentElement, setTriggerValue }) {
   const root = document.createElement("div");
   root.className = "db-curves";
   root.dataset.drawn = "0";
-  root.dataset.metric = data.metric;
   parentElement.querySelector(":scope > .db-curves")?.remove();
   parentElement.appendChild(root);
   root.curves = () => data.series.map((s) => {

@@ -82,8 +82,6 @@ def spec(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: 
             column[at] = values
             series.append({**line, "faint": faint, "y": pack(column, Y_DTYPE)})
     return {
-        "metric": key,
-        "unit": doc.unit,
         "smoothing": smoothing,
         "x_title": x_title + (" (log scale)" if log_x else ""),
         "y_title": doc.label,

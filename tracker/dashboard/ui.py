@@ -190,6 +190,12 @@ def curves(uri: str, run_ids, index: RunIndex | None = None, window: tuple[int, 
 
 
 _STEP_SPAN = "compare_step_span"  # the (first, last) step the window inputs were last drawn for
+_STEP_FROM, _STEP_TO = "compare_step_from", "compare_step_to"  # the window inputs' keys
+
+
+def _set_window(lo: int, hi: int) -> None:
+    """Sets the From/To step inputs; from a callback, before they are drawn."""
+    st.session_state[_STEP_FROM], st.session_state[_STEP_TO] = lo, hi
 
 
 def step_window(curves: pd.DataFrame) -> tuple[int, int] | None:
@@ -200,21 +206,20 @@ def step_window(curves: pd.DataFrame) -> tuple[int, int] | None:
     state = st.session_state
     seen = state.get(_STEP_SPAN)
     if seen != (first, last):  # new steps (or runs): an input left at an end follows that end
-        for key, old, new in (("compare_step_from", seen and seen[0], first),
-                              ("compare_step_to", seen and seen[1], last)):
+        for key, old, new in ((_STEP_FROM, seen and seen[0], first), (_STEP_TO, seen and seen[1], last)):
             if state.get(key) in (None, old):
                 state[key] = new
         state[_STEP_SPAN] = (first, last)
 
     def whole_run() -> None:
-        state["compare_step_from"], state["compare_step_to"] = first, last
+        _set_window(first, last)
 
     # A form: both ends change in one rerun (Enter in either box zooms).
     with st.form("compare_step_window", border=False), st.container(horizontal=True, vertical_alignment="bottom"):
-        lo = st.number_input("From step", step=1, key="compare_step_from",
+        lo = st.number_input("From step", step=1, key=_STEP_FROM,
                              help=f"zoom: the curves between From and To step are read again, in full detail once "
                                   f"a curve has at most {2 * CHART_BUCKETS + 2} points there (every logged point)")
-        hi = st.number_input("To step", step=1, key="compare_step_to", help="the last training step shown")
+        hi = st.number_input("To step", step=1, key=_STEP_TO, help="the last training step shown")
         st.form_submit_button("Zoom", key="compare_step_zoom", icon=":material/zoom_in:")
         st.form_submit_button("Whole run", key="compare_step_all", on_click=whole_run, icon=":material/zoom_out_map:",
                               help=f"steps {first:,}–{last:,}")
@@ -238,10 +243,7 @@ def training_chart(spec: dict, key: str) -> None:
     reads those steps again at full detail."""
 
     def zoomed() -> None:
-        window = st.session_state[key].get("zoom")
-        first, last = st.session_state.get(_STEP_SPAN, (None, None))
-        lo, hi = window if window else (first, last)
-        st.session_state["compare_step_from"], st.session_state["compare_step_to"] = lo, hi
+        _set_window(*(st.session_state[key].get("zoom") or st.session_state[_STEP_SPAN]))
 
     _curve_component()(key=key, data=spec, **({"on_zoom_change": zoomed} if spec["zoomable"] else {}))
 
