@@ -37,8 +37,15 @@ function valueAt(ys, span, i) {
 // Steps are whole numbers: x ticks at 1, 2, 5, 10, 20, 50, ... steps apart, never at 0.2.
 const STEP_INCRS = Array.from({ length: 13 }, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
 
+// Streamlit's theme, as the CSS properties it gives a component (light theme's values otherwise):
+// a canvas needs the colours themselves.
+function themed(el, name, fallback) {
+  return getComputedStyle(el).getPropertyValue(name).trim() || fallback;
+}
+
 function options(data, width, root, setTriggerValue) {
-  const axis = { stroke: "#31333F", grid: { stroke: "#E6E9EF", width: 1 }, ticks: { stroke: "#E6E9EF", width: 1 } };
+  const text = themed(root, "--st-text-color", "#31333F"), rule = themed(root, "--st-border-color", "#E6E9EF");
+  const axis = { stroke: text, grid: { stroke: rule, width: 1 }, ticks: { stroke: rule, width: 1 } };
   const smoothed = data.smoothing > 0 ? ` (EMA ${data.smoothing})` : "";
   return {
     width,

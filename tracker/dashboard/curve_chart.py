@@ -3,7 +3,7 @@
 Compare's and Run detail's training charts hold up to 20 runs x 4 metrics of decimated curves.
 Plotly drew them as SVG: its 4.7 MB bundle took 1.7 s to parse and draw in every fresh tab on 2
 cores, longer than the rest of the page. uPlot (vendored under `vendor/uplot/`, MIT, 51 kB) draws
-the same lines on a canvas in milliseconds. `ui.curve_chart` mounts `JS` as a Streamlit component;
+the same lines on a canvas in milliseconds. `ui.training_chart` mounts `JS` as a Streamlit component;
 this module only builds the JSON it draws (`spec`), so the rules (dashing, the faint raw curve,
 smoothing, the log axis, the zoom window) are tested without a browser.
 
