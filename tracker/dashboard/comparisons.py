@@ -189,12 +189,9 @@ DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "ci low", "ci high", "sco
 ONLINE_COLUMNS = ["checkpoint", "offline tau", "online tau", "online - offline", "from"]
 
 
-SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
-
-
 def protocol_text(rows: Sequence, b_name: str = "reference") -> str:
     """`🔴 critical: temperature 0.0 vs reference: 1.0; 🟠 warning: max new tokens 64 vs reference: 2048`."""
-    return "; ".join(f"{SEVERITY_ICONS[r.severity]} {r.severity}: {lineage.field_name(r.field)} "
+    return "; ".join(f"{lineage.severity_label(r.severity)}: {lineage.field_name(r.field)} "
                      f"{lineage.value_text(r.a_value)} vs {b_name}: {lineage.value_text(r.b_value)}" for r in rows)
 
 

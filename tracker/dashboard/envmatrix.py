@@ -26,9 +26,8 @@ import pandas as pd
 from tracker import config, fingerprint
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
-from tracker.dashboard.lineage import Lineage, field_name, value_text
+from tracker.dashboard.lineage import Lineage, field_name, severity_background, value_text
 
-SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}  # matrix cell backgrounds
 # The same colours as Streamlit's own Markdown backgrounds, for the legend (no HTML needed).
 SEVERITY_LEGEND = " ".join(f":{color}-background[{severity}]" for severity, color in
                            (("critical", "red"), ("warning", "orange"), ("info", "blue")))
@@ -57,8 +56,7 @@ class Matrix:
 
     def styled(self):
         """A pandas Styler with differing cells coloured by severity (for st.dataframe)."""
-        colors = self.severity.apply(lambda col: col.map(lambda s: f"background-color: {SEVERITY_COLORS[s]}"
-                                                         if s in SEVERITY_COLORS else ""))
+        colors = self.severity.apply(lambda col: col.map(severity_background))
         return self.values.style.apply(lambda _: colors, axis=None)
 
 

@@ -9,7 +9,8 @@ Two relations use it:
   each number was measured: prompts, thinking, temperature, block size, scoring; tracker.protocol).
   `vs_reference` is both, the protocol matched per dataset (`matched_protocol_rows`), and is what
   Compare dashes, banners and picks the closest reference by.
-How a difference is worded (`linear-attn fallback vs training: fast`) lives here too.
+How a difference is worded (`linear-attn fallback vs training: fast`) lives here too, and how a
+severity reads (`🔴 critical`, a table cell's colour) wherever one is shown.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from tracker import fingerprint, protocol
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
 from tracker.store import names
+
+# How a severity reads: its icon in text (`🔴 critical`), its background in a coloured table.
+SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+SEVERITY_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}
+MISSING = "—"  # how an unknown value reads in a table cell (never "None" or "nan")
 
 # Readable names of fingerprint fields, for banners and tables.
 FIELD_NAMES = {
@@ -63,6 +69,16 @@ def field_name(field: str) -> str:
     if field.startswith("software."):
         return field.split(".", 1)[1]
     return field
+
+
+def severity_label(severity: str) -> str:
+    """`🔴 critical`."""
+    return f"{SEVERITY_ICONS[severity]} {severity}"
+
+
+def severity_background(severity: str) -> str:
+    """The CSS that colours a table cell of this severity; "" for none (same, or no difference)."""
+    return f"background-color: {SEVERITY_COLORS[severity]}" if severity in SEVERITY_COLORS else ""
 
 
 def value_text(value) -> str:

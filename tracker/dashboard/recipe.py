@@ -23,13 +23,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.dashboard.lineage import MISSING, severity_background, severity_label
 from tracker.store import adoption, names
 
-SEVERITY_ICONS = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info", "same": ""}
-# Row backgrounds of the Config table, as the Environments matrix colours its cells.
-_ROW_COLORS = {"critical": "#f8c7c3", "warning": "#fde2b0", "info": "#dbe9f7"}
 DFLASH_MARK = "★"  # before a DFlash recipe key: block size, target layers, mask token, loss, anchors, ...
-MISSING = "—"
 _PLURAL = {"micro-batch": "micro-batches", "optimizer step": "optimizer steps"}
 
 
@@ -143,7 +140,7 @@ class ConfigView:
 
     def styled(self):
         """The table with differing rows coloured by severity (for st.dataframe)."""
-        colors = [f"background-color: {_ROW_COLORS[s]}" if s in _ROW_COLORS else "" for s in self.severities]
+        colors = [severity_background(s) for s in self.severities]
         return self.table.style.apply(lambda row: [colors[row.name]] * len(row), axis=1)
 
     @property
@@ -184,6 +181,11 @@ def reference_choices(index: RunIndex, run_ids: Sequence[str], compare_reference
     return (ids if default is None or default in ids else [default, *ids]), default
 
 
+def _severity_cell(severity: str) -> str:
+    """`🔴 critical`; empty for a key that is the same."""
+    return "" if severity == "same" else severity_label(severity)
+
+
 def _cell(value: str | None) -> str:
     return MISSING if value is None else value
 
@@ -206,13 +208,13 @@ def config_view(index: RunIndex, run_ids: Sequence[str], reference_id: str, diff
     for row in diff.shown(diff_only):
         own = {s for s in (row.reference_source, *row.sources.values()) if s and s != row.key}
         record = {"group": row.group, "key": f"{DFLASH_MARK} {row.key}" if row.highlighted else row.key,
-                  "severity": SEVERITY_ICONS[row.severity], "reference": _cell(row.reference)}
+                  "severity": _severity_cell(row.severity), "reference": _cell(row.reference)}
         record.update({labels[run_id]: _cell(value) for run_id, value in row.values.items()})
         record.update({"reason": row.reason, "logged as": ", ".join(sorted(own))})
         rows.append(record)
         severities.append(row.severity)
     columns = ["group", "key", "severity", "reference", *(labels[r.run_id] for r in runs), "reason", "logged as"]
-    lints = pd.DataFrame([{"run": labels.get(lint.run_id, lint.run_id), "severity": SEVERITY_ICONS[lint.severity],
+    lints = pd.DataFrame([{"run": labels.get(lint.run_id, lint.run_id), "severity": _severity_cell(lint.severity),
                            "key": lint.key, "reason": lint.message} for lint in diff.lints],
                          columns=["run", "severity", "key", "reason"])
     counts = {s: sum(r.severity == s for r in diff.rows) for s in ("critical", "warning", "info")}

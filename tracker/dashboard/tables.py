@@ -18,10 +18,9 @@ import pandas as pd
 from tracker import fingerprint, protocol
 from tracker.dashboard import lineage, metric_docs, recipe
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
-from tracker.dashboard.lineage import summarize_rows
+from tracker.dashboard.lineage import MISSING, summarize_rows
 from tracker.store import adoption
 
-SEVERITY_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 _GPU_CHARS = 28
 
 
@@ -65,7 +64,6 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
 
 RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
-MISSING = "—"  # how an unknown value reads in a table (never "None" or "nan")
 
 
 def team_first(runs: Sequence[RunInfo]) -> list[RunInfo]:
@@ -216,7 +214,7 @@ def fingerprint_frame(fp: dict | None) -> pd.DataFrame:
 
 def diff_frame(rows: Sequence | None, a_name: str = "this run", b_name: str = "other") -> pd.DataFrame:
     return pd.DataFrame(
-        [{"severity": f"{SEVERITY_ICONS[r.severity]} {r.severity}", "field": r.field,
+        [{"severity": lineage.severity_label(r.severity), "field": r.field,
           "what": lineage.field_name(r.field), a_name: lineage.value_text(r.a_value),
           b_name: lineage.value_text(r.b_value)} for r in rows or ()],
         columns=["severity", "field", "what", a_name, b_name])
