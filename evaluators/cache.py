@@ -305,7 +305,7 @@ class _LayerStream:
         if dtype not in _ST_CODES:
             raise ValueError(f"features of dtype {dtype} cannot be cached")
         self.shapes, self.dtype = shapes, dtype
-        size = torch.tensor([], dtype=dtype).element_size()
+        size = dtype.itemsize
         self.offsets, end = [], 0
         for t, h in shapes:
             self.offsets.append((end, end + t * h * size))
@@ -352,7 +352,7 @@ class LayerFile:
                 entry = header[f"s{n}"]  # KeyError: not a features file
                 begin, end = entry["data_offsets"]
                 dtype, shape = _ST_DTYPES[entry["dtype"]], tuple(entry["shape"])
-                if end - begin != torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size() \
+                if end - begin != torch.Size(shape).numel() * dtype.itemsize \
                         or base + end > size:
                     raise ValueError(f"{path}: sequence {n} does not fit the file")
                 self.spans.append((base + begin, end - begin, dtype, shape))

@@ -484,7 +484,7 @@ def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
     env = {k: v for k, v in fingerprint.numbers_relevant(fp).items() if k != "numerics.drafter_precision"}
     longest = max(len(p.input_ids) + (len(p.completion_ids) if p.completion_ids else s.max_new_tokens)
                   for p in prompts) + block
-    elem = torch.tensor([], dtype=getattr(torch, DTYPES[s.dtype])).element_size()
+    elem = getattr(torch, DTYPES[s.dtype]).itemsize
     batch = s.batch_size or sizing.target_batch(device, pair.config, longest, elem)
     dcfg = loaded.model.cfg
     chunk = s.anchor_chunk or sizing.anchor_chunk(device, block, pair.config.vocab_size, dcfg.hidden_size,

@@ -106,10 +106,6 @@ class TargetHeads:
     def num_layers(self) -> int:
         return self.config.num_hidden_layers
 
-    @property
-    def max_positions(self) -> int | None:
-        return getattr(self.config, "max_position_embeddings", None)
-
     def stop_token_ids(self) -> list[int]:
         return list(self.stop_ids)
 

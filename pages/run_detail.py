@@ -50,8 +50,8 @@ if train is not None:
 for pair in lineage.mismatches(index, run):
     st.error(f"**Critical environment difference** — {md(lineage.mismatch_text(index, pair))}",
              icon=":material/warning:")
-    if pair.probe_help(index):
-        st.caption("Hidden states compared on the fixed probe input", help=md(pair.probe_help(index)))
+    if probe_help := pair.probe_help(index):
+        st.caption("Hidden states compared on the fixed probe input", help=md(probe_help))
 
 if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
     # Published numbers were never an eval of ours: there is nothing to demote them to.
