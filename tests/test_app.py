@@ -384,6 +384,27 @@ def test_pages_never_import_torch_or_transformers(app_env):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_full_histories_kept_for_zooms_are_bounded(app_env, monkeypatch):
+    """Past FULL_HISTORY_MAX_POINTS the least recently read run's full history is dropped (it is
+    read again when a zoom needs it); the curves drawn are the same either way."""
+    from tracker.dashboard import ui
+    from tracker.store import history
+
+    index = ui.run_index(app_env.uri)
+    runs = [r.run_id for r in index.of_kind("train") if r.metric_steps][:2]
+    assert len(runs) == 2
+    ui.refresh()
+    monkeypatch.setattr(ui, "FULL_HISTORY_MAX_POINTS", 1)  # room for one run only
+    drawn = ui.curves(app_env.uri, runs, index=index)
+    assert [run for uri, run in ui._full if uri == app_env.uri] == [sorted(runs)[-1]]  # the last one read
+    assert set(drawn["run_id"]) == set(runs)
+    first = sorted(runs)[0]
+    again = ui._full_history(app_env.uri, first, ("v",))
+    assert again.equals(history.load_histories(app_env.uri, [first]))
+    assert [run for uri, run in ui._full if uri == app_env.uri] == [first]
+    ui.refresh()
+
+
 def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkeypatch):
     """`ui.warm` (run beside the server by `draftboard ui`) reads the fingerprints and every point of
     the default Compare selection's histories into the caches the pages use; an empty store stays

@@ -18,6 +18,7 @@ import functools
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,19 +153,28 @@ def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX
 
 
 # Every point of each run's metrics, kept once per (store, run) and replaced when the run logs a new
-# step: the source of every zoom. Not st.cache_data, which would copy it out on every read.
-_full: dict[tuple[str, str], tuple[tuple, pd.DataFrame]] = {}
+# step: the source of every zoom. Not st.cache_data, which would copy it out on every read. Bounded:
+# beyond FULL_HISTORY_MAX_POINTS (about 75 bytes each in memory) the least recently read runs go.
+FULL_HISTORY_MAX_POINTS = 4_000_000
+_full: OrderedDict[tuple[str, str], tuple[tuple, pd.DataFrame]] = OrderedDict()
 _full_lock = threading.Lock()
 
 
 def _full_history(uri: str, run_id: str, signature: tuple) -> pd.DataFrame:
+    key = (uri, run_id)
     with _full_lock:
-        hit = _full.get((uri, run_id))
-    if hit is not None and hit[0] == signature:
-        return hit[1]
+        hit = _full.get(key)
+        if hit is not None and hit[0] == signature:
+            _full.move_to_end(key)
+            return hit[1]
     frame = history.load_histories(uri, [run_id])
     with _full_lock:
-        _full[(uri, run_id)] = (signature, frame)
+        _full[key] = (signature, frame)
+        _full.move_to_end(key)
+        kept = sum(len(f) for _, f in _full.values())
+        while kept > FULL_HISTORY_MAX_POINTS and len(_full) > 1:
+            _, (_, dropped) = _full.popitem(last=False)
+            kept -= len(dropped)
     return frame
 
 
