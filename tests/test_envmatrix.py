@@ -76,7 +76,8 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
 
 
 def test_runs_without_a_fingerprint_are_listed_with_the_command_that_fixes_each():
-    from tracker.dashboard.envmatrix import store_for_command, unfingerprinted
+    from tracker.config import shown_uri
+    from tracker.dashboard.envmatrix import unfingerprinted
 
     index = RunIndex([run("t", "train", fp(), start=3), run("e", "eval", None, start=2),
                       run("f", "train", None, name="train dflash; rm -rf ~", start=1)])
@@ -86,7 +87,7 @@ def test_runs_without_a_fingerprint_are_listed_with_the_command_that_fixes_each(
     assert table["fix"][0] == "draftboard fingerprint --attach f --tracking-uri 'sqlite:////srv/draftboard db/store.db'"
     assert table["run"][0] == "train dflash; rm -rf ~"
     # Credentials in the store URI never reach the page; MLflow reads them from its env vars.
-    assert store_for_command("https://alice:s3cret@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
+    assert shown_uri("https://alice:s3cret@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
     assert "s3cret" not in unfingerprinted(index, "https://alice:s3cret@mlflow.example/").to_csv()
 
 

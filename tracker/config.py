@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 HOME_VAR = "DRAFTBOARD_HOME"
 STORE_VAR = "MLFLOW_TRACKING_URI"
@@ -88,6 +89,19 @@ def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> s
         return uri or env[STORE_VAR]
     folder = home_dir(env) if env.get(HOME_VAR) else Path.cwd()
     return f"sqlite:///{folder / STORE_DB}"
+
+
+def shown_uri(uri: str) -> str:
+    """A store or queue URI as a page or a printed command may show it: its user and password left
+    out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def jobs_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
@@ -331,24 +330,11 @@ def _protocol(run: RunInfo) -> dict[str, str]:
 UNFINGERPRINTED_COLUMNS = ["run", "kind", "started", "fix", "run_id"]
 
 
-def store_for_command(store_uri: str) -> str:
-    """The store URI as it may be printed: credentials in it are left out (the CLI reads them from
-    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, as MLflow does)."""
-    parts = urlsplit(store_uri)
-    if parts.username is None and parts.password is None:
-        return store_uri
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def attach_command(run_id: str, store_uri: str) -> str:
     """The command that attaches a fingerprint to `run_id`, run on the machine (and in the
     environment) that trained it; the store is named because that machine's default is not ours."""
     return shlex.join(["draftboard", "fingerprint", "--attach", run_id, "--tracking-uri",
-                       store_for_command(store_uri)])
+                       config.shown_uri(store_uri)])
 
 
 def unfingerprinted(index: RunIndex, store_uri: str) -> pd.DataFrame:
