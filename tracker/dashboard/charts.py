@@ -78,11 +78,13 @@ def _reason_hover(reason: str) -> str:
     return f"<br>dashed: {html_text(reason)}" if reason else ""
 
 
-def _owner(part: pd.DataFrame, series: str) -> str:
+def owner_of(part: pd.DataFrame, series: str) -> str:
+    """The run whose colour one series' rows (`part`) take: their `owner`, else the series itself."""
     return str(part["owner"].iloc[0]) if "owner" in part.columns else series
 
 
-def _reason(part: pd.DataFrame) -> str:
+def reason_of(part: pd.DataFrame) -> str:
+    """Why one series' rows (`part`) are dashed (`compare.series_reason`); "" when they are not."""
     return str(part["reason"].iloc[0]) if "reason" in part.columns and len(part) else ""
 
 
@@ -96,8 +98,8 @@ def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = 
     per_owner: dict[str, int] = {}
     for series, part in sub.groupby("series", sort=False):
         part = part.sort_values("step")
-        reason = _reason(part)
-        owner = _owner(part, series)
+        reason = reason_of(part)
+        owner = owner_of(part, series)
         symbol, size = MARKERS[min(per_owner.get(owner, 0), len(MARKERS) - 1)]
         per_owner[owner] = per_owner.get(owner, 0) + 1
         fig.add_trace(go.Scatter(
@@ -120,11 +122,11 @@ def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Map
     fallback: dict[str, str] = {}
     for series, part in frame.groupby("series", sort=False):
         ref = series.startswith("reference")
-        reason = _reason(part)
+        reason = reason_of(part)
         part = part.sort_values(x)
         fig.add_trace(go.Scatter(
             x=part[x], y=part[y], mode="lines+markers", name=_name(series, reason),
-            line=dict(color=REFERENCE_COLOR if ref else series_color(colors, _owner(part, series), fallback),
+            line=dict(color=REFERENCE_COLOR if ref else series_color(colors, owner_of(part, series), fallback),
                       dash="dash" if reason else ("dot" if ref else "solid"), width=3 if ref else 2),
             marker=dict(symbol="circle-open" if reason else "circle"),
             hovertemplate=f"%{{fullData.name}}<br>{hover}{_reason_hover(reason)}<extra></extra>"))

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tracker.dashboard import metric_docs
-from tracker.dashboard.charts import series_color
+from tracker.dashboard.charts import owner_of, reason_of, series_color
 from tracker.dashboard.compare import ema
 
 _HERE = Path(__file__).resolve().parent
@@ -71,9 +71,8 @@ def spec(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: 
     for name, part in sub.groupby("series", sort=False):
         part = part.sort_values("step")
         at = np.searchsorted(steps, part["step"].to_numpy(dtype=np.int64))
-        owner = str(part["owner"].iloc[0]) if "owner" in part.columns else str(name)
-        reason = str(part["reason"].iloc[0]) if "reason" in part.columns else ""
-        line = {"name": str(name), "color": series_color(colors, owner, fallback), "reason": reason,
+        reason = reason_of(part)
+        line = {"name": str(name), "color": series_color(colors, owner_of(part, name), fallback), "reason": reason,
                 "dashed": bool(reason)}
         raw = part["value"].to_numpy(dtype=float)
         drawn = np.asarray(ema(raw.tolist(), smoothing)) if smoothing > 0 else raw
