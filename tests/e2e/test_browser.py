@@ -132,11 +132,7 @@ def test_every_page_by_its_deep_link_stays_local_and_runs_no_script_from_a_run_n
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     paths = {**PAGES, "run-detail-hostile": f"/run?run={hostile}", "compare-hostile": f"/compare?runs={hostile}"}
     for name, path in paths.items():
-        page.goto(url + path)
-        page.locator("h1").first.wait_for()
-        _settled(page)
-        page.wait_for_timeout(500)  # plots draw after the script run ends
-        page.screenshot(path=tmp_path / f"page-{name}.png", full_page=True)
+        _visit(page, url + path, tmp_path / f"page-{name}.png")  # every chart drawn: a name in one had its chance
         assert page.get_by_text("Page not found").count() == 0, path
         assert page.evaluate("window.__xss") is None, f"a run name ran script on {path}"
         if name == "run-detail-hostile":
@@ -200,10 +196,11 @@ def _visit(page, url: str, shot: Path) -> None:
     page.locator("h1").first.wait_for()
     _settled(page)
     # Plots draw after the script run ends: every Plotly chart holds its drawn SVG, every training
-    # chart has drawn its canvas.
+    # chart's component (its container is there at once, its canvas once its code has loaded) has drawn.
     page.wait_for_function("""() => [...document.querySelectorAll("[data-testid='stPlotlyChart']")]
         .every(c => c.querySelector('.js-plotly-plot .main-svg'))
-        && [...document.querySelectorAll('.db-curves')].every(c => c.dataset.drawn === '1')""")
+        && [...document.querySelectorAll("[data-testid='stBidiComponentRegular']")]
+        .every(c => c.querySelector('.db-curves[data-drawn="1"]'))""")
     page.screenshot(path=shot, full_page=True)
 
 
