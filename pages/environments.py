@@ -40,7 +40,7 @@ else:
                             format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
                             help="the same target, drafter, prompts and settings as this eval, with its training "
                                  "run's linear-attention path, dtype, drafter precision and device")
-        plan = reeval_plan(index, pick, cfg.store_uri, ui.eval_results_loader(cfg.store_uri))
+        plan = reeval_plan(index, pick, ui.eval_results_loader(cfg.store_uri))
         if plan.blocked:
             st.caption(f"Nothing to re-evaluate: {md(plan.blocked)}")
         elif plan.existing:

@@ -146,7 +146,7 @@ else:
             limit_per_dataset=None if limit is None else int(limit),
         )
         with ui.reported(lambda text: st.error(text, icon=":material/block:")):
-            params = eval_params(form, cfg.store_uri, cfg.allowed_roots)
+            params = eval_params(form, cfg.allowed_roots)
             job = submit_eval(queue, params, ui.tracker_for(cfg.store_uri))
             if job.existing:
                 st.info(f"This checkpoint was already submitted with these settings: job #{job.id} ({job.state}). "

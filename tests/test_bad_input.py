@@ -184,15 +184,16 @@ def test_dashboard_and_worker_both_refuse_a_path_outside_the_allowed_roots(model
     root, good, uri = models
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(root))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the worker's store
     outside = tmp_path / "elsewhere" / "target"
     outside.mkdir(parents=True)
     form = LaunchForm(target=str(outside), prompts=str(root / "prompts.jsonl"), drafter=str(good))
     with pytest.raises(DraftboardError, match="outside the allowed roots"):
-        eval_params(form, uri, allowed_roots())  # the dashboard's Launch check
+        eval_params(form, allowed_roots())  # the dashboard's Launch check
 
     # The same params queued around the dashboard: the worker refuses them before starting anything.
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
-    params = {"target": str(outside), "drafter": str(good), "prompts": str(root / "prompts.jsonl"), "tracking_uri": uri}
+    params = {"target": str(outside), "drafter": str(good), "prompts": str(root / "prompts.jsonl")}
     job = queue.submit("eval", params)
     assert run_worker(queue.uri, once=True, **FAST) == 1
     done = queue.get(job.id)
@@ -206,6 +207,7 @@ def test_dashboard_and_worker_both_refuse_a_path_outside_the_allowed_roots(model
 def test_worker_trusts_registered_checkpoints_like_the_dashboard_and_checks_nothing_without_roots(
         models, tmp_path, monkeypatch, machine_fp):
     root, good, uri = models
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the worker's store: where it reads what the run registered
     elsewhere = _save_drafter(tmp_path / "ckpt" / "step_5")  # outside the roots, like a training box's disk
     with Tracker(uri).training_run("registers-a-checkpoint", {}, str(root / "target"), fingerprint=machine_fp) as run:
         run.log_checkpoint(elsewhere, 5)
@@ -213,7 +215,7 @@ def test_worker_trusts_registered_checkpoints_like_the_dashboard_and_checks_noth
 
     def job(**extra):
         return queue.submit("eval", {"target": str(root / "target"), "drafter": str(elsewhere),
-                                     "prompts": str(root / "prompts.jsonl"), "tracking_uri": uri, **extra})
+                                     "prompts": str(root / "prompts.jsonl"), **extra})
 
     linked, unlinked = job(train_run_id=run.run_id, checkpoint_step=5), job()
     monkeypatch.delenv("DRAFTBOARD_ALLOWED_ROOTS", raising=False)
@@ -267,12 +269,13 @@ def test_shell_metacharacters_in_cli_names_are_stored_literally(models, tmp_path
 def test_shell_metacharacters_in_a_queued_jobs_params_reach_the_eval_as_literal_text(models, tmp_path, monkeypatch):
     root, _, uri = models
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the worker's store
     dir_name, dir_marker = _metachar(tmp_path, "drafter-dir")
     ref_name, ref_marker = _metachar(tmp_path, "reference")
     drafter = _save_drafter(root / dir_name)  # a real directory: `<root>/x; touch /tmp/.../pwned-... && ...`
     params = {"target": str(root / "target"), "drafter": str(drafter), "prompts": str(root / "prompts.jsonl"),
               "max_new_tokens": 12, "budgets": [2], "device": "cpu", "linear_attn": "fallback",
-              "tracking_uri": uri, "reference": ref_name}
+              "reference": ref_name}
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     job = queue.submit("eval", params)
     assert run_worker(queue.uri, once=True, **FAST) == 1

@@ -52,12 +52,3 @@ def test_readonly_and_mlflow_ui_url():
     assert not config.readonly({"DRAFTBOARD_READONLY": "0"})
     assert config.mlflow_ui_url({}) is None
     assert config.mlflow_ui_url({"DRAFTBOARD_MLFLOW_UI_URL": "http://h:5000/"}) == "http://h:5000"
-
-
-def test_a_shown_uri_leaves_the_credentials_out():
-    from tracker.config import shown_uri
-
-    assert shown_uri("postgresql://board:pw%40x@db.internal:5432/mlflow") == "postgresql://db.internal:5432/mlflow"
-    assert shown_uri("https://alice@mlflow.example/") == "https://mlflow.example/"
-    assert shown_uri("http://u:p@[::1]:5000") == "http://[::1]:5000"
-    assert shown_uri("sqlite:////srv/draftboard/draftboard.db") == "sqlite:////srv/draftboard/draftboard.db"

@@ -34,7 +34,7 @@ def test_training_environment_reads_the_drafter_precision():
 def test_reeval_of_an_autocast_run_keeps_the_target_fp32_and_autocasts_the_drafter(tmp_path):
     index = RunIndex([run("t", "train", autocast_fp()),
                       run("e", "eval", fp(), train="t", step=200, params=settings(tmp_path))])
-    plan = reeval_plan(index, "e", "sqlite:///x.db")
+    plan = reeval_plan(index, "e")
     assert plan.blocked is None and plan.existing is None
     assert plan.changes == ["drafter-precision fp32 → bf16-autocast"]
     assert plan.params["dtype"] == "fp32" and plan.params["drafter_precision"] == "bf16-autocast"
@@ -43,7 +43,7 @@ def test_reeval_of_an_autocast_run_keeps_the_target_fp32_and_autocasts_the_draft
 def test_reeval_is_refused_when_nothing_would_change(tmp_path):
     index = RunIndex([run("t", "train", fp()), run("e", "eval", fp(), train="t", step=200,
                                                    params=settings(tmp_path))])
-    plan = reeval_plan(index, "e", "u")
+    plan = reeval_plan(index, "e")
     assert plan.params is None and plan.changes == []
     assert plan.blocked.startswith("this eval already ran in its training run's environment (linear-attn fallback")
 
@@ -56,7 +56,7 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
     done = run("e2", "eval", matched_fp, train="t", step=200, params=done_params)
     done.tags["protocol.last_block"] = "cut"
     index = RunIndex([run("t", "train", autocast_fp()), original, done])
-    plan = reeval_plan(index, "e", "u")
+    plan = reeval_plan(index, "e")
     assert plan.existing == "e2" and plan.params is None and plan.blocked is None
     assert plan.changes == ["drafter-precision fp32 → bf16-autocast"]
 
@@ -71,7 +71,7 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
         if "fingerprint" in change:
             other = run("e2", "eval", change["fingerprint"], train="t", step=200, params=done_params)
             other.tags["protocol.last_block"] = "cut"
-        plan = reeval_plan(RunIndex([run("t", "train", autocast_fp()), original, other]), "e", "u")
+        plan = reeval_plan(RunIndex([run("t", "train", autocast_fp()), original, other]), "e")
         assert plan.existing is None and plan.params is not None, change
 
 

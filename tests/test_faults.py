@@ -163,10 +163,11 @@ def test_eval_killed_mid_run_fails_its_job_keeps_the_log_and_the_queue_goes_on(m
     leaves no run at all: nothing half-written that would need marking FAILED. The job says how it
     died and keeps its log; the next job in the queue runs."""
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))  # the eval's cache: $DRAFTBOARD_HOME/cache
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", models["store"])  # the worker's store, so its evals'
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     params = {"target": models["target"], "drafter": models["drafter"], "prompts": models["prompts"],
               "max_new_tokens": 12, "budgets": [2, 8], "device": "cpu", "linear_attn": "fallback",
-              "tracking_uri": models["store"], "name": "killed mid-run"}
+              "name": "killed mid-run"}
     killed = queue.submit("eval", params)
     after = queue.submit("eval", {**params, "name": "next"})
     result = events.PREFIX + json.dumps({"event": "result", "run_id": "next-run", "out": None})

@@ -70,7 +70,7 @@ def test_evals_are_named_after_their_training_run_step_and_settings(tmp_path):
     form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
                       train_run_id="t", train_name="drafter-v1 (1 tapped layer)", checkpoint_step=200,
                       dtype="fp32", drafter_precision="bf16-autocast", linear_attn="fallback")
-    params = eval_params(form, "sqlite:///x.db", [tmp_path])
+    params = eval_params(form, [tmp_path])
     assert params["name"] == "drafter-v1 (1 tapped layer) @ step 200 · fp32 · drafter bf16-autocast · fallback · cpu"
     assert eval_run_name("v4", 100, {"dtype": "bf16", "drafter_precision": "bf16"}) == "v4 @ step 100 · bf16"
 

@@ -101,7 +101,7 @@ def long_eval(models: dict, name: str) -> dict:
     """Params of a real eval that runs for seconds on the tiny target (a kill lands mid-run)."""
     return {"target": models["target"], "drafter": models["drafter"], "prompts": models["prompts"],
             "max_new_tokens": 490, "budgets": [4, 8, 16, 32, 64, 128], "device": "cpu", "linear_attn": "fallback",
-            "tracking_uri": models["store"], "name": name}
+            "name": name}
 
 
 # A progress line of the eval's target stage (`tracker.events`): the eval has loaded and is working.
@@ -116,7 +116,7 @@ def test_sigkill_of_a_worker_running_an_eval_takes_the_eval_and_logs_no_run(mode
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))  # the job logs the test reads are under it
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     job = queue.submit("eval", long_eval(models, "worker killed"))
-    env = {**os.environ, "DRAFTBOARD_ALLOWED_ROOTS": str(models["root"])}
+    env = {**os.environ, "DRAFTBOARD_ALLOWED_ROOTS": str(models["root"]), "MLFLOW_TRACKING_URI": models["store"]}
     worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--jobs-uri", queue.uri, "--poll", "0.1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     eval_proc = None

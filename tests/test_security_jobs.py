@@ -154,7 +154,7 @@ def test_budgets_of_a_million_are_refused_everywhere(home, capsys):
         parse_budgets(str(10**6))
     form = LaunchForm(**{k: v for k, v in in_root(home).items() if k != "no_log"}, budgets=f"4,{10**6}")
     with pytest.raises(DraftboardError, match="from 1 to 4096"):
-        eval_params(form, "sqlite:///x.db", [(home / "models").resolve()])
+        eval_params(form, [(home / "models").resolve()])
     with pytest.raises(SystemExit) as exit_:
         main(["eval", *sum(([f"--{k}", v] for k, v in in_root(home).items() if k != "no_log"), []),
               "--budgets", str(10**6)])

@@ -110,16 +110,16 @@ def test_read_only_user_reads_but_cannot_log_or_launch(mlflow_server, reader, as
     assert message.startswith(f"not queued: MLflow user {name} may not write to experiment 'draftboard'")
     assert "grant it EDIT" in message and "\n" not in message
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
-    params = {"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "tracking_uri": mlflow_server.uri}
+    params = {"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl"}  # the store is the dashboard's
     with pytest.raises(DraftboardError, match="not queued"):
-        submit_eval(queue, params)
+        submit_eval(queue, params, tracker)
     assert queue.list() == []
 
     as_user(mlflow_server.user, mlflow_server.password)
     auth.grant_user_permission(name, "experiment", admin.experiment_id, "EDIT")
     as_user(name, password)
     check_can_write(mlflow_server.uri, tracker)
-    assert submit_eval(queue, params).state == "queued"
+    assert submit_eval(queue, params, tracker).state == "queued"
     as_user(mlflow_server.user, mlflow_server.password)
     assert WRITE_CHECK_TAG in admin.client.get_experiment(admin.experiment_id).tags
 

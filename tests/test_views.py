@@ -425,13 +425,13 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
               "linear_attn": "auto", "batch_size": "8"}
     ev = run("e4", "eval", fp(), train="t4", step=200, params=params)
     index = RunIndex([index.runs["t4"], ev])
-    plan = reeval_plan(index, "e4", "sqlite:///x.db")
+    plan = reeval_plan(index, "e4")
     assert plan.blocked is None and plan.changes == ["linear-attn fallback → fast", "dtype fp32 → bf16",
                                                      "drafter-precision fp32 → bf16"]
     assert plan.params == {"target": params["target"], "drafter": params["drafter"], "prompts": params["prompts"],
                            "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
                            "drafter_precision": "bf16", "linear_attn": "fast", "train_run_id": "t4",
-                           "tracking_uri": "sqlite:///x.db", "checkpoint_step": 200,
+                           "checkpoint_step": 200,
                            "name": "v4 @ step 200 · bf16 · fast · cpu"}
     from tracker.jobs.eval_job import cli_args
 
@@ -439,10 +439,10 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
     assert args[args.index("--linear-attn") + 1] == "fast"
 
     partial = RunIndex([run("t", "train", fp(path="partial")), run("e", "eval", fp(), train="t", params=params)])
-    assert "cannot force" in reeval_plan(partial, "e", "u").blocked
+    assert "cannot force" in reeval_plan(partial, "e").blocked
     assert training_environment(None)[1] == "the training run has no fingerprint"
     alone = RunIndex([run("e", "eval", fp(), params=params)])
-    assert "not linked" in reeval_plan(alone, "e", "u").blocked
+    assert "not linked" in reeval_plan(alone, "e").blocked
 
 
 # --------------------------------------------------------------------------- launch
@@ -471,18 +471,18 @@ def test_eval_params_match_training_run_and_reference(tmp_path):
                       checkpoint_path="/registered/ckpt", train_run_id="t", checkpoint_step=100, budgets="4,8",
                       max_new_tokens=32, linear_attn="match training run", training_fingerprint=fp(path="fast"),
                       reference=True, reference_name="z-lab v1")
-    params = eval_params(form, "sqlite:///s.db", [tmp_path])
+    params = eval_params(form, [tmp_path])
     assert params["linear_attn"] == "fast" and params["drafter"] == "/registered/ckpt"
     assert params["reference"] == "z-lab v1" and params["checkpoint_step"] == 100 and params["budgets"] == [4, 8]
     form.training_fingerprint = fp(path="partial")
     with pytest.raises(DraftboardError, match="cannot be forced"):
-        eval_params(form, "u", [tmp_path])
+        eval_params(form, [tmp_path])
     form.linear_attn, form.reference_name = "auto", " "
     with pytest.raises(DraftboardError, match="needs a name"):
-        eval_params(form, "u", [tmp_path])
+        eval_params(form, [tmp_path])
     form.checkpoint_path, form.drafter, form.reference = None, "/etc", False
     with pytest.raises(DraftboardError, match="outside the allowed roots"):
-        eval_params(form, "u", [tmp_path])
+        eval_params(form, [tmp_path])
 
 
 def test_describe_job_for_the_queue_list():

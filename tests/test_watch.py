@@ -67,8 +67,8 @@ def test_foreign_runs_are_listed_as_training_runs_with_their_badge(store):
 
 def _preset(tmp_path) -> str:
     path = tmp_path / "preset.json"
-    path.write_text(json.dumps({"target": "/models/Qwen3-8B", "prompts": "/data/prompts.jsonl", "budgets": [4, 8],
-                                "device": "cpu"}))
+    path.write_text(json.dumps({"target": str(tmp_path / "models" / "Qwen3-8B"),
+                                "prompts": str(tmp_path / "data" / "prompts.jsonl"), "budgets": [4, 8], "device": "cpu"}))
     return str(path)
 
 
@@ -79,6 +79,9 @@ def _watch(tracker, run_id, folder, jobs, *extra) -> int:
 
 def test_watch_auto_eval_records_and_queues_each_checkpoint_once(store, tmp_path, monkeypatch, capsys):
     tracker, legacy, spec = store
+    # The worker's scan: the tools' experiments are this deployment's, their folders under its roots.
+    monkeypatch.setenv("DRAFTBOARD_WATCH_EXPERIMENTS", "dflash-qwen3-8b, speculators")
+    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(tmp_path))
     jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
     model = toolformats.tiny_drafter()
     legacy_dir, spec_dir = tmp_path / "specforge-out", tmp_path / "spec-ckpts"
@@ -98,7 +101,7 @@ def test_watch_auto_eval_records_and_queues_each_checkpoint_once(store, tmp_path
     assert [(j.params["train_run_id"], j.params["checkpoint_step"]) for j in queued] == [
         (legacy, 1000), (legacy, 2000), (spec, 120)]
     assert queued[0].params["drafter"] == str((legacy_dir / "epoch_0_step_1000").resolve())
-    assert queued[0].params["budgets"] == [4, 8] and queued[0].params["tracking_uri"] == tracker.uri
+    assert queued[0].params["budgets"] == [4, 8] and "tracking_uri" not in queued[0].params  # the worker's store
     assert len(digests) == 3  # the symlinks epoch0_step120 / checkpoint_best are not checkpoints
 
     # A restart (a new process reading the state from the store) queues and digests nothing again,
@@ -178,6 +181,8 @@ def test_the_worker_runs_the_watchers_and_evaluates_what_they_find(store, tmp_pa
 
     tracker, _, spec = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracker.uri)  # the worker's store
+    monkeypatch.setenv("DRAFTBOARD_WATCH_EXPERIMENTS", "speculators")
+    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(tmp_path))
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     target = save_target(Qwen3_5ForCausalLM(qwen35_config(
         vocab_size=toolformats.V, eos_token_id=toolformats.V - 2, hidden_size=toolformats.H,

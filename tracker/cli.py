@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from tracker import config
+from tracker import config, redact
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 
@@ -450,15 +450,16 @@ def cmd_ui(args) -> int:
     demo_store = f"sqlite:///{config.home_dir(env) / config.STORE_DB}"
     if args.demo and env[config.STORE_VAR] != demo_store:
         raise DraftboardError(f"--demo builds into {demo_store}, but this dashboard would show "
-                              f"{env[config.STORE_VAR]}: set --home (DRAFTBOARD_HOME) and no other store")
+                              f"{redact.shown_uri(env[config.STORE_VAR])}: set --home (DRAFTBOARD_HOME) and no other store")
     # The dashboard process reads its settings from the environment (tracker/dashboard/ui.py).
     for flag, var in (("readonly", config.READONLY_VAR), ("mlflow_ui", config.MLFLOW_UI_VAR),
                       ("jobs_uri", config.JOBS_VAR), ("allowed_roots", config.ROOTS_VAR)):
         value = getattr(args, flag)
         if value:
             env[var] = "1" if value is True else value
-    print(f"store: {env[config.STORE_VAR]}")
-    print(f"raw runs: mlflow ui --backend-store-uri {env[config.STORE_VAR]}")
+    shown = redact.shown_uri(env[config.STORE_VAR])
+    print(f"store: {shown}")
+    print(f"raw runs: mlflow ui --backend-store-uri {shown}")
     print(f"dashboard: http://{args.address}:{args.port}" + (" (basic auth)" if args.auth else ""))
     # The dashboard and the worker it starts refuse the same paths.
     env.setdefault(config.ROOTS_VAR, os.pathsep.join(str(root) for root in config.allowed_roots(env)))

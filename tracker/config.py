@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 HOME_VAR = "DRAFTBOARD_HOME"
 STORE_VAR = "MLFLOW_TRACKING_URI"
@@ -28,6 +27,8 @@ READONLY_VAR = "DRAFTBOARD_READONLY"
 MLFLOW_UI_VAR = "DRAFTBOARD_MLFLOW_UI_URL"
 CACHE_DIR_VAR = "DRAFTBOARD_CACHE_DIR"
 CACHE_MAX_VAR = "DRAFTBOARD_CACHE_MAX_GB"
+WATCH_EXPERIMENTS_VAR = "DRAFTBOARD_WATCH_EXPERIMENTS"
+UI_HOSTS_VAR = "DRAFTBOARD_UI_HOSTS"
 UI_AUTH_VAR = "DRAFTBOARD_UI_AUTH"  # "basic": set by `draftboard ui --auth` for its server (tracker/serve.py)
 UI_USER_VAR = "DRAFTBOARD_UI_USER"
 UI_PASSWORD_VAR = "DRAFTBOARD_UI_PASSWORD"
@@ -69,7 +70,20 @@ DEFAULT_BUDGETS = (4, 8, 16, 32)
 # reports.
 MAX_BUDGET = 4096
 
+# Stored and shown errors (a job's error, a refused watch's tag) are cut to this many characters;
+# the whole text stays in the job's log file. MLflow's tag values hold 8,000.
+MAX_ERROR_CHARS = 8000
+
 _TRUE = ("1", "true", "yes", "on")
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """text cut to at most limit characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = " … [{:,} more characters; the whole text is in the job's log]"
+    keep = limit - len(note.format(len(text)))  # the count never has more digits than the length
+    return text[:keep] + note.format(len(text) - keep)
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -89,19 +103,6 @@ def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> s
         return uri or env[STORE_VAR]
     folder = home_dir(env) if env.get(HOME_VAR) else Path.cwd()
     return f"sqlite:///{folder / STORE_DB}"
-
-
-def shown_uri(uri: str) -> str:
-    """A store or queue URI as a page or a printed command may show it: its user and password left
-    out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""
-    parts = urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def jobs_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -153,6 +154,20 @@ def allowed_roots(env: Mapping[str, str] | None = None) -> list[Path]:
 
 def roots_configured(env: Mapping[str, str] | None = None) -> bool:
     return bool(_env(env).get(ROOTS_VAR, "").strip())
+
+
+def watch_experiments(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """DRAFTBOARD_WATCH_EXPERIMENTS (comma-separated experiment names): the experiments besides
+    draftboard's own whose watched runs `draftboard worker --watch` scans (e.g. `specforge,speculators`).
+    Default none: anyone who may create an experiment in the store could otherwise plant a watch."""
+    return tuple(name.strip() for name in _env(env).get(WATCH_EXPERIMENTS_VAR, "").split(",") if name.strip())
+
+
+def ui_hosts(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The Host names the dashboard answers besides loopback ones: DRAFTBOARD_UI_HOSTS (comma-separated,
+    for a public bind or a reverse proxy's name). A page served under any other name could be a DNS
+    rebinding of loopback, driven by whatever web page the user has open."""
+    return tuple(h.strip().lower() for h in _env(env).get(UI_HOSTS_VAR, "").split(",") if h.strip())
 
 
 def readonly(env: Mapping[str, str] | None = None) -> bool:

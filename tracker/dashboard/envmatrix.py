@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from tracker import config, fingerprint
+from tracker import config, fingerprint, redact
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import Lineage, field_name, severity_background, value_text
@@ -262,7 +262,7 @@ def eval_settings_of(run: RunInfo, results: dict | None = None) -> dict:
     return settings
 
 
-def reeval_plan(index: RunIndex, eval_run_id: str, tracking_uri: str,
+def reeval_plan(index: RunIndex, eval_run_id: str,
                 results: Callable[[RunInfo], dict | None] | None = None) -> ReevalPlan:
     """The job that repeats an eval (same target, drafter, prompts, settings) in its training run's environment."""
     ev = index.get(eval_run_id)
@@ -291,7 +291,7 @@ def reeval_plan(index: RunIndex, eval_run_id: str, tracking_uri: str,
                           + ", ".join(f"{ENV_FLAGS[k]} {v}" for k, v in env.items()) + "): a re-run would repeat it")
     params = {k: v for k, v in settings.items() if v is not None}
     params.update(env)
-    params.update({"train_run_id": train.run_id, "tracking_uri": tracking_uri})
+    params["train_run_id"] = train.run_id
     if ev.checkpoint_step is not None:
         params["checkpoint_step"] = ev.checkpoint_step
         params["name"] = names.eval_run_name(index.label(train.run_id), ev.checkpoint_step, params)
@@ -334,7 +334,7 @@ def attach_command(run_id: str, store_uri: str) -> str:
     """The command that attaches a fingerprint to `run_id`, run on the machine (and in the
     environment) that trained it; the store is named because that machine's default is not ours."""
     return shlex.join(["draftboard", "fingerprint", "--attach", run_id, "--tracking-uri",
-                       config.shown_uri(store_uri)])
+                       redact.shown_uri(store_uri)])
 
 
 def unfingerprinted(index: RunIndex, store_uri: str) -> pd.DataFrame:

@@ -153,7 +153,7 @@ class LaunchForm:
     limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
 
 
-def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> dict:
+def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     """Validated eval job params (`tracker.jobs.eval_job.validate`); DraftboardError says what is wrong."""
     if form.checkpoint_path:
         drafter = form.checkpoint_path
@@ -182,7 +182,6 @@ def eval_params(form: LaunchForm, tracking_uri: str, roots: Sequence[Path]) -> d
         "dtype": form.dtype,
         "drafter_precision": form.drafter_precision,
         "linear_attn": linear,
-        "tracking_uri": tracking_uri,
     }
     if form.limit_per_dataset is not None:
         params["limit_per_dataset"] = int(form.limit_per_dataset)
@@ -243,14 +242,15 @@ def check_can_write(tracking_uri: str | None, tracker: Tracker | None = None) ->
 def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -> Job:
     """Queue an eval job, or get back the queued/running/succeeded one with the same params (existing=True).
 
-    Refused (DraftboardError) when params' tracking server would not accept its results from
-    this process's credentials (`check_can_write`; `tracker`: one open on that URI).
+    Refused (DraftboardError) when the deployment's tracking server (the workers log there too:
+    a job names no store) would not accept its results from this process's credentials
+    (`check_can_write`; `tracker`: one open on that store).
     """
     params = eval_job.validate(params)  # bad params are refused before the store is asked
     problem = device_problem(queue.workers(), params.get("device"))
     if problem:
         raise DraftboardError(f"not queued: {problem}")
-    check_can_write(params.get("tracking_uri"), tracker)
+    check_can_write(tracker.uri if tracker is not None else config.store_uri(), tracker)
     return queue.submit(eval_job.KIND, params)
 
 
@@ -306,7 +306,11 @@ def _ago(ts: datetime | None, now: datetime) -> str:
 def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: datetime | None = None) -> JobView:
     """What the queue list shows for one job."""
     now = now or datetime.now(timezone.utc)
-    p = job.params
+    problem = job.problem
+    try:  # a row written around the queue may hold anything: shown, never trusted
+        p = eval_job.validate(job.params) if problem is None else {}
+    except DraftboardError as exc:
+        p, problem = {}, str(exc)
     train = (run_labels or {}).get(p.get("train_run_id") or "")
     if train and p.get("checkpoint_step") is not None:
         what = names.eval_run_name(train, p["checkpoint_step"], p)
@@ -325,7 +329,8 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
             f"started {_ago(job.started_at, now)}" if job.started_at else f"queued {_ago(job.created_at, now)}")
     return JobView(job.id, title, job.state, progress, text, when,
                    can_cancel=job.state in (QUEUED, RUNNING) and not job.cancel_requested,
-                   run_id=job.mlflow_run_id, error=job.error, job=job)
+                   run_id=job.mlflow_run_id,
+                   error=job.error or (f"malformed job row: {problem}" if problem else None), job=job)
 
 
 # tqdm redraws its bar with carriage returns; a line holding "NN%|" is one of its frames.

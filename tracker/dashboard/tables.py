@@ -15,11 +15,10 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from tracker import fingerprint, protocol
+from tracker import fingerprint, protocol, redact
 from tracker.dashboard import lineage, metric_docs, recipe
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
 from tracker.dashboard.lineage import MISSING, summarize_rows
-from tracker.store import adoption
 
 _GPU_CHARS = 28
 
@@ -180,7 +179,7 @@ def mlflow_ui_url(run: RunInfo, base: str) -> str:
 
 
 def params_frame(run: RunInfo) -> pd.DataFrame:
-    return pd.DataFrame(sorted(adoption.mask_params(run.params).items()), columns=["param", "value"])
+    return pd.DataFrame(sorted(redact.mask_params(run.params).items()), columns=["param", "value"])
 
 
 def metrics_frame(run: RunInfo) -> pd.DataFrame:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import pandas as pd
 import streamlit as st
 
-from tracker import config, demo_progress
+from tracker import config, demo_progress, redact
 from tracker.dashboard import curve_chart
 from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
@@ -360,7 +360,7 @@ def store_sidebar(cfg: Settings, index: RunIndex) -> None:
         if cfg.readonly:
             st.badge("read-only", icon=":material/lock:", color="gray",
                      help="DRAFTBOARD_READONLY=1: launch, cancel, re-evaluate and promote are hidden")
-        st.caption(f"Store: {md_code(config.shown_uri(cfg.store_uri))} · {len(index)} runs")
+        st.caption(f"Store: {md_code(redact.shown_uri(cfg.store_uri))} · {len(index)} runs")
 
 
 DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds
@@ -410,7 +410,7 @@ def empty_state(cfg: Settings) -> None:
     st.info("**No runs yet.** Run `draftboard demo` to build a demo store, or log a training run with "
             "`tracker.Tracker().training_run(...)`, import one with `draftboard import-log FILE --name NAME`, "
             "or evaluate a checkpoint with `draftboard eval ...`.", icon=":material/inbox:")
-    st.caption(f"Store: {md_code(config.shown_uri(cfg.store_uri))}")
+    st.caption(f"Store: {md_code(redact.shown_uri(cfg.store_uri))}")
     st.stop()
 
 

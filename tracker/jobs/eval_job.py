@@ -71,7 +71,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("linear_attn", TEXT, "which implementation runs the Gated DeltaNet layers (see docs/DESIGN.md)",
               default="auto", choices=config.LINEAR_ATTN_MODES),
     EvalField("out", TEXT, "write the results JSON here", job=False),
-    EvalField("tracking_uri", TEXT),
+    # The deployment's, never a job's: a queued eval logs to its worker's own store (tracker/config.py).
+    EvalField("tracking_uri", TEXT, "the MLflow store (default: MLFLOW_TRACKING_URI, else ./draftboard.db)",
+              job=False),
     EvalField("train_run_id", TEXT, "the training run this checkpoint belongs to"),
     EvalField("checkpoint_step", INT, "the training step of this checkpoint"),
     EvalField("reference", TEXT, "log as a reference run with this name (e.g. z-lab's drafter)", metavar="NAME"),

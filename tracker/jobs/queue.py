@@ -78,24 +78,57 @@ KINDS = {eval_job.KIND: eval_job}
 class UTCDateTime(sa.types.TypeDecorator):
     """Timezone-aware UTC datetimes on every backend.
 
-    SQLite has no timestamp type and SQLAlchemy stores naive text there, so values are
-    converted to UTC before storing (text order then equals time order, which `fail_stale`'s
-    comparison relies on) and get their UTC tzinfo back when read.
+    SQLite has no timestamp type: values are stored as UTC text in SQLAlchemy's own format
+    (`2026-12-02 10:00:00.000000`; text order then equals time order, which `fail_stale`'s
+    comparison relies on), and parsed back here, so a row whose text is not a time (anyone who
+    can write the file can put one there) reads as None instead of raising in every reader.
+    PostgreSQL's timestamptz can hold nothing else.
     """
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
+    _SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(sa.String() if dialect.name == "sqlite" else self.impl)
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | str | None:
         if value is None:
             return None
         value = value.astimezone(timezone.utc)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.strftime(self._SQLITE_FORMAT) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
-        if value is None:
+    def process_result_value(self, value, dialect) -> datetime | None:
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                return None
+        if not isinstance(value, datetime):
             return None
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class LenientJSON(sa.types.TypeDecorator):
+    """JSON that reads back as stored: on SQLite (text underneath) a value that is not JSON reads
+    as the text itself, for the row's reader to refuse, instead of raising in every reader."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(sa.Text() if dialect.name == "sqlite" else sa.JSON())
+
+    def process_bind_param(self, value, dialect):
+        return json.dumps(value) if dialect.name == "sqlite" and value is not None else value
+
+    def process_result_value(self, value, dialect):
+        if dialect.name != "sqlite" or value is None:
+            return value
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError):
+            return value
 
 
 metadata = sa.MetaData()
@@ -104,7 +137,7 @@ jobs = sa.Table(
     metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("params", sa.JSON, nullable=False),
+    sa.Column("params", LenientJSON, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("started_at", UTCDateTime),
@@ -162,14 +195,16 @@ class Job:
     """One job as stored. Times are UTC-aware; progress is 0..1 within `stage`.
 
     `existing` is True only on the Job that `submit` returns when an equivalent job was
-    already queued, running or succeeded (so the UI can say "already evaluated").
+    already queued, running or succeeded (so the UI can say "already evaluated"). `problem`
+    says why a row written around this module cannot be a job (params that are not an object,
+    a time that is not a time): the worker fails such a job with it, pages show it.
     """
 
     id: int
     kind: str
     params: dict[str, Any]
     state: str
-    created_at: datetime
+    created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
     worker_id: str | None
@@ -183,19 +218,43 @@ class Job:
     cancel_requested: bool
     dedup_key: str
     existing: bool = False
+    problem: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
 
 
-_COLUMNS = [f.name for f in fields(Job) if f.name != "existing"]
+_COLUMNS = [f.name for f in fields(Job) if f.name not in ("existing", "problem")]
+_TIMES = ("created_at", "started_at", "finished_at", "heartbeat_at")
+_TEXTS = ("kind", "state", "worker_id", "log_path", "stage", "mlflow_run_id", "error", "dedup_key")
 
 
 def _to_job(row: sa.Row) -> Job:
+    """The row as a Job, whatever a writer around this module put there: what cannot be read
+    becomes a default and is named in `problem`, so one bad row never breaks a reader."""
     values = {name: row._mapping[name] for name in _COLUMNS}
-    values["progress"] = float(values["progress"])  # SQLite's RETURNING hands back a whole REAL as int
-    return Job(**values)
+    problems = []
+    if not isinstance(values["params"], dict):
+        problems.append(f"params are not a JSON object ({type(values['params']).__name__})")
+        values["params"] = {}
+    raw_times = {name: row._mapping[name] for name in _TIMES}
+    if raw_times["created_at"] is None:
+        problems.append("created_at is not a time")
+    for name in _TEXTS:
+        if values[name] is not None and not isinstance(values[name], str):
+            values[name] = str(values[name])
+    if values["error"] is not None:
+        values["error"] = config.bounded(values["error"])
+    try:
+        values["progress"] = float(values["progress"])  # SQLite's RETURNING hands back a whole REAL as int
+    except (TypeError, ValueError):
+        problems.append("progress is not a number")
+        values["progress"] = 0.0
+    if not isinstance(values["pid"], int) or isinstance(values["pid"], bool):
+        values["pid"] = None
+    values["cancel_requested"] = bool(values["cancel_requested"])
+    return Job(**values, problem="; ".join(problems) or None)
 
 
 def _now() -> datetime:
@@ -557,7 +616,7 @@ class JobQueue:
         """Move a job to succeeded, failed or cancelled; an illegal transition raises DraftboardError."""
         if state not in FINISHED_STATES:
             raise DraftboardError(f"a job can finish as {', '.join(FINISHED_STATES)}, not {state!r}")
-        values: dict[str, Any] = {"finished_at": _now(), "error": error}
+        values: dict[str, Any] = {"finished_at": _now(), "error": None if error is None else config.bounded(error)}
         if mlflow_run_id is not None:
             values["mlflow_run_id"] = mlflow_run_id
         if state == SUCCEEDED:
@@ -622,7 +681,10 @@ class JobQueue:
         if not job.log_path:
             return ""
         logs = config.logs_dir().resolve()
-        path = Path(job.log_path).resolve()
+        try:
+            path = Path(job.log_path).resolve()
+        except (ValueError, OSError) as exc:  # a NUL byte, a loop of links
+            return f"[draftboard] log not shown: its path is not a usable file name ({exc})"
         if not path.is_relative_to(logs):
             return f"[draftboard] log not shown: {job.log_path} is outside the logs folder {logs}"
         return tail_text(path, n_lines)

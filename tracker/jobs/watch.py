@@ -22,6 +22,16 @@ so a worker finds the run) and the artifact `watch.json` {dir, preset, settle_s,
 (`--auto-eval`) is a JSON object of eval params (target, prompts, budgets, device, ...) validated
 by `tracker.jobs.eval_job.validate`; drafter, train_run_id and checkpoint_step are filled per
 checkpoint.
+
+Watch state is untrusted data: any MLflow writer can set the tag and write the artifact with plain
+`MlflowClient` calls. So `draftboard worker --watch` (`scan_all`) scans only the runs of the
+experiments this deployment owns (draftboard's own, plus DRAFTBOARD_WATCH_EXPERIMENTS), and only a
+folder under its allowed roots, with a preset that passes the checks a queued job gets (no store,
+no path outside the roots). A watch that fails one is marked refused on the run (tag
+`draftboard.watch_refused`, the reason) and is not scanned again until `draftboard watch` (or the
+dashboard's form) states it anew. No integrity mark (an HMAC) is needed: after these checks a
+planted watch can do exactly what a dashboard user can (queue evals of files under the roots),
+while a mark would put a deployment secret on every training machine that runs `draftboard watch`.
 """
 
 from __future__ import annotations
@@ -34,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from tracker import config
+from tracker.config import bounded
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
 from tracker.store import checkpoints, names
@@ -165,6 +177,8 @@ def start(tracker, run_id: str, folder: str | Path, preset: Mapping[str, Any] | 
         state.preset = None if preset is None else check_preset(preset)
     tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
     tracker.client.set_tag(run_id, names.WATCH, str(root))
+    if names.WATCH_REFUSED in run.data.tags:  # stated anew by its owner: checked again at the next scan
+        tracker.client.delete_tag(run_id, names.WATCH_REFUSED)
     return state
 
 
@@ -179,15 +193,36 @@ def state(tracker, run_id: str) -> WatchState | None:
     return _state(tracker, run) if run.data.tags.get(names.WATCH) else None
 
 
-def scan(tracker, queue, run_id: str, now: float | None = None) -> ScanResult:
+class Refused(DraftboardError):
+    """A watch that fails the worker's checks: marked on the run, never scanned."""
+
+
+def check_state(state: WatchState, roots) -> None:
+    """Refused unless the watched folder and every path of the preset lie under roots."""
+    try:
+        eval_job.check_path("watched folder", state.dir, roots)
+        if state.preset is not None:
+            eval_job.check_paths(state.preset, roots)
+    except DraftboardError as exc:
+        raise Refused(str(exc)) from None
+
+
+def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> ScanResult:
     """Record the new checkpoints of a watched run's folder and queue their evals (with a preset).
 
-    The state is written after each checkpoint, so a crash loses at most the one in hand.
+    roots: the allowed roots the folder and the preset's paths must lie under (the worker's); None
+    checks nothing (`draftboard watch RUN DIR`, run by whoever named the folder). The state is
+    written after each checkpoint, so a crash loses at most the one in hand.
     """
     run = tracker.run(run_id)
     if not run.data.tags.get(names.WATCH):
         raise DraftboardError(f"run {run_id} is not watched; start with: draftboard watch {run_id} DIR")
-    state = _state(tracker, run)
+    try:
+        state = _state(tracker, run)
+    except DraftboardError as exc:
+        raise Refused(str(exc)) from None
+    if roots is not None:
+        check_state(state, roots)
     recorded, queued = [], []
     for found in find_checkpoints(Path(state.dir), state.settle_s, now):
         seen = state.seen.get(found.name)
@@ -199,7 +234,7 @@ def scan(tracker, queue, run_id: str, now: float | None = None) -> ScanResult:
             recorded.append(found)
             tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
         if state.preset is not None and seen.get("job_id") is None:
-            params = {"tracking_uri": tracker.uri, **state.preset, "drafter": str(found.path),
+            params = {**state.preset, "drafter": str(found.path),
                       "train_run_id": run_id, "checkpoint_step": seen["step"]}
             job = queue.submit(eval_job.KIND, params)
             seen["job_id"] = job.id
@@ -208,13 +243,33 @@ def scan(tracker, queue, run_id: str, now: float | None = None) -> ScanResult:
     return ScanResult(run_id, recorded, queued)
 
 
-def scan_all(tracker, queue, now: float | None = None) -> list[ScanResult]:
-    """Scan every watched run of the store; a run that fails is logged and skipped, not fatal."""
+def owned_experiments(tracker, env=None) -> set[str]:
+    """Ids of the experiments whose watches this deployment runs: draftboard's own, plus those
+    named in DRAFTBOARD_WATCH_EXPERIMENTS."""
+    wanted = set(config.watch_experiments(env))
+    owned = {eid for eid, name in tracker.experiment_names().items() if name in wanted} if wanted else set()
+    own = tracker.find_experiment()
+    return owned | ({own} if own is not None else set())
+
+
+def scan_all(tracker, queue, now: float | None = None, roots=None) -> list[ScanResult]:
+    """Scan every watched run of the experiments this deployment owns (`owned_experiments`), each
+    folder and preset checked against roots (default: this process's allowed roots). A watch that
+    fails a check is marked refused on its run and skipped from then on; any other failure is
+    logged and skipped, not fatal."""
+    roots = config.allowed_roots() if roots is None else roots
+    owned = owned_experiments(tracker)
     results = []
     for run in tracker.find_runs(filter=f"tags.`{names.WATCH}` LIKE '%'", foreign=True):
         run_id = run.info.run_id
+        if run.info.experiment_id not in owned or names.WATCH_REFUSED in run.data.tags:
+            continue
         try:
-            result = scan(tracker, queue, run_id, now)
+            result = scan(tracker, queue, run_id, now, roots=roots)
+        except Refused as exc:
+            log.warning("watch of run %s refused: %s", run_id, exc)
+            tracker.client.set_tag(run_id, names.WATCH_REFUSED, bounded(str(exc)))
+            continue
         except DraftboardError as exc:
             log.warning("watch of run %s: %s", run_id, exc)
             continue

@@ -51,11 +51,13 @@ def job_args(job: Job, environ: dict | None = None) -> list[str]:
     Launch check (`tracker.config.allowed_roots`), applied again here at run time, so a job
     queued around the dashboard is held to them too, and a folder's contents (symlinks, shard
     indexes) are re-read as they are now. As on the Launch page, a drafter registered as a
-    checkpoint of the job's training run (train_run_id) is trusted. Without
+    checkpoint of the job's training run (train_run_id) in this worker's own store is trusted. Without
     DRAFTBOARD_ALLOWED_ROOTS in the worker's environment no path is checked: a worker on a Ray
     head or a GPU box reads paths of the cluster, which its own home says nothing about.
     """
     try:
+        if job.problem:
+            raise DraftboardError(f"malformed job row: {job.problem}")
         params = checked_params(job.kind, job.params)
         spec = KINDS[job.kind]
         if config.roots_configured(environ):
@@ -70,14 +72,15 @@ def job_args(job: Job, environ: dict | None = None) -> list[str]:
 
 
 def _registered_checkpoint(job: Job, params: dict[str, Any], drafter: str) -> bool:
-    """True if drafter is a checkpoint registered on the job's training run (read from its store)."""
+    """True if drafter is a checkpoint registered on the job's training run in this worker's store
+    (a job names no store: the deployment chooses it, tracker/config.py)."""
     run_id = params.get("train_run_id")
     if not run_id:
         return False
     from tracker.store.tracker import Tracker  # MLflow: imported only for this case
 
     try:
-        registered = Tracker(params.get("tracking_uri")).checkpoints(run_id)
+        registered = Tracker().checkpoints(run_id)
     except DraftboardError as exc:
         log.warning("job %d: cannot read the checkpoints of run %s: %s", job.id, run_id, exc)
         return False

@@ -10,7 +10,6 @@ and unified runtime `specforge/tracker.py`, vLLM speculators `train/logger.py`, 
 - `aliases(tool, metric_keys)`: the tool's metric names mapped to ours (both are shown).
 - `STEP_SEMANTICS[tool]`: what one logged step counts (micro-batch or optimizer step).
 - `recipe(view)`: the recipe fields, from params or from config a tool logged as step-0 metrics.
-- `mask_params(params)`: params with secret-looking keys masked, for every page and export.
 - `recipe_diff(runs, reference)`: grouped, aliased recipe rows with severities, and lint rules.
 """
 
@@ -21,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from tracker.redact import mask_params
 from tracker.store import names
 
 # Tags that `draftboard adopt` writes next to `draftboard.kind=train` (move to names.py with the wiring).
@@ -258,37 +258,6 @@ def is_config_metric(tool: str | None, key: str) -> bool:
 def aliases(tool: str | None, metric_keys: Iterable[str]) -> list[Alias]:
     """The run's curves (config metrics left out), each with our name where there is one."""
     return [canonical_metric(tool, key) for key in sorted(metric_keys) if not is_config_metric(tool, key)]
-
-
-# --------------------------------------------------------------------------- secrets
-
-_SECRET_WORDS = {"password", "passwd", "secret", "secrets", "credential", "credentials", "apikey", "passphrase"}
-_SECRET_LAST = {"token", "key", "pwd", "auth", "authorization", "cookie"}
-_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
-MASK = "•••• (masked)"
-
-
-def _words(key: str) -> list[str]:
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key)
-    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
-
-
-def is_secret_key(key: str) -> bool:
-    """True for keys that look like they hold a secret (`wandb_key`, `hf_token`, `mlflow_password`).
-
-    A key *ending* in token/key counts, one merely containing the word does not, so recipe keys
-    such as `mask_token_id` or `tokenizer_path` stay visible.
-    """
-    words = _words(key)
-    if not words:
-        return False
-    return (bool(_SECRET_WORDS.intersection(words)) or words[-1] in _SECRET_LAST
-            or any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])))
-
-
-def mask_params(params: Mapping[str, str]) -> dict[str, str]:
-    """Params as they may be shown or exported: secret-looking keys keep their key, lose their value."""
-    return {key: (MASK if is_secret_key(key) and value not in ("", None) else value) for key, value in params.items()}
 
 
 # --------------------------------------------------------------------------- recipe

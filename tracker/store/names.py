@@ -28,6 +28,7 @@ TOOL = "draftboard.tool"  # the training stack that wrote an adopted run (tracke
 STEP_UNIT = "draftboard.step_unit"  # what an adopted run's step counts: micro-batch or optimizer step
 DEMO = "draftboard.demo"
 WATCH = "draftboard.watch"  # the checkpoint folder a watcher scans for this run (tracker/jobs/watch.py)
+WATCH_REFUSED = "draftboard.watch_refused"  # why the worker refused this run's watch (it is never scanned)
 
 ENV_HASH = "env.hash"
 ENV_LINEAR_ATTN = "env.linear_attn"

@@ -23,7 +23,7 @@ from typing import IO, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from tracker import events
+from tracker import events, redact
 from tracker.errors import DraftboardError
 from tracker.jobs.queue import Job, JobQueue
 
@@ -176,8 +176,8 @@ class Launcher(ABC):
         return None
 
     def header(self, argv: Sequence[str]) -> str:
-        """The first line of the job's log: what runs."""
-        return json.dumps(list(argv))
+        """The first line of the job's log: what runs (credentials hidden: `tracker.redact`)."""
+        return redact.text(json.dumps(list(argv)))
 
     @abstractmethod
     def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:

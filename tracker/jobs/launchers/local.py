@@ -13,6 +13,7 @@ import subprocess
 import threading
 from typing import IO
 
+from tracker import config
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, describe_exit
 from tracker.jobs.queue import FAILED, SUCCEEDED, Job
 from tracker.lifecycle import die_with_parent_hook
@@ -36,7 +37,9 @@ class LocalLauncher(Launcher):
                 encoding="utf-8",
                 errors="replace",
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines reach the log as printed
+                # The worker's own store, stated: a job names none (tracker/config.py); lines reach
+                # the log as printed.
+                env={**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1"},
                 preexec_fn=die_with_parent_hook(),  # a killed worker leaves no orphan eval
             )
         except (OSError, ValueError) as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import shlex
 import sys
@@ -22,6 +21,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from tracker import redact
 from tracker.errors import DraftboardError
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, cli_entry, describe_exit
 from tracker.jobs.queue import CANCELLED, FAILED, SUCCEEDED, Job
@@ -33,8 +33,8 @@ DEFAULT_RAY_ADDRESS = "http://127.0.0.1:8265"
 # (MLFLOW_TRACKING_URI, DRAFTBOARD_HOME, ...). Prefixes, except secrets and the names below.
 RAY_ENV_PREFIXES = ("MLFLOW_", "DRAFTBOARD_")
 # A runtime_env is shown to anyone who reaches the Jobs API (`ray job list`, the Ray dashboard),
-# so nothing that looks like a secret goes there: such variables are set on the nodes instead.
-SECRET_NAME = re.compile(r"PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|PRIVATE|(^|_)(API_)?KEY($|_)", re.IGNORECASE)
+# so nothing that looks like a secret goes there (`tracker.redact`: by name, and a URL's password
+# inside a value): such variables are set on the nodes instead.
 # The queue's URL may hold a database password and means nothing to the eval; the MLflow user
 # travels with its password, so both are set on the nodes (a node's own pair must not be split).
 _RAY_ENV_EXCLUDED = frozenset({"DRAFTBOARD_JOBS_URI", "MLFLOW_TRACKING_USERNAME"})
@@ -52,8 +52,8 @@ def ray_gpus(params: Mapping[str, Any], gpus_per_job: float = 1) -> float:
 
 
 def refuse_secrets(names: Sequence[str], where: str) -> None:
-    """DraftboardError naming the variables that look like secrets (see SECRET_NAME)."""
-    secret = sorted(n for n in names if SECRET_NAME.search(n) or n in _RAY_ENV_EXCLUDED)
+    """DraftboardError naming the variables that look like secrets (`redact.is_secret_key`)."""
+    secret = sorted(n for n in names if redact.is_secret_key(n) or n in _RAY_ENV_EXCLUDED)
     if secret:
         raise DraftboardError(
             f"{where} names {', '.join(secret)}: a Ray job's runtime_env is readable by anyone who reaches the "
@@ -62,13 +62,13 @@ def refuse_secrets(names: Sequence[str], where: str) -> None:
 
 def ray_env(environ: Mapping[str, str] | None = None, extra: Sequence[str] = ()) -> dict[str, str]:
     """The worker's variables a Ray job gets: MLFLOW_* and DRAFTBOARD_* except secrets, the MLflow
-    user and the queue's URL, plus the names in extra that are set (RayLauncher refuses extra
+    user and the queue's URL, each value with any URL password left out (`redact.text`), plus the names in extra that are set (RayLauncher refuses extra
     names that look like secrets); PYTHONUNBUFFERED=1 so lines reach the log as printed.
     """
     environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items()
-           if k.startswith(RAY_ENV_PREFIXES) and k not in _RAY_ENV_EXCLUDED and not SECRET_NAME.search(k)}
-    env.update({k: environ[k] for k in extra if k in environ})
+    env = {k: redact.text(v) for k, v in environ.items()
+           if k.startswith(RAY_ENV_PREFIXES) and k not in _RAY_ENV_EXCLUDED and not redact.is_secret_key(k)}
+    env.update({k: redact.text(environ[k]) for k in extra if k in environ})
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -159,7 +159,7 @@ class RayLauncher(Launcher):
     def header(self, argv: Sequence[str]) -> str:
         # The shell command line Ray runs: `shlex.join` makes `;`, `$(...)`, quotes and spaces
         # in a name plain text, one word each.
-        return shlex.join(argv)
+        return redact.text(shlex.join(argv))
 
     def submit_kwargs(self, job: Job, argv: Sequence[str]) -> dict[str, Any]:
         """What `submit_job` gets for a job running argv (without the submission id)."""

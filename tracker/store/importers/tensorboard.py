@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracker import redact
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
 
@@ -97,7 +98,7 @@ def log_event_runs(tracker, runs: list[EventRun], name: str, target: str | None 
         if tool is not None:
             tags[adoption.TOOL_TAG] = tool
             tags[adoption.STEP_UNIT_TAG] = adoption.TOOLS[tool].steps.unit
-        params = {"import.source": run.folder, "import.format": FORMAT, **adoption.mask_params(run.hparams)}
+        params = {"import.source": run.folder, "import.format": FORMAT, **redact.mask_params(run.hparams)}
         by_step: dict[int, dict[str, float]] = {}
         for tag, points in run.scalars.items():
             for point in sorted(points, key=lambda p: p.wall_time):

@@ -1,0 +1,42 @@
+"""tracker/redact.py: the one place that hides credentials, by key and by value."""
+
+from __future__ import annotations
+
+from tracker import redact
+from tracker.redact import HIDDEN, MASK, mask_params, shown_uri
+
+
+def test_a_shown_uri_leaves_the_credentials_out():
+    assert shown_uri("postgresql://board:pw%40x@db.internal:5432/mlflow") == "postgresql://db.internal:5432/mlflow"
+    assert shown_uri("https://alice@mlflow.example/") == "https://mlflow.example/"
+    assert shown_uri("http://u:p@[::1]:5000") == "http://[::1]:5000"
+    assert shown_uri("sqlite:////srv/draftboard/draftboard.db") == "sqlite:////srv/draftboard/draftboard.db"
+    assert shown_uri("http://u:p@host:notaport/x") == "http://host:notaport/x"  # unparseable port: still hidden
+
+
+def test_secrets_inside_a_text_are_hidden_wherever_they_stand():
+    said = ("cannot use tracking store http://admin:S3CRET@mlflow.internal:5000: 401; "
+            "dsn postgresql://board:pw@db/x?sslmode=require&password=hunter2 token=abc123 api_key=k-9 "
+            '["--tracking-uri", "https://u:p4ss@h/"] max_new_tokens=64 mask_token_id=5')
+    shown = redact.text(said)
+    for secret in ("S3CRET", "admin", "board:pw", "hunter2", "abc123", "k-9", "p4ss"):
+        assert secret not in shown, secret
+    assert "http://mlflow.internal:5000" in shown and "postgresql://db/x?sslmode=require" in shown
+    assert f"password={HIDDEN}" in shown and f"token={HIDDEN}" in shown
+    assert "max_new_tokens=64" in shown and "mask_token_id=5" in shown  # not secrets
+
+
+def test_params_are_masked_by_key_and_by_value():
+    masked = mask_params({"wandb_key": "abc", "database_url": "postgresql://admin:SECRET@db/x", "lr": "1e-4",
+                          "hub_token": "", "note": "see https://u:pw@host/run"})
+    assert masked == {"wandb_key": MASK, "database_url": "postgresql://db/x", "lr": "1e-4", "hub_token": "",
+                      "note": "see https://host/run"}
+
+
+def test_which_keys_look_secret():
+    for key in ("mlflow_password", "MLFLOW_TRACKING_PASSWORD", "apiKey", "aws_secret_access_key", "swanlab_key",
+                "db_credentials", "access_key_id", "HF_TOKEN", "db_pass"):
+        assert redact.is_secret_key(key), key
+    for key in ("mask_token_id", "tokenizer_path", "max_new_tokens", "num_draft_tokens", "keyword_filter",
+                "passes", "compass"):
+        assert not redact.is_secret_key(key), key

@@ -1,0 +1,79 @@
+"""Credentials left out of everything draftboard shows, stores or hands on: the one place that
+knows what a secret looks like.
+
+Every output path goes through here: job params and errors as stored, a job's log header, error
+messages (the CLI's `error:` line, the dashboard's alerts), `draftboard ui`'s banner, a Ray job's
+runtime_env, the sidebar, Run detail's params. Two shapes are recognised:
+- by key: a name that looks like it holds a secret (`wandb_key`, `hf_token`, `MLFLOW_TRACKING_PASSWORD`)
+  loses its whole value (`is_secret_key`, `mask_params`);
+- by value, wherever it appears in a text: the user and password of a URL (`scheme://user:pw@host`
+  -> `scheme://host`), and `key=value` pairs whose key looks secret (`password=hunter2`,
+  `?token=abc`) -> `password=***` (`text`).
+Imports nothing heavy: the worker, the CLI and the launchers all use it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+MASK = "•••• (masked)"
+HIDDEN = "***"  # a secret's value inside a longer text
+
+_SECRET_WORDS = {"password", "passwd", "secret", "secrets", "credential", "credentials", "apikey", "passphrase"}
+_SECRET_LAST = {"token", "key", "pwd", "pass", "auth", "authorization", "cookie"}
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
+
+# scheme://userinfo@ : the userinfo is everything up to the last '@' before the host ends.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#@'\"<>]*@)")
+# key=value (a query string, a DSN, a command line); the key is judged by is_secret_key.
+_PAIR = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,'\"]+)")
+
+
+def _words(key: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key)
+    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
+
+
+def is_secret_key(key: str) -> bool:
+    """True for keys that look like they hold a secret (`wandb_key`, `hf_token`, `mlflow_password`).
+
+    A key *ending* in token/key counts, one merely containing the word does not, so recipe keys
+    such as `mask_token_id` or `tokenizer_path` stay visible.
+    """
+    words = _words(key)
+    if not words:
+        return False
+    return (bool(_SECRET_WORDS.intersection(words)) or words[-1] in _SECRET_LAST
+            or any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])))
+
+
+def shown_uri(uri: str) -> str:
+    """A store or queue URI as a page or a printed command may show it: its user and password left
+    out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:  # not a URL we can take apart: hide what looks like userinfo anyway
+        return text(uri)
+    if parts.username is None and parts.password is None:
+        return text(uri)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return text(urlunsplit(parts._replace(netloc=netloc)))
+
+
+def text(value: object) -> str:
+    """`value` as text with every URL's user and password and every secret `key=value` hidden."""
+    shown = _URL_USERINFO.sub(lambda m: m.group("scheme"), str(value))
+    return _PAIR.sub(lambda m: f"{m.group('key')}={HIDDEN}" if is_secret_key(m.group("key")) else m.group(0), shown)
+
+
+def mask_params(params: Mapping[str, object]) -> dict[str, object]:
+    """Params as they may be shown or exported: a secret-looking key keeps its key and loses its
+    value; every other value is shown with the secrets inside it hidden (`text`)."""
+    return {key: (MASK if is_secret_key(key) else text(value)) if value not in ("", None) else value
+            for key, value in params.items()}
