@@ -195,7 +195,8 @@ def read_manifest(root: Path) -> dict | None:
 def remove_demo(home: str | Path, tracker: Tracker, report: Report = print) -> None:
     """Delete what the manifest in `<home>/draftboard-demo` lists: its files and its runs, nothing else.
 
-    Folders are removed only once empty, so a file someone put inside the demo's folder stays,
+    A run is deleted only when it is listed *and* tagged `draftboard.demo=1`: a manifest is a file
+    anyone who can write the home can forge, and must not delete the team's runs. Folders are removed only once empty, so a file someone put inside the demo's folder stays,
     and the store, the eval cache and any other file of `home` are never touched.
     """
     root = Path(home).resolve() / DEMO_DIR
@@ -204,6 +205,9 @@ def remove_demo(home: str | Path, tracker: Tracker, report: Report = print) -> N
         return
     for run_id in manifest["runs"]:
         try:
+            if tracker.client.get_run(run_id).data.tags.get(names.DEMO) != "1":
+                report(f"kept run {run_id}: listed in the manifest but not tagged {names.DEMO}=1, so not the demo's")
+                continue
             tracker.client.delete_run(run_id)
         except MlflowException as exc:  # already deleted by hand: nothing left to remove
             report(f"run {run_id}: {exc.message}")

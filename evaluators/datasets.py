@@ -121,6 +121,9 @@ def _folder_rows(folder: Path) -> list[_Row]:
 
 
 def _parse_hf(spec: str) -> tuple[str, str | None, str]:
+    problem = config.local_builder_problem(spec)  # before `datasets` is imported
+    if problem:
+        raise DraftboardError(problem)
     parts = spec[len(HF_PREFIX):].split(":")
     if len(parts) not in (2, 3) or not all(parts):
         raise DraftboardError(f"{spec}: expected hf:NAME[:CONFIG]:SPLIT, e.g. hf:openai/gsm8k:main:test")

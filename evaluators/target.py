@@ -208,6 +208,10 @@ def _locate_heads(model, stored, where: dict[str, Path], tails) -> HeadLocation 
     return HeadLocation((names["embed"], where[names["embed"]]), (names["head"], where[names["head"]]))
 
 
+# Parameters one stored element can hold at most: one bit each, in the widest (64-bit) element.
+QUANTIZED_MAX_PACKING = 64
+
+
 def check_weights(path: str | Path) -> HeadLocation | None:
     """The target folder against its config, before from_pretrained allocates anything.
 
@@ -241,10 +245,15 @@ def check_weights(path: str | Path) -> HeadLocation | None:
             )
     needed = sum(p.numel() for p in model.parameters())
     held = sum(math.prod(shape) for shape in stored.values())
-    if needed > held and getattr(cfg, "quantization_config", None) is None:
+    # A quantized checkpoint packs several parameters into one stored element, but no method keeps
+    # a parameter in less than one bit and no safetensors element is wider than 64 bits: so a config
+    # (which a file can simply claim is quantized) still needs at least needed / 64 stored elements.
+    packing = QUANTIZED_MAX_PACKING if getattr(cfg, "quantization_config", None) is not None else 1
+    if needed > held * packing:
+        quantized = f" (quantized: at least {math.ceil(needed / packing):,})" if packing > 1 else ""
         raise DraftboardError(
-            f"target {path}: config.json describes {needed:,} parameters but the weight files hold {held:,}: "
-            "config and weights do not belong together"
+            f"target {path}: config.json describes {needed:,} parameters but the weight files hold {held:,}"
+            f"{quantized}: config and weights do not belong together"
         )
     return _locate_heads(model, stored, where, tails)
 

@@ -51,8 +51,9 @@ else:
             st.caption("Changes: " + md(", ".join(plan.changes)))
         if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=plan.params is None,
                      icon=":material/replay:", type="primary",
-                     help=plan.blocked or ("an eval with these settings in this environment exists" if plan.existing
-                                           else "queue the same eval with the changes above")):
+                     help=md(plan.blocked) if plan.blocked else (
+                         "an eval with these settings in this environment exists" if plan.existing
+                         else "queue the same eval with the changes above")):
             with ui.reported():
                 job = submit_eval(ui.queue_for(cfg.jobs_uri), plan.params)
                 if job.existing:

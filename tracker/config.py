@@ -53,6 +53,27 @@ LINEAR_ATTN_MODES = ("auto", "fast", "fallback")
 LAST_BLOCK_RULES = ("cut", "full")
 # `--prompts hf:NAME[:CONFIG]:SPLIT` reads a dataset through the `datasets` library (evaluators/datasets.py).
 HF_DATASET_PREFIX = "hf:"
+# The `datasets` library's packaged builders: `load_dataset("csv")` with no data files reads whatever
+# its working directory holds, so `hf:csv:train` is never a hub dataset. The list is datasets' own
+# (`datasets.packaged_modules._PACKAGED_DATASETS_MODULES`, 4.x; tests/test_datasets.py checks it)
+# plus the loaders of older releases; checked before `datasets` is imported.
+LOCAL_DATASET_BUILDERS = frozenset({
+    "arrow", "audiofolder", "cache", "conll", "csv", "eval", "fasta", "fastq", "folder_based_builder", "generator",
+    "genbank", "harbor", "hdf5", "iceberg", "imagefolder", "json", "lance", "meshfolder", "mmcif", "niftifolder",
+    "pandas", "parquet", "pdb", "pdffolder", "spark", "sql", "text", "tsfile", "videofolder", "vortex", "webdataset",
+    "xml",
+})
+
+
+def local_builder_problem(spec: str) -> str | None:
+    """Why `hf:NAME...` is not a hub dataset (NAME is one of datasets' local builders); None if it may be."""
+    name = spec[len(HF_DATASET_PREFIX):].split(":")[0].strip()
+    if name.lower() in LOCAL_DATASET_BUILDERS:
+        return (f"{spec}: {name!r} is the datasets library's local {name} builder, which reads files from the "
+                "working directory, not a dataset on the hub; give the file's own path instead")
+    return None
+
+
 # The benchmark sets z-lab's dflash/benchmark.py reports on, where the `datasets` library finds
 # them: name -> (hub id, config, split). evaluators/datasets.py maps their columns to prompts; the
 # Launch page offers them by name.
@@ -103,6 +124,15 @@ def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> s
         return uri or env[STORE_VAR]
     folder = home_dir(env) if env.get(HOME_VAR) else Path.cwd()
     return f"sqlite:///{folder / STORE_DB}"
+
+
+def missing_local_store(uri: str) -> Path | None:
+    """The SQLite file a `sqlite:///` store URI names, when it does not exist yet; else None.
+    Opening it would create it (MLflow makes its 65 tables): a read-only dashboard must not."""
+    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
+        return None
+    path = Path(uri[len("sqlite:///"):].split("?", 1)[0]).expanduser()
+    return None if path.exists() else path.resolve()
 
 
 def jobs_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:

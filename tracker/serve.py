@@ -28,12 +28,14 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import os
 import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from tracker import config, lifecycle
 from tracker.errors import DraftboardError
@@ -62,6 +64,71 @@ def credentials_from_env(env: Mapping[str, str] | None = None) -> Credentials:
     if ":" in user:
         raise DraftboardError(f"{USER_VAR} must not contain ':' (basic auth splits user and password there)")
     return Credentials(user, password)
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _host_name(value: str) -> str:
+    """`name` of a Host header or an Origin's authority: `Name:8501` -> `name`, `[::1]:8501` -> `::1`."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def is_loopback_name(name: str) -> bool:
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class HostCheck:
+    """ASGI middleware: answer only requests addressed to this dashboard by name (DNS rebinding).
+
+    A web page the user has open can make `evil.example` resolve to 127.0.0.1 and then talk to a
+    loopback dashboard as its own origin; the browser still sends `Host: evil.example` (and, on a
+    websocket, `Origin: http://evil.example`). So every HTTP request and websocket handshake needs
+    a loopback Host or one of `allowed` (DRAFTBOARD_UI_HOSTS, for a public bind or a proxy's
+    name), and an Origin, where one is sent, naming such a host too. Anything else gets 403;
+    Streamlit's health probe stays open (a container's check uses whatever name it has).
+    """
+
+    def __init__(self, app, allowed: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(_host_name(h) for h in allowed)
+
+    def _ok(self, name: str) -> bool:
+        return is_loopback_name(name) or name in self.allowed
+
+    def accepts(self, headers) -> bool:
+        host = origin = None
+        for key, value in headers:
+            if key.lower() == b"host":
+                host = value.decode("latin-1")
+            elif key.lower() == b"origin":
+                origin = value.decode("latin-1")
+        if host is None or not self._ok(_host_name(host)):
+            return False
+        if origin is None:
+            return True
+        authority = urlsplit(origin).netloc
+        return bool(authority) and self._ok(_host_name(authority))
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.accepts(scope["headers"]):
+            await self.app(scope, receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # before accept: the server answers 403
+        else:
+            await send({"type": "http.response.start", "status": 403,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+            await send({"type": "http.response.body", "body": (
+                f"403: this dashboard answers only to loopback names and {config.UI_HOSTS_VAR}\n").encode()})
 
 
 class BasicAuth:
@@ -146,10 +213,11 @@ class RootBase:
 
 
 def _add_middleware(credentials: Credentials | None) -> None:
-    """Put RootBase (and, with credentials, BasicAuth) around Streamlit's own middleware.
+    """Put HostCheck, RootBase (and, with credentials, BasicAuth) around Streamlit's own middleware.
 
-    BasicAuth goes first (outermost): nothing runs for a visitor without the login. RootBase goes
-    last (innermost, inside Streamlit's gzip), so it sees the page uncompressed."""
+    HostCheck goes first (outermost), then BasicAuth: nothing runs for a request under another
+    name or without the login. RootBase goes last (innermost, inside Streamlit's gzip), so it sees
+    the page uncompressed."""
     from starlette.middleware import Middleware
     from streamlit import config as st_config
     from streamlit.web.server.starlette import starlette_app
@@ -160,7 +228,8 @@ def _add_middleware(credentials: Credentials | None) -> None:
         auth = [] if credentials is None else [
             Middleware(BasicAuth, user=credentials.user, password=credentials.password)]
         base = st_config.get_option("server.baseUrlPath") or ""
-        return [*auth, *streamlit_middleware(), Middleware(RootBase, base_path=base)]
+        hosts = Middleware(HostCheck, allowed=config.ui_hosts())
+        return [hosts, *auth, *streamlit_middleware(), Middleware(RootBase, base_path=base)]
 
     starlette_app.create_streamlit_middleware = ours
 

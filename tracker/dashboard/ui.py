@@ -322,6 +322,14 @@ def setup(title: str | None, needs_runs: bool) -> Shared:
     cfg = settings()
     if not demo_banner(cfg):
         st.stop()
+    missing = config.missing_local_store(cfg.store_uri) if cfg.readonly else None
+    if missing is not None:
+        if title:
+            st.title(title)
+        st.info(f"No store at {md_code(missing)} yet. This dashboard is read-only, so it creates nothing: the "
+                "store appears once a writable dashboard, a worker or a training run logs to it.",
+                icon=":material/lock:")
+        st.stop()
     try:
         index = run_index(cfg.store_uri)
     except DraftboardError as exc:

@@ -250,8 +250,13 @@ def _index_shards(index: Path) -> set[str]:
 def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path | None:
     """The resolved path if it, and everything a folder there leads to, lies under roots;
     DraftboardError otherwise. Paths that do not exist here are checked as written. A dataset
-    spec `hf:NAME...` is checked when NAME is a local folder, and passes as a hub id otherwise."""
+    spec `hf:NAME...` is checked when NAME is a local folder, refused when NAME is one of the
+    `datasets` library's local builders (csv, json, ...: `config.local_builder_problem`), and
+    passes as a hub id otherwise."""
     if value.startswith(config.HF_DATASET_PREFIX):
+        problem = config.local_builder_problem(value)
+        if problem:
+            raise DraftboardError(f"{flag} {problem}")
         name = value[len(config.HF_DATASET_PREFIX):].split(":")[0]
         if not (name.startswith(("/", ".", "~")) or Path(name).expanduser().exists()):
             return None
