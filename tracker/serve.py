@@ -119,16 +119,8 @@ class HostCheck:
         return bool(authority) and self._ok(_host_name(authority))
 
     async def __call__(self, scope, receive, send) -> None:
-        kind = scope["type"]
-        if kind not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.accepts(scope["headers"]):
-            await self.app(scope, receive, send)
-        elif kind == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # before accept: the server answers 403
-        else:
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": (
-                f"403: this dashboard answers only to loopback names and {config.UI_HOSTS_VAR}\n").encode()})
+        await _gate(self.app, scope, receive, send, self.accepts, 403, [], (
+            f"403: this dashboard answers only to loopback names and {config.UI_HOSTS_VAR}\n").encode())
 
 
 class BasicAuth:
@@ -152,16 +144,22 @@ class BasicAuth:
         return False
 
     async def __call__(self, scope, receive, send) -> None:
-        kind = scope["type"]
-        if kind not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.authorized(scope["headers"]):
-            await self.app(scope, receive, send)
-        elif kind == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # before accept: the server answers 403
-        else:
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"www-authenticate", f'Basic realm="{REALM}", charset="UTF-8"'.encode()),
-                (b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"authentication required\n"})
+        challenge = (b"www-authenticate", f'Basic realm="{REALM}", charset="UTF-8"'.encode())
+        await _gate(self.app, scope, receive, send, self.authorized, 401, [challenge], b"authentication required\n")
+
+
+async def _gate(app, scope, receive, send, allows, status: int, headers: list, body: bytes) -> None:
+    """Pass HTTP and websocket requests that `allows(headers)` (and the open paths) to app; refuse
+    the rest: `status` with body over HTTP, a closed handshake (the server answers 403) on a websocket."""
+    kind = scope["type"]
+    if kind not in ("http", "websocket") or scope["path"] in OPEN_PATHS or allows(scope["headers"]):
+        await app(scope, receive, send)
+    elif kind == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+    else:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-type", b"text/plain; charset=utf-8")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def with_root_base(html: bytes, base_path: str) -> bytes:
