@@ -26,7 +26,7 @@ _SECRET_LAST = {"token", "key", "pwd", "pass", "auth", "authorization", "cookie"
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
 
 # scheme://userinfo@ : the userinfo is everything up to the last '@' before the host ends.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#@'\"<>]*@)")
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)")
 # key=value (a query string, a DSN, a command line); the key is judged by is_secret_key.
 _PAIR = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,'\"]+)")
 

@@ -226,7 +226,6 @@ class Job:
 
 
 _COLUMNS = [f.name for f in fields(Job) if f.name not in ("existing", "problem")]
-_TIMES = ("created_at", "started_at", "finished_at", "heartbeat_at")
 _TEXTS = ("kind", "state", "worker_id", "log_path", "stage", "mlflow_run_id", "error", "dedup_key")
 
 
@@ -238,8 +237,7 @@ def _to_job(row: sa.Row) -> Job:
     if not isinstance(values["params"], dict):
         problems.append(f"params are not a JSON object ({type(values['params']).__name__})")
         values["params"] = {}
-    raw_times = {name: row._mapping[name] for name in _TIMES}
-    if raw_times["created_at"] is None:
+    if values["created_at"] is None:  # UTCDateTime reads a time that is not a time as None
         problems.append("created_at is not a time")
     for name in _TEXTS:
         if values[name] is not None and not isinstance(values[name], str):
