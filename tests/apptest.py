@@ -33,8 +33,9 @@ def run_page(page: str, timeout: float = 60, **query) -> AppTest:
 
 
 def shown(markdown: str) -> str:
-    """Markdown as a reader sees its text: backslash escapes (tracker.dashboard.escape.md) removed."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(markdown))
+    """Markdown as a reader sees its text: backslash escapes and the invisible word joiners
+    (tracker.dashboard.escape.md) removed."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(markdown)).replace("\u2060", "")
 
 
 def page_text(at: AppTest) -> str:

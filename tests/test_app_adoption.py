@@ -18,10 +18,11 @@ from mlflow.entities import Metric, Param
 
 from apptest import page_text, run_page, serve, shown, training_charts
 from tests import toolformats
+from tracker import redact
 from tracker import Tracker
 from tracker.jobs import watch
 from tracker.jobs.queue import JobQueue
-from tracker.store import adoption, names
+from tracker.store import names
 
 pytestmark = pytest.mark.sqlite_only(reason="the foreign runs are written into their own experiments with a bare client")
 
@@ -101,12 +102,13 @@ def _watch_form(at, folder: str, preset: dict | None):
     assert not at.exception, [e.message for e in at.exception]
 
 
-def test_run_detail_registers_a_watch_that_the_worker_runs(app_env, tmp_path):
+def test_run_detail_registers_a_watch_that_the_worker_runs(app_env, tmp_path, monkeypatch):
     tracker = app_env.tracker
+    monkeypatch.setenv("DRAFTBOARD_WATCH_EXPERIMENTS", "dflash-qwen3-8b")  # the worker runs this tool's watches
     at = run_page("pages/run_detail.py", run=app_env.legacy)
     assert at.title[0].value == "train\\_dflash"  # escaped Markdown
     params = next(df.value for df in at.dataframe if list(df.value.columns) == ["param", "value"])
-    assert params.set_index("param").loc["wandb_key", "value"] == adoption.MASK  # the tool logged it in clear
+    assert params.set_index("param").loc["wandb_key", "value"] == redact.MASK  # the tool logged it in clear
     # A folder outside the allowed roots is refused, in one line, and nothing is registered.
     _watch_form(at, str(tmp_path), None)
     assert "outside the allowed roots" in "\n".join(shown(e.value) for e in at.error)

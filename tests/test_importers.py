@@ -15,6 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from tracker import redact
 from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
@@ -183,7 +184,7 @@ def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, s
     run = tracker.run(run_id)
     assert run.data.tags[adoption.TOOL_TAG] == adoption.SPECFORGE_LEGACY
     assert run.data.tags[adoption.STEP_UNIT_TAG] == "micro-batch" and run.data.tags[names.KIND] == "train"
-    assert run.data.params["wandb_key"] == adoption.MASK and run.data.params["block_size"] == "16"
+    assert run.data.params["wandb_key"] == redact.MASK and run.data.params["block_size"] == "16"
     history = MlflowClient(tracking_uri=store_uri).get_metric_history(run_id, "train/accuracy")
     assert [(m.step, m.value) for m in history] == [(50, 0.25), (100, 0.5)]
     (tmp_path / "nothing").mkdir()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from tracker import redact
 from tracker.dashboard import recipe
 from tracker.dashboard.compare import TRAIN_COLUMNS
 from tracker.dashboard.index import RunIndex, RunInfo
@@ -75,7 +76,7 @@ def test_keys_are_aliased_across_tools_and_secrets_stay_masked(index):
     assert table.loc["★ block_size", "logged as"] == "dflash/block_size"
     assert table.loc["★ lr", "train_dflash"] == "0.0006" and table.loc["★ lr", "logged as"] == "learning_rate"
     assert table.loc["★ loss_decay_gamma", "logged as"] == "gamma"  # ours; SpecForge uses the key itself
-    assert table.loc["hub_token", "train_dflash"] == adoption.MASK
+    assert table.loc["hub_token", "train_dflash"] == redact.MASK
     assert "hf_SECRET" not in view.table.to_csv()
     # speculators' list-valued config never reaches MLflow: the lint says where to read it.
     assert any("aux_hidden_state_layer_ids" in r for r in view.lints["reason"])

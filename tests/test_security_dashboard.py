@@ -273,3 +273,20 @@ def test_csv_cell_rules():
         assert csv_cell(bad) == "'" + bad
     for fine in ("ok", "1=1", "", None, -1.5, 3):
         assert csv_cell(fine) == fine
+
+
+# The second, text-node pass of Streamlit's Markdown linkifier (mdast-util-gfm-autolink-literal,
+# lib/index.js, `transformGfmAutolinkLiterals`): it runs after backslash escapes are resolved, so
+# escaping alone leaves bare URLs live (issue 22, item 8). Its two patterns as written there (the
+# email one's lookbehind on Unicode punctuation approximated by \W).
+_GFM_URL = re.compile(r"(https?://|www(?=\.))([-.\w]+)([^ \t\r\n]*)", re.I)
+_GFM_EMAIL = re.compile(r"(?:^|(?<=\s)|(?<=\W))([-.\w+]+)@([-\w]+(?:\.[-\w]+)+)")
+
+
+def test_bare_urls_in_user_text_leave_nothing_for_the_second_autolink_pass():
+    for name in ("www.attacker.example", "see http://attacker.example/p", "HTTPS://x.example", "mail a@attacker.example",
+                 LINK):
+        assert _GFM_URL.search(name) or _GFM_EMAIL.search(name)  # live before
+        text = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", md(name))  # what that pass sees: escapes resolved
+        assert not _GFM_URL.search(text) and not _GFM_EMAIL.search(text), text
+        assert shown(md(name)) == name  # and a reader sees the same text

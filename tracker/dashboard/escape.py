@@ -24,13 +24,21 @@ if TYPE_CHECKING:
 # emphasis, code span, LaTeX (`$`) or Streamlit directive (`:red[...]`) for the text to open.
 _MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
 _LINE_BREAKS = re.compile(r"[\r\n\t\v\f\u2028\u2029]+")
+# Streamlit's Markdown (remark-gfm) links bare URLs twice: while parsing, which escapes stop, and
+# again over the text nodes once escapes are resolved (mdast-util-gfm-autolink-literal's
+# findAndReplace: `www.`, `http(s)://`, `name@domain`). An invisible WORD JOINER inside each of
+# those three marks leaves nothing for that second pass to match, and the text reads the same.
+WORD_JOINER = "\u2060"
+_AUTOLINK_MARKS = re.compile(r"(?i)www(?=\.)|:(?=//)|@")
 # Spreadsheets treat a cell starting with one of these as a formula (OWASP "CSV injection").
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def md(value: object) -> str:
-    """`value` as Markdown that renders as exactly its text, on one line."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _LINE_BREAKS.sub(" ", str(value)))
+    """`value` as Markdown that renders as exactly its text, on one line, and never as a link."""
+    text = _LINE_BREAKS.sub(" ", str(value))
+    text = _AUTOLINK_MARKS.sub(lambda m: m.group(0) + WORD_JOINER, text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def md_badge(value: object) -> str:
