@@ -76,7 +76,7 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
 
 
 def test_runs_without_a_fingerprint_are_listed_with_the_command_that_fixes_each():
-    from tracker.config import shown_uri
+    from tracker.redact import shown_uri
     from tracker.dashboard.envmatrix import unfingerprinted
 
     index = RunIndex([run("t", "train", fp(), start=3), run("e", "eval", None, start=2),
