@@ -165,9 +165,12 @@ def test_budgets_of_a_million_are_refused_everywhere(home, capsys):
 def test_read_only_dashboard_leaves_no_jobs_db(home, tmp_path, monkeypatch):
     from apptest import page_text, run_page
 
+    from tracker import Tracker
+
+    store = f"sqlite:///{tmp_path / 'store' / 'draftboard.db'}"
+    Tracker(store).find_experiment(create=True)  # a store made by a writer (a read-only one creates none)
     monkeypatch.setenv("DRAFTBOARD_READONLY", "1")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store' / 'draftboard.db'}")
-    (tmp_path / "store").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     at = run_page("pages/launch.py")
     assert "Cannot open the job queue: no job queue at" in page_text(at)
     assert not (home / "jobs.db").exists()

@@ -303,22 +303,26 @@ def _ago(ts: datetime | None, now: datetime) -> str:
     return ts.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: datetime | None = None) -> JobView:
-    """What the queue list shows for one job."""
-    now = now or datetime.now(timezone.utc)
-    problem = job.problem
-    try:  # a row written around the queue may hold anything: shown, never trusted
-        p = eval_job.validate(job.params) if problem is None else {}
-    except DraftboardError as exc:
-        p, problem = {}, str(exc)
+def _job_what(p: dict, run_labels: dict[str, str] | None) -> str:
+    """What a job evaluates, in its card's title."""
     train = (run_labels or {}).get(p.get("train_run_id") or "")
     if train and p.get("checkpoint_step") is not None:
         what = names.eval_run_name(train, p["checkpoint_step"], p)
     else:
         env = " · ".join(str(p[k]) for k in ("dtype", "linear_attn", "device") if p.get(k))
         what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env]))
-    if p.get("reference"):
-        what = f"reference {p['reference']} ({what})"
+    return f"reference {p['reference']} ({what})" if p.get("reference") else what
+
+
+def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: datetime | None = None) -> JobView:
+    """What the queue list shows for one job."""
+    now = now or datetime.now(timezone.utc)
+    problem = job.problem
+    p = job.params
+    try:  # a row written around the queue may hold values of any type: shown, never trusted
+        what = _job_what(p, run_labels)
+    except (TypeError, ValueError, AttributeError) as exc:
+        what, problem = "?", problem or f"params not readable ({exc})"
     title = f"{STATE_ICONS.get(job.state, '')} #{job.id} eval {what} · {job.state}"
     stage = job.stage or ("waiting for a worker" if job.state == QUEUED else "")
     if job.state == RUNNING and job.cancel_requested:

@@ -78,35 +78,41 @@ KINDS = {eval_job.KIND: eval_job}
 class UTCDateTime(sa.types.TypeDecorator):
     """Timezone-aware UTC datetimes on every backend.
 
-    SQLite has no timestamp type: values are stored as UTC text in SQLAlchemy's own format
-    (`2026-12-02 10:00:00.000000`; text order then equals time order, which `fail_stale`'s
-    comparison relies on), and parsed back here, so a row whose text is not a time (anyone who
-    can write the file can put one there) reads as None instead of raising in every reader.
+    SQLite has no timestamp type and SQLAlchemy stores naive text there, so values are
+    converted to UTC before storing (text order then equals time order, which `fail_stale`'s
+    comparison relies on) and get their UTC tzinfo back when read. On SQLite the stored text is
+    parsed here, not by SQLAlchemy's processor: a row whose text is not a time (anyone who can
+    write the file can put one there) reads as None instead of raising in every reader.
     PostgreSQL's timestamptz can hold nothing else.
     """
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
-    _SQLITE_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
-    def load_dialect_impl(self, dialect):
-        return dialect.type_descriptor(sa.String() if dialect.name == "sqlite" else self.impl)
-
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | str | None:
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         if value is None:
             return None
         value = value.astimezone(timezone.utc)
-        return value.strftime(self._SQLITE_FORMAT) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value, dialect) -> datetime | None:
-        if isinstance(value, str):
-            try:
-                value = datetime.fromisoformat(value)
-            except ValueError:
-                return None
-        if not isinstance(value, datetime):
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
             return None
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+    def result_processor(self, dialect, coltype):
+        if dialect.name != "sqlite":
+            return super().result_processor(dialect, coltype)
+
+        def process(value):
+            if isinstance(value, str):
+                try:
+                    value = datetime.fromisoformat(value)
+                except ValueError:
+                    return None
+            return self.process_result_value(value if isinstance(value, datetime) else None, dialect)
+
+        return process
 
 
 class LenientJSON(sa.types.TypeDecorator):
@@ -116,19 +122,17 @@ class LenientJSON(sa.types.TypeDecorator):
     impl = sa.JSON
     cache_ok = True
 
-    def load_dialect_impl(self, dialect):
-        return dialect.type_descriptor(sa.Text() if dialect.name == "sqlite" else sa.JSON())
+    def result_processor(self, dialect, coltype):
+        if dialect.name != "sqlite":
+            return super().result_processor(dialect, coltype)
 
-    def process_bind_param(self, value, dialect):
-        return json.dumps(value) if dialect.name == "sqlite" and value is not None else value
+        def process(value):
+            try:
+                return json.loads(value) if isinstance(value, (str, bytes)) else value
+            except ValueError:
+                return value
 
-    def process_result_value(self, value, dialect):
-        if dialect.name != "sqlite" or value is None:
-            return value
-        try:
-            return json.loads(value)
-        except (TypeError, ValueError):
-            return value
+        return process
 
 
 metadata = sa.MetaData()
