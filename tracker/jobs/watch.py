@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tracker import config
-from tracker.config import bounded
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
 from tracker.store import checkpoints, names
@@ -268,7 +267,7 @@ def scan_all(tracker, queue, now: float | None = None, roots=None) -> list[ScanR
             result = scan(tracker, queue, run_id, now, roots=roots)
         except Refused as exc:
             log.warning("watch of run %s refused: %s", run_id, exc)
-            tracker.client.set_tag(run_id, names.WATCH_REFUSED, bounded(str(exc)))
+            tracker.client.set_tag(run_id, names.WATCH_REFUSED, config.bounded(str(exc)))
             continue
         except DraftboardError as exc:
             log.warning("watch of run %s: %s", run_id, exc)
