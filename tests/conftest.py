@@ -276,6 +276,25 @@ def demo_home(tmp_path_factory, demo_foreign_files):
 FAST_WORKER = dict(poll_s=0.05, heartbeat_s=0.1, stale_s=30.0, grace_s=5.0)
 
 
+def insert_job_row(uri: str, **row) -> int:
+    """A row written straight into the jobs table, as anyone with write access to the database could
+    (around JobQueue's checks); columns not given take a queued job's defaults."""
+    import os
+    from datetime import datetime, timezone
+
+    import sqlalchemy as sa
+
+    from tracker.jobs.queue import jobs
+
+    values = {"state": "queued", "created_at": datetime.now(timezone.utc), "progress": 0.0, "cancel_requested": False,
+              "dedup_key": os.urandom(32).hex(), **row}
+    engine = sa.create_engine(uri)
+    with engine.begin() as conn:
+        job_id = conn.execute(sa.insert(jobs).values(**values).returning(jobs.c.id)).scalar()
+    engine.dispose()
+    return job_id
+
+
 def eval_params(**extra) -> dict:
     """Valid eval job params (paths made up: no roots are configured unless a test sets them)."""
     return {"target": "/models/t", "drafter": "/ckpt/d", "prompts": "/data/p.jsonl", **extra}

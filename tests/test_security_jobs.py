@@ -19,10 +19,9 @@ import pytest
 from tracker.cli import main
 from tracker.dashboard.launch_form import LaunchForm, check_path, eval_params, parse_budgets
 from tracker.errors import DraftboardError
-from tracker.jobs import queue as queue_module
 from tracker.jobs.queue import FAILED, JobQueue, upgrade_schema
 from tracker.jobs.worker import run_worker
-from conftest import FAST_WORKER
+from conftest import FAST_WORKER, insert_job_row
 
 
 @pytest.fixture
@@ -49,19 +48,6 @@ def in_root(home, **extra) -> dict:
 
 def shell(marker) -> list[str]:
     return ["/bin/sh", "-c", f"id > {marker}"]
-
-
-def _insert(uri: str, **row) -> int:
-    """A row written straight into the jobs table, as anyone with write access to the database could."""
-    import sqlalchemy as sa
-
-    values = dict(state="queued", created_at=datetime.now(timezone.utc), progress=0.0, cancel_requested=False,
-                  dedup_key=row.pop("dedup_key", "x" * 64), **row)
-    engine = sa.create_engine(uri)
-    with engine.begin() as conn:
-        job_id = conn.execute(sa.insert(queue_module.jobs).values(**values).returning(queue_module.jobs.c.id)).scalar()
-    engine.dispose()
-    return job_id
 
 
 def test_a_shell_command_queued_in_an_old_queue_is_never_run(home, tmp_path):
@@ -109,8 +95,8 @@ def test_a_shell_command_written_into_the_current_queue_is_never_run(home, tmp_p
     with pytest.raises(DraftboardError, match="unknown eval param.* command"):
         queue.submit("eval", in_root(home, command=shell(marker)))
     # Around the API, straight into the table: the command as a param, and as an unknown kind.
-    smuggled = _insert(queue.uri, kind="eval", params=in_root(home, command=shell(marker)), dedup_key="1" * 64)
-    other_kind = _insert(queue.uri, kind="shell", params={"command": shell(marker)}, dedup_key="2" * 64)
+    smuggled = insert_job_row(queue.uri, kind="eval", params=in_root(home, command=shell(marker)), dedup_key="1" * 64)
+    other_kind = insert_job_row(queue.uri, kind="shell", params={"command": shell(marker)}, dedup_key="2" * 64)
     assert run_worker(queue.uri, once=True, **FAST_WORKER) == 2
     for job_id in (smuggled, other_kind):
         job = queue.get(job_id)

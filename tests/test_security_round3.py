@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -26,11 +25,10 @@ from tracker import config
 from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
-from tracker.jobs import queue as queue_module
 from tracker.jobs.queue import FAILED, JobQueue, upgrade_schema
 from tracker.jobs.worker import run_worker
 from tracker.store import names
-from conftest import FAST_WORKER
+from conftest import FAST_WORKER, insert_job_row
 
 PASSWORD = "hunter2-worker-secret"
 
@@ -58,17 +56,6 @@ def in_root(home: Path, **extra) -> dict:
     root = home / "models"
     return {"target": str(root / "target"), "drafter": str(root / "drafter"), "prompts": str(root / "prompts.jsonl"),
             "no_log": True, **extra}
-
-
-def insert(uri: str, **row) -> int:
-    """A row written straight into the jobs table, as anyone with write access to the database could."""
-    engine = sa.create_engine(uri)
-    with engine.begin() as conn:
-        columns = {"state": "queued", "created_at": datetime.now(timezone.utc), "progress": 0.0,
-                   "cancel_requested": False, "dedup_key": os.urandom(32).hex(), **row}
-        job_id = conn.execute(sa.insert(queue_module.jobs).values(**columns).returning(queue_module.jobs.c.id)).scalar()
-    engine.dispose()
-    return job_id
 
 
 def raw_insert(path: Path, **columns) -> int:
@@ -136,7 +123,7 @@ def test_a_foreign_store_in_a_job_row_and_a_planted_watch_borrow_nothing(home, t
                            {**preset, "tracking_uri": listener.url})  # in the roots, a store of its own
     jobs = f"sqlite:///{home / 'jobs.db'}"
     queue = JobQueue(jobs)
-    row = insert(jobs, kind="eval", params=in_root(home, tracking_uri=listener.url,
+    row = insert_job_row(jobs, kind="eval", params=in_root(home, tracking_uri=listener.url,
                                                     drafter=str(outside / "epoch_0_step_5"), train_run_id=ours))
     try:
         done = subprocess.run([sys.executable, "-m", "tracker.cli", "worker", "--once", "--watch", "--jobs-uri", jobs,
@@ -247,7 +234,7 @@ def test_poison_rows_fail_their_job_and_break_no_reader(home):
     not_json = raw_insert(path, params="{not json")
     running = raw_insert(path, params=json.dumps(in_root(home)), state="running", started_at="garbage",
                          heartbeat_at="garbage", worker_id="gone", log_path="/tmp/x\0y")
-    huge = insert(queue.uri, kind="eval", params=in_root(home), state="failed", error="x" * 30_000_000)
+    huge = insert_job_row(queue.uri, kind="eval", params=in_root(home), state="failed", error="x" * 30_000_000)
 
     jobs = {job.id: job for job in queue.list()}  # reading every row works
     assert set(jobs) >= {garbage_time, not_object, not_json, running, huge}

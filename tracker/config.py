@@ -55,7 +55,7 @@ LAST_BLOCK_RULES = ("cut", "full")
 HF_DATASET_PREFIX = "hf:"
 # The `datasets` library's packaged builders: `load_dataset("csv")` with no data files reads whatever
 # its working directory holds, so `hf:csv:train` is never a hub dataset. The list is datasets' own
-# (`datasets.packaged_modules._PACKAGED_DATASETS_MODULES`, 4.x; tests/test_datasets.py checks it)
+# (`datasets.packaged_modules._PACKAGED_DATASETS_MODULES`, 4.x; tests/test_security_round3.py checks it)
 # plus the loaders of older releases; checked before `datasets` is imported.
 LOCAL_DATASET_BUILDERS = frozenset({
     "arrow", "audiofolder", "cache", "conll", "csv", "eval", "fasta", "fastq", "folder_based_builder", "generator",
@@ -126,13 +126,18 @@ def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> s
     return f"sqlite:///{folder / STORE_DB}"
 
 
-def missing_local_store(uri: str) -> Path | None:
-    """The SQLite file a `sqlite:///` store URI names, when it does not exist yet; else None.
-    Opening it would create it (MLflow makes its 65 tables): a read-only dashboard must not."""
+def sqlite_path(uri: str) -> Path | None:
+    """The file a `sqlite:///` store URI names (resolved); None for any other store or :memory:."""
     if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
         return None
-    path = Path(uri[len("sqlite:///"):].split("?", 1)[0]).expanduser()
-    return None if path.exists() else path.resolve()
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0]).expanduser().resolve()
+
+
+def missing_local_store(uri: str) -> Path | None:
+    """The SQLite file a store URI names, when it does not exist yet; else None. Opening it
+    would create it (MLflow makes its 65 tables): a read-only dashboard must not."""
+    path = sqlite_path(uri)
+    return path if path is not None and not path.exists() else None
 
 
 def jobs_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:

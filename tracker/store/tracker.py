@@ -46,9 +46,9 @@ def local_artifact_location(uri: str) -> str | None:
     For the default store that is `<home>/mlartifacts`, next to draftboard.db, so
     `mlflow ui --backend-store-uri sqlite:///draftboard.db` run there shows the artifacts.
     """
-    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
+    db = config.sqlite_path(uri)
+    if db is None:
         return None
-    db = Path(uri[len("sqlite:///") :].split("?", 1)[0]).expanduser().resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
     return (db.parent / config.ARTIFACT_DIR).as_uri()
 
