@@ -7,9 +7,12 @@ which turns each row into a `Prompt` with `encode` and `token_ids`.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracker import config
 from tracker.errors import DraftboardError
 from tracker.jsonlines import json_object
 
@@ -25,14 +28,47 @@ class Prompt:
 
 
 def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise DraftboardError(f"{path}: no such file")
+    """The file's text, read through one descriptor. Where the deployment sets allowed roots
+    (a worker's eval: `tracker.config.allowed_roots`), the file that descriptor opened must lie
+    under them. The worker checked the path before the eval started; this read is the one that
+    counts, so a symlink swapped in since then is refused, not followed."""
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DraftboardError(f"{path}: not UTF-8 text (byte {exc.start}); expected JSON lines") from None
+        # O_NONBLOCK: a FIFO planted here must not hang the eval; regular files ignore it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise DraftboardError(f"{path}: no such file") from None
     except OSError as exc:
         raise DraftboardError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DraftboardError(f"{path}: no such file")
+        if config.roots_configured():
+            roots = config.allowed_roots()
+            opened = _opened_path(fd, path)
+            if not config.within(opened, roots):
+                raise DraftboardError(f"{path} leads to {opened}, outside the allowed roots "
+                                      f"({', '.join(str(r) for r in roots)})")
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftboardError(f"{path}: not UTF-8 text (byte {exc.start}); expected JSON lines") from None
+
+
+def _opened_path(fd: int, path: Path) -> Path:
+    """Where the file open on fd lies now: Linux names it in /proc; elsewhere the path resolved
+    here must still be that same file."""
+    proc = Path(f"/proc/self/fd/{fd}")
+    if proc.is_symlink():
+        return Path(os.readlink(proc))
+    resolved = path.resolve()
+    try:
+        same = os.path.samestat(os.fstat(fd), os.stat(resolved))
+    except OSError:
+        same = False
+    if not same:
+        raise DraftboardError(f"{path}: changed while being read")
+    return resolved
 
 
 def read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:

@@ -317,3 +317,35 @@ def test_the_dashboard_answers_only_its_own_host_names(start_ui):
         assert refused.value.response.status_code == 403
     with connect(stream, additional_headers={"Origin": f"http://localhost:{ui.port}"}, open_timeout=10) as ws:
         assert ws.response.status_code == 101
+
+
+def test_a_prompts_file_swapped_after_the_workers_check_is_not_read(home, tmp_path):
+    """Item 7: the worker checked a plain prompts file, the file then became a symlink to an outside
+    file, and the eval read that file into eval_results.json. The eval's own read is now the check."""
+    from evaluators.prompts import attach_completions, read_jsonl
+    from tracker.jobs.worker import job_args
+
+    secret = tmp_path / "outside.jsonl"
+    secret.write_text('{"id": "s", "input_ids": [7], "completion_ids": [7]}\n')
+    prompts = home / "models" / "prompts.jsonl"
+    job = JobQueue(f"sqlite:///{home / 'jobs.db'}").submit("eval", eval_job.validate(in_root(home)))
+    assert "--prompts" in job_args(job)  # the check at claim time passes: a plain file under the root
+    assert [row for _, row in read_jsonl(prompts)] == [{"id": 1, "input_ids": [1, 2, 3]}]
+
+    prompts.unlink()
+    prompts.symlink_to(secret)  # the swap, after the check
+    for read in (read_jsonl, lambda p: attach_completions([], p, 10)):
+        with pytest.raises(DraftboardError, match="outside the allowed roots") as err:
+            read(prompts)
+        assert "AKIA" not in str(err.value) and str(secret) in str(err.value)
+    os.environ.pop(config.ROOTS_VAR)  # a CLI eval with no roots configured follows the link as before
+    assert [row["id"] for _, row in read_jsonl(prompts)] == ["s"]
+
+
+def test_a_fifo_for_a_prompts_file_does_not_hang_the_eval(home):
+    from evaluators.prompts import read_jsonl
+
+    fifo = home / "models" / "prompts.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DraftboardError, match="no such file"):
+        read_jsonl(fifo)

@@ -16,7 +16,7 @@ With `DRAFTBOARD_HOME` set, the store moves into that folder too.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 HOME_VAR = "DRAFTBOARD_HOME"
@@ -185,6 +185,11 @@ def allowed_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     text = _env(env).get(ROOTS_VAR, "")
     roots = [Path(p).expanduser().resolve() for p in text.split(os.pathsep) if p.strip()]
     return roots or [home_dir(env)]
+
+
+def within(path: Path, roots: Sequence[Path]) -> bool:
+    """True if the (resolved) path is one of roots or lies under one."""
+    return any(path == root or path.is_relative_to(root) for root in roots)
 
 
 def roots_configured(env: Mapping[str, str] | None = None) -> bool:

@@ -217,11 +217,6 @@ def cli_args(params: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- allowed roots
 
 
-def within(path: Path, roots: Sequence[Path]) -> bool:
-    """True if the (resolved) path is one of roots or lies under one."""
-    return any(path == root or path.is_relative_to(root) for root in roots)
-
-
 def _escapes(folder: Path, roots: Sequence[Path]) -> Iterator[tuple[Path, Path]]:
     """(what, where it leads) for each thing inside folder that leads outside roots: symlinks
     (followed to their end) and the shard files a `*.index.json` names (`../x` included).
@@ -229,12 +224,12 @@ def _escapes(folder: Path, roots: Sequence[Path]) -> Iterator[tuple[Path, Path]]
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for name in dirnames + filenames:
             entry = Path(dirpath) / name
-            if entry.is_symlink() and not within(entry.resolve(), roots):
+            if entry.is_symlink() and not config.within(entry.resolve(), roots):
                 yield entry, entry.resolve()
             elif name.endswith(".index.json") and entry.is_file():
                 for shard in _index_shards(entry):
                     target = (entry.parent / shard).resolve()
-                    if not within(target, roots):
+                    if not config.within(target, roots):
                         yield entry, target
 
 
@@ -263,7 +258,7 @@ def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path | None:
         value = name
     path = Path(value).expanduser().resolve()
     shown = ", ".join(str(r) for r in roots)
-    if not within(path, roots):
+    if not config.within(path, roots):
         raise DraftboardError(f"{flag} {path} is outside the allowed roots ({shown})")
     if path.is_dir():
         for entry, target in _escapes(path, roots):
