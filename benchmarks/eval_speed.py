@@ -96,7 +96,7 @@ def prepared(settings: harness.EvalSettings):
     fp = fingerprint.capture(target.model, "cpu", "fp32", with_probe=False)
     env, digest, cache = fingerprint.numbers_relevant(fp), content_digest(target.path), EvalCache(settings.cache_dir)
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
-    quiet = harness._quiet
+    quiet = harness.quiet
     conts = harness._continuations(lambda: target, prompts, settings, block, cache, env, digest, quiet,
                                    settings.batch_size or 8)
     stops = set(target.stop_token_ids())

@@ -34,29 +34,23 @@ SPLITS = {"drafter": 6, "eval": 7}  # file index % 8 -> prompt split; every othe
 LOG_FILE = "demo_train_log.json"
 
 
-def target_config():
-    """4 layers (3 Gated DeltaNet, 1 full attention), hidden 64, byte vocabulary."""
-    from transformers import Qwen3_5TextConfig
+def target_config(family: str = "qwen3_5"):
+    """4 layers, hidden 64, byte vocabulary. `qwen3_5` (the demo's): 3 Gated DeltaNet layers, then one
+    full-attention layer. `qwen3`: all full attention, head_dim 32 (vLLM's CPU attention has no
+    kernel for 16), the target an engine can serve on these CPUs (tests/test_engines.py)."""
+    from transformers import Qwen3_5TextConfig, Qwen3Config
 
+    shared = dict(vocab_size=bytetok.VOCAB_SIZE, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=bytetok.BOS,
+                  eos_token_id=bytetok.EOS, pad_token_id=bytetok.PAD, tie_word_embeddings=False)
+    if family == "qwen3":
+        return Qwen3Config(num_attention_heads=2, head_dim=32, **shared)
+    if family != "qwen3_5":
+        raise ValueError(f"unknown target family {family!r}: qwen3_5 or qwen3")
     return Qwen3_5TextConfig(
-        vocab_size=bytetok.VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=2,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        max_position_embeddings=2048,
-        bos_token_id=bytetok.BOS,
-        eos_token_id=bytetok.EOS,
-        pad_token_id=bytetok.PAD,
-        tie_word_embeddings=False,
-    )
+        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        **shared)
 
 
 def stdlib_files() -> list[Path]:
@@ -92,20 +86,21 @@ def use_cpu_threads() -> None:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
-def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0, progress=None) -> Path:
+def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0, progress=None,
+                 family: str = "qwen3_5") -> Path:
     """Train the tiny target for `steps` AdamW steps and save it as a transformers model directory.
 
     `out_dir` gets config.json, model.safetensors, generation_config.json, the tokenizer files and
     `demo_train_log.json` (the loss per step: a test asserts it fell). `progress(step, steps,
     loss)` is called after every step.
     """
-    from transformers import GenerationConfig, Qwen3_5ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from tracker import linear_attn
 
     use_cpu_threads()
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(target_config())
+    model = AutoModelForCausalLM.from_config(target_config(family))
     linear_attn.apply("auto", "cpu", linear_attn.module_of(model))  # on CPU: the torch path
     stream = training_stream()
     gen = torch.Generator().manual_seed(seed)

@@ -115,7 +115,7 @@ class Walked:
         return lengths
 
 
-def _quiet(stage: str, done: int, total: int) -> None:
+def quiet(stage: str, done: int, total: int) -> None:
     pass
 
 
@@ -338,8 +338,9 @@ def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: 
 
 
 def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int, stops: list[int],
-                  target_digest: str) -> Protocol:
-    """What this eval asked of the target and drafter (tracker.protocol; DESIGN.md)."""
+                  target_digest: str, scoring: str | None = None) -> Protocol:
+    """What this eval asked of the target and drafter (tracker.protocol; DESIGN.md); scoring: the
+    settings' unless the eval scores another way (an engine's)."""
     datasets: dict[str, int] = {}
     for p in prompts:
         datasets[p.dataset or UNKNOWN] = datasets.get(p.dataset or UNKNOWN, 0) + 1
@@ -351,7 +352,7 @@ def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int,
         enable_thinking=UNKNOWN if s.enable_thinking is None or not templated else s.enable_thinking,
         chat_template_digest=text_digest(tokenizer.chat_template) if templated else UNKNOWN,
         block_size=block, temperature=0, stop_token_ids=sorted(stops), last_block=s.last_block,
-        scoring=s.scoring, target_digest=target_digest)
+        scoring=scoring or s.scoring, target_digest=target_digest)
 
 
 def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit: int | None) -> None:
@@ -411,7 +412,7 @@ class _OnDemand:
         return self.target
 
 
-def check_lossless(s: EvalSettings, progress: Progress = _quiet) -> dict:
+def check_lossless(s: EvalSettings, progress: Progress = quiet) -> dict:
     """`draftboard check-lossless`: z-lab's cached online loop against plain greedy, per prompt.
 
     -> {"prompts": [LosslessRow as a dict], "timing": {"total_s"}, "last_block", "n_diverged"}.
@@ -453,7 +454,7 @@ def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[i
     return fingerprint.with_target_part(here, known["part"]), known["resolution"]
 
 
-def evaluate(s: EvalSettings, progress: Progress = _quiet) -> dict:
+def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1).
 
     The target is loaded only when some of its work is missing from the cache (and always for

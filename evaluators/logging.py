@@ -23,7 +23,10 @@ from tracker.store import names
 
 def metric_values(results: dict) -> dict[str, float]:
     """The MLflow metrics of an eval, under the fixed names (DESIGN.md), with their intervals."""
-    out = {k: float(results[k]) for k in names.EVAL_SCALARS}
+    # tau_all_anchors is an offline statistic: an engine eval has none (evaluators/engines/run.py).
+    out = {k: float(results[k]) for k in names.EVAL_SCALARS if results.get(k) is not None}
+    if results.get("engine_mean_acceptance_length") is not None:
+        out[names.ENGINE_MEAN_AL] = float(results["engine_mean_acceptance_length"])
     if "ci" in results:  # results written before intervals existed have none
         out.update(ci_metrics(results["ci"]))
     for k, rate in enumerate(results["accept_rate_by_position"], 1):

@@ -27,7 +27,7 @@ class Prompt:
     chat_template: bool = False  # its ids came through the tokenizer's chat template
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """The file's text, read through one descriptor. Where the deployment sets allowed roots
     (a worker's eval: `tracker.config.allowed_roots`), the file that descriptor opened must lie
     under them. The worker checked the path before the eval started; this read is the one that
@@ -72,7 +72,7 @@ def _opened_path(fd: int, path: Path) -> Path:
 
 
 def read_jsonl(path: Path, text: str | None = None) -> list[tuple[int, dict]]:
-    text = _read_text(path) if text is None else text
+    text = read_text(path) if text is None else text
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -124,7 +124,7 @@ def encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> li
 def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int) -> list[Prompt]:
     """Fixed continuations from JSON lines {id, input_ids, completion_ids} or a results JSON."""
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:

@@ -53,7 +53,7 @@ def greedy_sequences(model, n, prompt_len, new_tokens, seed=0):
     return out  # [n, prompt_len + new_tokens]
 
 
-def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, mask_token_id=1):
+def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, mask_token_id=1, head_dim=8):
     """A 1-layer DFlash drafter fitted to `model`'s greedy text, so acceptance is not trivial.
 
     Trains over every anchor with the same masked attention the harness evaluates with.
@@ -66,7 +66,7 @@ def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, ma
     torch.manual_seed(seed)
     cfg = model.config
     dcfg = DrafterConfig(hidden_size=cfg.hidden_size, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, target_layer_ids=list(layer_ids),
+                         num_key_value_heads=2, head_dim=head_dim, intermediate_size=64, target_layer_ids=list(layer_ids),
                          block_size=block_size, mask_token_id=mask_token_id, num_target_layers=cfg.num_hidden_layers,
                          vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings)
     drafter = DFlashDrafter(dcfg)

@@ -249,7 +249,18 @@ def cmd_eval(args) -> int:
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
-    results = _run_staged(evaluate, settings, args.out)
+    if args.engine:
+        from evaluators.engines.run import EngineSettings, evaluate_engine
+
+        engine = EngineSettings(args.engine, python=args.engine_python, url=args.engine_url, port=args.engine_port,
+                                num_speculative_tokens=args.num_speculative_tokens)
+        results = _run_staged(lambda s, progress: evaluate_engine(s, engine, progress), settings, args.out)
+    elif any(getattr(args, k) is not None for k in ("engine_python", "engine_url", "engine_port",
+                                                     "num_speculative_tokens")):
+        raise DraftboardError("--engine-python, --engine-url, --engine-port and --num-speculative-tokens need "
+                              "--engine vllm|sglang")
+    else:
+        results = _run_staged(evaluate, settings, args.out)
     run_id = None
     if not args.no_log:
         from tracker.store.tracker import Tracker
@@ -258,12 +269,19 @@ def cmd_eval(args) -> int:
                           checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
     low, high = results["ci"]["tau"]
     print(f"tau {results['tau']:.3f} (95% CI {low:.3f}-{high:.3f}, {results['protocol']['scoring']}, "
-          f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  tau_all_anchors "
-          f"{results['tau_all_anchors']:.3f}  " + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}"
-                                                      for b, d in results["ddtree"].items()))
-    print(f"linear attention: {results['fingerprint']['numerics']['linear_attention_path']}  "
-          f"timing: target {results['timing']['target_s']:.1f}s, drafter {results['timing']['drafter_s']:.1f}s"
-          + (f"  run: {run_id}" if run_id else ""))
+          f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  "
+          + (f"tau_all_anchors {results['tau_all_anchors']:.3f}  " if results["tau_all_anchors"] is not None else "")
+          + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}" for b, d in results["ddtree"].items()))
+    timing = results["timing"]
+    if "engine" in results:
+        print(f"{results['engine']['name']} {results['engine']['version']}: mean acceptance length "
+              f"{results['engine_mean_acceptance_length']:.3f} (1 + accepted / drafts)  timing: engine start "
+              f"{timing['engine_start_s']:.1f}s, requests {timing['requests_s']:.1f}s"
+              + (f"  run: {run_id}" if run_id else ""))
+    else:
+        print(f"linear attention: {results['fingerprint']['numerics']['linear_attention_path']}  "
+              f"timing: target {timing['target_s']:.1f}s, drafter {timing['drafter_s']:.1f}s"
+              + (f"  run: {run_id}" if run_id else ""))
     emit("result", run_id=run_id, out=args.out)
     return 0
 
@@ -320,6 +338,47 @@ def _eval_results(tracker, run_id: str) -> dict:
         raise DraftboardError(f"run {run_id}: {names.EVAL_RESULTS_ARTIFACT} has no per-prompt acceptance lengths "
                               "('prompts': [{id, acceptance_lengths}])")
     return results
+
+
+def _results_of(ref: str, tracking_uri: str | None) -> dict:
+    """An eval's results: a results JSON file (`draftboard eval --out`), else a run id in the store."""
+    path = Path(ref)
+    if path.is_file():
+        from evaluators.prompts import read_text
+
+        try:
+            return json.loads(read_text(path))
+        except ValueError as exc:
+            raise DraftboardError(f"{ref}: not a results JSON ({exc})") from None
+    from tracker.store.tracker import Tracker
+
+    return _eval_results(Tracker(tracking_uri), ref)
+
+
+def cmd_reconcile(args) -> int:
+    from evaluators.engines.reconcile import reconcile
+
+    report = reconcile(_results_of(args.engine_eval, args.tracking_uri),
+                       _results_of(args.offline_eval, args.tracking_uri))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    rows = [(p["id"], "yes" if p["completions_equal"] else f"no (token {p['first_token_difference']})",
+             f"{p['engine_blocks']}/{p['offline_blocks']}",
+             "-" if p["first_block_difference"] is None else
+             f"{p['first_block_difference']} ({p['engine_accepted']} vs {p['offline_accepted']})",
+             p["cause"] or "agree") for p in report["prompts"]]
+    print(format_table(["prompt", "completions equal", "blocks engine/offline",
+                        "first differing block (accepted: engine vs offline)", "cause"], rows))
+    print("parts of the gap (pooled mean acceptance length): " + ", ".join(
+        f"{k.replace('_', ' ')} {v:+.3f}" for k, v in report["parts"].items()) + f", unexplained {report['unexplained']:+.3f}")
+    for title, key in (("protocol", "protocol_diff"), ("environment", "environment_diff")):
+        shown = [r for r in report[key] if r["severity"] != "info"]
+        if shown:
+            print(f"{title} differs: " + "; ".join(f"{r['field']} {r['a_value']!r} vs {r['b_value']!r} ({r['severity']})"
+                                                 for r in shown[:8]))
+    print(report["verdict"])
+    return 0
 
 
 def cmd_compare(args) -> int:
@@ -539,6 +598,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-if-worse", action="store_true", help="exit 1 when B is significantly worse than A")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("reconcile", help="the gap between an engine eval and an offline eval of the same prompts, "
+                                         "in parts: definitions, acceptance on equal completions, numerics")
+    p.add_argument("engine_eval", metavar="ENGINE_EVAL", help="results JSON file or MLflow run id of the engine eval")
+    p.add_argument("offline_eval", metavar="OFFLINE_EVAL", help="results JSON file or run id of the offline eval")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_reconcile)
 
     p = sub.add_parser("import-log", help="import a JSON-lines or key=value training log as a train run")
     p.add_argument("file")

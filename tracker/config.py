@@ -29,6 +29,8 @@ CACHE_DIR_VAR = "DRAFTBOARD_CACHE_DIR"
 CACHE_MAX_VAR = "DRAFTBOARD_CACHE_MAX_GB"
 WATCH_EXPERIMENTS_VAR = "DRAFTBOARD_WATCH_EXPERIMENTS"
 UI_HOSTS_VAR = "DRAFTBOARD_UI_HOSTS"
+ENGINE_URLS_VAR = "DRAFTBOARD_ENGINE_URLS"
+ENGINE_START_S_VAR = "DRAFTBOARD_ENGINE_START_S"
 UI_AUTH_VAR = "DRAFTBOARD_UI_AUTH"  # "basic": set by `draftboard ui --auth` for its server (tracker/serve.py)
 UI_USER_VAR = "DRAFTBOARD_UI_USER"
 UI_PASSWORD_VAR = "DRAFTBOARD_UI_PASSWORD"
@@ -85,6 +87,9 @@ ZLAB_BENCHMARKS = {
     "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
 }
 EVAL_SCORINGS = ("offline", "online")
+ENGINE_SCORING = "engine"  # protocol.scoring of an eval measured by a serving engine (evaluators/engines/)
+ENGINES = ("vllm", "sglang")
+ENGINE_START_S = 600.0  # how long a managed engine may take to answer /health (a big target loads for minutes)
 DEFAULT_BUDGETS = (4, 8, 16, 32)
 # A DDTree budget is a node count per block; the search costs O(budget log budget) per block, so a
 # budget of 10**6 would tie a worker up for hours. 4096 is 128x the largest budget the DDTree paper
@@ -194,6 +199,28 @@ def within(path: Path, roots: Sequence[Path]) -> bool:
 
 def roots_configured(env: Mapping[str, str] | None = None) -> bool:
     return bool(_env(env).get(ROOTS_VAR, "").strip())
+
+
+def engine_python(engine: str, env: Mapping[str, str] | None = None) -> str | None:
+    """DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON: the Python of the venv an engine is installed
+    in (an engine never shares draftboard's venv: their torch pins differ). None: not set."""
+    return _env(env).get(f"DRAFTBOARD_{engine.upper()}_PYTHON", "").strip() or None
+
+
+def engine_urls(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """DRAFTBOARD_ENGINE_URLS (comma-separated): the running servers an eval may attach to. A queued
+    job may use only these; a CLI eval is held to them too once the deployment sets any."""
+    return tuple(u.strip().rstrip("/") for u in _env(env).get(ENGINE_URLS_VAR, "").split(",") if u.strip())
+
+
+def engine_start_s(env: Mapping[str, str] | None = None) -> float:
+    from tracker.errors import DraftboardError
+
+    text = _env(env).get(ENGINE_START_S_VAR, "").strip()
+    try:
+        return float(text) if text else ENGINE_START_S
+    except ValueError:
+        raise DraftboardError(f"{ENGINE_START_S_VAR}={text!r} is not a number of seconds") from None
 
 
 def watch_experiments(env: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -251,6 +251,48 @@ def published(source: dict, known: dict | None = None) -> dict:
     return fp
 
 
+# What an engine's own Python reports of itself (`engine`): run there with `python -c`, so it
+# imports only the standard library and what it measures; prints one JSON object.
+ENGINE_PACKAGES = {**PACKAGES, "vllm": "vllm", "sglang": "sglang"}
+ENGINE_PROBE = """
+import importlib.metadata as md, json, platform
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+out = {"python": platform.python_version(), "packages": {k: version(d) for k, d in %r.items()}}
+try:
+    import torch
+    out["cuda"] = torch.version.cuda
+    out["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if torch.cuda.is_available():
+        out["gpu_name"], out["gpu_count"] = torch.cuda.get_device_name(0), torch.cuda.device_count()
+        out["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+except Exception as exc:
+    out["torch_error"] = repr(exc)[:300]
+print(json.dumps(out))
+""" % (ENGINE_PACKAGES,)
+
+
+def engine(report: dict | None, source: dict, dtype: str, linear_attention_path: str) -> dict:
+    """Fingerprint of a serving engine's environment: what its own Python reported (`ENGINE_PROBE`,
+    None for an attached server on another box: then only what the server says), plus the engine's
+    name and version under `engine`, so `env-diff` compares a training run with a serving box."""
+    fp = _unknown({"kind": "engine", **source})
+    report = report or {}
+    packages = report.get("packages") or {}
+    fp["software"].update({"python": report.get("python"), **{k: packages.get(k) for k in PACKAGES},
+                           "cuda": report.get("cuda"), "cudnn": report.get("cudnn")})
+    gpu = report.get("gpu_name")
+    fp["hardware"].update({"device": ("cuda" if gpu else "cpu") if report else None, "gpu_name": gpu,
+                           "gpu_count": report.get("gpu_count", 0 if report else None),
+                           "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
+    fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
+    fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or packages.get(source.get("engine"))}
+    return fp
+
+
 def _unknown(source: dict) -> dict:
     return {
         "schema": SCHEMA,

@@ -28,7 +28,7 @@ RESULTS_KEY = "protocol"
 UNKNOWN = "unknown"
 GENERATED = "generated"  # `completions`: the target generated them; else the completions file's digest
 LAST_BLOCK_RULES = config.LAST_BLOCK_RULES  # z-lab 07ebd93 (the default) | z-lab 44947fb
-SCORINGS = (*config.EVAL_SCORINGS, "published", "imported")  # the last two: numbers not measured here
+SCORINGS = (*config.EVAL_SCORINGS, config.ENGINE_SCORING, "published", "imported")  # the last two: not measured here
 DIGEST_HEX = 16
 
 

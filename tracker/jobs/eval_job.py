@@ -90,6 +90,15 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               "--max-samples)", metavar="N"),
     EvalField("batch_size", INT, "prompts per target batch (continuations and features); default: sized from "
               "the device's free memory", metavar="N"),
+    EvalField("engine", TEXT, "measure in a serving engine instead of offline: the same prompts and protocol, "
+              "the engine's own per-request acceptance (docs/DESIGN.md, Engine evals)", choices=config.ENGINES),
+    # The deployment's, never a job's: a worker starts an engine from its own DRAFTBOARD_<ENGINE>_PYTHON.
+    EvalField("engine_python", TEXT, "managed mode: the Python of the engine's own venv (default: "
+              "DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON)", job=False, metavar="PATH"),
+    EvalField("engine_url", TEXT, "attached mode: a running server (a queued job: one of DRAFTBOARD_ENGINE_URLS)",
+              metavar="URL"),
+    EvalField("engine_port", INT, "managed mode: listen on this loopback port (default: a free one)", job=False),
+    EvalField("num_speculative_tokens", INT, "draft tokens per engine step (default: block size - 1)", metavar="N"),
     EvalField("anchor_chunk", INT, "anchors the drafter scores per call; default: sized from the device's free "
               "memory (pin both for bitwise repeatability across machines)", metavar="N"),
 )
@@ -187,6 +196,11 @@ def validate(params: Any) -> dict[str, Any]:
     missing = [f.name for f in JOB_FIELDS if f.required and params.get(f.name) is None]
     if missing:
         raise DraftboardError(f"an eval job needs {', '.join(missing)}")
+    url = params.get("engine_url")
+    if url is not None and str(url).rstrip("/") not in config.engine_urls():
+        allowed = ", ".join(config.engine_urls()) or "none"
+        raise DraftboardError(f"eval param engine_url {url!r} is not one of the servers this deployment allows "
+                              f"({config.ENGINE_URLS_VAR}: {allowed})")
     values = {}
     for field in JOB_FIELDS:
         if params.get(field.name) is not None:

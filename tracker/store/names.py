@@ -52,6 +52,7 @@ def checkpoint_artifact(step: int) -> str:
 # --------------------------------------------------------------------------- eval metrics
 # The scalars `draftboard eval` logs under their own names.
 EVAL_SCALARS = ("tau", "tau_pooled", "tau_all_anchors", "streak")
+ENGINE_MEAN_AL = "engine_mean_acceptance_length"  # an engine eval's own number (DESIGN.md, "Engine evals")
 
 _ACCEPT_RATE = "accept_rate_pos"
 _DDTREE_TAU = "ddtree_tau_b"

@@ -1,0 +1,184 @@
+"""What every engine client reports, and the HTTP and Prometheus plumbing they share.
+
+A served number is only comparable with an offline one block for block, so a reply carries the
+engine's own per-request counts: drafts (verify steps), draft tokens, accepted draft tokens, how
+many steps accepted each count (`histogram`), and the ordered per-step counts where the engine
+returns them (vLLM `--per-request-spec-decode-metrics detailed`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracker.errors import DraftboardError
+
+REQUEST_TIMEOUT_S = 600.0  # one completion of a long prompt on a slow box
+MAX_RESPONSE_BYTES = 64 << 20  # a reply holds ids and counts; anything larger is not an engine's answer
+
+
+class EngineError(DraftboardError):
+    """The engine cannot be used as asked (unreachable, wrong model, no speculative decoding)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every request asks for: the protocol's decoding settings."""
+
+    max_tokens: int
+    stop_token_ids: tuple[int, ...]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off (vLLM's and SGLang's spelling)
+
+
+@dataclass
+class EngineInfo:
+    """What the server says it serves (results `engine`). `settings` holds what it reports of its
+    numerics and caches (dtype, prefix/radix caching, CUDA graphs, attention backend, SSM dtype)."""
+
+    name: str
+    version: str | None
+    url: str
+    model: str | None  # the served target, as the server names it
+    draft_model: str | None  # None: the server does not report it
+    method: str | None
+    num_speculative_tokens: int | None
+    aux_layers: list[int] | None = None  # the target layers the engine taps for the drafter
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "url": self.url, "model": self.model,
+                "draft_model": self.draft_model, "method": self.method,
+                "num_speculative_tokens": self.num_speculative_tokens, "aux_layers": self.aux_layers,
+                **self.settings}
+
+
+@dataclass
+class EngineReply:
+    """One request's completion and its speculative-decoding counts, as the engine counted them."""
+
+    completion_ids: list[int]
+    drafts: int  # verify steps that carried a draft
+    draft_tokens: int
+    accepted: int  # accepted draft tokens (the bonus token not included)
+    histogram: list[int] | None  # histogram[j]: steps that accepted exactly j draft tokens; None: not reported
+    accepted_per_step: list[int] | None = None  # ordered, where the engine reports steps
+    source: str = ""  # which of the engine's reports the counts came from
+    reported_mean: float | None = None  # the engine's own per-request number, under its own definition
+
+    def __post_init__(self):
+        if self.accepted_per_step is not None and (len(self.accepted_per_step) != self.drafts
+                                                   or sum(self.accepted_per_step) != self.accepted):
+            raise EngineError(f"the engine's counts disagree ({self.source}): {self.drafts} drafts and "
+                              f"{self.accepted} accepted tokens, but per step {self.accepted_per_step}")
+        if self.histogram is not None and (sum(self.histogram) != self.drafts
+                                           or sum(j * c for j, c in enumerate(self.histogram)) != self.accepted):
+            raise EngineError(f"the engine's counts disagree ({self.source}): {self.drafts} drafts and "
+                              f"{self.accepted} accepted tokens, but a histogram of {self.histogram}")
+
+    @property
+    def accepted_by_position(self) -> list[int] | None:
+        """accepted_by_position[k]: steps whose draft token k+1 was accepted (a chain accepts a prefix)."""
+        if self.histogram is None:
+            return None
+        return [sum(self.histogram[j + 1:]) for j in range(max(0, len(self.histogram) - 1))]
+
+    @property
+    def steps_multiset(self) -> list[int] | None:
+        """Each step's accepted count: in order where the engine reports steps, else from the histogram
+        (in count order: what a per-block comparison cannot use, but means and histograms can)."""
+        if self.accepted_per_step is not None:
+            return list(self.accepted_per_step)
+        if self.histogram is None:
+            return None
+        return [j for j, c in enumerate(self.histogram) for _ in range(c)]
+
+
+def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
+    """Steps per accepted count from per-position acceptance: a chain accepts a prefix, so the steps
+    with at least k+1 accepted are those that accepted position k, and h[j] = c[j-1] - c[j]."""
+    at_least = [drafts, *by_position, 0]
+    hist = [at_least[j] - at_least[j + 1] for j in range(len(by_position) + 1)]
+    if any(h < 0 for h in hist):
+        raise EngineError(f"per-position acceptance {by_position} is not a chain's (it grows with the position)")
+    return hist
+
+
+class EngineClient(ABC):
+    """One engine's HTTP API."""
+
+    name: str
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    @abstractmethod
+    def info(self) -> EngineInfo:
+        """What the server serves; EngineError if it is not up or has no speculative decoding."""
+
+    @abstractmethod
+    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+        """One completion of token ids, with the engine's counts for exactly this request."""
+
+    def get_json(self, path: str, timeout: float = 30.0) -> Any:
+        return json.loads(self._call(path, None, timeout) or b"null")
+
+    def post_json(self, path: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        return json.loads(self._call(path, json.dumps(body).encode(), timeout) or b"null")
+
+    def get_text(self, path: str, timeout: float = 30.0) -> str:
+        return self._call(path, None, timeout).decode("utf-8", "replace")
+
+    def _call(self, path: str, data: bytes | None, timeout: float) -> bytes:
+        request = urllib.request.Request(self.url + path, data=data, method="POST" if data else "GET",
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http(s) only: run.py)
+                body = response.read(MAX_RESPONSE_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(2000).decode("utf-8", "replace").strip().replace("\n", " ")
+            raise EngineError(f"{self.name} at {self.url}{path}: HTTP {exc.code}: {detail[:300]}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise EngineError(f"{self.name} at {self.url}{path}: {reason}") from None
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise EngineError(f"{self.name} at {self.url}{path}: a reply over {MAX_RESPONSE_BYTES >> 20} MiB")
+        return body
+
+
+# --------------------------------------------------------------------------- Prometheus text
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def prometheus_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) for every sample line of a Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def counter(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float | None:
+    """The sum of a counter's samples (all engines), with or without the `_total` suffix; None if absent."""
+    values = [v for n, lab, v in samples if n in (name, name + "_total")
+              and all(lab.get(k) == want for k, want in labels.items())]
+    return sum(values) if values else None

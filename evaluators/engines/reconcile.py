@@ -1,0 +1,172 @@
+"""`draftboard reconcile ENGINE OFFLINE`: the gap between an engine's number and an offline one, in parts.
+
+Both evals walk the same prompts in blocks: the engine's steps (accepted draft tokens + 1) and the
+offline walk (acceptance lengths). The gap between the engine's own number (1 + accepted / drafts,
+pooled over steps) and the offline tau (a per-prompt mean) is taken apart by turning the offline
+walks into the engine's one cause at a time, over the prompts each cause applies to:
+
+1. `pooling` (definition): the offline walks pooled over blocks instead of averaged per prompt;
+2. `end_of_generation` (definition): on equal completions whose blocks agree up to the last one, the
+   engine counts the tokens its last step accepted past --max-new-tokens; a `cut` offline walk stops
+   at the limit by rule, so that block is shorter offline by construction;
+3. `acceptance` (the drafter saw other features: layer mapping, kernels, cache state): equal
+   completions whose blocks differ before the end;
+4. `numerics`: completions that differ (the target decoded another token somewhere);
+5. `unexplained`: what is left once every offline walk has become the engine's (0.0 when the engine
+   reports its steps in order: each part then is exact, never forced).
+
+Each part is the change of the pooled mean that swap causes, so the parts add up to the gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tracker import fingerprint, protocol
+from tracker.errors import DraftboardError
+
+CAUSES = ("pooling", "end_of_generation", "acceptance", "numerics")
+EXACT = 1e-9
+
+
+@dataclass
+class PromptReconciled:
+    id: str
+    completions_equal: bool
+    first_token_difference: int | None  # index into the completions, where they differ
+    engine_blocks: int
+    offline_blocks: int
+    first_block_difference: int | None  # 0-based block where the accepted counts differ
+    engine_accepted: int | None  # at that block
+    offline_accepted: int | None
+    cause: str | None  # None: every block agrees
+
+
+def _pooled(walks: list[list[int]]) -> float:
+    blocks = sum(len(w) for w in walks)
+    return sum(sum(w) for w in walks) / blocks if blocks else 0.0
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _check(results: dict, what: str) -> None:
+    if not isinstance(results, dict) or not isinstance(results.get("prompts"), list):
+        raise DraftboardError(f"{what}: not an eval's results (no 'prompts' list)")
+    for p in results["prompts"]:
+        if not isinstance(p, dict) or "id" not in p or not isinstance(p.get("acceptance_lengths"), list) \
+                or not isinstance(p.get("completion_ids"), list):
+            raise DraftboardError(f"{what}: each prompt needs id, completion_ids and acceptance_lengths")
+
+
+def reconcile(engine: dict, offline: dict) -> dict:
+    """The report `draftboard reconcile --json` prints (DESIGN.md, fixed keys)."""
+    _check(engine, "the engine eval")
+    _check(offline, "the offline eval")
+    if (engine.get("protocol") or {}).get("scoring") != "engine":
+        raise DraftboardError("the first eval is not an engine eval (protocol.scoring is not 'engine'); "
+                              "give the engine eval first, the offline one second")
+    if (offline.get("protocol") or {}).get("scoring") == "engine":
+        raise DraftboardError("the second eval is an engine eval too; reconcile compares one with an offline eval")
+    eng = {str(p["id"]): p for p in engine["prompts"]}
+    off = {str(p["id"]): p for p in offline["prompts"]}
+    if set(eng) != set(off):
+        only_e, only_o = sorted(set(eng) - set(off)), sorted(set(off) - set(eng))
+        raise DraftboardError(f"the two evals ran different prompts (only in the engine eval: {only_e[:5]}, only "
+                              f"offline: {only_o[:5]}); reconcile needs the same prompts")
+    ids = [str(p["id"]) for p in engine["prompts"]]
+    ordered = all(eng[i].get("engine_steps_ordered", True) for i in ids)
+    cut = (offline.get("protocol") or {}).get("last_block", "cut") == "cut"
+
+    rows, cause_of = [], {}
+    for i in ids:
+        e, o = eng[i], off[i]
+        ew, ow = list(e["acceptance_lengths"]), list(o["acceptance_lengths"])
+        equal = e["completion_ids"] == o["completion_ids"]
+        block = _first_difference(ew, ow) if ordered else (None if sorted(ew) == sorted(ow) else -1)
+        if equal and block is None:
+            cause = None
+        elif not equal:
+            cause = "numerics"
+        elif ordered and cut and block == len(ow) - 1 == len(ew) - 1 and ew[block] > ow[block] \
+                and sum(ow) == len(o["completion_ids"]) - 1:
+            cause = "end_of_generation"  # the last block, which the offline walk cut at the limit
+        else:
+            cause = "acceptance"
+        cause_of[i] = cause
+        at = block if block is not None and block >= 0 else None
+        rows.append(PromptReconciled(
+            id=i, completions_equal=equal,
+            first_token_difference=None if equal else _first_difference(e["completion_ids"], o["completion_ids"]),
+            engine_blocks=len(ew), offline_blocks=len(ow), first_block_difference=at,
+            engine_accepted=ew[at] - 1 if at is not None and at < len(ew) else None,
+            offline_accepted=ow[at] - 1 if at is not None and at < len(ow) else None, cause=cause))
+
+    # Swap the offline walks for the engine's, one cause at a time; each part is the change it makes.
+    walks = {i: list(off[i]["acceptance_lengths"]) for i in ids}
+    offline_tau = float(offline["tau"])
+    before = _pooled(list(walks.values()))
+    parts = {"pooling": before - offline_tau}
+    for cause in CAUSES[1:]:
+        for i in ids:
+            if cause_of[i] == cause:
+                walks[i] = list(eng[i]["acceptance_lengths"])
+        after = _pooled(list(walks.values()))
+        parts[cause] = after - before
+        before = after
+    engine_mean = float(engine.get("engine_mean_acceptance_length") or engine["tau_pooled"])
+    unexplained = engine_mean - before
+    gap = engine_mean - offline_tau
+    parts = {k: (0.0 if abs(v) < EXACT else v) for k, v in parts.items()}
+    unexplained = 0.0 if abs(unexplained) < EXACT else unexplained
+
+    differs = [r for r in rows if r.cause is not None]
+    report = {
+        "engine_mean_acceptance_length": engine_mean,
+        "offline_tau": offline_tau,
+        "offline_tau_pooled": _pooled([off[i]["acceptance_lengths"] for i in ids]),
+        "offline_as_engine": _pooled([eng[i]["acceptance_lengths"] if cause_of[i] == "end_of_generation"
+                                      else off[i]["acceptance_lengths"] for i in ids]),
+        "gap": gap,
+        "parts": parts,
+        "unexplained": unexplained,
+        "n_prompts": len(ids),
+        "completions_equal": sum(r.completions_equal for r in rows),
+        "blocks_agree": sum(r.cause is None for r in rows),
+        "end_of_generation": sum(r.cause == "end_of_generation" for r in rows),
+        "acceptance_differs": sum(r.cause == "acceptance" for r in rows),
+        "steps_ordered": ordered,
+        "first_differences": [{"id": r.id, "block": r.first_block_difference, "engine": r.engine_accepted,
+                               "offline": r.offline_accepted, "cause": r.cause} for r in differs],
+        "prompts": [asdict(r) for r in rows],
+        "protocol_diff": [row._asdict() for row in protocol.diff(protocol.Protocol.from_results(engine),
+                                                                 protocol.Protocol.from_results(offline))],
+        "environment_diff": [row._asdict() for row in fingerprint.diff(engine.get("fingerprint") or {},
+                                                                      offline.get("fingerprint") or {})]
+        if engine.get("fingerprint") and offline.get("fingerprint") else [],
+    }
+    report["verdict"] = verdict(report)
+    return report
+
+
+def verdict(r: dict) -> str:
+    """One line: the gap, what explains it, and what is left."""
+    named = {k: v for k, v in r["parts"].items() if v}
+    explained = ", ".join(f"{k.replace('_', ' ')} {v:+.3f}" for k, v in named.items()) or "nothing to explain"
+    head = (f"engine {r['engine_mean_acceptance_length']:.3f} vs offline tau {r['offline_tau']:.3f} "
+            f"(gap {r['gap']:+.3f}): {explained}")
+    if r["acceptance_differs"] == 0 and r["completions_equal"] == r["n_prompts"]:
+        tail = ("every block agrees" if r["end_of_generation"] == 0 else
+                f"every block agrees but the last of {r['end_of_generation']} prompt(s), cut offline at the limit")
+    else:
+        tail = (f"{r['acceptance_differs']} prompt(s) with equal completions accept differently (first at "
+                f"block {next(d['block'] for d in r['first_differences'] if d['cause'] == 'acceptance')})"
+                if r["acceptance_differs"] else "")
+        if r["completions_equal"] < r["n_prompts"]:
+            tail += ("; " if tail else "") + f"{r['n_prompts'] - r['completions_equal']} completion(s) differ"
+    left = "nothing unexplained" if r["unexplained"] == 0.0 else f"{r['unexplained']:+.3f} unexplained"
+    return f"{head}; {tail}; {left}"

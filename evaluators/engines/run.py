@@ -1,0 +1,233 @@
+"""`draftboard eval --engine vllm|sglang`: the offline eval's prompts and protocol, measured by a
+serving engine, into the same results JSON (protocol.scoring = "engine").
+
+Each prompt is one request at concurrency 1 (the protocol's greedy or sampled settings, the target's
+stop tokens), so the engine's per-request counts are that prompt's alone. A step of the engine is a
+block: it accepted `a` draft tokens and added the target's own, so its acceptance length is a + 1,
+and draftboard's tau (per-prompt mean) and tau_pooled come from the same per-step counts as the
+engine's own `engine_mean_acceptance_length` = 1 + sum(accepted) / sum(drafts) (vLLM's definition,
+which pools every step; docs/DESIGN.md, "Engine evals").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from evaluators import metrics
+from evaluators.datasets import load_benchmark
+from evaluators.drafter import TargetDims, open_drafter
+from evaluators.engines import sglang, vllm
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+from evaluators.engines.server import ManagedServer, check_python
+from evaluators.harness import SCHEMA, EvalSettings, Progress, completion_bounds, eval_protocol, quiet
+from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
+from tracker import config, fingerprint
+from tracker.uncertainty import results_uncertainty
+
+CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient}
+PROBE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    name: str  # config.ENGINES
+    python: str | None = None  # managed: the engine's own interpreter
+    url: str | None = None  # attached: a running server
+    port: int | None = None  # managed: listen here instead of a free port
+    num_speculative_tokens: int | None = None  # default: block_size - 1
+
+    def __post_init__(self):
+        if self.name not in config.ENGINES:
+            raise EngineError(f"--engine must be one of {', '.join(config.ENGINES)}, got {self.name!r}")
+        if self.url and self.python:
+            raise EngineError("--engine-url attaches to a running server; --engine-python starts one: give one")
+
+    @property
+    def managed(self) -> bool:
+        return not self.url
+
+
+def check_url(url: str, allowed: tuple[str, ...] | None = None) -> str:
+    """An attached server's URL: http(s), and one of DRAFTBOARD_ENGINE_URLS once the deployment sets any
+    (a queued job may use no other: tracker.jobs.worker)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise EngineError(f"--engine-url {url!r}: expected http(s)://HOST:PORT, without a user or password")
+    url = url.rstrip("/")
+    allowed = config.engine_urls() if allowed is None else allowed
+    if allowed and url not in allowed:
+        raise EngineError(f"--engine-url {url} is not one of the servers this deployment allows "
+                          f"({config.ENGINE_URLS_VAR}: {', '.join(allowed)})")
+    return url
+
+
+def check_settings(s: EvalSettings, e: EngineSettings) -> None:
+    """What an engine eval cannot do, refused before anything starts."""
+    if s.completions:
+        raise EngineError("--engine generates its own completions; drop --completions")
+    if s.scoring != config.EVAL_SCORINGS[0]:
+        raise EngineError(f"--engine is its own scoring ({config.ENGINE_SCORING}); drop --scoring {s.scoring}")
+    if s.drafter_precision:
+        raise EngineError("--drafter-precision is an offline setting; the engine runs the drafter in --dtype")
+
+
+def _engine_report(python: str) -> dict | None:
+    """ENGINE_PROBE run in the engine's Python (None if it fails: the fingerprint says unknown)."""
+    try:
+        done = subprocess.run([python, "-I", "-c", fingerprint.ENGINE_PROBE], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def _check_serves(info: EngineInfo, s: EvalSettings, n_spec: int) -> None:
+    """Refuse a server that serves another target or drafter, or drafts another number of tokens."""
+    def same(served: str | None, wanted: str) -> bool:
+        return served is None or Path(served).name == Path(wanted).name or \
+            Path(served).expanduser().resolve() == Path(wanted).resolve()
+
+    if not same(info.model, s.target):
+        raise EngineError(f"{info.name} at {info.url} serves {info.model}, not the target {s.target}")
+    if not same(info.draft_model, s.drafter):
+        raise EngineError(f"{info.name} at {info.url} drafts with {info.draft_model}, not {s.drafter}")
+    if info.num_speculative_tokens is not None and info.num_speculative_tokens != n_spec:
+        raise EngineError(f"{info.name} at {info.url} drafts {info.num_speculative_tokens} tokens per step; "
+                          f"this eval asks for {n_spec} (--num-speculative-tokens)")
+
+
+def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = quiet, log_dir: Path | None = None) -> dict:
+    """Run the prompts through the engine; the results JSON (DESIGN.md), with `engine` and per-prompt
+    `engine_*` counts. Managed: the server is started here and stopped on every exit path."""
+    t0 = time.perf_counter()
+    check_settings(s, e)
+    url = None if e.managed else check_url(e.url)
+    python = check_python(e.python or config.engine_python(e.name), e.name) if e.managed else None
+    cfg = text_config(s.target)
+    tokenizer = load_tokenizer(s.target)
+    prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
+    drafter = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size)).config
+    block = drafter.block_size
+    n_spec = e.num_speculative_tokens or block - 1
+    if not 1 <= n_spec <= block - 1:
+        raise EngineError(f"--num-speculative-tokens must be 1..{block - 1} (block size {block} - 1), got {n_spec}")
+    if e.managed and not (Path(s.drafter).is_dir() and (Path(s.drafter) / "config.json").is_file()):
+        raise EngineError(f"--drafter {s.drafter}: an engine loads a drafter folder (config.json + safetensors), "
+                          "not a single checkpoint file")
+    stops = sorted(stop_token_ids(s.target, cfg))
+    sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops))
+    device = s.device or "cpu"
+    longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
+    max_model_len = min(getattr(cfg, "max_position_embeddings", longest) or longest, max(longest, 256))
+    if longest > max_model_len:
+        raise EngineError(f"the longest prompt + --max-new-tokens + a block ({longest} tokens) exceeds the target's "
+                          f"context of {max_model_len}")
+    report = _engine_report(python) if python else None
+    progress("load", 1, 1)
+
+    server = None
+    if e.managed:
+        log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
+        server = ManagedServer(e.name, lambda port: _managed_argv(e.name, python, s, n_spec, port, max_model_len, device),
+                               log, port=e.port, env=vllm.server_env(device) if e.name == vllm.NAME else {},
+                               start_s=config.engine_start_s(), progress=progress)
+    start = time.perf_counter()
+    with server or contextlib.nullcontext():
+        client = CLIENTS[e.name](server.url if server else url)
+        info = client.info()
+        started_s = time.perf_counter() - start
+        if server:
+            info.aux_layers = vllm.aux_layers_from_log(server.log.read_text(errors="replace")) \
+                if e.name == vllm.NAME else None
+            info.draft_model = info.draft_model or str(Path(s.drafter).resolve())
+            info.method = info.method or "dflash"
+            info.settings.update(_managed_settings(e.name, device, s.dtype))
+        _check_serves(info, s, n_spec)
+        info.num_speculative_tokens = info.num_speculative_tokens or n_spec
+        replies: list[EngineReply] = []
+        t_requests = time.perf_counter()
+        for i, p in enumerate(prompts, 1):
+            if server and not server.alive():
+                raise EngineError(f"{e.name} server died mid-run; its log ({server.log}) ends: {server.log_tail()}")
+            replies.append(client.generate(p.input_ids, sampling))
+            progress(f"{e.name}: requests", i, len(prompts))
+        requests_s = time.perf_counter() - t_requests
+
+    results = _results(prompts, replies, block, stops, s)
+    results["engine"] = {**info.to_dict(), "managed": e.managed}
+    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, stops, content_digest(s.target),
+                                        scoring=config.ENGINE_SCORING).to_dict()
+    hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
+    results.update({
+        "fingerprint": fingerprint.engine(report, {"engine": e.name, "version": info.version, "url": info.url,
+                                                   "python": python}, s.dtype,
+                                          f"{e.name}-native" if hybrid else "n/a"),
+        "timing": {"engine_start_s": started_s, "requests_s": requests_s, "total_s": time.perf_counter() - t0},
+        "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
+                     "engine": e.name, "engine_url": info.url, "num_speculative_tokens": n_spec},
+        "target": {"path": str(Path(s.target).resolve()), "num_layers": cfg.num_hidden_layers},
+        "drafter": {"path": str(Path(s.drafter).resolve()), "target_layer_ids": list(drafter.target_layer_ids),
+                    "mask_token_id": drafter.mask_token_id},
+    })
+    return results
+
+
+def _managed_argv(name: str, python: str, s: EvalSettings, n_spec: int, port: int, max_model_len: int,
+                  device: str) -> list[str]:
+    if name == vllm.NAME:
+        return vllm.server_argv(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()), port, n_spec,
+                                config.DTYPES[s.dtype], max_model_len, device)
+    return sglang.server_argv(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()), port, n_spec,
+                              config.DTYPES[s.dtype], max_model_len)
+
+
+def _managed_settings(name: str, device: str, dtype: str) -> dict:
+    """What a managed server runs with: the argv draftboard built says it (the server reports less)."""
+    if name == vllm.NAME:
+        return {"dtype": config.DTYPES[dtype], "enable_prefix_caching": False,
+                "cuda_graphs": device != "cpu", "max_num_seqs": 1}
+    return {"dtype": config.DTYPES[dtype], "disable_radix_cache": True}
+
+
+def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], s: EvalSettings) -> dict:
+    rows, walks = [], []
+    for p, r in zip(prompts, replies):
+        steps = r.steps_multiset
+        if steps is None:
+            raise EngineError(f"prompt {p.id!r}: the engine reported no per-step acceptance ({r.source}); "
+                              "draftboard's tau needs at least its histogram")
+        completion, _ = completion_bounds(r.completion_ids, s.max_new_tokens, set(stops))
+        walks.append([a + 1 for a in steps])
+        rows.append({
+            "id": p.id, "dataset": p.dataset, "category": p.category, "input_ids": p.input_ids,
+            "completion_ids": completion, "acceptance_lengths": walks[-1],
+            "engine_drafts": r.drafts, "engine_draft_tokens": r.draft_tokens, "engine_accepted": r.accepted,
+            "engine_accepted_by_position": r.accepted_by_position,
+            "engine_accepted_per_step": r.accepted_per_step, "engine_steps_ordered": r.accepted_per_step is not None,
+            "engine_reported_mean": r.reported_mean, "engine_source": r.source,
+        })
+    summary = metrics.summarize_walks(walks, block)
+    drafts, accepted = sum(r.drafts for r in replies), sum(r.accepted for r in replies)
+    results = {
+        "schema": SCHEMA, "block_size": block, "tau": summary.tau, "tau_pooled": summary.tau_pooled,
+        "tau_all_anchors": None,  # an offline statistic: an engine drafts only where its walk goes
+        "streak": summary.streak, "accept_rate_by_position": summary.accept_rate_by_position,
+        "accept_len_histogram": summary.accept_len_histogram, "n_blocks": summary.n_blocks, "ddtree": {},
+        "engine_mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "definitions": {
+            "tau": "per-prompt mean of the engine's per-step acceptance lengths (accepted drafts + 1), averaged "
+                   "over prompts",
+            "tau_pooled": "every step of every prompt weighted equally",
+            "engine_mean_acceptance_length": "1 + sum(accepted draft tokens) / sum(drafts): vLLM's definition "
+                                             "(it equals tau_pooled when every step is counted)",
+        },
+        "prompts": rows,
+    }
+    results.update(results_uncertainty(rows))
+    return results

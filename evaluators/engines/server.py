@@ -1,0 +1,182 @@
+"""A managed engine server: started on a loopback port from the engine's own Python, healthy or an
+error, and stopped on every exit path.
+
+Exit paths and what stops the server:
+- the eval ends, fails or is interrupted: `ManagedServer.__exit__` (SIGTERM to the engine's process
+  group, SIGKILL after `STOP_GRACE_S`);
+- SIGTERM to the eval (the worker's cancel): turned into `SystemExit` while the server runs, so
+  `__exit__` runs too;
+- SIGKILL of the eval: a reaper (this module run as a script, a child that the kernel signals when
+  the eval dies, `tracker.lifecycle`) kills the engine's whole process group. vLLM and SGLang start
+  engine-core and worker processes of their own, so killing only the server's pid would orphan them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from evaluators.engines.base import EngineError
+from tracker import lifecycle
+
+STOP_GRACE_S = 15.0
+HEALTH_POLL_S = 1.0
+LOG_TAIL_LINES = 15
+REAPER_POLL_S = 0.2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_python(python: str | None, engine: str) -> str:
+    """The engine's interpreter, checked before anything starts."""
+    var = f"DRAFTBOARD_{engine.upper()}_PYTHON"
+    if not python:
+        raise EngineError(f"a managed {engine} eval needs the engine's own Python: --engine-python PATH or {var} "
+                          f"(a venv with {engine} installed; never draftboard's own)")
+    path = Path(python).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise EngineError(f"--engine-python {python}: no such executable")
+    return str(path)
+
+
+class ManagedServer:
+    """Context manager: the server is healthy inside, stopped (with its whole process group) outside.
+
+    argv_for(port) builds the command; log: where its output goes (read back into errors).
+    """
+
+    def __init__(self, engine: str, argv_for: Callable[[int], Sequence[str]], log: Path, *,
+                 port: int | None = None, env: dict[str, str] | None = None, start_s: float = 600.0,
+                 progress: Callable[[str, int, int], None] | None = None):
+        self.engine, self.argv_for, self.log, self.start_s = engine, argv_for, log, start_s
+        self.port, self.env, self.progress = port, env or {}, progress
+        self.proc: subprocess.Popen | None = None
+        self.reaper: subprocess.Popen | None = None
+        self._previous_sigterm = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ManagedServer":
+        if self.port is not None:
+            taken = lifecycle.port_in_use("127.0.0.1", self.port)
+            if taken:
+                raise EngineError(f"--engine-port {self.port}: {taken}")
+        else:
+            self.port = free_port()
+        argv = list(self.argv_for(self.port))
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        if threading_main():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            with open(self.log, "ab") as out:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                             env={**os.environ, **self.env},
+                                             **lifecycle.child_popen_kwargs(signal.SIGKILL))
+            self.reaper = subprocess.Popen([sys.executable, "-m", "evaluators.engines.server", str(self.proc.pid)],
+                                           stdin=subprocess.DEVNULL, **lifecycle.child_popen_kwargs(signal.SIGTERM))
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_healthy(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline, started = time.monotonic() + self.start_s, time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                raise EngineError(f"{self.engine} server exited with code {self.proc.returncode} before it was "
+                                  f"healthy; its log ({self.log}) ends: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:  # noqa: S310 (loopback)
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            waited = time.monotonic() - started
+            if self.progress:
+                self.progress(f"{self.engine}: starting", min(int(waited), int(self.start_s)), int(self.start_s))
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.engine} server was not healthy within {self.start_s:g} s "
+                                  f"(DRAFTBOARD_ENGINE_START_S); its log ({self.log}) ends: {self.log_tail()}")
+            time.sleep(HEALTH_POLL_S)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
+
+    def stop(self) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after STOP_GRACE_S; then the reaper."""
+        if self.proc is not None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(self.proc.pid, signal.SIGKILL)  # its engine-core and workers too
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        if self.reaper is not None and self.reaper.poll() is None:
+            self.reaper.kill()
+            self.reaper.wait()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _reap(pgid: int) -> None:
+    """Kill the engine's process group once the eval that started it is gone (or stops this)."""
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, lambda *_: (_signal_group(pgid, signal.SIGKILL), os._exit(0)))
+    while os.getppid() == parent:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return  # the group ended by itself
+        except PermissionError:
+            pass
+        time.sleep(REAPER_POLL_S)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _reap(int(sys.argv[1]))

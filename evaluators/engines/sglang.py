@@ -1,0 +1,92 @@
+"""SGLang's native server (0.5): `/generate` of token ids, acceptance per request in `meta_info`.
+
+Read from SGLang's own sources (v0.5.23 wheel):
+- `srt/managers/tokenizer_manager.py` (`_calculate_spec_decoding_metrics`): `meta_info` gets
+  `spec_verify_ct` (verify steps), `spec_num_correct_drafts` (accepted draft tokens, no bonus),
+  `spec_num_proposed_drafts` (= steps x (speculative_num_draft_tokens - 1)), `spec_accept_rate`,
+  `spec_accept_length` (= completion_tokens / spec_verify_ct: SGLang's own definition) and
+  `spec_correct_drafts_histogram` (`srt/managers/schedule_batch.py`: index = accepted drafts of a
+  step). Releases before the rename wrote `spec_accept_token_num`, `spec_draft_token_num` and
+  `spec_accept_histogram`; both spellings are read.
+- `srt/entrypoints/http_server.py`: `/generate` (body `input_ids`, `sampling_params`; reply `text`,
+  `output_ids`, `meta_info`), `/model_info` (`model_path`), `/server_info` (deprecated alias
+  `/get_server_info`: the resolved server args plus `version`); `srt/utils/common.py`
+  `build_server_info`.
+- server args (`srt/arg_groups/`): `speculative_algorithm` (`DFLASH`), `speculative_draft_model_path`,
+  `speculative_num_draft_tokens`, `dtype`, `disable_radix_cache`, `mamba_ssm_dtype`,
+  `attention_backend`, `disable_cuda_graph`.
+"""
+
+from __future__ import annotations
+
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+
+NAME = "sglang"
+SETTINGS = ("dtype", "disable_radix_cache", "mamba_ssm_dtype", "attention_backend", "disable_cuda_graph",
+            "speculative_num_steps", "speculative_eagle_topk")
+# (current name, the name before SGLang's rename)
+ACCEPTED = ("spec_num_correct_drafts", "spec_accept_token_num")
+PROPOSED = ("spec_num_proposed_drafts", "spec_draft_token_num")
+HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
+                max_model_len: int) -> list[str]:
+    """`sglang.launch_server` for a managed eval: DFLASH with the verify window of the drafter's block
+    (`speculative_num_draft_tokens` = draft tokens + 1, `srt/arg_groups/fields/spec.py`), no radix
+    cache (a cached prefix would carry another request's recurrent state: SGLang #31850), one
+    request at a time, a fixed seed. Flags are the server-arg field names (`arg_utils._field_to_cli_name`)."""
+    return [python, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model-path", target, "--dtype", dtype, "--context-length", str(max_model_len),
+            "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
+            "--speculative-num-draft-tokens", str(num_speculative_tokens + 1), "--disable-radix-cache",
+            "--max-running-requests", "1", "--random-seed", "0"]
+
+
+def _first(meta: dict, names: tuple[str, ...]):
+    return next((meta[n] for n in names if meta.get(n) is not None), None)
+
+
+class SGLangClient(EngineClient):
+    name = NAME
+
+    def info(self) -> EngineInfo:
+        try:
+            server = self.get_json("/server_info")
+        except EngineError:
+            server = self.get_json("/get_server_info")  # releases before /server_info
+        if not isinstance(server, dict):
+            raise EngineError(f"sglang at {self.url}: /server_info is not a JSON object")
+        algorithm = server.get("speculative_algorithm")
+        if not algorithm:
+            raise EngineError(f"sglang at {self.url} runs no speculative decoding (speculative_algorithm is "
+                              "unset); start it with --speculative-algorithm DFLASH")
+        draft_tokens = server.get("speculative_num_draft_tokens")
+        return EngineInfo(
+            name=NAME, version=server.get("version"), url=self.url, model=server.get("model_path"),
+            draft_model=server.get("speculative_draft_model_path"), method=str(algorithm).lower(),
+            num_speculative_tokens=int(draft_tokens) - 1 if isinstance(draft_tokens, int) else None,
+            settings={k: server[k] for k in SETTINGS if k in server})
+
+    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+        params = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
+                  "skip_special_tokens": False}
+        reply = self.post_json("/generate", {"input_ids": input_ids, "sampling_params": params, "stream": False})
+        try:
+            ids = [int(t) for t in reply["output_ids"]]
+            meta = reply["meta_info"]
+        except (KeyError, TypeError, ValueError):
+            raise EngineError(f"sglang at {self.url}: a /generate reply without output_ids and meta_info") from None
+        steps = meta.get("spec_verify_ct")
+        if not isinstance(steps, int):
+            # SGLang leaves the spec fields out when no step verified a draft (a one-token completion).
+            return EngineReply(ids, 0, 0, 0, [], source="sglang meta_info")
+        histogram = _first(meta, HISTOGRAM)
+        accepted = _first(meta, ACCEPTED)
+        if accepted is None:
+            raise EngineError(f"sglang at {self.url}: meta_info has spec_verify_ct but no accepted-draft count "
+                              f"({' or '.join(ACCEPTED)})")
+        return EngineReply(completion_ids=ids, drafts=steps, draft_tokens=int(_first(meta, PROPOSED) or 0),
+                           accepted=int(accepted), histogram=[int(c) for c in histogram] if histogram else None,
+                           source="sglang meta_info", reported_mean=meta.get("spec_accept_length"))

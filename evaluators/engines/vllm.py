@@ -1,0 +1,140 @@
+"""vLLM's OpenAI server (0.32): completions of token ids, acceptance per request.
+
+Read from vLLM's own sources (v0.32.0):
+- `entrypoints/openai/completion/protocol.py`: `prompt` may be token ids; `return_token_ids` returns
+  the completion's ids; `stop_token_ids`, `ignore_eos`, `top_k` (-1: off).
+- `v1/metrics/stats.py` `RequestSpecDecodeMetrics.to_dict`: with `--per-request-spec-decode-metrics
+  detailed` the response's `metrics.speculative_decoding` holds `acceptance_histogram` (steps by
+  accepted draft count), `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`,
+  `num_spec_tokens`, `per_step_accepted`, `per_step_drafted`.
+- `v1/spec_decode/metrics.py`: counters `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`,
+  `..._num_accepted_tokens`, `..._num_accepted_tokens_per_pos{position}` (exported with `_total`);
+  mean acceptance length = 1 + accepted / drafts. Without per-request metrics, the deltas of these
+  counters around one request at concurrency 1 are that request's.
+- `entrypoints/serve/instrumentator/basic.py` `/version`; `entrypoints/openai/models/api_router.py`
+  `/v1/models` (`id`, `root`, `max_model_len`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from evaluators.engines.base import (EngineClient, EngineError, EngineInfo, EngineReply, Sampling, counter,
+                                     histogram_from_positions, prometheus_samples)
+
+NAME = "vllm"
+DRAFTS = "vllm:spec_decode_num_drafts"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
+
+
+def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
+                max_model_len: int, device: str) -> list[str]:
+    """`vllm serve` for a managed eval: exact numbers first (the eval's dtype, eager on CPU, no
+    prefix caching, so one prompt's acceptance never depends on the one before), per-request
+    statistics on. vLLM 0.32 picks DFlash2's model class from the drafter's architectures, so the
+    method is `dflash` for both families."""
+    spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
+            "--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed",
+            "--no-enable-prefix-caching", "--max-num-seqs", "1", "--disable-uvicorn-access-log"]
+    if device == "cpu":
+        # The CPU backend reserves --gpu-memory-utilization of the node's memory (0.92 by default).
+        argv += ["--enforce-eager", "--gpu-memory-utilization", "0.2"]
+    return argv
+
+
+def server_env(device: str) -> dict[str, str]:
+    return {"VLLM_CPU_KVCACHE_SPACE": "1"} if device == "cpu" else {}  # GiB of KV cache
+
+
+def aux_layers_from_log(text: str) -> list[int] | None:
+    """The layers vLLM logs as the drafter's auxiliary hidden states (`gpu_model_runner.py`)."""
+    for line in text.splitlines():
+        if AUX_LAYERS_LOG in line:
+            inside = line.split(AUX_LAYERS_LOG, 1)[1].strip().strip("()[] ")
+            try:
+                return [int(x) for x in inside.replace(",", " ").split()]
+            except ValueError:
+                return None
+    return None
+
+
+class VLLMClient(EngineClient):
+    name = NAME
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self._model: str | None = None
+        self._per_request: bool | None = None  # None: not known until the first reply
+
+    def info(self) -> EngineInfo:
+        models = (self.get_json("/v1/models") or {}).get("data") or []
+        if not models:
+            raise EngineError(f"vllm at {self.url} serves no model (/v1/models is empty)")
+        served = models[0]
+        self._model = served.get("id")
+        version = (self.get_json("/version") or {}).get("version")
+        samples = prometheus_samples(self.get_text("/metrics"))
+        if counter(samples, DRAFTS) is None:
+            raise EngineError(f"vllm at {self.url} runs no speculative decoding (/metrics has no {DRAFTS}); "
+                              "start it with --speculative-config")
+        positions = {lab.get("position") for n, lab, _ in samples if n.startswith(ACCEPTED_PER_POS)}
+        n_spec = len(positions - {None}) or None
+        cache = {lab_k: lab_v for n, lab, _ in samples if n == "vllm:cache_config_info"
+                 for lab_k, lab_v in lab.items() if lab_k in ("enable_prefix_caching", "cache_dtype",
+                                                                "mamba_ssm_cache_dtype", "mamba_cache_dtype")}
+        return EngineInfo(name=NAME, version=version, url=self.url, model=served.get("root") or self._model,
+                          draft_model=None, method=None, num_speculative_tokens=n_spec,
+                          settings={"max_model_len": served.get("max_model_len"), **cache})
+
+    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+        before = None if self._per_request else self._counters()
+        body = {"model": self._model, "prompt": input_ids, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                "stop_token_ids": list(sampling.stop_token_ids), "return_token_ids": True,
+                "skip_special_tokens": False, "seed": 0}
+        reply = self.post_json("/v1/completions", body)
+        try:
+            choice = reply["choices"][0]
+            ids = [int(t) for t in choice["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise EngineError(f"vllm at {self.url}: a completion without token_ids (vLLM older than 0.10?)") from None
+        stats = ((reply.get("metrics") or {}).get("speculative_decoding")) if isinstance(reply, dict) else None
+        if stats:
+            self._per_request = True
+            return _from_request_stats(ids, stats)
+        self._per_request = False
+        return _from_deltas(ids, before or {}, self._counters())
+
+    def _counters(self) -> dict:
+        samples = prometheus_samples(self.get_text("/metrics"))
+        by_pos: dict[int, float] = {}
+        for n, lab, v in samples:
+            if n in (ACCEPTED_PER_POS, ACCEPTED_PER_POS + "_total") and lab.get("position", "").isdigit():
+                by_pos[int(lab["position"])] = by_pos.get(int(lab["position"]), 0.0) + v
+        return {"drafts": counter(samples, DRAFTS) or 0.0, "draft_tokens": counter(samples, DRAFT_TOKENS) or 0.0,
+                "accepted": counter(samples, ACCEPTED) or 0.0, "by_pos": by_pos}
+
+
+def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
+    steps = stats.get("per_step_accepted")
+    return EngineReply(completion_ids=ids, drafts=int(stats["num_spec_steps"]),
+                       draft_tokens=int(stats["num_draft_tokens"]), accepted=int(stats["num_accepted_draft_tokens"]),
+                       histogram=[int(c) for c in stats["acceptance_histogram"]],
+                       accepted_per_step=[int(a) for a in steps] if steps is not None else None,
+                       source="vllm metrics.speculative_decoding",
+                       reported_mean=stats.get("mean_acceptance_length"))
+
+
+def _from_deltas(ids: list[int], before: dict, after: dict) -> EngineReply:
+    n = max(after["by_pos"], default=-1) + 1
+    by_pos = [round(after["by_pos"].get(k, 0.0) - before.get("by_pos", {}).get(k, 0.0)) for k in range(n)]
+    drafts = round(after["drafts"] - before.get("drafts", 0.0))
+    return EngineReply(completion_ids=ids, drafts=drafts,
+                       draft_tokens=round(after["draft_tokens"] - before.get("draft_tokens", 0.0)),
+                       accepted=round(after["accepted"] - before.get("accepted", 0.0)),
+                       histogram=histogram_from_positions(drafts, by_pos), source="vllm /metrics deltas")
