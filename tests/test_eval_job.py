@@ -27,7 +27,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
     params = eval_params(drafter=nasty, budgets=[16, 4, 8], max_new_tokens=64, linear_attn="fallback",
                          checkpoint_step=1200, train_run_id="abc", reference="z-lab", device="cuda", dtype="bf16",
                          drafter_precision="bf16-autocast", no_log=True, enable_thinking=False,
-                         completions="/data/c.jsonl", name="n")
+                         completions="/data/c.jsonl", name="n", engine="vllm", num_speculative_tokens=5)
     args = eval_job.cli_args(params)
     assert args[0] == "eval" and nasty in args  # one argument, never split or quoted
     parsed = _eval_parse(args[1:])
@@ -42,7 +42,8 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--target", "--drafter", "--prompts", "--completions", "--max-new-tokens", "--budgets", "--device",
         "--dtype", "--drafter-precision", "--linear-attn", "--out", "--tracking-uri", "--train-run-id", "--checkpoint-step",
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
-        "--limit-per-dataset", "--batch-size", "--anchor-chunk"]
+        "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--engine", "--engine-python", "--engine-url",
+        "--engine-port", "--num-speculative-tokens"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 
@@ -61,6 +62,11 @@ def test_cli_caps_budgets_like_the_queue(capsys):
         (eval_params(temperature=0), "unknown eval param.* temperature"),
         (eval_params(out="/etc/cron.d/x"), "unknown eval param.* out"),  # the CLI's, never a job's: it writes
         (eval_params(cache_dir="/"), "unknown eval param.* cache_dir"),
+        # The deployment starts engines from its own Python; a job names neither that nor a port.
+        (eval_params(engine="vllm", engine_python="/tmp/evil/python"), "unknown eval param.* engine_python"),
+        (eval_params(engine="vllm", engine_port=22), "unknown eval param.* engine_port"),
+        (eval_params(engine="vllm", engine_url="http://127.0.0.1:8000"), "engine_url .* not one of the servers"),
+        (eval_params(engine="tgi"), "engine must be one of vllm, sglang"),
         (eval_params(budgets="4,8"), "budgets must be a non-empty list"),
         (eval_params(budgets=[4, 10**6]), "each budget must be an integer from 1 to 4096"),
         (eval_params(budgets=[0]), "from 1 to 4096"),

@@ -128,7 +128,6 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     if longest > max_model_len:
         raise EngineError(f"the longest prompt + --max-new-tokens + a block ({longest} tokens) exceeds the target's "
                           f"context of {max_model_len}")
-    report = _engine_report(python) if python else None
     progress("load", 1, 1)
 
     server = None
@@ -150,12 +149,18 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             info.settings.update(_managed_settings(e.name, device, s.dtype))
         _check_serves(info, s, n_spec)
         info.num_speculative_tokens = info.num_speculative_tokens or n_spec
+        report = _engine_report(python) if python else None  # once it serves: the Python that really runs
         replies: list[EngineReply] = []
         t_requests = time.perf_counter()
         for i, p in enumerate(prompts, 1):
-            if server and not server.alive():
-                raise EngineError(f"{e.name} server died mid-run; its log ({server.log}) ends: {server.log_tail()}")
-            replies.append(client.generate(p.input_ids, sampling))
+            try:
+                replies.append(client.generate(p.input_ids, sampling))
+            except EngineError:
+                if server and not server.alive():
+                    raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "
+                                      f"{server.proc.returncode}); its log ({server.log}) ends: "
+                                      f"{server.log_tail()}") from None
+                raise
             progress(f"{e.name}: requests", i, len(prompts))
         requests_s = time.perf_counter() - t_requests
 

@@ -90,6 +90,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               "--max-samples)", metavar="N"),
     EvalField("batch_size", INT, "prompts per target batch (continuations and features); default: sized from "
               "the device's free memory", metavar="N"),
+    EvalField("anchor_chunk", INT, "anchors the drafter scores per call; default: sized from the device's free "
+              "memory (pin both for bitwise repeatability across machines)", metavar="N"),
     EvalField("engine", TEXT, "measure in a serving engine instead of offline: the same prompts and protocol, "
               "the engine's own per-request acceptance (docs/DESIGN.md, Engine evals)", choices=config.ENGINES),
     # The deployment's, never a job's: a worker starts an engine from its own DRAFTBOARD_<ENGINE>_PYTHON.
@@ -99,8 +101,6 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               metavar="URL"),
     EvalField("engine_port", INT, "managed mode: listen on this loopback port (default: a free one)", job=False),
     EvalField("num_speculative_tokens", INT, "draft tokens per engine step (default: block size - 1)", metavar="N"),
-    EvalField("anchor_chunk", INT, "anchors the drafter scores per call; default: sized from the device's free "
-              "memory (pin both for bitwise repeatability across machines)", metavar="N"),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)

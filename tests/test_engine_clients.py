@@ -1,0 +1,244 @@
+"""Engine clients, attached and managed mode, and every way an engine can fail, without a real engine:
+the SGLang-shaped server of tests/engine_servers.py (shaped from SGLang's own sources, cited there)
+and scripted managed engines that never get healthy or die mid-run. The real vLLM runs in
+tests/test_engines_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from evaluators.engines.base import EngineError, EngineReply, counter, histogram_from_positions, prometheus_samples
+from tracker.cli import main
+from tiny import hybrid_eval_files
+from engine_servers import SGLangServer, sglang_meta
+
+HERE = Path(__file__).parent
+# Per prompt, the draft tokens each verify step accepted (block 4: at most 3).
+STEPS = [[3, 1, 0, 2], [0, 0, 3], [2, 2, 2, 2, 1]]
+
+
+def test_a_chains_per_position_counts_give_its_histogram():
+    # 5 steps; position 0 accepted in 4 of them, position 1 in 2, position 2 in 1:
+    # exactly 0 accepted: 5-4 = 1, exactly 1: 4-2 = 2, exactly 2: 2-1 = 1, exactly 3: 1.
+    assert histogram_from_positions(5, [4, 2, 1]) == [1, 2, 1, 1]
+    with pytest.raises(EngineError, match="not a chain"):
+        histogram_from_positions(5, [2, 3, 1])
+    reply = EngineReply([1] * 9, drafts=5, draft_tokens=15, accepted=4 + 2 + 1, histogram=[1, 2, 1, 1])
+    assert reply.accepted_by_position == [4, 2, 1] and reply.steps_multiset == [0, 1, 1, 2, 3]
+    with pytest.raises(EngineError, match="disagree"):
+        EngineReply([1], drafts=5, draft_tokens=15, accepted=6, histogram=[1, 2, 1, 1])
+
+
+def test_prometheus_counters_with_or_without_the_total_suffix():
+    text = ('# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 39.0\n'
+            'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.79e+09\n'
+            'vllm:spec_decode_num_drafts{engine="1",model_name="m"} 3\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="2"} 7.0\n')
+    samples = prometheus_samples(text)
+    assert counter(samples, "vllm:spec_decode_num_drafts") == 42.0  # both engines, _created left out
+    assert counter(samples, "vllm:spec_decode_num_accepted_tokens_per_pos", position="2") == 7.0
+    assert counter(samples, "vllm:spec_decode_num_draft_tokens") is None
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    root = hybrid_eval_files(tmp_path / "m", prompt_id=lambda i: f"p{i}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DRAFTBOARD_ENGINE_URLS", raising=False)
+    monkeypatch.delenv("DRAFTBOARD_VLLM_PYTHON", raising=False)
+    return root
+
+
+def _prompts(root: Path) -> list[list[int]]:
+    return [json.loads(line)["input_ids"] for line in (root / "prompts.jsonl").read_text().splitlines()]
+
+
+def sglang_for(root: Path, **info) -> SGLangServer:
+    server_info = {"model_path": str(root / "target"), "speculative_algorithm": "DFLASH",
+                   "speculative_draft_model_path": str(root / "drafter"), "speculative_num_draft_tokens": 4,
+                   "dtype": "bfloat16", "disable_radix_cache": False, "mamba_ssm_dtype": "float32",
+                   "attention_backend": "fa3", "disable_cuda_graph": False, "version": "0.5.23",
+                   "launch_command": "python -m sglang.launch_server ...", **info}
+    replies = {}
+    for ids, steps in zip(_prompts(root), STEPS):
+        meta = sglang_meta(len(ids), steps, 4)
+        replies[tuple(ids)] = ([5 + (k % 50) for k in range(meta["completion_tokens"])], meta)
+    return SGLangServer(server_info, replies)
+
+
+def _eval_runs(store: str) -> list:
+    client = MlflowClient(store)
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+            if r.data.tags.get("draftboard.kind") == "eval"]
+
+
+def test_attached_sglang_eval_records_the_servers_fields(files, tmp_path, capsys, monkeypatch):
+    server = sglang_for(files)
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", f"http://other:1,{server.url}")
+    out = tmp_path / "sglang.json"
+    try:
+        rc = main(["eval", "--engine", "sglang", "--engine-url", server.url, "--target", str(files / "target"),
+                   "--drafter", str(files / "drafter"), "--prompts", str(files / "prompts.jsonl"),
+                   "--max-new-tokens", "64", "--dtype", "bf16", "--out", str(out)])
+    finally:
+        server.close()
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads(out.read_text())
+    assert results["protocol"]["scoring"] == "engine" and results["protocol"]["temperature"] == 0
+    engine = results["engine"]
+    assert (engine["name"], engine["version"], engine["method"], engine["num_speculative_tokens"]) == \
+        ("sglang", "0.5.23", "dflash", 3)
+    assert engine["mamba_ssm_dtype"] == "float32" and engine["disable_radix_cache"] is False
+    assert engine["attention_backend"] == "fa3" and engine["managed"] is False
+    for row, steps in zip(results["prompts"], STEPS):
+        assert row["engine_drafts"] == len(steps) and row["engine_accepted"] == sum(steps)
+        assert row["engine_draft_tokens"] == 3 * len(steps)
+        assert sorted(row["acceptance_lengths"]) == sorted(a + 1 for a in steps)
+        assert row["engine_steps_ordered"] is False and row["engine_accepted_per_step"] is None
+        # SGLang's own number counts the prefill's token: completion_tokens / steps
+        assert row["engine_reported_mean"] == pytest.approx((1 + sum(a + 1 for a in steps)) / len(steps))
+    # 1 + (6 + 3 + 9) / (4 + 3 + 5) = 2.5; tau = mean of per-prompt means (2.5, 2.0, 2.8)
+    assert results["engine_mean_acceptance_length"] == pytest.approx(2.5)
+    assert results["tau"] == pytest.approx((2.5 + 2.0 + 2.8) / 3)
+    assert results["fingerprint"]["source"]["kind"] == "engine"
+    assert results["fingerprint"]["numerics"]["linear_attention_path"] == "sglang-native"  # a hybrid target
+    [request] = [r for r in server.requests if r["input_ids"] == _prompts(files)[0]]
+    assert request["sampling_params"]["temperature"] == 0 and request["sampling_params"]["max_new_tokens"] == 64
+    assert request["sampling_params"]["stop_token_ids"] == [63]  # the target's EOS
+    [run] = _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
+    assert run.data.metrics["engine_mean_acceptance_length"] == pytest.approx(2.5)
+    assert run.data.tags["protocol.scoring"] == "engine"
+
+
+def _one_error(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines and lines[-1].startswith("error: ")
+    return lines[-1]
+
+
+def _eval_args(files: Path, *extra: str) -> list[str]:
+    return ["eval", "--target", str(files / "target"), "--drafter", str(files / "drafter"),
+            "--prompts", str(files / "prompts.jsonl"), "--max-new-tokens", "16", *extra]
+
+
+@pytest.mark.parametrize("info, message", [
+    ({"model_path": "/models/Qwen3.5-27B"}, "serves /models/Qwen3.5-27B, not the target"),
+    ({"speculative_draft_model_path": "/models/other-drafter"}, "drafts with /models/other-drafter"),
+    ({"speculative_algorithm": None}, "runs no speculative decoding"),
+    ({"speculative_num_draft_tokens": 8}, "drafts 7 tokens per step"),
+])
+def test_a_server_that_serves_something_else_is_refused(files, capsys, monkeypatch, info, message):
+    server = sglang_for(files, **info)
+    try:
+        rc = main(_eval_args(files, "--engine", "sglang", "--engine-url", server.url))
+    finally:
+        server.close()
+    assert rc == 2 and message in _one_error(capsys)
+    assert not server.requests  # refused before any prompt was sent
+    assert not _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def test_urls_outside_the_allowed_list_and_other_bad_engine_input(files, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://serving-box:30000")
+    cases = [
+        (["--engine", "sglang", "--engine-url", "http://127.0.0.1:9"], "not one of the servers this deployment allows"),
+        (["--engine", "sglang", "--engine-url", "http://u:pw@serving-box:30000"], "without a user or password"),
+        (["--engine", "vllm"], "needs the engine's own Python"),
+        (["--engine", "vllm", "--engine-python", str(files / "nothing")], "no such executable"),
+        (["--engine-url", "http://serving-box:30000"], "need --engine vllm|sglang"),
+        (["--engine", "vllm", "--engine-python", sys.executable, "--num-speculative-tokens", "9"],
+         "must be 1..3"),
+    ]
+    for extra, message in cases:
+        assert main(_eval_args(files, *extra)) == 2, extra
+        line = _one_error(capsys)
+        assert message in line and "pw" not in line, line
+    assert not _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def scripted_python(tmp_path: Path, mode: str, mark: str) -> Path:
+    """An "engine Python" that runs tests/engine_servers.py in `mode` whatever it is asked to run."""
+    script = tmp_path / f"python-{mode}"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'engine_servers.py'} {mode} {mark} \"$@\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def processes_with(mark: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_gone(mark: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while processes_with(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return processes_with(mark)
+
+
+def test_engines_that_fail_leave_an_error_line_and_no_process(files, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_START_S", "4")
+    for mode, message in (("never-healthy", "was not healthy within 4 s"), ("dies", "server died mid-run")):
+        mark = f"engine-mark-{mode}-{os.getpid()}"
+        python = scripted_python(tmp_path, mode, mark)
+        assert main(_eval_args(files, "--engine", "vllm", "--engine-python", str(python))) == 2
+        assert message in _one_error(capsys)
+        assert wait_gone(mark, 5) == []  # the engine and its own child
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        python = scripted_python(tmp_path, "dies", "engine-mark-port")
+        assert main(_eval_args(files, "--engine", "vllm", "--engine-python", str(python),
+                               "--engine-port", str(port))) == 2
+        assert f"--engine-port {port}" in _one_error(capsys)
+    assert processes_with("engine-mark-port") == []  # nothing was started
+    assert not _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def test_killing_the_worker_mid_eval_leaves_no_engine_process(files, tmp_path):
+    """The worker runs the eval, the eval runs the engine; SIGKILL the worker and all of it goes."""
+    from tracker.jobs import eval_job
+    from tracker.jobs.queue import JobQueue
+
+    mark = f"engine-mark-worker-{os.getpid()}"
+    jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
+    JobQueue(jobs).submit("eval", eval_job.validate({
+        "target": str(files / "target"), "drafter": str(files / "drafter"), "prompts": str(files / "prompts.jsonl"),
+        "engine": "vllm", "max_new_tokens": 16, "no_log": True}))
+    env = {**os.environ, "DRAFTBOARD_JOBS_URI": jobs, "DRAFTBOARD_VLLM_PYTHON": str(scripted_python(
+        tmp_path, "never-healthy", mark)), "DRAFTBOARD_ENGINE_START_S": "300"}
+    worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--poll", "0.1"], env=env,
+                              cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(processes_with(mark)) < 2 and time.monotonic() < deadline:  # the engine and its child
+            time.sleep(0.2)
+        assert len(processes_with(mark)) >= 2, "the engine never started"
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        assert wait_gone(mark, 5) == []
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        for pid in processes_with(mark):
+            os.kill(pid, signal.SIGKILL)

