@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from evaluators.engines.base import EngineError, EngineReply, counter, histogram_from_positions, prometheus_samples
 from tracker.cli import main
 from tiny import hybrid_eval_files
 from engine_servers import SGLangServer, sglang_meta
@@ -25,30 +24,6 @@ from engine_servers import SGLangServer, sglang_meta
 HERE = Path(__file__).parent
 # Per prompt, the draft tokens each verify step accepted (block 4: at most 3).
 STEPS = [[3, 1, 0, 2], [0, 0, 3], [2, 2, 2, 2, 1]]
-
-
-def test_a_chains_per_position_counts_give_its_histogram():
-    # 5 steps; position 0 accepted in 4 of them, position 1 in 2, position 2 in 1:
-    # exactly 0 accepted: 5-4 = 1, exactly 1: 4-2 = 2, exactly 2: 2-1 = 1, exactly 3: 1.
-    assert histogram_from_positions(5, [4, 2, 1]) == [1, 2, 1, 1]
-    with pytest.raises(EngineError, match="not a chain"):
-        histogram_from_positions(5, [2, 3, 1])
-    reply = EngineReply([1] * 9, drafts=5, draft_tokens=15, accepted=4 + 2 + 1, histogram=[1, 2, 1, 1])
-    assert reply.accepted_by_position == [4, 2, 1] and reply.steps_multiset == [0, 1, 1, 2, 3]
-    with pytest.raises(EngineError, match="disagree"):
-        EngineReply([1], drafts=5, draft_tokens=15, accepted=6, histogram=[1, 2, 1, 1])
-
-
-def test_prometheus_counters_with_or_without_the_total_suffix():
-    text = ('# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.\n'
-            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 39.0\n'
-            'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.79e+09\n'
-            'vllm:spec_decode_num_drafts{engine="1",model_name="m"} 3\n'
-            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="2"} 7.0\n')
-    samples = prometheus_samples(text)
-    assert counter(samples, "vllm:spec_decode_num_drafts") == 42.0  # both engines, _created left out
-    assert counter(samples, "vllm:spec_decode_num_accepted_tokens_per_pos", position="2") == 7.0
-    assert counter(samples, "vllm:spec_decode_num_draft_tokens") is None
 
 
 @pytest.fixture

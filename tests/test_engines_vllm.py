@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
 from demo import bytetok
 from evaluators.engines import vllm
@@ -115,7 +117,8 @@ def served(pair, vllm_python, tmp_path_factory):
     log = tmp_path_factory.mktemp("served") / "vllm.log"
     target, drafter = str(pair / "target"), str((pair / "drafter").resolve())
     with ManagedServer("vllm", lambda port: vllm.server_argv(vllm_python, target, drafter, port, 7, "float32", 512,
-                                                             "cpu"), log, env=vllm.server_env("cpu")) as server:
+                                                             "cpu"), log,
+                        env={**vllm.server_env("cpu"), "VLLM_LOG_STATS_INTERVAL": "1"}) as server:
         yield server
 
 
@@ -138,10 +141,34 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
 
     monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", served.url)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
-    out = tmp_path / "attached.json"
+    out, scrapes = tmp_path / "attached.json", tmp_path / "metrics.txt"
+    before = client.get_text("/metrics")
     assert main([*_args(pair), "--engine", "vllm", "--engine-url", served.url, "--no-log", "--out", str(out)]) == 0
+    scrapes.write_text(before + client.get_text("/metrics"))  # two scrapes appended: the window between them
     attached = json.loads(out.read_text())
     assert attached["engine"]["managed"] is False and attached["engine"]["url"] == served.url
     offline = json.loads((pair / "offline.json").read_text())
     assert [p["completion_ids"] for p in attached["prompts"]] == [p["completion_ids"] for p in offline["prompts"]]
     assert attached["fingerprint"]["software"]["torch"] is None  # another box's Python: not read from here
+
+    # Production numbers of the same server: a /metrics window, its log lines, one final scrape.
+    store = os.environ["MLFLOW_TRACKING_URI"]
+    assert main(["import-results", str(scrapes), "--format", "prometheus", "--tracking-uri", store]) == 0
+    time.sleep(2.5)  # vLLM logs its SpecDecoding line once per VLLM_LOG_STATS_INTERVAL
+    final = tmp_path / "final.txt"
+    final.write_text(client.get_text("/metrics"))
+    log = tmp_path / "vllm.log"
+    log.write_text(served.log.read_text(errors="replace"))
+    for path, fmt in ((final, "prometheus"), (log, "vllm-log")):
+        assert main(["import-results", str(path), "--format", fmt, "--tracking-uri", store, "--name", path.stem]) == 0
+    runs = {r.info.run_name: r.data for r in MlflowClient(store).search_runs(
+        [e.experiment_id for e in MlflowClient(store).search_experiments()])}
+    window = runs["metrics"]
+    assert window.metrics["engine_mean_acceptance_length"] == pytest.approx(attached["engine_mean_acceptance_length"])
+    assert window.tags["protocol.scoring"] == "imported" and "between the first and last of 2 scrapes" in \
+        window.tags["protocol.window"]
+    # The log lines cover the server's whole life, as the final scrape's counters do.
+    assert runs["vllm"].metrics["engine_mean_acceptance_length"] == pytest.approx(
+        runs["final"].metrics["engine_mean_acceptance_length"])
+    assert runs["vllm"].metrics["accept_rate_pos1"] == pytest.approx(runs["final"].metrics["accept_rate_pos1"],
+                                                                     abs=1e-3)  # the log prints 3 decimals

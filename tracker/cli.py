@@ -166,21 +166,24 @@ def cmd_adopt(args) -> int:
 
 
 def cmd_import_results(args) -> int:
-    from tracker.store.importers import ddtree_benchmark, results, speculators_acceptance, tensorboard, zlab_benchmark
+    from tracker.store.importers import (ddtree_benchmark, results, served, speculators_acceptance, tensorboard,
+                                         zlab_benchmark)
     from tracker.store.tracker import Tracker
 
-    tracker = Tracker(args.tracking_uri)
     name = args.name or Path(args.file).stem
+    # The file is read whole before the store is opened: a bad file creates nothing.
     if args.format == "tensorboard":
         if args.train_run_id:
             raise DraftboardError("--train-run-id does not apply to --format tensorboard: event folders are "
                                   "imported as training runs of their own")
-        run_ids = tensorboard.log_event_runs(tracker, tensorboard.read_event_folder(args.file), name, args.target)
+        runs = tensorboard.read_event_folder(args.file)
+        run_ids = tensorboard.log_event_runs(Tracker(args.tracking_uri), runs, name, args.target)
     else:
         parse = {"zlab-benchmark": zlab_benchmark.parse_benchmark_log, "ddtree": ddtree_benchmark.parse_ddtree_results,
-                 "speculators-acceptance": speculators_acceptance.parse_acceptance_csv}[args.format]
-        run_ids = results.log_imported(tracker, parse(args.file), source=args.file, fmt=args.format, name=name,
-                                       target=args.target, train_run_id=args.train_run_id)
+                 "speculators-acceptance": speculators_acceptance.parse_acceptance_csv, **served.PARSERS}[args.format]
+        evals = parse(args.file)
+        run_ids = results.log_imported(Tracker(args.tracking_uri), evals, source=args.file, fmt=args.format,
+                                       name=name, target=args.target, train_run_id=args.train_run_id)
     print(f"imported {args.file} ({args.format}) as run(s) {', '.join(run_ids)}")
     return 0
 
@@ -356,7 +359,7 @@ def _results_of(ref: str, tracking_uri: str | None) -> dict:
 
 
 def cmd_reconcile(args) -> int:
-    from evaluators.engines.reconcile import reconcile
+    from tracker.reconcile import reconcile
 
     report = reconcile(_results_of(args.engine_eval, args.tracking_uri),
                        _results_of(args.offline_eval, args.tracking_uri))
@@ -574,6 +577,8 @@ def _is_loopback(address: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tracker.store.importers import served
+
     parser = argparse.ArgumentParser(prog="draftboard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -639,7 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import-results", help="import eval results or TensorBoard curves another tool wrote")
     p.add_argument("file", help="the results file, or the TensorBoard log folder")
     p.add_argument("--format", required=True, choices=["zlab-benchmark", "speculators-acceptance", "ddtree",
-                                                       "tensorboard"])
+                                                       "tensorboard", *served.FORMATS],
+                   help="vllm-log / sglang-log / prometheus: served numbers from production (a server log, a "
+                        "/metrics scrape), imported with the window they cover")
     p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
     p.add_argument("--name", default=None, help="run name (default: the file's name)")
     p.add_argument("--target", default=None, help="the target model (default: what the file or training run says)")

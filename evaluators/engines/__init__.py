@@ -5,5 +5,7 @@ as vLLM's `spec_decode/` has one proposer per method.
 - `vllm`, `sglang`: the two clients, each reading its engine's own response fields.
 - `server`: a managed engine server (started from its own Python, stopped on every exit path).
 - `run`: `draftboard eval --engine`: the offline eval's prompts and protocol, measured by an engine.
-- `reconcile`: `draftboard reconcile`: the gap between an engine eval and an offline one, in parts.
+
+What engines name their counters and log lines is `tracker.engine_metrics`'s; the gap between an
+engine eval and an offline one is `tracker.reconcile`'s (the dashboard draws it too).
 """

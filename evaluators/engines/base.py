@@ -9,8 +9,6 @@ returns them (vLLM `--per-request-spec-decode-metrics detailed`).
 from __future__ import annotations
 
 import json
-import math
-import re
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
@@ -101,16 +99,6 @@ class EngineReply:
         return [j for j, c in enumerate(self.histogram) for _ in range(c)]
 
 
-def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
-    """Steps per accepted count from per-position acceptance: a chain accepts a prefix, so the steps
-    with at least k+1 accepted are those that accepted position k, and h[j] = c[j-1] - c[j]."""
-    at_least = [drafts, *by_position, 0]
-    hist = [at_least[j] - at_least[j + 1] for j in range(len(by_position) + 1)]
-    if any(h < 0 for h in hist):
-        raise EngineError(f"per-position acceptance {by_position} is not a chain's (it grows with the position)")
-    return hist
-
-
 class EngineClient(ABC):
     """One engine's HTTP API."""
 
@@ -151,34 +139,3 @@ class EngineClient(ABC):
         if len(body) > MAX_RESPONSE_BYTES:
             raise EngineError(f"{self.name} at {self.url}{path}: a reply over {MAX_RESPONSE_BYTES >> 20} MiB")
         return body
-
-
-# --------------------------------------------------------------------------- Prometheus text
-
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def prometheus_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) for every sample line of a Prometheus text exposition."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
-    return out
-
-
-def counter(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float | None:
-    """The sum of a counter's samples (all engines), with or without the `_total` suffix; None if absent."""
-    values = [v for n, lab, v in samples if n in (name, name + "_total")
-              and all(lab.get(k) == want for k, want in labels.items())]
-    return sum(values) if values else None

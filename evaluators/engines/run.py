@@ -156,7 +156,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             try:
                 replies.append(client.generate(p.input_ids, sampling))
             except EngineError:
-                if server and not server.alive():
+                if server and server.exited(within_s=3.0):  # a reset connection is often its last word
                     raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "
                                       f"{server.proc.returncode}); its log ({server.log}) ends: "
                                       f"{server.log_tail()}") from None

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -78,7 +79,7 @@ class ManagedServer:
             self.port = free_port()
         argv = list(self.argv_for(self.port))
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        if threading_main():
+        if threading.current_thread() is threading.main_thread():  # signal handlers live there
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
         try:
             with open(self.log, "ab") as out:
@@ -119,8 +120,13 @@ class ManagedServer:
                                   f"(DRAFTBOARD_ENGINE_START_S); its log ({self.log}) ends: {self.log_tail()}")
             time.sleep(HEALTH_POLL_S)
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def exited(self, within_s: float = 0.0) -> bool:
+        """True if the server process has ended (waiting up to within_s for it to)."""
+        try:
+            self.proc.wait(timeout=within_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def log_tail(self) -> str:
         try:
@@ -146,12 +152,6 @@ class ManagedServer:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _raise_exit(signum, _frame) -> None:

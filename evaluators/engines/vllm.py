@@ -19,15 +19,10 @@ from __future__ import annotations
 
 import json
 
-from evaluators.engines.base import (EngineClient, EngineError, EngineInfo, EngineReply, Sampling, counter,
-                                     histogram_from_positions, prometheus_samples)
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+from tracker import engine_metrics as em
 
 NAME = "vllm"
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
 
 
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
@@ -54,8 +49,8 @@ def server_env(device: str) -> dict[str, str]:
 def aux_layers_from_log(text: str) -> list[int] | None:
     """The layers vLLM logs as the drafter's auxiliary hidden states (`gpu_model_runner.py`)."""
     for line in text.splitlines():
-        if AUX_LAYERS_LOG in line:
-            inside = line.split(AUX_LAYERS_LOG, 1)[1].strip().strip("()[] ")
+        if em.VLLM_AUX_LAYERS_LOG in line:
+            inside = line.split(em.VLLM_AUX_LAYERS_LOG, 1)[1].strip().strip("()[] ")
             try:
                 return [int(x) for x in inside.replace(",", " ").split()]
             except ValueError:
@@ -78,11 +73,12 @@ class VLLMClient(EngineClient):
         served = models[0]
         self._model = served.get("id")
         version = (self.get_json("/version") or {}).get("version")
-        samples = prometheus_samples(self.get_text("/metrics"))
-        if counter(samples, DRAFTS) is None:
-            raise EngineError(f"vllm at {self.url} runs no speculative decoding (/metrics has no {DRAFTS}); "
+        samples = em.prometheus_samples(self.get_text("/metrics"))
+        if em.counter(samples, em.VLLM_DRAFTS) is None:
+            raise EngineError(f"vllm at {self.url} runs no speculative decoding (/metrics has no "
+                              f"{em.VLLM_DRAFTS}); "
                               "start it with --speculative-config")
-        positions = {lab.get("position") for n, lab, _ in samples if n.startswith(ACCEPTED_PER_POS)}
+        positions = {lab.get("position") for n, lab, _ in samples if n.startswith(em.VLLM_ACCEPTED_PER_POS)}
         n_spec = len(positions - {None}) or None
         cache = {lab_k: lab_v for n, lab, _ in samples if n == "vllm:cache_config_info"
                  for lab_k, lab_v in lab.items() if lab_k in ("enable_prefix_caching", "cache_dtype",
@@ -111,13 +107,15 @@ class VLLMClient(EngineClient):
         return _from_deltas(ids, before or {}, self._counters())
 
     def _counters(self) -> dict:
-        samples = prometheus_samples(self.get_text("/metrics"))
+        samples = em.prometheus_samples(self.get_text("/metrics"))
         by_pos: dict[int, float] = {}
         for n, lab, v in samples:
-            if n in (ACCEPTED_PER_POS, ACCEPTED_PER_POS + "_total") and lab.get("position", "").isdigit():
+            if n in (em.VLLM_ACCEPTED_PER_POS, em.VLLM_ACCEPTED_PER_POS + "_total") \
+                    and lab.get("position", "").isdigit():
                 by_pos[int(lab["position"])] = by_pos.get(int(lab["position"]), 0.0) + v
-        return {"drafts": counter(samples, DRAFTS) or 0.0, "draft_tokens": counter(samples, DRAFT_TOKENS) or 0.0,
-                "accepted": counter(samples, ACCEPTED) or 0.0, "by_pos": by_pos}
+        return {"drafts": em.counter(samples, em.VLLM_DRAFTS) or 0.0,
+                "draft_tokens": em.counter(samples, em.VLLM_DRAFT_TOKENS) or 0.0,
+                "accepted": em.counter(samples, em.VLLM_ACCEPTED) or 0.0, "by_pos": by_pos}
 
 
 def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
@@ -137,4 +135,4 @@ def _from_deltas(ids: list[int], before: dict, after: dict) -> EngineReply:
     return EngineReply(completion_ids=ids, drafts=drafts,
                        draft_tokens=round(after["draft_tokens"] - before.get("draft_tokens", 0.0)),
                        accepted=round(after["accepted"] - before.get("accepted", 0.0)),
-                       histogram=histogram_from_positions(drafts, by_pos), source="vllm /metrics deltas")
+                       histogram=em.histogram_from_positions(drafts, by_pos), source="vllm /metrics deltas")

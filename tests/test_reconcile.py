@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluators.engines.reconcile import reconcile
+from tracker.reconcile import reconcile
 from tracker.errors import DraftboardError
 
 # max_new_tokens 10, `cut`. Offline walks and the engine's, per prompt:

@@ -1,0 +1,94 @@
+"""What serving engines report about speculative decoding, and how they name it: one module owns
+the names, so the engine clients (evaluators/engines/) and the importer of production numbers
+(tracker/store/importers/served.py) read the same ones.
+
+Read from the engines' own sources (vLLM 0.32.0, SGLang 0.5.23):
+- vLLM `v1/spec_decode/metrics.py`: counters `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`,
+  `..._num_accepted_tokens`, `..._num_accepted_tokens_per_pos{position}` (exported with `_total`, plus
+  `_created` timestamps), and the periodic log line `SpecDecoding metrics: Mean acceptance length: %.2f,
+  Accepted throughput: %.2f tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted:
+  %d tokens, Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%`;
+  `v1/worker/gpu_model_runner.py` logs "Using auxiliary layers from speculative config: (...)".
+- SGLang `srt/managers/scheduler_components/metrics_reporter.py` (`scheduler_metrics_mixin.py` before
+  0.5.2x): the log line `Decode batch[ [ITER]], #running-req: N, ..., accept len: {:.2f}, accept rate:
+  {:.2f}, ...`, where accept len = accepted tokens / verify steps of the last log interval (the bonus
+  token included) and accept rate = correct drafts / proposed drafts; `srt/observability/
+  metrics_collector.py`: gauges `sglang:spec_accept_length`, `sglang:spec_accept_rate`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tracker.errors import DraftboardError
+
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+VLLM_AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
+VLLM_LOG_LINE = re.compile(
+    r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]+), .*?Accepted: (?P<accepted>\d+) tokens, "
+    r"Drafted: (?P<drafted>\d+) tokens, Per-position acceptance rate: (?P<positions>[\d., ]*?), "
+    r"Avg Draft acceptance rate")
+SGLANG_LOG_LINE = re.compile(
+    r"Decode batch(?: \[\d+\])?, .*?accept len: (?P<accept_len>[\d.]+), accept rate: (?P<rate>[\d.]+)")
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
+    """Steps per accepted count from per-position acceptance: a chain accepts a prefix, so the steps
+    with at least k+1 accepted are those that accepted position k, and h[j] = c[j-1] - c[j]."""
+    at_least = [drafts, *by_position, 0]
+    hist = [at_least[j] - at_least[j + 1] for j in range(len(by_position) + 1)]
+    if any(h < 0 for h in hist):
+        raise DraftboardError(f"per-position acceptance {by_position} is not a chain's (it grows with the position)")
+    return hist
+
+
+# --------------------------------------------------------------------------- Prometheus text
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def prometheus_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) for every sample line of a Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def counter(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float | None:
+    """The sum of a counter's samples (all engines), with or without the `_total` suffix; None if absent."""
+    values = [v for n, lab, v in samples if n in (name, name + "_total")
+              and all(lab.get(k) == want for k, want in labels.items())]
+    return sum(values) if values else None
+
+
+def scrapes(text: str) -> list[list[tuple[str, dict[str, str], float]]]:
+    """The samples of each scrape in a text of scrapes appended one after another: a sample (name and
+    labels) seen a second time starts the next one."""
+    out: list[list] = [[]]
+    seen: set = set()
+    for sample in prometheus_samples(text):
+        key = (sample[0], tuple(sorted(sample[1].items())))
+        if key in seen:
+            out.append([])
+            seen = set()
+        seen.add(key)
+        out[-1].append(sample)
+    return [s for s in out if s]

@@ -1,0 +1,132 @@
+"""Served numbers from production, imported as eval runs of protocol `imported` with the window they
+cover: vLLM's periodic `SpecDecoding metrics:` log lines, SGLang's `Decode batch, ... accept len:` lines,
+and a `/metrics` scrape (one, or several appended: then the counters' change between the first and
+the last). Formats and names: `tracker.engine_metrics`.
+
+What each number is, and never is:
+- vLLM log lines and counters give accepted and drafted token counts. Each draft proposes
+  num_speculative_tokens (= the length of the per-position list) tokens, so drafts = drafted tokens
+  / that length, and `engine_mean_acceptance_length` = 1 + accepted / drafts, pooled over the window:
+  vLLM's definition, the same one an engine eval records. `accept_rate_pos{k}` (the fraction of
+  drafts whose token k was accepted) is the per-position rates weighted by each line's drafts.
+- SGLang's `accept len` is tokens per verify step (bonus token included) averaged over one log
+  interval, with no counts: the window's number is the mean over lines, `sglang_accept_len`, a
+  definition of its own. Neither is draftboard's per-prompt `tau`, and neither is logged as it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tracker import engine_metrics as em
+from tracker.errors import DraftboardError
+from tracker.store import names
+from tracker.store.importers.results import ImportedEval, finite
+
+VLLM_LOG, SGLANG_LOG, PROMETHEUS = "vllm-log", "sglang-log", "prometheus"
+FORMATS = (VLLM_LOG, SGLANG_LOG, PROMETHEUS)
+DATASET = "served"  # production traffic: no prompt set of ours
+# vLLM: "INFO 12-02 14:37:37 [...]"; SGLang: "[2026-12-02 14:37:37 TP0] ..."
+_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}|\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
+
+
+def _lines(path: str | Path):
+    file = Path(path)
+    if not file.is_file():
+        raise DraftboardError(f"{file}: no such file")
+    with file.open(encoding="utf-8", errors="replace") as handle:
+        yield from enumerate(handle, 1)
+
+
+def _window(first: str | None, last: str | None, n: int, unit: str) -> dict[str, str]:
+    return {"window_start": first or "unknown", "window_end": last or "unknown", "window": f"{n} {unit}"}
+
+
+def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
+    accepted = drafts = 0.0
+    by_pos: list[float] = []
+    first = last = None
+    n = 0
+    for lineno, line in _lines(path):
+        m = em.VLLM_LOG_LINE.search(line)
+        if not m:
+            continue
+        where = f"{path}:{lineno}"
+        rates = [finite(x, f"{where}: per-position rate") for x in m.group("positions").replace(",", " ").split()]
+        if not rates:
+            raise DraftboardError(f"{where}: a SpecDecoding line without per-position rates")
+        line_drafts = finite(m.group("drafted"), where) / len(rates)
+        accepted += finite(m.group("accepted"), where)
+        drafts += line_drafts
+        by_pos = [a + r * line_drafts for a, r in zip(by_pos, rates)] if by_pos else [r * line_drafts for r in rates]
+        stamp = _TIME.search(line)
+        first, last, n = first or (stamp and stamp.group(1)), (stamp and stamp.group(1)) or last, n + 1
+    if not n or not drafts:
+        raise DraftboardError(f"{path}: no 'SpecDecoding metrics:' line with drafts (is it a vLLM server log with "
+                              "speculative decoding?)")
+    metrics = {names.ENGINE_MEAN_AL: 1 + accepted / drafts,
+               **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
+    protocol = {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)), **_window(first, last, n, "log lines")}
+    return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafts": drafts, "lines": n})]
+
+
+def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
+    values, rates = [], []
+    first = last = None
+    for lineno, line in _lines(path):
+        m = em.SGLANG_LOG_LINE.search(line)
+        if m:
+            values.append(finite(m.group("accept_len"), f"{path}:{lineno}"))
+            rates.append(finite(m.group("rate"), f"{path}:{lineno}"))
+            stamp = _TIME.search(line)
+            first, last = first or (stamp and stamp.group(1)), (stamp and stamp.group(1)) or last
+    if not values:
+        raise DraftboardError(f"{path}: no 'Decode batch, ... accept len:' line (is it an SGLang server log with "
+                              "speculative decoding?)")
+    metrics = {"sglang_accept_len": sum(values) / len(values), "sglang_accept_rate": sum(rates) / len(rates)}
+    return [ImportedEval(DATASET, metrics, {"backend": "sglang", **_window(first, last, len(values), "log lines")},
+                         {"lines": len(values)})]
+
+
+def parse_prometheus(path: str | Path) -> list[ImportedEval]:
+    """vLLM counters (or SGLang gauges) of one scrape, or the change between the first and last of several."""
+    text = "".join(line for _, line in _lines(path))
+    scrapes = [s for s in em.scrapes(text) if em.counter(s, em.VLLM_DRAFTS) is not None]
+    if scrapes:
+        return [_vllm_counters(scrapes, path)]
+    samples = em.prometheus_samples(text)
+    length = em.counter(samples, em.SGLANG_ACCEPT_LENGTH)
+    if length is None:
+        raise DraftboardError(f"{path}: no {em.VLLM_DRAFTS} counter and no {em.SGLANG_ACCEPT_LENGTH} gauge: not a "
+                              "/metrics scrape of a speculative-decoding server")
+    rate = em.counter(samples, em.SGLANG_ACCEPT_RATE)
+    return [ImportedEval(DATASET, {"sglang_accept_len": length, **({"sglang_accept_rate": rate} if rate is not None
+                                                                   else {})},
+                         {"backend": "sglang", "window": "the gauge at the scrape"})]
+
+
+def _vllm_counters(scrapes: list[list], path) -> ImportedEval:
+    def totals(samples):
+        positions = sorted({int(lab["position"]) for n, lab, _ in samples
+                            if n.startswith(em.VLLM_ACCEPTED_PER_POS) and lab.get("position", "").isdigit()})
+        created = [v for n, _, v in samples if n == em.VLLM_DRAFTS + "_created"]
+        return (em.counter(samples, em.VLLM_DRAFTS) or 0.0, em.counter(samples, em.VLLM_ACCEPTED) or 0.0,
+                [em.counter(samples, em.VLLM_ACCEPTED_PER_POS, position=str(k)) or 0.0 for k in positions],
+                min(created) if created else None)
+
+    last = totals(scrapes[-1])
+    first = totals(scrapes[0]) if len(scrapes) > 1 else (0.0, 0.0, [0.0] * len(last[2]), None)
+    drafts, accepted = last[0] - first[0], last[1] - first[1]
+    if drafts <= 0:
+        raise DraftboardError(f"{path}: no drafts in the window the scrape(s) cover")
+    by_pos = [b - a for a, b in zip(first[2], last[2])]
+    metrics = {names.ENGINE_MEAN_AL: 1 + accepted / drafts,
+               **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
+    window = (f"between the first and last of {len(scrapes)} scrapes" if len(scrapes) > 1 else
+              "since the counters were created" + (f" (unix {last[3]:.0f})" if last[3] else ""))
+    return ImportedEval(DATASET, metrics, {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)),
+                                           "window": window}, {"drafts": drafts, "accepted_tokens": accepted})
+
+
+PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, PROMETHEUS: parse_prometheus}
