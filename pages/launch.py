@@ -15,6 +15,8 @@ from tracker.dashboard.launch_form import (
     error_line,
     eval_params,
     form_defaults,
+    measure_choices,
+    measure_label,
     prompt_choices,
     result_line,
     shown_log,
@@ -127,6 +129,12 @@ else:
             st.caption(f"Linear attention: {md(why)} → {md_code('--linear-attn ' + resolved)}")
         else:
             st.warning(f"Linear attention: {md(why)}")
+    measured_by = st.selectbox(
+        "Measured by", measure_choices(), key="launch_measured_by", format_func=measure_label,
+        help="offline: teacher-forced, exact, with DDTree; an engine: the same prompts and protocol served by vLLM "
+             "or SGLang, read from the engine's own per-request acceptance (the worker starts it from "
+             "DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON, or attaches to a server of DRAFTBOARD_ENGINE_URLS). "
+             "`draftboard reconcile` and Run detail explain the gap between the two")
     c1, c2 = st.columns([1, 3])
     as_reference = c1.checkbox("Reference", key="launch_reference",
                                help="log the eval as a reference run (`--reference NAME`), a baseline for Compare")
@@ -143,7 +151,7 @@ else:
             drafter_precision=precision, linear_attn=linear,
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
-            limit_per_dataset=None if limit is None else int(limit),
+            limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
         )
         with ui.reported(lambda text: st.error(text, icon=":material/block:")):
             params = eval_params(form, cfg.allowed_roots)

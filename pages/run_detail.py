@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from tracker.dashboard import charts, curve_chart, lineage, metric_docs, recipe, ui, watch_form
+from tracker.dashboard import charts, curve_chart, lineage, metric_docs, recipe, reconcile_view, ui, watch_form
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.tables import (
@@ -64,6 +64,29 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
             ui.refresh()
             st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
+
+
+def reconcile_section(run) -> None:
+    st.markdown("**Served vs offline**", help="`draftboard reconcile`: the engine's own number (1 + accepted / "
+                "drafts, pooled over steps) against an offline tau of the same checkpoint and prompts, the gap "
+                "taken apart: definitions first, then acceptance on equal completions, then numerics")
+    partners = reconcile_view.offline_partners(index, run)
+    if not partners:
+        st.info("No offline eval of this checkpoint on the same prompts (protocol.prompt_digest) to reconcile "
+                "with: queue one from Launch with 'Measured by: offline'.")
+        return
+    other = st.selectbox("Offline eval", partners, key="detail_reconcile_with",
+                         format_func=lambda r: ui.run_option_label(index, r.run_id))
+    with ui.reported():
+        report = reconcile_view.report(run, other, ui.eval_results_loader(cfg.store_uri))
+        if report is None:
+            st.warning("The results of one of the two runs cannot be read.")
+            return
+        st.markdown(md(report["verdict"]))
+        st.dataframe(reconcile_view.parts_frame(report), hide_index=True, key="detail_reconcile_parts",
+                     column_config={"change of the pooled mean": st.column_config.NumberColumn(format="%+.4f"),
+                                    "what it is": st.column_config.TextColumn(width="large")})
+        st.dataframe(reconcile_view.prompts_frame(report), hide_index=True, key="detail_reconcile_prompts")
 
 
 def watch_section(run) -> None:
@@ -171,6 +194,8 @@ with tabs[1]:
             st.plotly_chart(charts.ddtree_vs_budget(trees, colors), key="detail_ddtree")
         if positions.empty and trees.empty:
             st.info("This run has no per-position or DDTree results.")
+        if reconcile_view.is_engine_eval(run):
+            reconcile_section(run)
 
 with tabs[2]:
     params = params_frame(run)

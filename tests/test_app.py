@@ -435,3 +435,25 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
     demo_progress.ProgressWriter(tmp_path / "home", building, pid=os.getpid(), log="demo.log").update()
     assert ui.warm(building) == "warm: skipped (the demo is building the store)"
     assert not (tmp_path / "home" / "draftboard.db").exists()
+
+
+def test_launch_queues_an_engine_eval_managed_or_on_an_allowed_server(app_env, monkeypatch):
+    monkeypatch.setenv("DRAFTBOARD_VLLM_PYTHON", "/opt/vllm-venv/bin/python")
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://serving-box:30000")
+    at = run_page("pages/launch.py")
+    choices = at.selectbox(key="launch_measured_by").options
+    assert choices == ["offline (teacher-forced, exact)", "vLLM (started by the worker)",
+                       "vLLM at http://serving-box:30000", "SGLang at http://serving-box:30000"]
+    at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
+    at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
+    at.selectbox(key="launch_checkpoint").set_value(100)
+    for choice in [("vllm", None), ("sglang", "http://serving-box:30000")]:
+        at.selectbox(key="launch_measured_by").set_value(choice).run()
+        at.button(key="launch_submit").click().run()
+        assert not at.exception and not at.error, page_text(at)
+    managed, attached = JobQueue().list()[::-1]
+    assert managed.params["engine"] == "vllm" and "engine_url" not in managed.params
+    assert not {"budgets", "linear_attn", "drafter_precision"} & set(managed.params)  # offline settings
+    assert (attached.params["engine"], attached.params["engine_url"]) == ("sglang", "http://serving-box:30000")
+    assert "vllm" in managed.params["name"]  # an engine eval is never named like the offline one
+    assert "vLLM" in page_text(at) or "vllm" in page_text(at)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracker import config
+from tracker import config, redact
 from tracker.dashboard.envmatrix import environment_flags, eval_settings_of
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
@@ -151,6 +151,26 @@ class LaunchForm:
     reference: bool = False
     reference_name: str = ""
     limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
+    measured_by: tuple[str | None, str | None] = (None, None)  # (engine, url): measure_choices()
+
+
+OFFLINE = (None, None)
+
+
+def measure_choices(env=None) -> list[tuple[str | None, str | None]]:
+    """What may measure an eval: offline, an engine the worker starts (where the deployment names its
+    Python, DRAFTBOARD_<ENGINE>_PYTHON), or a running server from DRAFTBOARD_ENGINE_URLS."""
+    managed = [(e, None) for e in config.ENGINES if config.engine_python(e, env)]
+    attached = [(e, url) for url in config.engine_urls(env) for e in config.ENGINES]
+    return [OFFLINE, *managed, *attached]
+
+
+def measure_label(choice: tuple[str | None, str | None]) -> str:
+    engine, url = choice
+    if engine is None:
+        return "offline (teacher-forced, exact)"
+    name = {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+    return f"{name} at {redact.shown_uri(url)}" if url else f"{name} (started by the worker)"
 
 
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
@@ -185,6 +205,15 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     }
     if form.limit_per_dataset is not None:
         params["limit_per_dataset"] = int(form.limit_per_dataset)
+    engine, url = form.measured_by
+    if engine:
+        # The engine runs its own kernels and drafts one chain: DDTree budgets, the drafter's precision
+        # and the linear-attention switch are offline settings, so the job claims none of them.
+        for offline_only in ("budgets", "drafter_precision", "linear_attn"):
+            params.pop(offline_only)
+        params["engine"] = engine
+        if url:
+            params["engine_url"] = url
     if form.train_run_id:
         params["train_run_id"] = form.train_run_id
         if form.checkpoint_step is not None:
@@ -311,6 +340,8 @@ def _job_what(p: dict, run_labels: dict[str, str] | None) -> str:
     else:
         env = " · ".join(str(p[k]) for k in ("dtype", "linear_attn", "device") if p.get(k))
         what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env]))
+        if p.get("engine"):
+            what += f" · {measure_label((str(p['engine']), p.get('engine_url')))}"
     return f"reference {p['reference']} ({what})" if p.get("reference") else what
 
 

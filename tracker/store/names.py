@@ -134,8 +134,8 @@ def parse_protocol_tag(tag: str) -> str | None:
 def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any]) -> str:
     """`<training run> @ step N · <settings>`: one name for an eval of a checkpoint wherever it is
     shown or logged. Settings: dtype, the drafter's precision where it is not a cast to that dtype,
-    linear-attention mode and device (what is unset is left out)."""
+    linear-attention mode, device and the serving engine that measured it (what is unset is left out)."""
     dtype, precision = settings.get("dtype"), settings.get("drafter_precision")
     parts = [dtype, f"drafter {precision}" if precision and precision != dtype else None,
-             settings.get("linear_attn"), settings.get("device")]
+             settings.get("linear_attn"), settings.get("device"), settings.get("engine")]
     return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p)])

@@ -1,0 +1,37 @@
+"""Run detail draws an engine eval's reconciliation with an offline eval of the same checkpoint and
+prompts: the hand-worked pair of tests/test_reconcile.py, logged as two eval runs of a real store."""
+
+from __future__ import annotations
+
+from apptest import page_text, run_page, serve
+from test_reconcile import evals
+from tracker.store import names
+from tracker.store.tracker import Tracker
+
+
+def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    checkpoint = tmp_path / "drafter"
+    checkpoint.mkdir()
+    tracker, ids = Tracker(uri), {}
+    engine, offline = evals()
+    engine["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<img src=x onerror=alert(1)>"  # a user's id
+    for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
+        tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
+        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags) as run:
+            run.log_metrics({"tau": results["tau"]}, step=0)
+            run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
+            ids[name] = run.run_id
+    serve(monkeypatch, uri, tmp_path / "home", tmp_path)
+    at = run_page("pages/run_detail.py", run=ids["served"])
+    assert not at.exception, [e.message for e in at.exception]
+    text = page_text(at)
+    assert "engine 3.300 vs offline tau 2.500 (gap +0.800)" in text and "nothing unexplained" in text
+    parts, prompts = [df.value for df in at.dataframe if "part" in df.value.columns or "prompt" in df.value.columns]
+    assert list(parts["part"]) == ["pooling", "end of generation", "acceptance", "numerics", "unexplained"]
+    assert abs(parts["change of the pooled mean"].sum() - 0.8) < 1e-9
+    assert list(prompts["cause"]) == ["end_of_generation", "acceptance", "numerics", "every block agrees"]
+    assert "<img" not in text  # ids reach tables only, never markdown
+
+    at = run_page("pages/run_detail.py", run=ids["offline"])  # an offline eval has no such section
+    assert "Served vs offline" not in page_text(at)
