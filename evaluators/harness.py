@@ -309,6 +309,8 @@ def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...], last_b
         "prompts": [
             {"id": w.id, "dataset": w.prompt.dataset, "category": w.prompt.category,
              "input_ids": w.input_ids, "completion_ids": w.completion_ids, "acceptance_lengths": walks,
+             "acceptance_lengths_as_engine": metrics.engine_walk(w.chain, len(w.completion_ids), w.n_anchors,
+                                                                 w.n_anchors < len(w.completion_ids)),
              "ddtree_acceptance_lengths": {str(b): tree_walks[b][i] for b in budgets}}
             for i, (w, walks) in enumerate(zip(walked, chain_walks))
         ],

@@ -89,6 +89,17 @@ def walk_end(n_completion: int, n_anchors: int, stopped: bool, last_block: str) 
     raise ValueError(f"unknown last_block rule {last_block!r}; expected cut or full")
 
 
+def engine_walk(accept_len_by_anchor: Sequence[int] | torch.Tensor, n_completion: int, n_anchors: int,
+                stopped: bool) -> list[int]:
+    """The walk as a serving engine counts it (vLLM, SGLang): every step drafts a whole block, the
+    walk ends where `cut`'s does (once the completion's tokens are out), and what the last step
+    accepted past --max-new-tokens or a stop token still counts, since the engine verified it
+    before it cut the output. Example: lengths [3, 1, 2, 1, 4, 4] of a 6-token completion visit
+    anchors 0, 3, 4 and give [3, 1, 4] (`cut` gives [3, 1, 1]: the last block clipped to what is left).
+    """
+    return walk(accept_len_by_anchor, walk_end(n_completion, n_anchors, stopped, "cut"), cut=False)
+
+
 @dataclass(frozen=True)
 class WalkSummary:
     """Walk statistics over a set of prompts (names as in the results JSON)."""

@@ -17,12 +17,13 @@ import pytest
 from mlflow import MlflowClient
 
 from demo import bytetok
+from demo.serving_pair import MAX_NEW_TOKENS
 from evaluators.engines import vllm
 from evaluators.engines.base import Sampling
 from evaluators.engines.server import ManagedServer
 from tracker.cli import main
 
-MAX_NEW = 96
+MAX_NEW = MAX_NEW_TOKENS  # the completion length its drafter trained on
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +39,11 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, vllm_python) -> Path:
-    """A Qwen3 target trained briefly on local text, a block-8 drafter trained on its greedy text,
-    8 held-out prompts, and the offline eval of them (`offline.json`)."""
-    from demo.target import build_target, make_prompts
-    from demo.train_dflash import TrainConfig, prepare_data, train
-    from tracker.store.tracker import Tracker
+    """demo.serving_pair (a Qwen3 target, a block-8 drafter trained against it, 8 held-out prompts)
+    and the offline eval of its prompts (`offline.json`)."""
+    from demo.serving_pair import build_serving_pair
 
-    root = tmp_path_factory.mktemp("engine-pair")
-    build_target(root / "target", steps=150, family="qwen3")
-    data = prepare_data(root / "target", make_prompts(48, seed=1, length=24, split="drafter"), MAX_NEW)
-    train(TrainConfig(heads=2, steps=200, block_size=8, ckpt_every=10**6), root / "target", data,
-          Tracker(f"sqlite:///{root / 'train.db'}"), root / "drafters")
-    prompts = make_prompts(8, seed=2, length=24, split="eval")
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
-                                                for i, p in enumerate(prompts)))
-    (root / "drafter").symlink_to(root / "drafters" / "step_200")
+    root = build_serving_pair(tmp_path_factory.mktemp("engine-pair"))
     assert main([*_args(root), "--no-log", "--out", str(root / "offline.json")]) == 0
     return root
 
@@ -95,7 +86,7 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_p
     assert main(["reconcile", str(out), str(pair / "offline.json"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_prompts"] == 8 and report["completions_equal"] == 8
-    assert report["unexplained"] == 0.0
+    assert report["unexplained"] == 0.0 and report["offline_as_engine_exact"] is True
     assert report["gap"] == pytest.approx(sum(report["parts"].values()) + report["unexplained"])
     assert report["gap"] == pytest.approx(engine["engine_mean_acceptance_length"] - offline["tau"])
     assert report["parts"]["pooling"] == pytest.approx(offline["tau_pooled"] - offline["tau"])

@@ -89,3 +89,14 @@ def test_cut_walk_clips_the_last_block_to_what_is_left():
     assert walk_end(1, 1, False, "cut") == 0 and walk([2], 0, cut=True) == []
     with pytest.raises(ValueError, match="last_block"):
         walk_end(6, 6, False, "half")
+
+
+def test_the_engine_walk_counts_what_the_last_step_accepted_past_the_limit():
+    from evaluators.metrics import engine_walk, walk, walk_end
+
+    lengths = [3, 1, 2, 1, 4, 4]  # 6-token completion, no stop: anchors 0, 3, 4 (the walk ends at 5)
+    assert engine_walk(lengths, 6, 6, stopped=False) == [3, 1, 4]
+    assert walk(lengths, walk_end(6, 6, False, "cut"), cut=True) == [3, 1, 1]  # 3 + 1 + 1 = 6 - 1 tokens
+    # A stop token at index 4 ends the walk there (it never anchors a block); the step that accepted
+    # it and what followed counts whole: anchors 0, 3 and [3, 1].
+    assert engine_walk(lengths, 5, 4, stopped=True) == [3, 1]

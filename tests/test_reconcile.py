@@ -8,20 +8,21 @@ from tracker.reconcile import reconcile
 from tracker.errors import DraftboardError
 
 # max_new_tokens 10, `cut`. Offline walks and the engine's, per prompt:
-#   a: equal completions (10 tokens); offline [3, 4, 2] is cut at the limit (3+4+2 = 10-1); the
-#      engine's last step accepted past it: [3, 4, 5]                       -> end_of_generation
+#   a: equal completions (10 tokens); offline [3, 4, 2] is cut at the limit (3+4+2 = 10-1); counted
+#      as the engine counts, the offline blocks say [3, 4, 5], as the engine does -> end_of_generation
 #   b: equal completions (7 tokens, EOS); offline [2, 2, 2], engine [2, 3, 2] -> acceptance, block 1
 #   c: completions differ; offline [1, 1], engine [2]                       -> numerics, block 0
 #   d: [4, 4, 4] on both                                                    -> agree
 OFFLINE = {"a": [3, 4, 2], "b": [2, 2, 2], "c": [1, 1], "d": [4, 4, 4]}
+AS_ENGINE = {**OFFLINE, "a": [3, 4, 5]}
 ENGINE = {"a": [3, 4, 5], "b": [2, 3, 2], "c": [2], "d": [4, 4, 4]}
 COMPLETIONS = {"a": list(range(10)), "b": list(range(7)), "c": [1, 2, 3], "d": list(range(13))}
 
 
 def evals(ordered: bool = True) -> tuple[dict, dict]:
     offline = {"tau": 2.5, "protocol": {"scoring": "offline", "last_block": "cut"},
-               "prompts": [{"id": k, "completion_ids": COMPLETIONS[k], "acceptance_lengths": w}
-                           for k, w in OFFLINE.items()]}
+               "prompts": [{"id": k, "completion_ids": COMPLETIONS[k], "acceptance_lengths": w,
+                            "acceptance_lengths_as_engine": AS_ENGINE[k]} for k, w in OFFLINE.items()]}
     engine = {"engine_mean_acceptance_length": 3.3, "tau": 0.0, "protocol": {"scoring": "engine"},
               "prompts": [{"id": k, "completion_ids": COMPLETIONS[k] if k != "c" else [1, 2, 4],
                            "acceptance_lengths": w, "engine_steps_ordered": ordered} for k, w in ENGINE.items()]}
@@ -34,13 +35,14 @@ def test_the_gap_comes_apart_into_its_causes():
     assert report["offline_tau_pooled"] == pytest.approx(29 / 11)
     parts = report["parts"]
     assert parts["pooling"] == pytest.approx(29 / 11 - 2.5)
-    assert parts["end_of_generation"] == pytest.approx(32 / 11 - 29 / 11)  # a's last block 2 -> 5
+    assert parts["end_of_generation"] == pytest.approx(32 / 11 - 29 / 11)  # a's last block 2 -> 5, offline's own
     assert parts["acceptance"] == pytest.approx(33 / 11 - 32 / 11)  # b: 6 -> 7 tokens in 3 blocks
     assert parts["numerics"] == pytest.approx(33 / 10 - 3.0)  # c: 2 blocks of 1 -> 1 block of 2
     assert report["gap"] == pytest.approx(0.8) and report["unexplained"] == 0.0
     assert report["offline_as_engine"] == pytest.approx(32 / 11)
     assert (report["completions_equal"], report["blocks_agree"], report["end_of_generation"],
-            report["acceptance_differs"]) == (3, 1, 1, 1)
+            report["acceptance_differs"], report["acceptance_differs_as_engine"]) == (3, 1, 1, 2, 1)
+    assert report["offline_as_engine_exact"] is True
     assert report["first_differences"] == [
         {"id": "a", "block": 2, "engine": 4, "offline": 1, "cause": "end_of_generation"},
         {"id": "b", "block": 1, "engine": 2, "offline": 1, "cause": "acceptance"},
@@ -51,23 +53,36 @@ def test_the_gap_comes_apart_into_its_causes():
     assert report["verdict"].endswith("1 completion(s) differ; nothing unexplained")
 
 
-def test_the_same_walks_say_so():
+def test_walks_that_agree_as_the_engine_counts_say_so():
     engine, offline = evals()
     for p in engine["prompts"]:
-        p["acceptance_lengths"] = OFFLINE[p["id"]]
+        p["acceptance_lengths"] = AS_ENGINE[p["id"]]
         p["completion_ids"] = COMPLETIONS[p["id"]]
-    engine["engine_mean_acceptance_length"] = 29 / 11
+    engine["engine_mean_acceptance_length"] = 32 / 11
     report = reconcile(engine, offline)
-    assert report["first_differences"] == [] and report["blocks_agree"] == 4
-    assert "every block agrees; nothing unexplained" in report["verdict"]
+    assert report["first_differences"] == [{"id": "a", "block": 2, "engine": 4, "offline": 1,
+                                            "cause": "end_of_generation"}]
+    assert report["blocks_agree"] == 3 and report["parts"]["acceptance"] == report["parts"]["numerics"] == 0.0
+    assert "every block agrees, counted as the engine counts (1 prompt(s) differ only where the offline walk " \
+           "stops at the limit); nothing unexplained" in report["verdict"]
+
+
+def test_an_offline_eval_without_the_engines_count_says_what_it_cannot_tell_apart():
+    engine, offline = evals()
+    for p in offline["prompts"]:
+        del p["acceptance_lengths_as_engine"]
+    report = reconcile(engine, offline)
+    assert report["offline_as_engine_exact"] is False and report["parts"]["end_of_generation"] == 0.0
+    assert report["parts"]["acceptance"] == pytest.approx(33 / 11 - 29 / 11)  # a's last block now lands here
+    assert report["unexplained"] == 0.0 and "end of generation is not told apart" in report["verdict"]
 
 
 def test_steps_out_of_order_are_never_matched_block_by_block():
     """A histogram (SGLang) gives each step's count but not their order: no block is named."""
     report = reconcile(*evals(ordered=False))
-    assert report["steps_ordered"] is False and report["end_of_generation"] == 0
+    assert report["steps_ordered"] is False
     assert {d["id"]: (d["block"], d["cause"]) for d in report["first_differences"]} == {
-        "a": (None, "acceptance"), "b": (None, "acceptance"), "c": (None, "numerics")}
+        "a": (None, "end_of_generation"), "b": (None, "acceptance"), "c": (None, "numerics")}
     assert report["unexplained"] == 0.0
 
 

@@ -3,19 +3,21 @@
 Both evals walk the same prompts in blocks: the engine's steps (accepted draft tokens + 1) and the
 offline walk (acceptance lengths). The gap between the engine's own number (1 + accepted / drafts,
 pooled over steps) and the offline tau (a per-prompt mean) is taken apart by turning the offline
-walks into the engine's one cause at a time, over the prompts each cause applies to:
+walks into the engine's one cause at a time:
 
 1. `pooling` (definition): the offline walks pooled over blocks instead of averaged per prompt;
-2. `end_of_generation` (definition): on equal completions whose blocks agree up to the last one, the
-   engine counts the tokens its last step accepted past --max-new-tokens; a `cut` offline walk stops
-   at the limit by rule, so that block is shorter offline by construction;
-3. `acceptance` (the drafter saw other features: layer mapping, kernels, cache state): equal
-   completions whose blocks differ before the end;
+2. `end_of_generation` (definition): the offline walks counted as the engine counts them, from the
+   offline eval's own blocks (`acceptance_lengths_as_engine`, metrics.engine_walk: the last step
+   drafts a whole block and what it accepted past --max-new-tokens still counts; a `cut` walk stops
+   at the limit by rule). Together with pooling this gives `offline_as_engine`;
+3. `acceptance`: equal completions whose blocks still differ from the engine's (the drafter saw
+   other features: layer mapping, kernels, cache state);
 4. `numerics`: completions that differ (the target decoded another token somewhere);
 5. `unexplained`: what is left once every offline walk has become the engine's (0.0 when the engine
-   reports its steps in order: each part then is exact, never forced).
+   reports its steps: each part then is exact, never forced).
 
-Each part is the change of the pooled mean that swap causes, so the parts add up to the gap.
+Each part is the change of the pooled mean that its swap causes, so the parts add up to the gap.
+`first_differences` compares the engine's walk with the offline walk as it was measured.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from dataclasses import asdict, dataclass
 from tracker import fingerprint, protocol
 from tracker.errors import DraftboardError
 
-CAUSES = ("pooling", "end_of_generation", "acceptance", "numerics")
 EXACT = 1e-9
 
 
@@ -80,7 +81,15 @@ def reconcile(engine: dict, offline: dict) -> dict:
                               f"offline: {only_o[:5]}); reconcile needs the same prompts")
     ids = [str(p["id"]) for p in engine["prompts"]]
     ordered = all(eng[i].get("engine_steps_ordered", True) for i in ids)
-    cut = (offline.get("protocol") or {}).get("last_block", "cut") == "cut"
+
+    # The offline walks under the engine's definition, from the offline eval's own blocks (older
+    # results and online-scored ones have none: then the measured walk stands in, and it says so).
+    scored_offline = (offline.get("protocol") or {}).get("scoring") in (None, "offline")
+    exact, as_engine = scored_offline, {}
+    for i in ids:
+        walk = off[i].get("acceptance_lengths_as_engine") if scored_offline else None
+        exact = exact and isinstance(walk, list)
+        as_engine[i] = list(walk) if isinstance(walk, list) else list(off[i]["acceptance_lengths"])
 
     rows, cause_of = [], {}
     for i in ids:
@@ -88,13 +97,11 @@ def reconcile(engine: dict, offline: dict) -> dict:
         ew, ow = list(e["acceptance_lengths"]), list(o["acceptance_lengths"])
         equal = e["completion_ids"] == o["completion_ids"]
         block = _first_difference(ew, ow) if ordered else (None if sorted(ew) == sorted(ow) else -1)
-        if equal and block is None:
-            cause = None
-        elif not equal:
+        agrees_as_engine = ew == as_engine[i] if ordered else sorted(ew) == sorted(as_engine[i])
+        if not equal:
             cause = "numerics"
-        elif ordered and cut and block == len(ow) - 1 == len(ew) - 1 and ew[block] > ow[block] \
-                and sum(ow) == len(o["completion_ids"]) - 1:
-            cause = "end_of_generation"  # the last block, which the offline walk cut at the limit
+        elif agrees_as_engine:
+            cause = None if block is None else "end_of_generation"
         else:
             cause = "acceptance"
         cause_of[i] = cause
@@ -106,12 +113,13 @@ def reconcile(engine: dict, offline: dict) -> dict:
             engine_accepted=ew[at] - 1 if at is not None and at < len(ew) else None,
             offline_accepted=ow[at] - 1 if at is not None and at < len(ow) else None, cause=cause))
 
-    # Swap the offline walks for the engine's, one cause at a time; each part is the change it makes.
-    walks = {i: list(off[i]["acceptance_lengths"]) for i in ids}
     offline_tau = float(offline["tau"])
-    before = _pooled(list(walks.values()))
-    parts = {"pooling": before - offline_tau}
-    for cause in CAUSES[1:]:
+    measured = _pooled([off[i]["acceptance_lengths"] for i in ids])
+    offline_as_engine = _pooled(list(as_engine.values()))
+    parts = {"pooling": measured - offline_tau, "end_of_generation": offline_as_engine - measured}
+    # Then swap the walks for the engine's, one cause at a time; each part is the change it makes.
+    walks, before = dict(as_engine), offline_as_engine
+    for cause in ("acceptance", "numerics"):
         for i in ids:
             if cause_of[i] == cause:
                 walks[i] = list(eng[i]["acceptance_lengths"])
@@ -128,9 +136,9 @@ def reconcile(engine: dict, offline: dict) -> dict:
     report = {
         "engine_mean_acceptance_length": engine_mean,
         "offline_tau": offline_tau,
-        "offline_tau_pooled": _pooled([off[i]["acceptance_lengths"] for i in ids]),
-        "offline_as_engine": _pooled([eng[i]["acceptance_lengths"] if cause_of[i] == "end_of_generation"
-                                      else off[i]["acceptance_lengths"] for i in ids]),
+        "offline_tau_pooled": measured,
+        "offline_as_engine": offline_as_engine,
+        "offline_as_engine_exact": exact,
         "gap": gap,
         "parts": parts,
         "unexplained": unexplained,
@@ -138,7 +146,9 @@ def reconcile(engine: dict, offline: dict) -> dict:
         "completions_equal": sum(r.completions_equal for r in rows),
         "blocks_agree": sum(r.cause is None for r in rows),
         "end_of_generation": sum(r.cause == "end_of_generation" for r in rows),
-        "acceptance_differs": sum(r.cause == "acceptance" for r in rows),
+        # equal completions whose blocks differ from the engine's, as measured (end of generation included)
+        "acceptance_differs": sum(r.completions_equal and r.cause is not None for r in rows),
+        "acceptance_differs_as_engine": sum(r.cause == "acceptance" for r in rows),
         "steps_ordered": ordered,
         "first_differences": [{"id": r.id, "block": r.first_block_difference, "engine": r.engine_accepted,
                                "offline": r.offline_accepted, "cause": r.cause} for r in differs],
@@ -159,14 +169,18 @@ def verdict(r: dict) -> str:
     explained = ", ".join(f"{k.replace('_', ' ')} {v:+.3f}" for k, v in named.items()) or "nothing to explain"
     head = (f"engine {r['engine_mean_acceptance_length']:.3f} vs offline tau {r['offline_tau']:.3f} "
             f"(gap {r['gap']:+.3f}): {explained}")
-    if r["acceptance_differs"] == 0 and r["completions_equal"] == r["n_prompts"]:
+    if r["acceptance_differs_as_engine"] == 0 and r["completions_equal"] == r["n_prompts"]:
         tail = ("every block agrees" if r["end_of_generation"] == 0 else
-                f"every block agrees but the last of {r['end_of_generation']} prompt(s), cut offline at the limit")
+                f"every block agrees, counted as the engine counts ({r['end_of_generation']} prompt(s) differ "
+                "only where the offline walk stops at the limit)")
     else:
-        tail = (f"{r['acceptance_differs']} prompt(s) with equal completions accept differently (first at "
-                f"block {next(d['block'] for d in r['first_differences'] if d['cause'] == 'acceptance')})"
-                if r["acceptance_differs"] else "")
+        tail = (f"{r['acceptance_differs_as_engine']} prompt(s) with equal completions accept differently "
+                f"(first at block {next(d['block'] for d in r['first_differences'] if d['cause'] == 'acceptance')})"
+                if r["acceptance_differs_as_engine"] else "")
         if r["completions_equal"] < r["n_prompts"]:
             tail += ("; " if tail else "") + f"{r['n_prompts'] - r['completions_equal']} completion(s) differ"
+    if not r["offline_as_engine_exact"]:
+        tail += ("; " if tail else "") + ("the offline eval has no walk counted as the engine counts (an older or "
+                                          "online eval): end of generation is not told apart")
     left = "nothing unexplained" if r["unexplained"] == 0.0 else f"{r['unexplained']:+.3f} unexplained"
     return f"{head}; {tail}; {left}"
