@@ -117,7 +117,8 @@ def eval_view() -> None:
                                                  data.reference_interval if key == "tau" else None),
                             key=f"compare_eval_{key}", config=PLOTLY)
     st.caption("Error bars: the 95% bootstrap interval over prompts of each eval. Series marked (online) were "
-               "scored by z-lab's cached online loop, not the lossless offline walk.")
+               "scored by z-lab's cached online loop, not the lossless offline walk; (served by ...) were measured "
+               "by a serving engine, its steps as blocks.")
     shown = data.eval_points[data.eval_points["key"].isin(keys)]
     st.download_button("Download shown eval data (CSV)", csv_bytes(shown), "eval_by_checkpoint.csv", "text/csv",
                        key="compare_eval_csv", on_click="ignore")
@@ -147,6 +148,15 @@ def eval_view() -> None:
                                                   "offline (the lossless walk): on hybrid targets the cached loop "
                                                   "can leave greedy decoding, and the gap shows it")
         st.dataframe(tables.online, hide_index=True, key="compare_online_gap")
+    if not tables.served.empty:
+        st.markdown("**Served vs offline**", help="an engine eval's own number (1 + accepted / drafts, pooled over "
+                                                  "its steps) against the offline tau of the same checkpoint and "
+                                                  "prompts, the gap in parts: pooling and end of generation are "
+                                                  "definitions; acceptance on equal completions points at the "
+                                                  "features the drafter saw; numerics at the target's decoding "
+                                                  "(`draftboard reconcile`, docs/DESIGN.md)")
+        st.dataframe(tables.served, hide_index=True, key="compare_served_gap",
+                     column_config={"verdict": st.column_config.TextColumn(width="large")})
 
 
 @st.fragment

@@ -35,3 +35,26 @@ def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, mo
 
     at = run_page("pages/run_detail.py", run=ids["offline"])  # an offline eval has no such section
     assert "Served vs offline" not in page_text(at)
+
+
+def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch):
+    from tracker.dashboard.comparisons import served_gaps
+    from tracker.dashboard.index import load_run_index
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    checkpoint = tmp_path / "drafter"
+    checkpoint.mkdir()
+    tracker, loaded = Tracker(uri), {}
+    engine, offline = evals()
+    for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
+        tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
+        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags,
+                              params={"engine": "vllm"} if scoring == "engine" else {}) as run:
+            run.log_metrics({"tau": results["tau"]}, step=0)
+            loaded[run.run_id] = results
+    index = load_run_index(tracker)
+    frame = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id))
+    [row] = frame.to_dict("records")
+    assert row["checkpoint"].endswith("(served by vllm)") and abs(row["gap"] - 0.8) < 1e-12
+    assert row["engine mean acceptance length"] == 3.3 and row["offline tau"] == 2.5
+    assert row["unexplained"] == 0.0 and "nothing unexplained" in row["verdict"]

@@ -458,6 +458,7 @@ class EvalTables:
     vs_previous: pd.DataFrame  # comparisons.PREVIOUS_COLUMNS
     by_dataset: pd.DataFrame  # comparisons.DATASET_COLUMNS
     online: pd.DataFrame  # comparisons.ONLINE_COLUMNS
+    served: pd.DataFrame  # comparisons.SERVED_COLUMNS
 
 
 def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | None = None) -> EvalTables:
@@ -474,6 +475,7 @@ def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | Non
         vs_previous=comparisons.vs_previous_frame(index, series, results),
         by_dataset=comparisons.by_dataset_frame(index, shown, results),
         online=comparisons.online_gaps(index, every, results),
+        served=comparisons.served_gaps(index, every, results),
     )
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tracker import uncertainty
-from tracker.dashboard import lineage
+from tracker import config, uncertainty
+from tracker.dashboard import lineage, reconcile_view
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
 from tracker.store import names
@@ -69,8 +69,14 @@ def scoring(run: RunInfo) -> str:
 
 
 def scoring_note(run: RunInfo) -> str:
-    """` (online)` after the label of an online-scored eval: its tau comes from z-lab's cached loop."""
-    return f" ({ONLINE})" if scoring(run) == ONLINE else ""
+    """` (online)` after the label of an online-scored eval (its tau comes from z-lab's cached loop),
+    ` (served by vllm)` after an engine eval's (its blocks are the engine's steps)."""
+    how = scoring(run)
+    if how == ONLINE:
+        return f" ({ONLINE})"
+    if how == config.ENGINE_SCORING:
+        return f" (served by {run.params.get('engine') or 'an engine'})"
+    return ""
 
 
 def overall(run: RunInfo) -> Estimate | None:
@@ -187,6 +193,8 @@ PREVIOUS_COLUMNS = ["series", "step", "previous step", "dataset", "tau", "previo
                     "how", "run_id"]
 DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "ci low", "ci high", "scoring", "run_id"]
 ONLINE_COLUMNS = ["checkpoint", "offline tau", "online tau", "online - offline", "from"]
+SERVED_COLUMNS = ["checkpoint", "offline eval", "engine mean acceptance length", "offline tau", "gap", "pooling",
+                  "end of generation", "acceptance", "numerics", "unexplained", "verdict"]
 
 
 def protocol_text(rows: Sequence, b_name: str = "reference") -> str:
@@ -331,3 +339,25 @@ def reference_tau(evals: Sequence[RunInfo], ref: RunInfo | None, ref_results: Ma
     ran = ", ".join(sorted(mine)) or "prompts without a dataset label"
     return ReferenceTau(None, f"No reference number matches: the chosen evals ran on {ran}; the reference reports "
                               f"tau for {reported}. Its average over other sets is not drawn.")
+
+
+def served_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoader | None = None) -> pd.DataFrame:
+    """Each engine eval against every offline eval of the same checkpoint and prompts: the gap between
+    the engine's number and the offline tau, in the parts `tracker.reconcile` takes it apart into."""
+    rows = []
+    for ev in evals:
+        if results is None or not reconcile_view.is_engine_eval(ev):
+            continue
+        for other in reconcile_view.offline_partners(index, ev):
+            try:
+                r = reconcile_view.report(ev, other, results)
+            except DraftboardError:
+                continue  # results another tool wrote, or damaged: Run detail says why
+            if r is not None:
+                rows.append({"checkpoint": index.eval_label(ev) + scoring_note(ev),
+                             "offline eval": index.label(other.run_id),
+                             "engine mean acceptance length": r["engine_mean_acceptance_length"],
+                             "offline tau": r["offline_tau"], "gap": r["gap"],
+                             **{k.replace("_", " "): v for k, v in r["parts"].items()},
+                             "unexplained": r["unexplained"], "verdict": r["verdict"]})
+    return pd.DataFrame(rows, columns=SERVED_COLUMNS)
