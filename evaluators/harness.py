@@ -379,7 +379,7 @@ class _Pair:
     precision: Precision
 
 
-def _load(s: EvalSettings, device: str, progress: Progress) -> _Pair:
+def load_pair(s: EvalSettings, device: str, progress: Progress) -> _Pair:
     # Cheap checks first: bad prompts, a target or drafter whose config does not match its
     # weight files fail before any weights are read or anything is sized from a config.
     cfg = text_config(s.target)
@@ -423,7 +423,7 @@ def check_lossless(s: EvalSettings, progress: Progress = quiet) -> dict:
     """
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
-    pair = _load(s, device, progress)
+    pair = load_pair(s, device, progress)
     target = _OnDemand(s, device)()
     stops = set(target.stop_token_ids())
     rows = []
@@ -466,7 +466,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     """
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
-    pair = _load(s, device, progress)
+    pair = load_pair(s, device, progress)
     prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
     target = _OnDemand(s, device)

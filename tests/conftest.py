@@ -357,3 +357,17 @@ def start_ui(tmp_path):
         for proc in descendants:
             if not gone(proc):
                 proc.kill()
+
+
+@pytest.fixture(scope="session")
+def serving_pair(tmp_path_factory):
+    """demo.serving_pair (a Qwen3 target, a block-8 drafter trained against it, 8 held-out prompts)
+    and the offline eval of its prompts (`offline.json`): ~35 s, built once for the session."""
+    from demo.serving_pair import MAX_NEW_TOKENS, build_serving_pair
+    from tracker.cli import main
+
+    root = build_serving_pair(tmp_path_factory.mktemp("serving-pair"))
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
+                 str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-log",
+                 "--cache-dir", str(root / "cache"), "--out", str(root / "offline.json")]) == 0
+    return root

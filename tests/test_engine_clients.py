@@ -190,27 +190,43 @@ def test_engines_that_fail_leave_an_error_line_and_no_process(files, tmp_path, c
     assert not _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
 
 
-def test_killing_the_worker_mid_eval_leaves_no_engine_process(files, tmp_path):
-    """The worker runs the eval, the eval runs the engine; SIGKILL the worker and all of it goes."""
+def _worker_with_an_engine_job(files: Path, tmp_path: Path, mark: str):
+    """A real `draftboard worker` running a queued managed-vLLM eval whose engine never gets healthy."""
     from tracker.jobs import eval_job
     from tracker.jobs.queue import JobQueue
 
-    mark = f"engine-mark-worker-{os.getpid()}"
     jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
-    JobQueue(jobs).submit("eval", eval_job.validate({
+    job = JobQueue(jobs).submit("eval", eval_job.validate({
         "target": str(files / "target"), "drafter": str(files / "drafter"), "prompts": str(files / "prompts.jsonl"),
         "engine": "vllm", "max_new_tokens": 16, "no_log": True}))
     env = {**os.environ, "DRAFTBOARD_JOBS_URI": jobs, "DRAFTBOARD_VLLM_PYTHON": str(scripted_python(
         tmp_path, "never-healthy", mark)), "DRAFTBOARD_ENGINE_START_S": "300"}
     worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--poll", "0.1"], env=env,
                               cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(processes_with(mark)) < 2 and time.monotonic() < deadline:  # the engine and its child
+        time.sleep(0.2)
+    return JobQueue(jobs), job, worker
+
+
+@pytest.mark.parametrize("how", ["cancel", "SIGKILL the worker"])
+def test_a_cancelled_job_or_a_killed_worker_leaves_no_engine_process(files, tmp_path, how):
+    """The worker runs the eval, the eval runs the engine: cancel the job, or SIGKILL the worker, and
+    all of it goes within 5 s."""
+    mark = f"engine-mark-worker-{how.split()[0]}-{os.getpid()}"
+    queue, job, worker = _worker_with_an_engine_job(files, tmp_path, mark)
     try:
-        deadline = time.monotonic() + 120
-        while len(processes_with(mark)) < 2 and time.monotonic() < deadline:  # the engine and its child
-            time.sleep(0.2)
         assert len(processes_with(mark)) >= 2, "the engine never started"
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
+        assert queue.get(job.id).state == "running"
+        if how == "cancel":
+            queue.request_cancel(job.id)
+            deadline = time.monotonic() + 30
+            while queue.get(job.id).state == "running" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert queue.get(job.id).state == "cancelled"
+        else:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
         assert wait_gone(mark, 5) == []
     finally:
         if worker.poll() is None:

@@ -38,14 +38,8 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, vllm_python) -> Path:
-    """demo.serving_pair (a Qwen3 target, a block-8 drafter trained against it, 8 held-out prompts)
-    and the offline eval of its prompts (`offline.json`)."""
-    from demo.serving_pair import build_serving_pair
-
-    root = build_serving_pair(tmp_path_factory.mktemp("engine-pair"))
-    assert main([*_args(root), "--no-log", "--out", str(root / "offline.json")]) == 0
-    return root
+def pair(serving_pair, vllm_python) -> Path:
+    return serving_pair
 
 
 def _args(root: Path) -> list[str]:
@@ -100,6 +94,19 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_p
         assert (d["engine"], d["offline"]) == (e["acceptance_lengths"][d["block"]] - 1,
                                                o["acceptance_lengths"][d["block"]] - 1)
     assert report["verdict"].startswith("engine ") and "unexplained" in report["verdict"]
+
+    # The drafter computing in bf16 offline (the engine ran it in fp32): the same target, so the same
+    # completions, but its blocks may part from the engine's; each parting gets the offline margin.
+    bf16 = tmp_path / "offline-bf16.json"
+    assert main([*_args(pair), "--drafter-precision", "bf16", "--no-log", "--out", str(bf16)]) == 0
+    capsys.readouterr()
+    assert main(["reconcile", str(out), str(bf16), "--json", "--margins"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["completions_equal"] == 8 and report["unexplained"] == 0.0
+    parted = [d for d in report["first_differences"] if d["cause"] == "acceptance"]
+    assert all(isinstance(d["margin"], float) and d["margin"] >= 0 for d in parted)
+    print(f"bf16 drafter: {len(parted)} prompt(s) part from the engine; margins "
+          f"{[round(d['margin'], 3) for d in parted]}")
 
 
 @pytest.fixture(scope="module")

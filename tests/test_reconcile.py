@@ -43,10 +43,10 @@ def test_the_gap_comes_apart_into_its_causes():
     assert (report["completions_equal"], report["blocks_agree"], report["end_of_generation"],
             report["acceptance_differs"], report["acceptance_differs_as_engine"]) == (3, 1, 1, 2, 1)
     assert report["offline_as_engine_exact"] is True
-    assert report["first_differences"] == [
-        {"id": "a", "block": 2, "engine": 4, "offline": 1, "cause": "end_of_generation"},
-        {"id": "b", "block": 1, "engine": 2, "offline": 1, "cause": "acceptance"},
-        {"id": "c", "block": 0, "engine": 1, "offline": 0, "cause": "numerics"}]
+    assert report["first_differences"] == [  # anchors: the tokens the offline walk produced before the block
+        {"id": "a", "block": 2, "engine": 4, "offline": 1, "anchor": 3 + 4, "cause": "end_of_generation"},
+        {"id": "b", "block": 1, "engine": 2, "offline": 1, "anchor": 2, "cause": "acceptance"},
+        {"id": "c", "block": 0, "engine": 1, "offline": 0, "anchor": 0, "cause": "numerics"}]
     [c] = [p for p in report["prompts"] if p["id"] == "c"]
     assert c["first_token_difference"] == 2
     assert "1 prompt(s) with equal completions accept differently (first at block 1)" in report["verdict"]
@@ -60,7 +60,7 @@ def test_walks_that_agree_as_the_engine_counts_say_so():
         p["completion_ids"] = COMPLETIONS[p["id"]]
     engine["engine_mean_acceptance_length"] = 32 / 11
     report = reconcile(engine, offline)
-    assert report["first_differences"] == [{"id": "a", "block": 2, "engine": 4, "offline": 1,
+    assert report["first_differences"] == [{"id": "a", "block": 2, "engine": 4, "offline": 1, "anchor": 7,
                                             "cause": "end_of_generation"}]
     assert report["blocks_agree"] == 3 and report["parts"]["acceptance"] == report["parts"]["numerics"] == 0.0
     assert "every block agrees, counted as the engine counts (1 prompt(s) differ only where the offline walk " \

@@ -358,11 +358,31 @@ def _results_of(ref: str, tracking_uri: str | None) -> dict:
     return _eval_results(Tracker(tracking_uri), ref)
 
 
+def _add_margins(report: dict, offline: dict) -> None:
+    """Each acceptance difference gets the offline drafter's logit margin there (evaluators.margins)."""
+    from evaluators.margins import MarginAsk, block_margins, settings_of
+
+    completions = {str(p["id"]): p["completion_ids"] for p in offline["prompts"]}
+    wanted = [d for d in report["first_differences"] if d["cause"] == "acceptance" and d["anchor"] is not None]
+    asks = [MarginAsk(d["id"], completions[d["id"]], d["anchor"], min(d["engine"], d["offline"])) for d in wanted]
+    progress = _StageProgress()
+    try:
+        margins = block_margins(settings_of(offline), asks, progress) if asks else []
+    finally:
+        progress.close()
+    for d, margin in zip(wanted, margins):
+        d["margin"] = None if margin is None else margin.value
+    for p in report["prompts"]:
+        p["margin"] = next((d.get("margin") for d in wanted if d["id"] == p["id"]), None)
+
+
 def cmd_reconcile(args) -> int:
     from tracker.reconcile import reconcile
 
-    report = reconcile(_results_of(args.engine_eval, args.tracking_uri),
-                       _results_of(args.offline_eval, args.tracking_uri))
+    engine, offline = _results_of(args.engine_eval, args.tracking_uri), _results_of(args.offline_eval, args.tracking_uri)
+    report = reconcile(engine, offline)
+    if args.margins:
+        _add_margins(report, offline)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -370,9 +390,11 @@ def cmd_reconcile(args) -> int:
              f"{p['engine_blocks']}/{p['offline_blocks']}",
              "-" if p["first_block_difference"] is None else
              f"{p['first_block_difference']} ({p['engine_accepted']} vs {p['offline_accepted']})",
-             p["cause"] or "agree") for p in report["prompts"]]
+             p["cause"] or "agree", "-" if p.get("margin") is None else f"{p['margin']:.3f}")
+            for p in report["prompts"]]
     print(format_table(["prompt", "completions equal", "blocks engine/offline",
-                        "first differing block (accepted: engine vs offline)", "cause"], rows))
+                        "first differing block (accepted: engine vs offline)", "cause",
+                        "offline margin there (logits)"], rows))
     print("parts of the gap (pooled mean acceptance length): " + ", ".join(
         f"{k.replace('_', ' ')} {v:+.3f}" for k, v in report["parts"].items()) + f", unexplained {report['unexplained']:+.3f}")
     for title, key in (("protocol", "protocol_diff"), ("environment", "environment_diff")):
@@ -609,6 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("engine_eval", metavar="ENGINE_EVAL", help="results JSON file or MLflow run id of the engine eval")
     p.add_argument("offline_eval", metavar="OFFLINE_EVAL", help="results JSON file or run id of the offline eval")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--margins", action="store_true",
+                   help="at each acceptance difference, the offline drafter's logit margin (reloads the offline "
+                        "eval's target and drafter: a near-tie points to numerics, a wide margin to another context)")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_reconcile)
 

@@ -40,6 +40,7 @@ class PromptReconciled:
     first_block_difference: int | None  # 0-based block where the accepted counts differ
     engine_accepted: int | None  # at that block
     offline_accepted: int | None
+    anchor: int | None  # that block's anchor, completion-relative (the tokens the walks produced before it)
     cause: str | None  # None: every block agrees
 
 
@@ -111,7 +112,8 @@ def reconcile(engine: dict, offline: dict) -> dict:
             first_token_difference=None if equal else _first_difference(e["completion_ids"], o["completion_ids"]),
             engine_blocks=len(ew), offline_blocks=len(ow), first_block_difference=at,
             engine_accepted=ew[at] - 1 if at is not None and at < len(ew) else None,
-            offline_accepted=ow[at] - 1 if at is not None and at < len(ow) else None, cause=cause))
+            offline_accepted=ow[at] - 1 if at is not None and at < len(ow) else None,
+            anchor=sum(ow[:at]) if at is not None else None, cause=cause))
 
     offline_tau = float(offline["tau"])
     measured = _pooled([off[i]["acceptance_lengths"] for i in ids])
@@ -151,7 +153,8 @@ def reconcile(engine: dict, offline: dict) -> dict:
         "acceptance_differs_as_engine": sum(r.cause == "acceptance" for r in rows),
         "steps_ordered": ordered,
         "first_differences": [{"id": r.id, "block": r.first_block_difference, "engine": r.engine_accepted,
-                               "offline": r.offline_accepted, "cause": r.cause} for r in differs],
+                               "offline": r.offline_accepted, "anchor": r.anchor, "cause": r.cause}
+                              for r in differs],
         "prompts": [asdict(r) for r in rows],
         "protocol_diff": [row._asdict() for row in protocol.diff(protocol.Protocol.from_results(engine),
                                                                  protocol.Protocol.from_results(offline))],
