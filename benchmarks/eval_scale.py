@@ -169,23 +169,29 @@ def main() -> None:
 
     first, last = rows[0], rows[-1]
     scale = last["prompts"] / first["prompts"]
-    summary = {
-        "benchmark": "eval_scale",
-        "cold_peak_rss_ratio": round(last["cold_peak_rss_gb"] / first["cold_peak_rss_gb"], 3),
-        "warm_peak_rss_ratio": round(last["warm_peak_rss_gb"] / first["warm_peak_rss_gb"], 3),
-        # linear growth: time per prompt at the largest count against the smallest (1.0 = linear)
-        "warm_time_per_prompt_ratio": round((last["warm_s"] / last["prompts"]) / (first["warm_s"] / first["prompts"]), 3),
-        "warm_drafter_per_prompt_ratio": round((last["warm_split"]["drafter_s"] / last["prompts"])
-                                               / (first["warm_split"]["drafter_s"] / first["prompts"]), 3),
-        "prompt_ratio": scale,
-        "cache_vs_predicted": [r["cache_vs_predicted"] for r in rows],
-        "batched_feature_pass": batching,
+    print(f"{scale:g}x the prompts: cold peak RSS {first['cold_peak_rss_gb']} -> {last['cold_peak_rss_gb']} GB, warm "
+          f"{first['warm_peak_rss_gb']} -> {last['warm_peak_rss_gb']} GB; cache vs docs/SCALE.md's prediction "
+          f"{[r['cache_vs_predicted'] for r in rows]}")
+    # Each ratio: how many times better than the bound it guards, measured in this run (higher is better).
+    ratios = {
+        # peak RSS at the smallest count over the largest: 1.0 = flat however many prompts (streamed features)
+        "cold_peak_rss_flatness": round(first["cold_peak_rss_gb"] / last["cold_peak_rss_gb"], 3),
+        "warm_peak_rss_flatness": round(first["warm_peak_rss_gb"] / last["warm_peak_rss_gb"], 3),
+        # time per prompt at the smallest count over the largest: 1.0 = linear in the prompts
+        "warm_time_per_prompt_linearity": round((first["warm_s"] / first["prompts"]) / (last["warm_s"] / last["prompts"]), 3),
+        "warm_drafter_per_prompt_linearity": round((first["warm_split"]["drafter_s"] / first["prompts"])
+                                                   / (last["warm_split"]["drafter_s"] / last["prompts"]), 3),
+        # the cache's size against the prediction, worst count: 1.0 = exactly as predicted
+        "cache_prediction_accuracy": round(min(min(c, 1 / c) for c in (r["cache_vs_predicted"] for r in rows)), 3),
+        "batched_vs_per_prompt_feature_pass": batching["speedup"],
     }
-    summary["ok"] = (summary["cold_peak_rss_ratio"] <= 1.3 and summary["warm_peak_rss_ratio"] <= 1.3
-                     and all(abs(c - 1) <= 0.1 for c in summary["cache_vs_predicted"]) and batching["equal"]
-                     and all(r["warm_loaded"] == "heads" for r in rows))
-    print(json.dumps(summary))
-
+    # RSS may grow at most 1.3x over the prompt range; the cache within 10% of the prediction.
+    targets = {"cold_peak_rss_flatness": round(1 / 1.3, 3), "warm_peak_rss_flatness": round(1 / 1.3, 3),
+               "cache_prediction_accuracy": 0.9}
+    ok = (all(ratios[k] >= v for k, v in targets.items()) and batching["equal"]
+          and all(r["warm_loaded"] == "heads" for r in rows))
+    print(json.dumps({"benchmark": "eval_scale", "ratios": ratios, "targets": targets, "ok": ok,
+                      "prompt_ratio": scale, "features_equal": batching["equal"]}))
 
 if __name__ == "__main__":
     main()

@@ -20,8 +20,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+
+from loopback import LoopbackServer
 
 
 def sglang_meta(prompt_tokens: int, steps: list[int], num_draft_tokens: int) -> dict:
@@ -38,7 +39,7 @@ def sglang_meta(prompt_tokens: int, steps: list[int], num_draft_tokens: int) -> 
             "spec_verify_ct": len(steps), "spec_correct_drafts_histogram": hist, "e2e_latency": 0.01}
 
 
-class SGLangServer:
+class SGLangServer(LoopbackServer):
     """A loopback server answering /health, /server_info and /generate as SGLang does.
 
     replies: {tuple(input_ids): (output_ids, meta_info)}; server_info: the resolved server args."""
@@ -74,13 +75,7 @@ class SGLangServer:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def _scripted_engine(mode: str, mark: str, argv: list[str]) -> None:

@@ -9,19 +9,26 @@ from tracker.store import names
 from tracker.store.tracker import Tracker
 
 
-def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, monkeypatch):
+def log_pair(tmp_path, engine: dict, offline: dict) -> tuple[str, dict[str, str]]:
+    """The two evals as runs of one checkpoint on one prompt set, in a store of their own."""
     uri = f"sqlite:///{tmp_path / 'store.db'}"
     checkpoint = tmp_path / "drafter"
     checkpoint.mkdir()
     tracker, ids = Tracker(uri), {}
-    engine, offline = evals()
-    engine["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<img src=x onerror=alert(1)>"  # a user's id
     for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
         tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
-        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags) as run:
+        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags,
+                              params={"engine": "vllm"} if scoring == "engine" else {}) as run:
             run.log_metrics({"tau": results["tau"]}, step=0)
             run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
             ids[name] = run.run_id
+    return uri, ids
+
+
+def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, monkeypatch):
+    engine, offline = evals()
+    engine["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<img src=x onerror=alert(1)>"  # a user's id
+    uri, ids = log_pair(tmp_path, engine, offline)
     serve(monkeypatch, uri, tmp_path / "home", tmp_path)
     at = run_page("pages/run_detail.py", run=ids["served"])
     assert not at.exception, [e.message for e in at.exception]
@@ -41,18 +48,10 @@ def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch
     from tracker.dashboard.comparisons import served_gaps
     from tracker.dashboard.index import load_run_index
 
-    uri = f"sqlite:///{tmp_path / 'store.db'}"
-    checkpoint = tmp_path / "drafter"
-    checkpoint.mkdir()
-    tracker, loaded = Tracker(uri), {}
     engine, offline = evals()
-    for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
-        tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
-        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags,
-                              params={"engine": "vllm"} if scoring == "engine" else {}) as run:
-            run.log_metrics({"tau": results["tau"]}, step=0)
-            loaded[run.run_id] = results
-    index = load_run_index(tracker)
+    uri, ids = log_pair(tmp_path, engine, offline)
+    loaded = {ids["served"]: engine, ids["offline"]: offline}
+    index = load_run_index(Tracker(uri))
     frame = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id))
     [row] = frame.to_dict("records")
     assert row["checkpoint"].endswith("(served by vllm)") and abs(row["gap"] - 0.8) < 1e-12

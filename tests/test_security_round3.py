@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from tracker.jobs.queue import FAILED, JobQueue, upgrade_schema
 from tracker.jobs.worker import run_worker
 from tracker.store import names
 from conftest import FAST_WORKER, insert_job_row
+from loopback import LoopbackServer
 
 PASSWORD = "hunter2-worker-secret"
 
@@ -68,7 +68,7 @@ def raw_insert(path: Path, **columns) -> int:
                                     "RETURNING id"), values).scalar()
 
 
-class Listener:
+class Listener(LoopbackServer):
     """A loopback HTTP server that records every request's Authorization header."""
 
     def __init__(self) -> None:
@@ -85,13 +85,7 @@ class Listener:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def plant_watch(client: MlflowClient, experiment_id: str, folder: Path, preset: dict) -> str:

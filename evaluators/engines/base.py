@@ -100,7 +100,8 @@ class EngineReply:
 
 
 class EngineClient(ABC):
-    """One engine's HTTP API."""
+    """One engine's HTTP API. Each engine's module (`vllm`, `sglang`) also holds what a managed server
+    needs: `server_argv`, `server_env`, `managed_settings` and `aux_layers_from_log`."""
 
     name: str
 

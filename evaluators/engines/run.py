@@ -30,6 +30,7 @@ from evaluators.target import content_digest, load_tokenizer, stop_token_ids, te
 from tracker import config, fingerprint
 from tracker.uncertainty import results_uncertainty
 
+ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang}  # each: a client class and its managed server's argv
 CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient}
 PROBE_TIMEOUT_S = 120.0
 
@@ -122,7 +123,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                           "not a single checkpoint file")
     stops = sorted(stop_token_ids(s.target, cfg))
     sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops))
-    device = s.device or "cpu"
+    device = s.device or fingerprint.default_device()
     longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
     max_model_len = min(getattr(cfg, "max_position_embeddings", longest) or longest, max(longest, 256))
     if longest > max_model_len:
@@ -130,23 +131,24 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                           f"context of {max_model_len}")
     progress("load", 1, 1)
 
-    server = None
+    engine, server = ENGINES[e.name], None
     if e.managed:
+        target, drafter_dir = str(Path(s.target).resolve()), str(Path(s.drafter).resolve())
         log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
-        server = ManagedServer(e.name, lambda port: _managed_argv(e.name, python, s, n_spec, port, max_model_len, device),
-                               log, port=e.port, env=vllm.server_env(device) if e.name == vllm.NAME else {},
-                               start_s=config.engine_start_s(), progress=progress)
+        server = ManagedServer(
+            e.name, lambda port: engine.server_argv(python, target, drafter_dir, port, n_spec, config.DTYPES[s.dtype],
+                                                    max_model_len, device),
+            log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
     start = time.perf_counter()
     with server or contextlib.nullcontext():
         client = CLIENTS[e.name](server.url if server else url)
         info = client.info()
         started_s = time.perf_counter() - start
         if server:
-            info.aux_layers = vllm.aux_layers_from_log(server.log.read_text(errors="replace")) \
-                if e.name == vllm.NAME else None
-            info.draft_model = info.draft_model or str(Path(s.drafter).resolve())
+            info.aux_layers = engine.aux_layers_from_log(server.log.read_text(errors="replace"))
+            info.draft_model = info.draft_model or drafter_dir
             info.method = info.method or "dflash"
-            info.settings.update(_managed_settings(e.name, device, s.dtype))
+            info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
         _check_serves(info, s, n_spec)
         info.num_speculative_tokens = info.num_speculative_tokens or n_spec
         report = _engine_report(python) if python else None  # once it serves: the Python that really runs
@@ -181,23 +183,6 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                     "mask_token_id": drafter.mask_token_id},
     })
     return results
-
-
-def _managed_argv(name: str, python: str, s: EvalSettings, n_spec: int, port: int, max_model_len: int,
-                  device: str) -> list[str]:
-    if name == vllm.NAME:
-        return vllm.server_argv(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()), port, n_spec,
-                                config.DTYPES[s.dtype], max_model_len, device)
-    return sglang.server_argv(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()), port, n_spec,
-                              config.DTYPES[s.dtype], max_model_len)
-
-
-def _managed_settings(name: str, device: str, dtype: str) -> dict:
-    """What a managed server runs with: the argv draftboard built says it (the server reports less)."""
-    if name == vllm.NAME:
-        return {"dtype": config.DTYPES[dtype], "enable_prefix_caching": False,
-                "cuda_graphs": device != "cpu", "max_num_seqs": 1}
-    return {"dtype": config.DTYPES[dtype], "disable_radix_cache": True}
 
 
 def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], s: EvalSettings) -> dict:

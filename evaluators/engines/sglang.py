@@ -31,7 +31,7 @@ HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int) -> list[str]:
+                max_model_len: int, device: str) -> list[str]:
     """`sglang.launch_server` for a managed eval: DFLASH with the verify window of the drafter's block
     (`speculative_num_draft_tokens` = draft tokens + 1, `srt/arg_groups/fields/spec.py`), no radix
     cache (a cached prefix would carry another request's recurrent state: SGLang #31850), one
@@ -40,7 +40,20 @@ def server_argv(python: str, target: str, drafter: str, port: int, num_speculati
             "--model-path", target, "--dtype", dtype, "--context-length", str(max_model_len),
             "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
             "--speculative-num-draft-tokens", str(num_speculative_tokens + 1), "--disable-radix-cache",
-            "--max-running-requests", "1", "--random-seed", "0"]
+            "--max-running-requests", "1", "--random-seed", "0", "--device", device]
+
+
+def server_env(device: str) -> dict[str, str]:
+    return {}
+
+
+def managed_settings(device: str, dtype: str) -> dict:
+    """What `server_argv` runs the server with (what /server_info reports is read over it)."""
+    return {"dtype": dtype, "disable_radix_cache": True, "max_running_requests": 1}
+
+
+def aux_layers_from_log(text: str) -> list[int] | None:
+    return None  # SGLang does not log the layers it taps
 
 
 def _first(meta: dict, names: tuple[str, ...]):

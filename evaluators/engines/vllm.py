@@ -46,6 +46,11 @@ def server_env(device: str) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1"} if device == "cpu" else {}  # GiB of KV cache
 
 
+def managed_settings(device: str, dtype: str) -> dict:
+    """What `server_argv` runs the server with (the server reports less of it)."""
+    return {"dtype": dtype, "enable_prefix_caching": False, "cuda_graphs": device != "cpu", "max_num_seqs": 1}
+
+
 def aux_layers_from_log(text: str) -> list[int] | None:
     """The layers vLLM logs as the drafter's auxiliary hidden states (`gpu_model_runner.py`)."""
     for line in text.splitlines():
