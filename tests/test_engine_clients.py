@@ -233,3 +233,14 @@ def test_a_cancelled_job_or_a_killed_worker_leaves_no_engine_process(files, tmp_
             worker.kill()
         for pid in processes_with(mark):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_managed_engine_gets_none_of_the_workers_secrets(monkeypatch):
+    from evaluators.engines.server import engine_environment
+
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    env = engine_environment()
+    assert "MLFLOW_TRACKING_PASSWORD" not in env and "HF_TOKEN" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PATH"] == os.environ["PATH"]

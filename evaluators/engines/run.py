@@ -24,7 +24,7 @@ from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
 from evaluators.engines import sglang, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
-from evaluators.engines.server import ManagedServer, check_python
+from evaluators.engines.server import ManagedServer, check_python, engine_environment
 from evaluators.harness import SCHEMA, EvalSettings, Progress, completion_bounds, eval_protocol, quiet
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, fingerprint
@@ -82,7 +82,7 @@ def _engine_report(python: str) -> dict | None:
     """ENGINE_PROBE run in the engine's Python (None if it fails: the fingerprint says unknown)."""
     try:
         done = subprocess.run([python, "-I", "-c", fingerprint.ENGINE_PROBE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S)
+                              timeout=PROBE_TIMEOUT_S, env=engine_environment())
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evaluators.engines.base import EngineError
-from tracker import lifecycle
+from tracker import lifecycle, redact
 
 STOP_GRACE_S = 15.0
 HEALTH_POLL_S = 1.0
@@ -37,6 +37,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def engine_environment() -> dict[str, str]:
+    """This process's environment without its secrets (MLflow's password, tokens): the engine serves
+    local folders on loopback and needs none of them (least privilege; tracker.redact says what a
+    secret key looks like)."""
+    return {k: v for k, v in os.environ.items() if not redact.is_secret_key(k)}
 
 
 def check_python(python: str | None, engine: str) -> str:
@@ -84,7 +91,7 @@ class ManagedServer:
         try:
             with open(self.log, "ab") as out:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             env={**os.environ, **self.env},
+                                             env={**engine_environment(), **self.env},
                                              **lifecycle.child_popen_kwargs(signal.SIGKILL))
             self.reaper = subprocess.Popen([sys.executable, "-m", "evaluators.engines.server", str(self.proc.pid)],
                                            stdin=subprocess.DEVNULL, **lifecycle.child_popen_kwargs(signal.SIGTERM))
