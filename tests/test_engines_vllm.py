@@ -76,7 +76,13 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_p
         assert e["engine_steps_ordered"] and len(e["engine_accepted_per_step"]) == e["engine_drafts"]
         assert sum(e["engine_accepted_per_step"]) == e["engine_accepted"]
 
+    # The serving box against the offline eval's environment, field by field (the engine venv's own
+    # versions: its transformers pin is vllm's, not draftboard's).
     capsys.readouterr()
+    assert main(["env-diff", str(out), str(pair / "offline.json")]) in (0, 1)
+    diff = capsys.readouterr().out
+    assert "engine.version" in diff and "0.32.0" in diff and "software.torch " not in diff
+
     assert main(["reconcile", str(out), str(pair / "offline.json"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_prompts"] == 8 and report["completions_equal"] == 8
