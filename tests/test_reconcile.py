@@ -93,3 +93,21 @@ def test_mismatched_evals_are_refused():
     offline["prompts"] = offline["prompts"][:3]
     with pytest.raises(DraftboardError, match="different prompts"):
         reconcile(engine, offline)
+
+
+def test_results_it_cannot_use_get_one_line_saying_which_field():
+    engine, offline = evals()
+    cases = [
+        (lambda e, o: e.pop("engine_mean_acceptance_length"), "the engine eval: 'engine_mean_acceptance_length'"),
+        (lambda e, o: o.update(tau="2.5"), "the offline eval: 'tau' must be a number"),
+        (lambda e, o: o["prompts"][0].update(acceptance_lengths=["3"]), "prompt 'a' needs completion_ids"),
+        (lambda e, o: e["prompts"][1].update(completion_ids=None), "prompt 'b' needs completion_ids"),
+        (lambda e, o: o["prompts"][2].update(acceptance_lengths_as_engine=[0]), "must be a list of positive"),
+    ]
+    for spoil, message in cases:
+        engine, offline = evals()
+        spoil(engine, offline)
+        with pytest.raises(DraftboardError, match=message.replace("(", r"\(")):
+            reconcile(engine, offline)
+    with pytest.raises(DraftboardError, match="two eval results"):
+        reconcile([], offline)

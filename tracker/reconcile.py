@@ -56,24 +56,41 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _check(results: dict, what: str) -> None:
+def _ints(value, least: int) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= least
+                                           for v in value)
+
+
+def _check(results: dict, what: str, number: str) -> None:
+    """DraftboardError naming the first field of a results JSON (untrusted: any file) reconcile cannot use."""
     if not isinstance(results, dict) or not isinstance(results.get("prompts"), list):
         raise DraftboardError(f"{what}: not an eval's results (no 'prompts' list)")
+    value = results.get(number)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        raise DraftboardError(f"{what}: '{number}' must be a number, got {value!r:.40}")
     for p in results["prompts"]:
-        if not isinstance(p, dict) or "id" not in p or not isinstance(p.get("acceptance_lengths"), list) \
-                or not isinstance(p.get("completion_ids"), list):
-            raise DraftboardError(f"{what}: each prompt needs id, completion_ids and acceptance_lengths")
+        if not isinstance(p, dict) or "id" not in p:
+            raise DraftboardError(f"{what}: each prompt needs an id")
+        if not _ints(p.get("acceptance_lengths"), 1) or not _ints(p.get("completion_ids"), 0):
+            raise DraftboardError(f"{what}: prompt {str(p['id'])[:40]!r} needs completion_ids and acceptance_lengths "
+                                  "as lists of non-negative integers")
+        walk = p.get("acceptance_lengths_as_engine")
+        if walk is not None and not _ints(walk, 1):
+            raise DraftboardError(f"{what}: prompt {str(p['id'])[:40]!r}: acceptance_lengths_as_engine must be a "
+                                  "list of positive integers")
 
 
 def reconcile(engine: dict, offline: dict) -> dict:
     """The report `draftboard reconcile --json` prints (DESIGN.md, fixed keys)."""
-    _check(engine, "the engine eval")
-    _check(offline, "the offline eval")
+    if not isinstance(engine, dict) or not isinstance(offline, dict):
+        raise DraftboardError("reconcile needs two eval results (JSON objects)")
     if (engine.get("protocol") or {}).get("scoring") != "engine":
         raise DraftboardError("the first eval is not an engine eval (protocol.scoring is not 'engine'); "
                               "give the engine eval first, the offline one second")
     if (offline.get("protocol") or {}).get("scoring") == "engine":
         raise DraftboardError("the second eval is an engine eval too; reconcile compares one with an offline eval")
+    _check(engine, "the engine eval", "engine_mean_acceptance_length")
+    _check(offline, "the offline eval", "tau")
     eng = {str(p["id"]): p for p in engine["prompts"]}
     off = {str(p["id"]): p for p in offline["prompts"]}
     if set(eng) != set(off):
@@ -128,7 +145,7 @@ def reconcile(engine: dict, offline: dict) -> dict:
         after = _pooled(list(walks.values()))
         parts[cause] = after - before
         before = after
-    engine_mean = float(engine.get("engine_mean_acceptance_length") or engine["tau_pooled"])
+    engine_mean = float(engine["engine_mean_acceptance_length"])
     unexplained = engine_mean - before
     gap = engine_mean - offline_tau
     parts = {k: (0.0 if abs(v) < EXACT else v) for k, v in parts.items()}
