@@ -72,6 +72,7 @@ def test_attached_sglang_eval_records_the_servers_fields(files, tmp_path, capsys
     assert rc == 0, capsys.readouterr().err
     results = json.loads(out.read_text())
     assert results["protocol"]["scoring"] == "engine" and results["protocol"]["temperature"] == 0
+    assert results["protocol"]["last_block"] == "full"  # the engine counts its last step whole
     engine = results["engine"]
     assert (engine["name"], engine["version"], engine["method"], engine["num_speculative_tokens"]) == \
         ("sglang", "0.5.23", "dflash", 3)

@@ -12,6 +12,7 @@ which pools every step; docs/DESIGN.md, "Engine evals").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import time
@@ -168,8 +169,12 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
 
     results = _results(prompts, replies, block, stops, s)
     results["engine"] = {**info.to_dict(), "managed": e.managed}
-    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, stops, content_digest(s.target),
-                                        scoring=config.ENGINE_SCORING).to_dict()
+    # An engine counts its last step whole, as `full` does (it stops once the tokens are out, so it
+    # never drafts at the last anchor `full` would also visit): a `cut` offline eval differs there,
+    # and the protocol says so rather than claiming the eval's own rule.
+    protocol = eval_protocol(s, prompts, tokenizer, block, stops, content_digest(s.target),
+                             scoring=config.ENGINE_SCORING)
+    results["protocol"] = dataclasses.replace(protocol, last_block="full").to_dict()
     hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
     results.update({
         "fingerprint": fingerprint.engine(report, {"engine": e.name, "version": info.version, "url": info.url,
