@@ -16,6 +16,7 @@ from tracker.dashboard.compare import (
     compare_data,
     default_selection,
     env_key,
+    ids_from_link,
     eval_tables,
     outside_budgets,
     reference_label,
@@ -36,7 +37,10 @@ if not options:
     st.info("No training or eval runs to compare yet: log a training run, or evaluate a checkpoint with "
             "`draftboard eval` (or from the Launch page).")
     st.stop()
-from_url = [r for r in st.query_params.get("runs", "").split(",") if r in options]
+from_url, unknown = ids_from_link(st.query_params.get("runs"), options)
+if unknown and "compare_runs" not in st.session_state:
+    st.warning(f"No training or eval run with id {', '.join(md_code(r) for r in unknown)} in this store: the link "
+               "names runs that do not exist here (deleted, or another store's).", icon=":material/link_off:")
 if "compare_runs" not in st.session_state:
     st.session_state["compare_runs"] = from_url or default_selection(index)
 else:  # runs may have been deleted since

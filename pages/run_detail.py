@@ -20,6 +20,9 @@ cfg, index = ui.shared()
 
 run_ids = list(index.runs)
 wanted = st.query_params.get("run")
+if wanted and wanted not in index.runs and "detail_run" not in st.session_state:
+    st.warning(f"No run with id {md_code(wanted)} in this store: the link names a run that does not exist here "
+               "(deleted, or another store's). Showing another run.", icon=":material/link_off:")
 trains = index.of_kind("train")
 default = run_ids.index(wanted) if wanted in index.runs else run_ids.index(trains[0].run_id) if trains else 0
 run_id = st.selectbox("Run", run_ids, index=default, key="detail_run",

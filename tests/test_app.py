@@ -457,3 +457,18 @@ def test_launch_queues_an_engine_eval_managed_or_on_an_allowed_server(app_env, m
     assert (attached.params["engine"], attached.params["engine_url"]) == ("sglang", "http://serving-box:30000")
     assert "vllm" in managed.params["name"]  # an engine eval is never named like the offline one
     assert "vLLM" in page_text(at) or "vllm" in page_text(at)
+
+
+def test_deep_links_with_unknown_run_ids_say_so(app_env):
+    """Issue 26: `/run?run=doesnotexist123` showed another run without a word; `/compare?runs=zzz,...`
+    dropped the id."""
+    at = run_page("pages/run_detail.py", run="doesnotexist123")
+    assert not at.exception
+    assert any("No run with id" in shown(w.value) and "doesnotexist123" in shown(w.value) for w in at.warning)
+    at = run_page("pages/compare.py", runs=f"zzz<b>,{app_env.ids['v5']}")
+    assert not at.exception
+    [warning] = [shown(w.value) for w in at.warning if "No training or eval run" in shown(w.value)]
+    assert "zzz<b>" in warning and app_env.ids["v5"] not in warning
+    assert at.multiselect(key="compare_runs").value == [app_env.ids["v5"]]  # the known id kept
+    at = run_page("pages/run_detail.py", run=app_env.ids["v5"])
+    assert not [w for w in at.warning if "No run with id" in shown(w.value)]

@@ -177,6 +177,18 @@ def test_vs_previous_checkpoint_pairs_per_prompt_data_and_refuses_other_prompt_s
     assert second["verdict"] == "not comparable: prompt set"
 
 
+def test_vs_previous_means_the_previous_step_never_a_second_eval_of_the_same_one():
+    """Issue 26: after a second eval of step 40 the table read "step 40 vs previous step 40"."""
+    e20 = eval_run("e20", {"gsm8k": 8}, 2.0, ci=(1.9, 2.1), train="t", step=20)
+    e40a = eval_run("e40a", {"gsm8k": 8}, 2.5, ci=(2.4, 2.6), train="t", step=40)
+    e40b = eval_run("e40b", {"gsm8k": 8}, 2.6, ci=(2.5, 2.7), train="t", step=40)
+    e60 = eval_run("e60", {"gsm8k": 8}, 2.9, ci=(2.8, 3.0), train="t", step=60)
+    runs = [e20, e40a, e40b, e60]
+    frame = comparisons.vs_previous_frame(RunIndex(runs), [("t", runs)], None)
+    assert frame[["step", "previous step"]].values.tolist() == [[40, 20], [40, 20], [60, 40]]
+    assert frame.iloc[2]["previous tau"].startswith("2.600")  # step 40's latest eval
+
+
 def test_by_dataset_results_and_online_gap():
     results = {"by_dataset": {"gsm8k": {"tau": 3.0, "ci": [2.5, 3.5], "n_prompts": 10},
                               "mbpp": {"tau": 4.0, "ci": [3.0, 5.0], "n_prompts": 6}},

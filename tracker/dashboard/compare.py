@@ -579,3 +579,10 @@ def default_selection(index: RunIndex, limit: int = 6) -> list[str]:
     reference comes with them (the Reference picker's default)."""
     trains = [r.run_id for r in team_training_runs(index)][:limit]
     return trains or [r.run_id for r in index.of_kind("eval")][:limit]
+
+
+def ids_from_link(text: str | None, known) -> tuple[list[str], list[str]]:
+    """A deep link's comma-separated run ids: (those in this store, in order; the unknown ones, which
+    the page names instead of dropping them silently)."""
+    ids = [r.strip() for r in (text or "").split(",") if r.strip()]
+    return [r for r in ids if r in known], [r for r in ids if r not in known]

@@ -238,13 +238,18 @@ def vs_reference_frame(index: RunIndex, evals: Sequence[RunInfo], ref: RunInfo |
 
 def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunInfo]]],
                       results: ResultsLoader | None = None) -> pd.DataFrame:
-    """The "vs previous checkpoint" table: each eval of a series against the eval one step before,
-    per dataset both measured. `series`: (label, evals by step), as `compare.eval_series` gives."""
+    """The "vs previous checkpoint" table: each eval of a series against an eval of the previous step
+    (its latest, where a step was evaluated twice), per dataset both measured. `series`: (label, evals by step), as `compare.eval_series` gives."""
     rows = []
     for label, evals in series:
         ordered = sorted((e for e in evals if e.checkpoint_step is not None), key=lambda e: e.checkpoint_step)
         loaded = {e.run_id: results(e) if results else None for e in ordered}
-        for prev, cur in zip(ordered, ordered[1:]):
+        # "Previous" is the previous step: a second eval of a step is never its own predecessor.
+        latest_at: dict[int, RunInfo] = {e.checkpoint_step: e for e in ordered}
+        steps = sorted(latest_at)
+        pairs = [(latest_at[steps[steps.index(cur.checkpoint_step) - 1]], cur) for cur in ordered
+                 if steps.index(cur.checkpoint_step) > 0]
+        for prev, cur in pairs:
             before, after = dataset_estimates(prev, loaded[prev.run_id]), dataset_estimates(cur, loaded[cur.run_id])
             critical = (_critical_names(lineage.env_diff(cur, prev))
                         + _critical_names(lineage.protocol_diff(cur, prev)))
