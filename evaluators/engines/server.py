@@ -6,9 +6,11 @@ Exit paths and what stops the server:
   group, SIGKILL after `STOP_GRACE_S`);
 - SIGTERM to the eval (the worker's cancel): turned into `SystemExit` while the server runs, so
   `__exit__` runs too;
-- SIGKILL of the eval: a reaper (this module run as a script, a child that the kernel signals when
-  the eval dies, `tracker.lifecycle`) kills the engine's whole process group. vLLM and SGLang start
-  engine-core and worker processes of their own, so killing only the server's pid would orphan them.
+- SIGKILL of the eval: the engine is started by a launcher (this module run as a script), a child of
+  the eval that the kernel signals when the eval dies (`tracker.lifecycle`); it kills the engine's
+  whole process group at once. vLLM and SGLang start engine-core and worker processes of their own,
+  so killing only the server's pid would orphan them. The launcher exists before the engine does and
+  exits when it ends, with its exit code, so no moment leaves an engine without a keeper.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tracker import lifecycle, redact
 STOP_GRACE_S = 15.0
 HEALTH_POLL_S = 1.0
 LOG_TAIL_LINES = 15
-REAPER_POLL_S = 0.2
+KEEPER_POLL_S = 0.2
 
 
 def free_port() -> int:
@@ -69,8 +71,8 @@ class ManagedServer:
                  progress: Callable[[str, int, int], None] | None = None):
         self.engine, self.argv_for, self.log, self.start_s = engine, argv_for, log, start_s
         self.port, self.env, self.progress = port, env or {}, progress
-        self.proc: subprocess.Popen | None = None
-        self.reaper: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # the launcher: it lives exactly as long as the engine
+        self.pgid: int | None = None  # the engine's process group
         self._previous_sigterm = None
 
     @property
@@ -89,12 +91,7 @@ class ManagedServer:
         if threading.current_thread() is threading.main_thread():  # signal handlers live there
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
         try:
-            with open(self.log, "ab") as out:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                             env={**engine_environment(), **self.env},
-                                             **lifecycle.child_popen_kwargs(signal.SIGKILL))
-            self.reaper = subprocess.Popen([sys.executable, "-m", "evaluators.engines.server", str(self.proc.pid)],
-                                           stdin=subprocess.DEVNULL, **lifecycle.child_popen_kwargs(signal.SIGTERM))
+            self.proc, self.pgid = _launch(argv, self.log, {**engine_environment(), **self.env})
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -143,19 +140,18 @@ class ManagedServer:
         return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
 
     def stop(self) -> None:
-        """SIGTERM to the engine's process group, SIGKILL after STOP_GRACE_S; then the reaper."""
-        if self.proc is not None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(self.proc.pid, signal.SIGKILL)  # its engine-core and workers too
+        """Ask the launcher to stop the engine (SIGTERM to its group, SIGKILL after STOP_GRACE_S); if the
+        launcher does not answer in time, kill both."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
-        if self.reaper is not None and self.reaper.poll() is None:
-            self.reaper.kill()
-            self.reaper.wait()
+                self.proc.wait(timeout=STOP_GRACE_S + 5)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.pgid is not None:
+            _signal_group(self.pgid, signal.SIGKILL)  # whatever of the group outlived its keeper
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
@@ -170,20 +166,52 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _reap(pgid: int) -> None:
-    """Kill the engine's process group once the eval that started it is gone (or stops this)."""
-    parent = os.getppid()
-    signal.signal(signal.SIGTERM, lambda *_: (_signal_group(pgid, signal.SIGKILL), os._exit(0)))
-    while os.getppid() == parent:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return  # the group ended by itself
-        except PermissionError:
-            pass
-        time.sleep(REAPER_POLL_S)
-    _signal_group(pgid, signal.SIGKILL)
+def _launch(argv: list[str], log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start the launcher, which starts the engine (its output to `log`) and reports its pid on a pipe."""
+    read, write = os.pipe()
+    try:
+        with open(log, "ab") as out:
+            launcher = subprocess.Popen([sys.executable, "-m", "evaluators.engines.server", str(write), *argv],
+                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                        pass_fds=(write,), **lifecycle.child_popen_kwargs(signal.SIGTERM))
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        line = pipe.readline()  # the engine's pid, or EOF if the launcher could not start it
+    if not line.strip().isdigit():
+        launcher.wait()
+        raise EngineError(f"the engine could not be started ({argv[0]}: exit code {launcher.returncode}); "
+                          f"its log: {log}")
+    return launcher, int(line)
+
+
+def _keep(pid_fd: int, argv: list[str]) -> int:
+    """The launcher: start the engine in a session (process group) of its own, then stop that group
+    at once when the eval that started this dies (SIGTERM from the kernel, or a new parent), or
+    gracefully when the eval asks (SIGUSR1). Exits with the engine's exit code when it ends."""
+    parent, asked = os.getppid(), []
+    signal.signal(signal.SIGTERM, lambda *_: asked.append("now"))
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append("graceful"))
+    engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                              preexec_fn=lifecycle.die_with_parent_hook(signal.SIGKILL))
+    os.write(pid_fd, f"{engine.pid}\n".encode())
+    os.close(pid_fd)
+    while True:
+        code = engine.poll()
+        if code is not None:
+            _signal_group(engine.pid, signal.SIGKILL)  # its children, if it left any
+            return code if code >= 0 else 128 - code
+        if "now" in asked or os.getppid() != parent:
+            _signal_group(engine.pid, signal.SIGKILL)
+            return 128 + signal.SIGTERM
+        if "graceful" in asked:
+            _signal_group(engine.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                engine.wait(timeout=STOP_GRACE_S)
+            _signal_group(engine.pid, signal.SIGKILL)
+            return 0
+        time.sleep(KEEPER_POLL_S)
 
 
 if __name__ == "__main__":
-    _reap(int(sys.argv[1]))
+    sys.exit(_keep(int(sys.argv[1]), sys.argv[2:]))
