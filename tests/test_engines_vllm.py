@@ -21,6 +21,7 @@ from demo.serving_pair import MAX_NEW_TOKENS
 from evaluators.engines import vllm
 from evaluators.engines.base import Sampling
 from evaluators.engines.server import ManagedServer
+from tracker import engine_metrics as em
 from tracker.cli import main
 
 MAX_NEW = MAX_NEW_TOKENS  # the completion length its drafter trained on
@@ -137,10 +138,10 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
         reply = client.generate(p["input_ids"], sampling)
         after = client._counters()
         assert reply.source == "vllm metrics.speculative_decoding"
-        assert reply.drafts == after["drafts"] - before["drafts"]
-        assert reply.accepted == after["accepted"] - before["accepted"]
-        assert reply.draft_tokens == after["draft_tokens"] - before["draft_tokens"]
-        assert reply.accepted_by_position == [after["by_pos"][k] - before["by_pos"].get(k, 0)
+        assert reply.drafts == after.drafts - before.drafts
+        assert reply.accepted == after.accepted - before.accepted
+        assert reply.draft_tokens == after.draft_tokens - before.draft_tokens
+        assert reply.accepted_by_position == [after.by_position[k] - before.by_position.get(k, 0)
                                               for k in range(7)]
 
     monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", served.url)
@@ -158,11 +159,20 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
     # Production numbers of the same server: a /metrics window, its log lines, one final scrape.
     store = os.environ["MLFLOW_TRACKING_URI"]
     assert main(["import-results", str(scrapes), "--format", "prometheus", "--tracking-uri", store]) == 0
-    time.sleep(2.5)  # vLLM logs its SpecDecoding line once per VLLM_LOG_STATS_INTERVAL
-    final = tmp_path / "final.txt"
+    # vLLM logs its SpecDecoding line once per VLLM_LOG_STATS_INTERVAL: wait until its lines cover
+    # every draft the counters have.
+    final, log = tmp_path / "final.txt", tmp_path / "vllm.log"
     final.write_text(client.get_text("/metrics"))
-    log = tmp_path / "vllm.log"
-    log.write_text(served.log.read_text(errors="replace"))
+    drafts = em.vllm_totals(em.prometheus_samples(final.read_text())).drafts
+    deadline = time.monotonic() + 30
+    while True:
+        log.write_text(served.log.read_text(errors="replace"))
+        logged = sum(float(m["drafted"]) / len(m["positions"].split(","))
+                     for m in map(em.VLLM_LOG_LINE.search, log.read_text().splitlines()) if m)
+        if logged >= drafts or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert logged == drafts
     for path, fmt in ((final, "prometheus"), (log, "vllm-log")):
         assert main(["import-results", str(path), "--format", fmt, "--tracking-uri", store, "--name", path.stem]) == 0
     runs = {r.info.run_name: r.data for r in MlflowClient(store).search_runs(

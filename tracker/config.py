@@ -213,6 +213,16 @@ def engine_urls(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(u.strip().rstrip("/") for u in _env(env).get(ENGINE_URLS_VAR, "").split(",") if u.strip())
 
 
+def engine_url_problem(url: str, *, job: bool, env: Mapping[str, str] | None = None) -> str | None:
+    """Why an eval may not attach to `url` (None: it may): a queued job only to a server of
+    DRAFTBOARD_ENGINE_URLS, a CLI eval too once the deployment lists any."""
+    allowed = engine_urls(env)
+    if (job or allowed) and url.rstrip("/") not in allowed:
+        return (f"{url!r} is not one of the servers this deployment allows "
+                f"({ENGINE_URLS_VAR}: {', '.join(allowed) or 'none'})")
+    return None
+
+
 def engine_start_s(env: Mapping[str, str] | None = None) -> float:
     from tracker.errors import DraftboardError
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 from tracker.errors import DraftboardError
 
@@ -92,3 +93,26 @@ def scrapes(text: str) -> list[list[tuple[str, dict[str, str], float]]]:
         seen.add(key)
         out[-1].append(sample)
     return [s for s in out if s]
+
+
+@dataclass(frozen=True)
+class VLLMTotals:
+    """vLLM's spec-decode counters in one scrape, summed over its engines."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    by_position: dict[int, float]  # draft position (from 0) -> drafts that accepted it
+    created: float | None  # unix time the drafts counter was created (its `_created` sample)
+
+
+def vllm_totals(samples: list[tuple[str, dict[str, str], float]]) -> VLLMTotals:
+    positions = {int(lab["position"]) for n, lab, _ in samples
+                 if n.startswith(VLLM_ACCEPTED_PER_POS) and lab.get("position", "").isdigit()}
+    created = [v for n, _, v in samples if n == VLLM_DRAFTS + "_created"]
+    return VLLMTotals(drafts=counter(samples, VLLM_DRAFTS) or 0.0,
+                      draft_tokens=counter(samples, VLLM_DRAFT_TOKENS) or 0.0,
+                      accepted=counter(samples, VLLM_ACCEPTED) or 0.0,
+                      by_position={k: counter(samples, VLLM_ACCEPTED_PER_POS, position=str(k)) or 0.0
+                                   for k in sorted(positions)},
+                      created=min(created) if created else None)

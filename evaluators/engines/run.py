@@ -55,18 +55,16 @@ class EngineSettings:
         return not self.url
 
 
-def check_url(url: str, allowed: tuple[str, ...] | None = None) -> str:
+def check_url(url: str) -> str:
     """An attached server's URL: http(s), and one of DRAFTBOARD_ENGINE_URLS once the deployment sets any
     (a queued job may use no other: tracker.jobs.worker)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
         raise EngineError(f"--engine-url {url!r}: expected http(s)://HOST:PORT, without a user or password")
-    url = url.rstrip("/")
-    allowed = config.engine_urls() if allowed is None else allowed
-    if allowed and url not in allowed:
-        raise EngineError(f"--engine-url {url} is not one of the servers this deployment allows "
-                          f"({config.ENGINE_URLS_VAR}: {', '.join(allowed)})")
-    return url
+    problem = config.engine_url_problem(url, job=False)
+    if problem:
+        raise EngineError(f"--engine-url {problem}")
+    return url.rstrip("/")
 
 
 def check_settings(s: EvalSettings, e: EngineSettings) -> None:

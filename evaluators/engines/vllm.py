@@ -83,8 +83,7 @@ class VLLMClient(EngineClient):
             raise EngineError(f"vllm at {self.url} runs no speculative decoding (/metrics has no "
                               f"{em.VLLM_DRAFTS}); "
                               "start it with --speculative-config")
-        positions = {lab.get("position") for n, lab, _ in samples if n.startswith(em.VLLM_ACCEPTED_PER_POS)}
-        n_spec = len(positions - {None}) or None
+        n_spec = len(em.vllm_totals(samples).by_position) or None
         cache = {lab_k: lab_v for n, lab, _ in samples if n == "vllm:cache_config_info"
                  for lab_k, lab_v in lab.items() if lab_k in ("enable_prefix_caching", "cache_dtype",
                                                                 "mamba_ssm_cache_dtype", "mamba_cache_dtype")}
@@ -109,18 +108,10 @@ class VLLMClient(EngineClient):
             self._per_request = True
             return _from_request_stats(ids, stats)
         self._per_request = False
-        return _from_deltas(ids, before or {}, self._counters())
+        return _from_deltas(ids, before, self._counters())
 
-    def _counters(self) -> dict:
-        samples = em.prometheus_samples(self.get_text("/metrics"))
-        by_pos: dict[int, float] = {}
-        for n, lab, v in samples:
-            if n in (em.VLLM_ACCEPTED_PER_POS, em.VLLM_ACCEPTED_PER_POS + "_total") \
-                    and lab.get("position", "").isdigit():
-                by_pos[int(lab["position"])] = by_pos.get(int(lab["position"]), 0.0) + v
-        return {"drafts": em.counter(samples, em.VLLM_DRAFTS) or 0.0,
-                "draft_tokens": em.counter(samples, em.VLLM_DRAFT_TOKENS) or 0.0,
-                "accepted": em.counter(samples, em.VLLM_ACCEPTED) or 0.0, "by_pos": by_pos}
+    def _counters(self) -> em.VLLMTotals:
+        return em.vllm_totals(em.prometheus_samples(self.get_text("/metrics")))
 
 
 def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
@@ -133,11 +124,12 @@ def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
                        reported_mean=stats.get("mean_acceptance_length"))
 
 
-def _from_deltas(ids: list[int], before: dict, after: dict) -> EngineReply:
-    n = max(after["by_pos"], default=-1) + 1
-    by_pos = [round(after["by_pos"].get(k, 0.0) - before.get("by_pos", {}).get(k, 0.0)) for k in range(n)]
-    drafts = round(after["drafts"] - before.get("drafts", 0.0))
+def _from_deltas(ids: list[int], before: em.VLLMTotals | None, after: em.VLLMTotals) -> EngineReply:
+    n = max(after.by_position, default=-1) + 1
+    by_pos = [round(after.by_position.get(k, 0.0) - (before.by_position.get(k, 0.0) if before else 0.0))
+              for k in range(n)]
+    drafts = round(after.drafts - (before.drafts if before else 0.0))
     return EngineReply(completion_ids=ids, drafts=drafts,
-                       draft_tokens=round(after["draft_tokens"] - before.get("draft_tokens", 0.0)),
-                       accepted=round(after["accepted"] - before.get("accepted", 0.0)),
+                       draft_tokens=round(after.draft_tokens - (before.draft_tokens if before else 0.0)),
+                       accepted=round(after.accepted - (before.accepted if before else 0.0)),
                        histogram=em.histogram_from_positions(drafts, by_pos), source="vllm /metrics deltas")

@@ -197,10 +197,9 @@ def validate(params: Any) -> dict[str, Any]:
     if missing:
         raise DraftboardError(f"an eval job needs {', '.join(missing)}")
     url = params.get("engine_url")
-    if url is not None and str(url).rstrip("/") not in config.engine_urls():
-        allowed = ", ".join(config.engine_urls()) or "none"
-        raise DraftboardError(f"eval param engine_url {url!r} is not one of the servers this deployment allows "
-                              f"({config.ENGINE_URLS_VAR}: {allowed})")
+    problem = config.engine_url_problem(str(url), job=True) if url is not None else None
+    if problem:
+        raise DraftboardError(f"eval param engine_url {problem}")
     values = {}
     for field in JOB_FIELDS:
         if params.get(field.name) is not None:

@@ -107,24 +107,17 @@ def parse_prometheus(path: str | Path) -> list[ImportedEval]:
 
 
 def _vllm_counters(scrapes: list[list], path) -> ImportedEval:
-    def totals(samples):
-        positions = sorted({int(lab["position"]) for n, lab, _ in samples
-                            if n.startswith(em.VLLM_ACCEPTED_PER_POS) and lab.get("position", "").isdigit()})
-        created = [v for n, _, v in samples if n == em.VLLM_DRAFTS + "_created"]
-        return (em.counter(samples, em.VLLM_DRAFTS) or 0.0, em.counter(samples, em.VLLM_ACCEPTED) or 0.0,
-                [em.counter(samples, em.VLLM_ACCEPTED_PER_POS, position=str(k)) or 0.0 for k in positions],
-                min(created) if created else None)
-
-    last = totals(scrapes[-1])
-    first = totals(scrapes[0]) if len(scrapes) > 1 else (0.0, 0.0, [0.0] * len(last[2]), None)
-    drafts, accepted = last[0] - first[0], last[1] - first[1]
+    last = em.vllm_totals(scrapes[-1])
+    first = em.vllm_totals(scrapes[0]) if len(scrapes) > 1 else None
+    drafts = last.drafts - (first.drafts if first else 0.0)
+    accepted = last.accepted - (first.accepted if first else 0.0)
     if drafts <= 0:
         raise DraftboardError(f"{path}: no drafts in the window the scrape(s) cover")
-    by_pos = [b - a for a, b in zip(first[2], last[2])]
+    by_pos = [c - (first.by_position.get(k, 0.0) if first else 0.0) for k, c in last.by_position.items()]
     metrics = {names.ENGINE_MEAN_AL: 1 + accepted / drafts,
                **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
     window = (f"between the first and last of {len(scrapes)} scrapes" if len(scrapes) > 1 else
-              "since the counters were created" + (f" (unix {last[3]:.0f})" if last[3] else ""))
+              "since the counters were created" + (f" (unix {last.created:.0f})" if last.created else ""))
     return ImportedEval(DATASET, metrics, {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)),
                                            "window": window}, {"drafts": drafts, "accepted_tokens": accepted})
 
