@@ -27,7 +27,7 @@ import torch
 from evaluators import metrics, sizing
 from evaluators.cache import EvalCache, FeatureWriter, LayerFile
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
+from evaluators.drafter import DFLASH2, LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
 from evaluators.online import lossless_row, online_generate
 from evaluators.prompts import Prompt, attach_completions
@@ -253,7 +253,8 @@ def score_anchors(loaded: LoadedDrafter, target: Target | TargetHeads, w: Walked
             bad = int(a[(~torch.isfinite(logits)).flatten(1).any(1)][0])
             raise DraftboardError(f"non-finite drafter logits for prompt {w.id!r} at completion position {bad}")
         targets = seq[a[:, None] + torch.arange(1, block, device=drafter.device)]  # [m, block-1]
-        w.chain += metrics.chain_acceptance(logits.argmax(-1), targets).tolist()
+        drafts = drafter.greedy_drafts(hidden, logits, seq[a[:, None] + torch.arange(block - 1, device=drafter.device)])
+        w.chain += metrics.chain_acceptance(drafts, targets).tolist()
         if budgets:
             for b, acc in ddtree_acceptance_batch(logits, targets, budgets).items():
                 w.tree[b] += acc.tolist()
@@ -281,9 +282,24 @@ def score_short_blocks(loaded: LoadedDrafter, target: Target | TargetHeads, w: W
             hidden = drafter.forward_anchors(ctx, P + anchor, drafter.block_embeddings(seq[anchor], embed, size))
             logits = drafter.logits(hidden, lm_head)  # [1, size-1, V]
         targets = seq[a + 1: a + size][None]
-        w.short_chain[a] = int(metrics.chain_acceptance(logits.argmax(-1), targets)[0])
+        drafts = drafter.greedy_drafts(hidden, logits, seq[a: a + size - 1][None])
+        w.short_chain[a] = int(metrics.chain_acceptance(drafts, targets)[0])
         for b, acc in (ddtree_acceptance_batch(logits, targets, budgets) if budgets else {}).items():
             w.short_tree[b][a] = int(acc[0])
+
+
+# Why DDTree is not run for a DFlash2 drafter (docs/DESIGN.md, "DFlash2").
+DDTREE_DFLASH2 = ("DDTree is not run for DFlash2 drafters: its tree is searched over each depth's own "
+                  "distribution, while DFlash2 proposes a path whose token at each position depends on the "
+                  "one chosen before it (the candidate selector), so those per-depth distributions are not "
+                  "what the drafter proposes")
+
+
+def tree_budgets(loaded: LoadedDrafter, budgets: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
+    """(the DDTree budgets this drafter is scored at, why none if so)."""
+    if loaded.model.family == DFLASH2:
+        return (), DDTREE_DFLASH2
+    return budgets, None
 
 
 def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...], last_block: str) -> dict:
@@ -469,6 +485,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     pair = load_pair(s, device, progress)
     prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
+    budgets, ddtree_skipped = tree_budgets(loaded, s.budgets)
     target = _OnDemand(s, device)
     if pair.heads is None or s.scoring == "online":
         target()
@@ -512,9 +529,9 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     try:
         for i, (w, cont) in enumerate(zip(walked, conts), 1):
             ctx = contexts[i - 1]
-            score_anchors(loaded, heads, w, ctx, cont, s.budgets, chunk, precision)
+            score_anchors(loaded, heads, w, ctx, cont, budgets, chunk, precision)
             if s.last_block == "cut":
-                score_short_blocks(loaded, heads, w, ctx, cont, s.budgets, precision)
+                score_short_blocks(loaded, heads, w, ctx, cont, budgets, precision)
             progress("drafter", i, len(walked))
     finally:
         contexts.close()
@@ -522,7 +539,9 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     if not any(w.n_anchors for w in walked):
         raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
 
-    results = {"schema": SCHEMA, **summarize(walked, block, s.budgets, s.last_block)}
+    results = {"schema": SCHEMA, **summarize(walked, block, budgets, s.last_block)}
+    if ddtree_skipped:
+        results["ddtree_skipped"] = ddtree_skipped
     if s.scoring == "online":
         t_online = time.perf_counter()
         _score_online(results, target(), loaded, walked, s.last_block, stops, block, progress)
@@ -539,6 +558,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,
                    "num_layers": pair.config.num_hidden_layers, "linear_attention": resolution},
         "drafter": {"path": str(Path(s.drafter).resolve()), "source": loaded.source,
-                    "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id},
+                    "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id,
+                    "family": loaded.model.family},
     })
     return results

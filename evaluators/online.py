@@ -72,7 +72,12 @@ def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int],
                                           embed.to(drafter.device), size)
         hidden = drafter.forward_block(feats.to(drafter.device, drafter.dtype), torch.arange(start), embeds,
                                        start + torch.arange(size)[None])
-        draft = drafter.logits(hidden, lm_head.to(drafter.device))[0].argmax(-1).tolist()  # [size-1]
+        logits = drafter.logits(hidden, lm_head.to(drafter.device))  # [1, size-1, V]
+        if drafter.candidate_selector is None:
+            draft = logits[0].argmax(-1).tolist()  # [size-1]
+        else:  # DFlash2: z-lab's path, each choice the next position's predecessor
+            anchor = torch.tensor([seq[start]], device=drafter.device)
+            draft = drafter.candidate_selector.select(hidden[:, 1:], logits, anchor, 0.0)[0][0].tolist()
         verify = model(torch.tensor([[seq[start]] + draft], device=dev), past_key_values=cache, use_cache=True,
                        position_ids=torch.arange(start, start + size, device=dev)[None], output_hidden_states=True)
         posterior = verify.logits[0].argmax(-1).tolist()  # [size]

@@ -56,6 +56,15 @@ if [ ! -d "$TRITON_SITE/triton" ]; then
 fi
 export DRAFTBOARD_TRITON_SITE="$TRITON_SITE"
 
+# z-lab's own code, as the DFlash2 tests run it (tests/test_dflash2.py): dflash==0.1.0 from the
+# registry (its dflash/model.py is z-lab/dflash @ 07ebd93's), kept out of .venv, its pinned
+# dataset/requests deps not installed (model.py needs only torch and transformers).
+ZLAB_SITE=${DRAFTBOARD_ZLAB_SITE:-$PWD/.cache/zlab-site}
+if [ ! -f "$ZLAB_SITE/dflash/model.py" ]; then
+  python -m pip install -q --no-deps --target "$ZLAB_SITE" "dflash==0.1.0"
+fi
+export DRAFTBOARD_ZLAB_SITE="$ZLAB_SITE" DRAFTBOARD_REQUIRE_ZLAB=1
+
 # Static check first: undefined names and unused imports fail fast.
 ruff check --quiet --select F,E9 app.py pages tracker evaluators demo benchmarks tests
 

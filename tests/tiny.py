@@ -111,3 +111,31 @@ def hybrid_eval_files(root, prompt_id=str):
     (root / "prompts.jsonl").write_text("".join(json.dumps({"id": prompt_id(i), "input_ids": p}) + "\n"
                                                 for i, p in enumerate(prompts)))
     return root
+
+
+def dflash2_from(drafter, dcfg, seed=0, conv_group_size=16, selector_rank=8, selector_top_k=8):
+    """A DFlash2 drafter on a fitted DFlash one: its weights copied, the convs and the candidate
+    selector drawn at random with enough weight that they change what is drafted (the selector
+    reorders each position's top-k, the convs mix each block slot with the one before)."""
+    import dataclasses
+
+    import torch
+
+    from evaluators.drafter import DFLASH2, DFlashDrafter
+
+    cfg = dataclasses.replace(dcfg, family=DFLASH2, conv_kernel_size=2, conv_group_size=conv_group_size,
+                              selector_rank=selector_rank, selector_top_k=selector_top_k)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(cfg)
+    missing, unexpected = model.load_state_dict(drafter.state_dict(), strict=False)
+    assert not unexpected and all("conv" in k or "candidate_selector" in k for k in missing)
+    with torch.no_grad():
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel.add_(0.05 * torch.randn_like(conv.base_kernel))
+                conv.kernel_projection.weight.normal_(std=0.02)
+        selector = model.candidate_selector
+        selector.predecessor_codebook.weight.normal_(std=0.3)
+        selector.successor_codebook.weight.normal_(std=0.3)
+        selector.hidden_projection.weight.normal_(std=0.1)
+    return model.eval(), cfg

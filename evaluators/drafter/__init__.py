@@ -1,11 +1,13 @@
 """The DFlash drafter: its config (`config`), the model in plain PyTorch (`model`), loading and saving (`io`)."""
 
-from evaluators.drafter.config import DrafterConfig, build_target_layer_ids
+from evaluators.drafter.config import DFLASH, DFLASH2, DrafterConfig, build_target_layer_ids
 from evaluators.drafter.io import (CheckedDrafter, LoadedDrafter, Precision, TargetDims, autocast_precision,
                                    load_drafter, open_drafter, parse_dtype, parse_precision, save_zlab)
 from evaluators.drafter.model import DFlashDrafter, context_from_hidden_states
 
 __all__ = [
+    "DFLASH",
+    "DFLASH2",
     "CheckedDrafter",
     "DFlashDrafter",
     "DrafterConfig",

@@ -13,6 +13,9 @@ from evaluators.limits import check_sizes
 from tracker.errors import DraftboardError
 
 FULL_ATTENTION = "full_attention"
+DFLASH, DFLASH2 = "dflash", "dflash2"  # results `drafter.family`
+# DFlash2's own fields (z-lab 07ebd93 DFlash2DraftModel / CandidateSelector), read as `_draft_value` reads them.
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SLIDING_ATTENTION = "sliding_attention"
 WHERE = "drafter config"
 
@@ -67,6 +70,12 @@ class DrafterConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    family: str = DFLASH
+    # DFlash2 only: the grouped dynamic causal convs and the candidate selector
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
 
     def __post_init__(self) -> None:
         check_sizes(vars(self), WHERE)  # before layer_types grows with num_hidden_layers
@@ -125,6 +134,26 @@ class DrafterConfig:
             raise DraftboardError(f"{where}: hidden_act {self.hidden_act!r} is not supported (only silu)")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise DraftboardError(f"{where}: mask_token_id must be >= 0, got {self.mask_token_id}")
+        if self.family == DFLASH2:
+            self._validate_dflash2()
+        elif self.family != DFLASH:
+            raise DraftboardError(f"{where}: unknown drafter family {self.family!r}; expected {DFLASH} or {DFLASH2}")
+
+    def _validate_dflash2(self) -> None:
+        where = f"{WHERE} (DFlash2)"
+        for name in DFLASH2_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                raise DraftboardError(f"{where}: missing dflash_config.{name}")
+            if not isinstance(value, int) or value < 1:
+                raise DraftboardError(f"{where}: {name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.conv_group_size:
+            raise DraftboardError(f"{where}: conv_group_size {self.conv_group_size} does not divide hidden_size "
+                                  f"{self.hidden_size} (the convs split the hidden state into equal groups)")
+        if self.vocab_size is None:
+            raise DraftboardError(f"{where}: missing vocab_size (the selector's codebooks have one row per token)")
+        if self.selector_top_k > self.vocab_size:
+            raise DraftboardError(f"{where}: selector_top_k {self.selector_top_k} exceeds vocab_size {self.vocab_size}")
 
     # -- (de)serialisation ---------------------------------------------------
     @classmethod
@@ -205,6 +234,10 @@ class DrafterConfig:
         softcap = draft("final_logit_softcapping")
         softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
         is_causal = d.get("is_causal")
+        architectures = d.get("architectures") if isinstance(d.get("architectures"), list) else []
+        dflash2 = {name: as_int(draft(name), f"dflash_config.{name}") for name in DFLASH2_FIELDS}
+        family = DFLASH2 if "DFlash2DraftModel" in architectures or any(
+            v is not None for v in dflash2.values()) else DFLASH
         return cls(
             hidden_size=hidden,
             num_hidden_layers=layers,
@@ -228,6 +261,8 @@ class DrafterConfig:
             input_embedding_scale=float(draft("input_embedding_scale", 1.0)),
             output_multiplier=float(draft("output_multiplier", 1.0)),
             final_logit_softcapping=softcap,
+            family=family,
+            **(dflash2 if family == DFLASH2 else {}),
         )
 
     def to_dict(self) -> dict:
@@ -243,8 +278,10 @@ class DrafterConfig:
             dflash["output_multiplier"] = self.output_multiplier
         if self.final_logit_softcapping is not None:
             dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        if self.family == DFLASH2:
+            dflash.update({name: getattr(self, name) for name in DFLASH2_FIELDS})
         d: dict[str, Any] = {
-            "architectures": ["DFlashDraftModel"],
+            "architectures": ["DFlash2DraftModel" if self.family == DFLASH2 else "DFlashDraftModel"],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,

@@ -37,6 +37,9 @@ LM_HEAD_KEYS = ("lm_head.weight", "verifier_lm_head.weight")
 # Entries of a .pt dict that may hold the state_dict, in the order they are tried.
 STATE_DICT_ENTRIES = ("state_dict", "model", "model_state_dict", "draft_model", "module")
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+# z-lab's DFlash2DraftModel.from_pretrained key_mapping: the codebooks may be stored without `.weight`.
+BARE_KEYS = {f"candidate_selector.{name}": f"candidate_selector.{name}.weight"
+             for name in ("predecessor_codebook", "successor_codebook")}
 # speculators' DFlash weights copy the verifier's embeddings and norm and its vocab maps next to the body.
 SPECULATORS_EXTRA_KEYS = frozenset({"embed_tokens.weight", "verifier_norm.weight", "t2d", "d2t"})
 # SpecForge's unified runtime saves `{run_id}-step{N}/training_state.pt`, not a model folder.
@@ -184,7 +187,8 @@ def stored_weights(path: Path) -> StoredWeights:
 
 
 def _strip_prefixes(keys: list[str], path: Path) -> dict[str, str]:
-    """{drafter key: stored key}: wrapper prefixes removed, derived buffers dropped."""
+    """{drafter key: stored key}: wrapper prefixes removed, derived buffers dropped, bare codebook names
+    given their `.weight` (BARE_KEYS)."""
     out: dict[str, str] = {}
     for key in keys:
         name = key
@@ -197,6 +201,7 @@ def _strip_prefixes(keys: list[str], path: Path) -> dict[str, str]:
                 break
         if name.endswith("rotary_emb.inv_freq"):  # derived buffer some trainers save
             continue
+        name = BARE_KEYS.get(name, name)
         if name in out:
             raise DraftboardError(f"{path}: key {key!r} collides with another key after stripping prefixes")
         out[name] = key

@@ -1,4 +1,5 @@
-"""The DFlash block-diffusion drafter in plain PyTorch (z-lab's ``dflash/model.py``, ``DFlashDraftModel``).
+"""The DFlash block-diffusion drafter in plain PyTorch (z-lab's ``dflash/model.py``, ``DFlashDraftModel``
+and, at 07ebd93, ``DFlash2DraftModel``).
 
 Same maths, so released z-lab weights give the same outputs, written as small modules:
 
@@ -8,6 +9,11 @@ Same maths, so released z-lab weights give the same outputs, written as small mo
         x = x + attn(input_layernorm(x), context)    # Q: block; K, V: cat(context, block)
         x = x + mlp(post_attention_layernorm(x))     # SwiGLU
     logits = lm_head(norm(x)[1:]) * output_multiplier  (optional tanh softcap)
+
+DFlash2 (``cfg.family == "dflash2"``) adds, in every layer, a grouped dynamic causal conv along
+the block around the attention and around the MLP (`GroupedDynamicCausalConv`), and a
+`CandidateSelector` that picks each position's token among the top-k of its logits with a
+bilinear predecessor x successor score, so position i's choice depends on the token at i - 1.
 
 Attention inside a block is bidirectional, except for layers whose
 ``layer_types`` entry is ``sliding_attention``: those are causal with a sliding
@@ -30,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evaluators.drafter.config import DrafterConfig
+from evaluators.drafter.config import DFLASH2, DrafterConfig
 from tracker.errors import DraftboardError
 
 # forward_anchors runs at most CHUNK anchors at a time (small chunks of sorted anchors
@@ -215,6 +221,95 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out)
 
 
+def grouped_dynamic_convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int):
+    """Causal conv along the block with a per-position kernel (z-lab ``_grouped_dynamic_convolve``).
+
+    x [N, S, H]; dynamic [N, S, k, G] (one weight per position, tap and group of group_size channels);
+    base [k, H]  ->  y [N, S, H] with y[t] = sum_{o<k} (base[o] + dynamic[t, o]) * x[t - o], zero before slot 0.
+    """
+    N, S, H = x.shape
+    k, G = base.shape[0], H // group_size
+    groups = x.view(N, S, G, group_size)
+    dynamic = dynamic.reshape(N, S, k, G, 1)
+    out = torch.zeros_like(groups)
+    for o in range(k):  # same order of sums as z-lab, so fp32 outputs match bit for bit
+        shifted = groups if o == 0 else F.pad(groups[:, :-o], (0, 0, 0, 0, o, 0))  # x[t - o]
+        out = out + base[o].view(1, 1, G, group_size).to(x.dtype) * shifted
+        out = torch.addcmul(out, dynamic[:, :, o], shifted)
+    return out.view_as(x)
+
+
+class GroupedDynamicCausalConv(nn.Module):
+    """DFlash2's conv around a sublayer: kernel row 0 on its input, row 1 on its output, both with a
+    dynamic part projected from the input (the block's own states: the context is never convolved)."""
+
+    def __init__(self, hidden: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden))  # [in/out, k, H]
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * (hidden // group_size), bias=False)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, S, H] -> (conv of x [N, S, H], the output's dynamic kernel [N, S, k, G])."""
+        G = x.shape[-1] // self.group_size
+        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, G)
+        return (grouped_dynamic_convolve(x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size),
+                dynamic[..., 1, :, :])
+
+    def finish(self, y: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's choice among the top-k candidates of each position (z-lab ``CandidateSelector``).
+
+    score(i, c) = logit_i(c) + <pred[x_{i-1}] * W h_i, succ[c]>: the token chosen at i - 1 (the
+    anchor for i = 1) reweighs position i's candidates. z-lab walks the positions in order, each
+    choice feeding the next (`select`). Scored against a known continuation the predecessors are
+    that continuation's tokens (`teacher_forced`), so all positions go at once.
+    """
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.top_k = cfg.selector_top_k
+        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+
+    def _scores(self, unary, candidates, hidden_r, predecessors):
+        # unary, candidates [N, K]; hidden_r [N, R]; predecessors [N] -> scores [N, K]
+        pair = self.predecessor_codebook(predecessors) * hidden_r
+        return unary + torch.einsum("br,bkr->bk", pair, self.successor_codebook(candidates))
+
+    def teacher_forced(self, hidden: torch.Tensor, logits: torch.Tensor, predecessors: torch.Tensor):
+        """hidden [N, S, H], logits [N, S, V], predecessors [N, S] (the token before each position)
+        -> (candidates [N, S, K], scores [N, S, K])."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
+        hidden_r = self.hidden_projection(hidden)  # [N, S, R]
+        scores = torch.stack([self._scores(unary[:, i], candidates[:, i], hidden_r[:, i], predecessors[:, i])
+                              for i in range(hidden.shape[1])], dim=1)
+        return candidates, scores
+
+    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, temperature: float,
+               generator: torch.Generator | None = None):
+        """z-lab's path: hidden [N, S, H], logits [N, S, V], anchor [N] -> (path [N, S], candidates
+        [N, S, K], q [N, S, K] | None: the distribution each choice was sampled from, T > 0)."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
+        hidden_r = self.hidden_projection(hidden)
+        predecessor, path, rows = anchor, [], []
+        for i in range(hidden.shape[1]):
+            scores = self._scores(unary[:, i], candidates[:, i], hidden_r[:, i], predecessor)
+            if temperature > 0:  # z-lab: temperature alone, no top-p / top-k over the candidates
+                q = torch.softmax(scores.float() / temperature, dim=-1)
+                index = torch.multinomial(q, 1, generator=generator)[:, 0]
+                rows.append(q)
+            else:
+                index = scores.argmax(-1)
+            predecessor = candidates[:, i].gather(-1, index[:, None])[:, 0]
+            path.append(predecessor)
+        return torch.stack(path, 1), candidates, torch.stack(rows, 1) if rows else None
+
+
 class DFlashLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig, layer_idx: int):
         super().__init__()
@@ -222,21 +317,36 @@ class DFlashLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention_conv = self.mlp_conv = None
+        if cfg.family == DFLASH2:
+            self.attention_conv = GroupedDynamicCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedDynamicCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+
+    @staticmethod
+    def _sublayer(x, norm, conv, sublayer):
+        h = norm(x)
+        if conv is None:
+            return x + sublayer(h)
+        h, dynamic = conv.prepare(h)
+        return x + conv.finish(sublayer(h), dynamic)
 
     def _mlp(self, x):
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self._sublayer(x, self.post_attention_layernorm, self.mlp_conv, self.mlp)
 
     def forward(self, x, ctx, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, mask)
+        x = self._sublayer(x, self.input_layernorm, self.attention_conv,
+                           lambda h: self.self_attn(h, ctx, cos, sin, mask))
         return self._mlp(x)
 
     def forward_anchors(self, x, kc, vc, ctx_masked, blk_vis, cos, sin):
-        x = x + self.self_attn.forward_anchors(self.input_layernorm(x), kc, vc, ctx_masked, blk_vis, cos, sin)
+        x = self._sublayer(x, self.input_layernorm, self.attention_conv,
+                           lambda h: self.self_attn.forward_anchors(h, kc, vc, ctx_masked, blk_vis, cos, sin))
         return self._mlp(x)
 
 
 class DFlashDrafter(nn.Module):
-    """The DFlash drafter (no embeddings, no lm_head: both come from the target)."""
+    """The DFlash drafter (no embeddings, no lm_head: both come from the target); with
+    ``cfg.family == "dflash2"``, DFlash2 (convs in every layer, `candidate_selector`)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -246,16 +356,26 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.candidate_selector = CandidateSelector(cfg) if cfg.family == DFLASH2 else None
         self.apply(self._init_weights)
 
     @staticmethod
     def _init_weights(module: nn.Module, std: float = 0.02) -> None:
-        if isinstance(module, nn.Linear) and module.weight.device.type != "meta":
+        if next(module.parameters(recurse=False), torch.empty(0)).device.type == "meta":
+            return
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=std)
-            if module.bias is not None:
+            if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, GroupedDynamicCausalConv):  # starts as the identity: y[t] = x[t]
+            with torch.no_grad():
+                module.base_kernel.zero_()[:, 0] = 1.0
 
     # -- properties --------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.cfg.family
+
     @property
     def block_size(self) -> int:
         return self.cfg.block_size
@@ -296,6 +416,21 @@ class DFlashDrafter(nn.Module):
         if cap is not None and cap > 0:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def greedy_drafts(self, hidden: torch.Tensor, logits: torch.Tensor, predecessors: torch.Tensor) -> torch.Tensor:
+        """The T = 0 drafts of blocks scored against a known continuation: logits [N, S, V] of
+        positions 1.., predecessors [N, S] the continuation's token before each  ->  tokens [N, S].
+
+        DFlash: the argmax of each position. DFlash2: the selector's choice with the continuation's
+        token as predecessor. z-lab's path feeds its own choice forward instead, but a draft only
+        counts while every earlier draft was accepted, i.e. equal to the continuation: along the
+        accepted prefix both predecessors are the same token, and the first rejected draft is the
+        same too, so the chain acceptance is the same.
+        """
+        if self.candidate_selector is None:
+            return logits.argmax(-1)
+        candidates, scores = self.candidate_selector.teacher_forced(hidden[..., 1:, :], logits, predecessors)
+        return candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
 
     def project_context(self, context: torch.Tensor) -> torch.Tensor:
         """Tapped features [..., T, n_tapped*H] -> context states [..., T, H]."""

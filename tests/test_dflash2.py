@@ -1,0 +1,135 @@
+"""DFlash2 drafters (z-lab 07ebd93 `DFlash2DraftModel`): read, checked, and scored as z-lab's own loop scores them.
+
+z-lab's code runs as written: `dflash==0.1.0` from the package registry, whose `dflash/model.py` is
+z-lab/dflash @ 07ebd93's (the copy in the code index, read_file id 58210760216, is the same code),
+installed by scripts/test.sh with --no-deps into its own folder (DRAFTBOARD_ZLAB_SITE).
+"""
+
+import importlib
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3ForCausalLM
+
+from evaluators.drafter import DFLASH2, open_drafter, save_zlab
+from evaluators.harness import DDTREE_DFLASH2, EvalSettings, evaluate
+from tiny import dflash2_from, fit_drafter, greedy_sequences, qwen3_config, save_target
+from tracker.cli import main
+from tracker.errors import DraftboardError
+
+MAX_NEW = 40
+
+
+def zlab_model():
+    """z-lab's dflash.model module, or a skip (a failure where scripts/test.sh installed it)."""
+    site = os.environ.get("DRAFTBOARD_ZLAB_SITE")
+    if not site:
+        if os.environ.get("DRAFTBOARD_REQUIRE_ZLAB"):
+            pytest.fail("DRAFTBOARD_ZLAB_SITE is not set: scripts/test.sh installs dflash==0.1.0 there")
+        pytest.skip("z-lab's dflash package is not installed (scripts/test.sh installs it)")
+    if site not in sys.path:
+        sys.path.insert(0, site)
+    return importlib.import_module("dflash.model")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny Qwen3 target, a DFlash2 drafter on a drafter fitted to its greedy text (codebooks
+    stored without `.weight`, as z-lab's key_mapping allows), prompts, and an EOS that fires."""
+    root = tmp_path_factory.mktemp("dflash2")
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(qwen3_config(eos_token_id=None)).eval()
+    train = greedy_sequences(target, 8, 6, 48, seed=1)
+    fitted, dcfg = fit_drafter(target, train, layer_ids=[1, 3], block_size=4, steps=120)
+    drafter, cfg = dflash2_from(fitted, dcfg)
+    prompts = torch.randint(2, 60, (5, 7), generator=torch.Generator().manual_seed(7)).tolist()
+    free = greedy_sequences(target, 5, 7, MAX_NEW, seed=7)[:, 7:]
+    target.config.eos_token_id = int(free[0, 12])
+    save_target(target, root / "target")
+    out = save_zlab(drafter, cfg, root / "drafter")
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in ("predecessor_codebook", "successor_codebook"):
+        tensors[f"candidate_selector.{name}"] = tensors.pop(f"candidate_selector.{name}.weight")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
+                                                for i, p in enumerate(prompts)))
+    return root, target, prompts
+
+
+def test_greedy_tau_equals_zlabs_own_loop_block_for_block(pair, tmp_path, monkeypatch):
+    zlab = zlab_model()
+    root, target, prompts = pair
+    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # its timer synchronises CUDA; no GPU here
+    reference = zlab.DFlash2DraftModel.from_pretrained(str(root / "drafter")).eval()
+    res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                max_new_tokens=MAX_NEW, device="cpu", cache_dir=str(tmp_path), last_block="cut"))
+    assert res["drafter"]["family"] == DFLASH2
+    assert res["ddtree"] == {} and res["ddtree_skipped"] == DDTREE_DFLASH2
+    stops = [target.config.eos_token_id]
+    taus, stopped = [], 0
+    for p, row in zip(prompts, res["prompts"]):
+        out = zlab.dflash_generate(reference, target, torch.tensor([p]), MAX_NEW, stops, return_stats=True)
+        assert row["completion_ids"] == out.output_ids[0, len(p):].tolist()
+        assert row["acceptance_lengths"] == out.acceptance_lengths
+        taus.append(sum(out.acceptance_lengths) / len(out.acceptance_lengths))
+        stopped += row["completion_ids"][-1] in stops
+    assert stopped >= 1
+    assert res["tau"] == pytest.approx(sum(taus) / len(taus), abs=1e-12)
+    assert sum(res["accept_len_histogram"][1:]) >= 0.1 * sum(res["accept_len_histogram"])  # it really drafts
+
+
+def test_the_selector_changes_what_is_drafted(pair):
+    """The selector's predecessor term reorders candidates: its choice differs from the logits' argmax."""
+    root, target, _ = pair
+    loaded = open_drafter(root / "drafter").load()
+    model = loaded.model
+    torch.manual_seed(3)
+    hidden = torch.randn(64, model.block_size, model.cfg.hidden_size)
+    logits = model.logits(hidden, target.get_output_embeddings().weight)
+    predecessors = torch.randint(0, model.cfg.vocab_size, (64, model.block_size - 1))
+    assert (model.greedy_drafts(hidden, logits, predecessors) != logits.argmax(-1)).any()
+
+
+def _broken(root, tmp_path, edit_tensors=None, edit_config=None):
+    out = tmp_path / "broken"
+    out.mkdir()
+    tensors = load_file(str(root / "drafter" / "model.safetensors"))
+    config = json.loads((root / "drafter" / "config.json").read_text())
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_config:
+        edit_config(config)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("missing selector weight", "missing key candidate_selector.hidden_projection.weight"),
+    ("wrong codebook shape", "tensor candidate_selector.successor_codebook.weight has shape"),
+    ("conv group size", "conv_group_size 24 does not divide hidden_size 32"),
+    ("missing selector field", "missing dflash_config.selector_top_k"),
+])
+def test_a_broken_dflash2_checkpoint_is_one_error_line_before_anything_is_allocated(pair, tmp_path, capsys,
+                                                                                   monkeypatch, case, needle):
+    root, _, _ = pair
+    edits = {
+        "missing selector weight": dict(edit_tensors=lambda t: t.pop("candidate_selector.hidden_projection.weight")),
+        "wrong codebook shape": dict(edit_tensors=lambda t: t.update(
+            {"candidate_selector.successor_codebook": t["candidate_selector.successor_codebook"][:, :4].clone()})),
+        "conv group size": dict(edit_config=lambda c: c["dflash_config"].update(conv_group_size=24)),
+        "missing selector field": dict(edit_config=lambda c: c["dflash_config"].pop("selector_top_k")),
+    }
+    broken = _broken(root, tmp_path, **edits[case])
+    with pytest.raises(DraftboardError, match=needle):
+        open_drafter(broken)  # reads headers and config only: nothing is built from them
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(broken), "--prompts",
+                 str(root / "prompts.jsonl"), "--no-log", "--device", "cpu",
+                 "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("error: ")]) == 1 and needle in err[-1]
