@@ -41,10 +41,6 @@ class Sampling:
         if self.top_k < 0:
             raise DraftboardError(f"--top-k must be >= 0 (0: no top-k), got {self.top_k}")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
 
 def sampling_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """z-lab's `_sampling_probs`: logits [..., V] -> probabilities [..., V] (fp32), for T > 0."""
@@ -61,11 +57,6 @@ def sampling_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     if indices is not None:
         probs = torch.zeros_like(logits, dtype=probs.dtype).scatter(-1, indices, probs)
     return probs
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of probs [..., V] -> [...]."""
-    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
 
 
 def draft_probability(drafter, hidden: torch.Tensor, logits: torch.Tensor, predecessors: torch.Tensor,
@@ -141,8 +132,3 @@ def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block:
                     nxt = mass[a + length] = np.pad(nxt, (0, len(here) + 1 - len(nxt)))
                 nxt[1:len(here) + 1] += prob * here
     return ExpectedWalk(tau, tokens, blocks, histogram.tolist())
-
-
-def expected_length(ratios: Sequence[float]) -> float:
-    """E[L] of one block from its r's."""
-    return float(np.dot(length_distribution(ratios), np.arange(1, len(ratios) + 2)))

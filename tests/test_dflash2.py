@@ -133,3 +133,22 @@ def test_a_broken_dflash2_checkpoint_is_one_error_line_before_anything_is_alloca
                  "--cache-dir", str(tmp_path / "cache")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len([line for line in err if line.startswith("error: ")]) == 1 and needle in err[-1]
+
+
+def test_teacher_forced_q_is_the_q_zlabs_sampled_path_drew_from(pair):
+    """Given the path z-lab's `select` sampled, `draft_probability` with that path's own tokens as
+    predecessors gives, at every position, the probability `select` drew that token with."""
+    from evaluators.sampling import Sampling, draft_probability
+
+    root, target, _ = pair
+    model = open_drafter(root / "drafter").load().model
+    torch.manual_seed(5)
+    hidden = torch.randn(16, model.block_size, model.cfg.hidden_size)
+    logits = model.logits(hidden, target.get_output_embeddings().weight)
+    anchor = torch.randint(0, model.cfg.vocab_size, (16,))
+    path, candidates, q = model.candidate_selector.select(hidden[:, 1:], logits, anchor, 0.8,
+                                                          torch.Generator().manual_seed(6))
+    drawn = (q * (candidates == path[..., None])).sum(-1)  # [16, B-1]
+    predecessors = torch.cat([anchor[:, None], path[:, :-1]], dim=1)
+    assert torch.allclose(draft_probability(model, hidden, logits, predecessors, path, Sampling(0.8)), drawn)
+    assert (drawn > 0).all() and (drawn < 1).any()

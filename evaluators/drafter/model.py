@@ -276,6 +276,11 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
         self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
+    def _candidates(self, hidden, logits):
+        # hidden [N, S, H], logits [N, S, V] -> unary, candidates [N, S, K]; hidden_r [N, S, R]
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
+        return unary, candidates, self.hidden_projection(hidden)
+
     def _scores(self, unary, candidates, hidden_r, predecessors):
         # unary, candidates [N, K]; hidden_r [N, R]; predecessors [N] -> scores [N, K]
         pair = self.predecessor_codebook(predecessors) * hidden_r
@@ -284,8 +289,7 @@ class CandidateSelector(nn.Module):
     def teacher_forced(self, hidden: torch.Tensor, logits: torch.Tensor, predecessors: torch.Tensor):
         """hidden [N, S, H], logits [N, S, V], predecessors [N, S] (the token before each position)
         -> (candidates [N, S, K], scores [N, S, K])."""
-        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
-        hidden_r = self.hidden_projection(hidden)  # [N, S, R]
+        unary, candidates, hidden_r = self._candidates(hidden, logits)
         scores = torch.stack([self._scores(unary[:, i], candidates[:, i], hidden_r[:, i], predecessors[:, i])
                               for i in range(hidden.shape[1])], dim=1)
         return candidates, scores
@@ -294,8 +298,7 @@ class CandidateSelector(nn.Module):
                generator: torch.Generator | None = None):
         """z-lab's path: hidden [N, S, H], logits [N, S, V], anchor [N] -> (path [N, S], candidates
         [N, S, K], q [N, S, K] | None: the distribution each choice was sampled from, T > 0)."""
-        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
-        hidden_r = self.hidden_projection(hidden)
+        unary, candidates, hidden_r = self._candidates(hidden, logits)
         predecessor, path, rows = anchor, [], []
         for i in range(hidden.shape[1]):
             scores = self._scores(unary[:, i], candidates[:, i], hidden_r[:, i], predecessor)
