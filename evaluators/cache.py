@@ -1,4 +1,4 @@
-"""On-disk cache of the target's work: greedy continuations and tapped-layer features.
+"""On-disk cache of the target's work: greedy or sampled continuations and tapped-layer features.
 
 Evaluating 20 checkpoints of one run against the same target and prompts must cost one target
 pass, not 20. Keys include the numbers-relevant part of the fingerprint (linear-attention path,
@@ -25,6 +25,7 @@ mounts). An entry is one continuations file or one features folder (every layer 
 Layout under the root, and the only paths the cache ever deletes (draftboard writes exactly these
 names; anything else someone puts in the folder is neither counted nor removed):
     continuations/<key>.json        continuations/<key>.meta.json
+    samples/<key>.json              samples/<key>.meta.json   (sampled continuations, with each token's p)
     fingerprints/<key>.json         fingerprints/<key>.meta.json
     features/<key>/layer_<i>.safetensors   features/<key>/meta.json
 `<key>` is the 24 hex digits of `evaluators.target.cache_key`; the meta file names the target's
@@ -45,8 +46,8 @@ import torch
 
 from tracker import config
 
-CONTINUATIONS, FINGERPRINTS, FEATURES = "continuations", "fingerprints", "features"
-_JSON_KINDS = (CONTINUATIONS, FINGERPRINTS)  # one `<key>.json` per entry
+CONTINUATIONS, SAMPLES, FINGERPRINTS, FEATURES = "continuations", "samples", "fingerprints", "features"
+_JSON_KINDS = (CONTINUATIONS, SAMPLES, FINGERPRINTS)  # one `<key>.json` per entry
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 _ST_CODES = {dtype: code for code, dtype in _ST_DTYPES.items()}
 META_SCHEMA = "draftboard.cache/1"
@@ -112,6 +113,21 @@ class EvalCache:
     def put_continuations(self, key: str, continuations: list[list[int]], *, target: str | None = None) -> None:
         """target: the target's content digest, shown by `draftboard cache ls`."""
         self._put_json(CONTINUATIONS, key, continuations, target)
+
+    def get_samples(self, key: str) -> list[tuple[list[int], list[float]]] | None:
+        """Sampled continuations as (tokens, the probability each was drawn with); a file of any
+        other shape is a miss (the eval draws them again and replaces it)."""
+        data = self._get_json(SAMPLES, key)
+        if not isinstance(data, list) or not all(
+                isinstance(d, dict) and isinstance(d.get("tokens"), list) and isinstance(d.get("probs"), list)
+                and len(d["tokens"]) == len(d["probs"]) and all(type(t) is int for t in d["tokens"])
+                and all(isinstance(p, float) and 0.0 < p <= 1.0 for p in d["probs"]) for d in data):
+            return None
+        return [(d["tokens"], d["probs"]) for d in data]
+
+    def put_samples(self, key: str, samples: list[tuple[list[int], list[float]]], *,
+                    target: str | None = None) -> None:
+        self._put_json(SAMPLES, key, [{"tokens": t, "probs": p} for t, p in samples], target)
 
     def get_fingerprint(self, key: str) -> dict | None:
         """What a loaded target told the fingerprint (harness: probe, linear-attention resolution)."""

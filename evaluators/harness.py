@@ -3,12 +3,16 @@
 The drafter's output at anchor p depends only on the target's features at positions < p and
 the token at p, so one target pass (greedy continuation + tapped features, both cached) gives
 everything the online speculative loop would see at temperature 0. The drafter then scores
-every anchor of every completion in a few large batched calls; the walks (chain and one per
-DDTree budget) are read off the per-anchor acceptance lengths, under the end-of-generation rule
-`last_block` (metrics.walk_end). Results equal a lossless online loop's, block for block
-(tests/test_online_equivalence.py). Under `cut`, the blocks z-lab shortens at the end (fewer than
-block_size positions left before max_new_tokens) are drafted again at their short length, since
-the drafter's masked positions attend to each other and a shorter block drafts differently.
+every anchor of every completion in a few large batched calls (evaluators.scoring); the walks
+(chain and one per DDTree budget) are read off the per-anchor acceptance lengths, under the
+end-of-generation rule `last_block` (metrics.walk_end). Results equal a lossless online loop's,
+block for block (tests/test_online_equivalence.py).
+
+At temperature > 0 the target draws `samples` continuations per prompt (seeded per prompt and
+draw, cached with the probability of each token, shared by every checkpoint of the same target
+and protocol); the drafter's pass over each gives the acceptance ratio at every anchor, and the
+walk's expectation follows exactly (evaluators.sampling). `--scoring online --seeds N` runs the
+lossless sampled loop N times per prompt beside it: the Monte Carlo check.
 
 The harness never imports Streamlit; progress goes to a callback (the CLI binds it to tqdm and
 to the job queue's event lines).
@@ -18,25 +22,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from evaluators import metrics, sizing
 from evaluators.cache import EvalCache, FeatureWriter, LayerFile
-from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import DFLASH2, LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
+from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
 from evaluators.online import lossless_row, online_generate
 from evaluators.prompts import Prompt, attach_completions
-from evaluators.target import (HeadLocation, Target, TargetHeads, cache_key, check_weights, content_digest,
+from evaluators.sampling import ONLINE, Sampling, draw_seed
+from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
+                                score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
+from evaluators.target import (HeadLocation, Target, cache_key, check_weights, content_digest,
                                greedy_continuations, layer_hidden_states_batch, load_heads, load_target,
-                               load_tokenizer, stop_token_ids, text_config)
-from tracker.uncertainty import results_uncertainty
+                               load_tokenizer, sampled_continuations, stop_token_ids, text_config)
+from tracker.uncertainty import draws_interval, results_uncertainty
 from tracker import fingerprint
-from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET
+from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
 from tracker.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
 from tracker.errors import DraftboardError
 
@@ -63,6 +68,12 @@ class EvalSettings:
     last_block: str = LAST_BLOCK_RULES[0]
     scoring: str = EVAL_SCORINGS[0]
     limit_per_dataset: int | None = None
+    temperature: float = 0.0  # z-lab's sampling parameters; T = 0 is greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    samples: int = 1  # T > 0: continuations drawn per prompt (the offline expectation's draws)
+    seeds: int = 1  # T > 0, --scoring online: runs of the sampled loop per prompt
+    seed: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -82,55 +93,24 @@ class EvalSettings:
                 raise DraftboardError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.scoring == "online" and self.completions:
             raise DraftboardError("--scoring online generates its own completions; drop --completions")
-
-
-@dataclass
-class Walked:
-    """One prompt's per-anchor results and walks."""
-
-    prompt: Prompt
-    completion_ids: list[int]
-    n_anchors: int
-    limit: int  # max_new_tokens for this prompt: z-lab's loop shortens blocks near it (`cut`)
-    end: int  # where the walk ends (metrics.walk_end)
-    chain: list[int] = field(default_factory=list)  # acceptance length at every anchor
-    tree: dict[int, list[int]] = field(default_factory=dict)  # budget -> per-anchor acceptance
-    # `cut`: acceptance of the shortened blocks near `limit`, {anchor: length} (tree: per budget)
-    short_chain: dict[int, int] = field(default_factory=dict)
-    short_tree: dict[int, dict[int, int]] = field(default_factory=dict)
+        problem = sampling_problem(self.temperature, self.top_p, self.top_k, self.samples, self.seeds)
+        if problem:
+            raise DraftboardError(problem)
+        if self.seed < 0:
+            raise DraftboardError(f"--seed must be >= 0, got {self.seed}")
+        if not self.sampling.greedy and self.completions:
+            raise DraftboardError("a sampled eval (--temperature > 0) draws its own continuations; drop --completions")
+        if self.seeds > 1 and self.scoring != "online":
+            raise DraftboardError("--seeds counts runs of the online loop (--scoring online); offline, --samples "
+                                  "sets the continuations drawn per prompt")
 
     @property
-    def id(self) -> str:
-        return self.prompt.id
-
-    @property
-    def input_ids(self) -> list[int]:
-        return self.prompt.input_ids
-
-    def walk_lengths(self, budget: int | None = None) -> list[int]:
-        """Per-anchor acceptance as the loop sees it: the full-block lengths, short blocks replaced."""
-        lengths = list(self.chain if budget is None else self.tree[budget])
-        for anchor, length in (self.short_chain if budget is None else self.short_tree.get(budget, {})).items():
-            lengths[anchor] = length
-        return lengths
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.top_k)
 
 
 def quiet(stage: str, done: int, total: int) -> None:
     pass
-
-
-def completion_bounds(continuation: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], int]:
-    """(completion_ids, n_anchors) of a greedy continuation, as z-lab's loop bounds them.
-
-    The completion is cut at max_new_tokens or just after the first stop token. Anchors run
-    over the completion, except that a stop token never anchors a block: it ends generation as
-    soon as it is accepted.
-    """
-    completion = continuation[:max_new_tokens]
-    for i, token in enumerate(completion):
-        if token in stops:
-            return completion[: i + 1], i
-    return completion, len(completion)
 
 
 def _continuations(target: "_OnDemand", prompts: list[Prompt], s: EvalSettings, block: int, cache: EvalCache,
@@ -155,6 +135,26 @@ def _continuations(target: "_OnDemand", prompts: list[Prompt], s: EvalSettings, 
                                    block - 1, batch, _counter(step))
     cache.put_continuations(key, out, target=digest)
     return out
+
+
+def _samples(target: "_OnDemand", prompts: list[Prompt], s: EvalSettings, block: int, cache: EvalCache,
+             env: dict, digest: str, progress: Progress, batch: int) -> list[tuple[int, list[int], list[float]]]:
+    """`samples` continuations per prompt drawn from the target, prompt-major: (seed, tokens, p of
+    each token). Cached by everything that decides a draw, so every checkpoint scored against the
+    same target, prompts and protocol meets the same continuations."""
+    seeds = [draw_seed(s.seed, p.input_ids, k) for p in prompts for k in range(s.samples)]
+    key = cache_key("samples", digest, env, s.max_new_tokens, block, [p.input_ids for p in prompts],
+                    asdict(s.sampling), seeds)
+    drawn = cache.get_samples(key)
+    if drawn is None or len(drawn) != len(seeds):
+        step = lambda n: progress("target: sampled continuations", n, len(seeds))  # noqa: E731
+        out = sampled_continuations(target(), [p.input_ids for p in prompts for _ in range(s.samples)], seeds,
+                                    s.max_new_tokens + block - 1, block - 1, s.sampling, batch, _counter(step))
+        drawn = [(d.tokens, d.probs) for d in out]
+        cache.put_samples(key, drawn, target=digest)
+    else:
+        progress("target: sampled continuations (cached)", len(seeds), len(seeds))
+    return [(seed, tokens, probs) for seed, (tokens, probs) in zip(seeds, drawn)]
 
 
 def _counter(step: Callable[[int], None]) -> Callable[[int], None]:
@@ -228,111 +228,6 @@ def _target_features(target: Target, walked: list[Walked], seqs: list[list[int]]
             progress("target: features", done, len(seqs))
 
 
-@torch.no_grad()
-def score_anchors(loaded: LoadedDrafter, target: Target | TargetHeads, w: Walked, context: torch.Tensor,
-                  continuation: list[int], budgets: tuple[int, ...], chunk: int = 256,
-                  precision: Precision | None = None) -> None:
-    """Chain and DDTree acceptance at every anchor of one completion (fills w.chain / w.tree).
-
-    The drafter computes under `precision`'s autocast, if any (as a mixed-precision training run did).
-    The context reaches it in fp32 whatever dtype the cache stores (bf16 features widen exactly)."""
-    drafter, block = loaded.model, loaded.model.block_size
-    n, P = w.n_anchors, len(w.input_ids)
-    lm_head = loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight
-    embed = target.embed_weight.to(drafter.device)
-    lm_head = lm_head.to(drafter.device)
-    ctx = context[None].to(drafter.device, torch.float32)  # [1, T, n_tapped*H]
-    seq = torch.tensor(continuation, device=drafter.device)
-    w.chain, w.tree = [], {b: [] for b in budgets}
-    for start in range(0, n, chunk):
-        a = torch.arange(start, min(start + chunk, n), device=drafter.device)  # completion-relative anchors
-        with precision.context(drafter.device) if precision else nullcontext():
-            hidden = drafter.forward_anchors(ctx, P + a, drafter.block_embeddings(seq[a], embed))
-            logits = drafter.logits(hidden, lm_head)  # [m, block-1, V]
-        if not torch.isfinite(logits).all():
-            bad = int(a[(~torch.isfinite(logits)).flatten(1).any(1)][0])
-            raise DraftboardError(f"non-finite drafter logits for prompt {w.id!r} at completion position {bad}")
-        targets = seq[a[:, None] + torch.arange(1, block, device=drafter.device)]  # [m, block-1]
-        drafts = drafter.greedy_drafts(hidden, logits, seq[a[:, None] + torch.arange(block - 1, device=drafter.device)])
-        w.chain += metrics.chain_acceptance(drafts, targets).tolist()
-        if budgets:
-            for b, acc in ddtree_acceptance_batch(logits, targets, budgets).items():
-                w.tree[b] += acc.tolist()
-
-
-@torch.no_grad()
-def score_short_blocks(loaded: LoadedDrafter, target: Target | TargetHeads, w: Walked, context: torch.Tensor,
-                       continuation: list[int], budgets: tuple[int, ...], precision: Precision | None = None) -> None:
-    """`cut`: the blocks z-lab verifies at fewer than block_size positions (fills w.short_*).
-
-    At anchor a, z-lab's loop verifies min(block_size, limit - a) positions, so an anchor with
-    2 <= limit - a < block_size drafts limit - a - 1 tokens from a block of that length.
-    """
-    drafter, block = loaded.model, loaded.model.block_size
-    P = len(w.input_ids)
-    lm_head = (loaded.own_lm_head if loaded.own_lm_head is not None else target.lm_head_weight).to(drafter.device)
-    embed = target.embed_weight.to(drafter.device)
-    ctx = context[None].to(drafter.device, torch.float32)
-    seq = torch.tensor(continuation, device=drafter.device)
-    w.short_chain, w.short_tree = {}, {b: {} for b in budgets}
-    for a in range(max(0, w.limit - block + 1), min(w.n_anchors, w.limit - 1)):
-        size = w.limit - a
-        anchor = torch.tensor([a], device=drafter.device)
-        with precision.context(drafter.device) if precision else nullcontext():
-            hidden = drafter.forward_anchors(ctx, P + anchor, drafter.block_embeddings(seq[anchor], embed, size))
-            logits = drafter.logits(hidden, lm_head)  # [1, size-1, V]
-        targets = seq[a + 1: a + size][None]
-        drafts = drafter.greedy_drafts(hidden, logits, seq[a: a + size - 1][None])
-        w.short_chain[a] = int(metrics.chain_acceptance(drafts, targets)[0])
-        for b, acc in (ddtree_acceptance_batch(logits, targets, budgets) if budgets else {}).items():
-            w.short_tree[b][a] = int(acc[0])
-
-
-# Why DDTree is not run for a DFlash2 drafter (docs/DESIGN.md, "DFlash2").
-DDTREE_DFLASH2 = ("DDTree is not run for DFlash2 drafters: its tree is searched over each depth's own "
-                  "distribution, while DFlash2 proposes a path whose token at each position depends on the "
-                  "one chosen before it (the candidate selector), so those per-depth distributions are not "
-                  "what the drafter proposes")
-
-
-def tree_budgets(loaded: LoadedDrafter, budgets: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
-    """(the DDTree budgets this drafter is scored at, why none if so)."""
-    if loaded.model.family == DFLASH2:
-        return (), DDTREE_DFLASH2
-    return budgets, None
-
-
-def summarize(walked: list[Walked], block: int, budgets: tuple[int, ...], last_block: str) -> dict:
-    """The fixed results keys (DESIGN.md) from per-anchor acceptance lengths."""
-    cut = last_block == "cut"
-    chain_walks = [metrics.walk(w.walk_lengths(), w.end, cut) for w in walked]
-    summary = metrics.summarize_walks(chain_walks, block)
-    tree_walks = {b: [metrics.walk(w.walk_lengths(b), w.end, cut) for w in walked] for b in budgets}
-    ddtree = {}
-    for b in budgets:
-        tau = metrics.summarize_walks(tree_walks[b], block).tau
-        ddtree[str(b)] = {"tau": tau, "dds": tau - 1}
-    return {
-        "block_size": block,
-        "tau": summary.tau,
-        "tau_pooled": summary.tau_pooled,
-        "tau_all_anchors": metrics.tau_all_anchors([w.chain[: w.n_anchors] for w in walked]),
-        "streak": summary.streak,
-        "accept_rate_by_position": summary.accept_rate_by_position,
-        "accept_len_histogram": summary.accept_len_histogram,
-        "n_blocks": summary.n_blocks,
-        "ddtree": ddtree,
-        "prompts": [
-            {"id": w.id, "dataset": w.prompt.dataset, "category": w.prompt.category,
-             "input_ids": w.input_ids, "completion_ids": w.completion_ids, "acceptance_lengths": walks,
-             "acceptance_lengths_as_engine": metrics.engine_walk(w.chain, len(w.completion_ids), w.n_anchors,
-                                                                 w.n_anchors < len(w.completion_ids)),
-             "ddtree_acceptance_lengths": {str(b): tree_walks[b][i] for b in budgets}}
-            for i, (w, walks) in enumerate(zip(walked, chain_walks))
-        ],
-    }
-
-
 def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: list[Walked], last_block: str,
                   stops: set[int], block: int, progress: Progress) -> None:
     """`--scoring online`: the chain numbers become z-lab's cached loop's (evaluators.online).
@@ -355,6 +250,43 @@ def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: 
         row["acceptance_lengths"], row["completion_ids"] = run.acceptance_lengths, run.completion_ids
 
 
+def _score_online_sampled(results: dict, target: Target, loaded: LoadedDrafter, walked: list[Walked],
+                          s: EvalSettings, stops: set[int], block: int, progress: Progress) -> None:
+    """`--scoring online` at T > 0: `seeds` runs of the lossless sampled loop per prompt replace the
+    offline expectation as the headline numbers (a Monte Carlo estimate of the same quantity); the
+    expectation stays beside them (`offline`, per prompt `offline_samples`), so a test or a user can
+    see whether it lies inside the runs' interval (`monte_carlo`)."""
+    firsts = walked[::s.samples]  # one Walked per prompt: its prompt and limit
+    groups = []
+    for i, w in enumerate(firsts, 1):
+        runs = []
+        for k in range(s.seeds):
+            seed = draw_seed(s.seed, w.input_ids, k, ONLINE)
+            generator = torch.Generator(device=target.device).manual_seed(seed)
+            run = online_generate(target, loaded, w.input_ids, w.limit, stops, s.last_block, sampling=s.sampling,
+                                  generator=generator)
+            lengths = run.acceptance_lengths
+            runs.append({"seed": seed, "completion_ids": run.completion_ids, "acceptance_lengths": lengths,
+                         "tau": sum(lengths) / len(lengths) if lengths else None, "tokens": float(sum(lengths)),
+                         "blocks": float(len(lengths)),
+                         "histogram": [float(lengths.count(n)) for n in range(1, block + 1)]})
+        groups.append(runs)
+        progress("drafter: online loop", i, len(firsts))
+    results["offline"] = {"tau": results["tau"], "tau_pooled": results["tau_pooled"],
+                          "monte_carlo": results["monte_carlo"]}
+    results.update(sample_totals(groups, block))
+    for row, runs in zip(results["prompts"], groups):
+        row["offline_samples"] = row["samples"]
+        row["samples"], row["completion_ids"] = runs, runs[0]["completion_ids"]
+    results["monte_carlo"] = _monte_carlo(results["prompts"], s.seeds)
+
+
+def _monte_carlo(rows: list[dict], draws: int) -> dict:
+    """The interval of a sampled tau over its draws alone, the prompts held fixed."""
+    per_prompt = [[d["tau"] for d in row["samples"] if d["tau"] is not None] for row in rows]
+    return {"draws_per_prompt": draws, "tau_ci_given_prompts": draws_interval(per_prompt).bounds()}
+
+
 def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int, stops: list[int],
                   target_digest: str, scoring: str | None = None) -> Protocol:
     """What this eval asked of the target and drafter (tracker.protocol; DESIGN.md); scoring: the
@@ -369,8 +301,10 @@ def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int,
         max_new_tokens=s.max_new_tokens,
         enable_thinking=UNKNOWN if s.enable_thinking is None or not templated else s.enable_thinking,
         chat_template_digest=text_digest(tokenizer.chat_template) if templated else UNKNOWN,
-        block_size=block, temperature=0, stop_token_ids=sorted(stops), last_block=s.last_block,
-        scoring=scoring or s.scoring, target_digest=target_digest)
+        block_size=block, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+        samples=s.seeds if s.scoring == "online" and not s.sampling.greedy else s.samples, seed=s.seed,
+        stop_token_ids=sorted(stops), last_block=s.last_block, scoring=scoring or s.scoring,
+        target_digest=target_digest)
 
 
 def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit: int | None) -> None:
@@ -485,7 +419,8 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     pair = load_pair(s, device, progress)
     prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
-    budgets, ddtree_skipped = tree_budgets(loaded, s.budgets)
+    sampling = s.sampling
+    budgets, ddtree_skipped = tree_budgets(loaded, s.budgets, sampling)
     target = _OnDemand(s, device)
     if pair.heads is None or s.scoring == "online":
         target()
@@ -509,14 +444,22 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     dcfg = loaded.model.cfg
     chunk = s.anchor_chunk or sizing.anchor_chunk(device, block, pair.config.vocab_size, dcfg.hidden_size,
                                                   dcfg.num_attention_heads, longest)
-    conts, target_s = timed(lambda: _continuations(target, prompts, s, block, cache, env, digest, progress, batch))
     stops = set(stop_token_ids(s.target, pair.config))
+    if sampling.greedy:
+        conts, target_s = timed(lambda: _continuations(target, prompts, s, block, cache, env, digest, progress,
+                                                       batch))
+        sources = [(p, None, None) for p in prompts]
+    else:  # `samples` draws per prompt, prompt-major
+        samples, target_s = timed(lambda: _samples(target, prompts, s, block, cache, env, digest, progress, batch))
+        conts = [tokens for _, tokens, _ in samples]
+        sources = [(p, seed, probs) for p, (seed, _, probs) in zip((p for p in prompts for _ in range(s.samples)),
+                                                                   samples)]
     walked = []
-    for p, cont in zip(prompts, conts):
+    for (p, seed, probs), cont in zip(sources, conts):
         max_new = s.max_new_tokens if p.completion_ids is None else min(s.max_new_tokens, len(p.completion_ids))
         completion, n_anchors = completion_bounds(cont, max_new, stops)
         end = metrics.walk_end(len(completion), n_anchors, n_anchors < len(completion), s.last_block)
-        walked.append(Walked(p, completion, n_anchors, max_new, end))
+        walked.append(Walked(p, completion, n_anchors, max_new, end, seed=seed, probs=probs))
     contexts, features_s = timed(lambda: _features(target, walked, layers, cache, env, digest, progress,
                                                    batch, pair.config.hidden_size))
     target_s += features_s
@@ -529,9 +472,14 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     try:
         for i, (w, cont) in enumerate(zip(walked, conts), 1):
             ctx = contexts[i - 1]
-            score_anchors(loaded, heads, w, ctx, cont, budgets, chunk, precision)
-            if s.last_block == "cut":
-                score_short_blocks(loaded, heads, w, ctx, cont, budgets, precision)
+            if sampling.greedy:
+                score_anchors(loaded, heads, w, ctx, cont, budgets, chunk, precision)
+                if s.last_block == "cut":
+                    score_short_blocks(loaded, heads, w, ctx, cont, budgets, precision)
+            else:
+                score_ratios(loaded, heads, w, ctx, cont, sampling, chunk, precision)
+                if s.last_block == "cut":
+                    score_short_ratios(loaded, heads, w, ctx, cont, sampling, precision)
             progress("drafter", i, len(walked))
     finally:
         contexts.close()
@@ -539,12 +487,19 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     if not any(w.n_anchors for w in walked):
         raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
 
-    results = {"schema": SCHEMA, **summarize(walked, block, budgets, s.last_block)}
+    if sampling.greedy:
+        results = {"schema": SCHEMA, **summarize(walked, block, budgets, s.last_block)}
+    else:
+        results = {"schema": SCHEMA, **summarize_sampled(walked, s.samples, block, s.last_block)}
+        results["monte_carlo"] = _monte_carlo(results["prompts"], s.samples)
     if ddtree_skipped:
         results["ddtree_skipped"] = ddtree_skipped
     if s.scoring == "online":
         t_online = time.perf_counter()
-        _score_online(results, target(), loaded, walked, s.last_block, stops, block, progress)
+        if sampling.greedy:
+            _score_online(results, target(), loaded, walked, s.last_block, stops, block, progress)
+        else:
+            _score_online_sampled(results, target(), loaded, walked, s, stops, block, progress)
         drafter_s += time.perf_counter() - t_online
     results.update(results_uncertainty(results["prompts"]))
     results["protocol"] = eval_protocol(s, prompts, tokenizer, block, sorted(stops), digest).to_dict()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from evaluators.harness import EvalSettings
-from tracker.uncertainty import ci_metrics
+from tracker.uncertainty import ci_metrics, prompt_score
 from tracker.protocol import Protocol
 from evaluators.weights import one_line
 from tracker.errors import DraftboardError
@@ -45,6 +45,9 @@ def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | Non
     The protocol section becomes `protocol.*` tags, so the store can diff protocols without
     reading artifacts."""
     tags = {**Protocol.from_results(results).to_tags(), **(tags or {})}
+    family = (results.get("drafter") or {}).get("family")
+    if family:
+        tags[names.DRAFTER_FAMILY] = family
     drafter = Path(s.drafter)
     name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
                                  else f"eval {drafter.parent.name} @ step {checkpoint_step}")
@@ -58,12 +61,17 @@ def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | Non
                           start_time=started_ms) as run:
         run.log_metrics(metric_values(results), step=checkpoint_step or 0)
         run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
-        run.log_table("per_prompt.json", [
-            {"id": p["id"], "prompt_tokens": len(p["input_ids"]), "completion_tokens": len(p["completion_ids"]),
-             "blocks": len(p["acceptance_lengths"]),
-             "tau": sum(p["acceptance_lengths"]) / max(1, len(p["acceptance_lengths"]))}
-            for p in results["prompts"]])
+        run.log_table("per_prompt.json", [_per_prompt(p) for p in results["prompts"]])
         return run.run_id
+
+
+def _per_prompt(record: dict) -> dict:
+    """One row of the run's per-prompt table; a sampled prompt's blocks and tau are its means over
+    its draws."""
+    score = prompt_score(record)
+    return {"id": record["id"], "prompt_tokens": len(record["input_ids"]),
+            "completion_tokens": len(record["completion_ids"]), "draws": len(record.get("samples") or [None]),
+            "blocks": score.blocks, "tau": score.mean if score.blocks else None}
 
 
 def check_out_path(out: str | Path) -> Path:

@@ -8,6 +8,11 @@ read off the offline drafter's logits there, in logits (nats of the unnormalised
 - offline accepted it: top logit - the runner-up's (how far the drafter was from rejecting).
 A margin near 0 is a near-tie, which another kernel's rounding can flip: numerics. A wide one means
 the drafter saw another context there (layer mapping, cache state).
+
+A DFlash2 drafter chooses among its selector's top-k candidates by their scores given the previous
+token, so its margin is read off those scores (the previous token being the completion's, as its
+walk saw it); a target token outside the candidates could not be drafted at all, and its margin
+is how far its logit was from entering them (the k-th logit minus its own).
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ def settings_of(results: dict) -> EvalSettings:
     return EvalSettings(**values)
 
 
+def _margin(drafter, hidden: torch.Tensor, logits: torch.Tensor, ask: MarginAsk, wanted: int) -> Margin:
+    """The margin at ask.position of one block: hidden [1, B, H], logits [1, B-1, V]."""
+    row = logits[0, ask.position].float()  # [V]
+    if drafter.candidate_selector is not None:
+        before = ask.completion_ids[ask.anchor: ask.anchor + ask.position + 1]  # each position's predecessor
+        predecessors = torch.tensor([before], device=logits.device)
+        candidates, scores = drafter.candidate_selector.teacher_forced(
+            hidden[:, 1: ask.position + 2], logits[:, : ask.position + 1], predecessors)
+        candidates, scores = candidates[0, ask.position], scores[0, ask.position].float()  # [K]
+        if not (candidates == wanted).any():
+            return Margin(float(row[candidates].min() - row[wanted]), False)
+        row = torch.full_like(row, float("-inf")).scatter_(0, candidates, scores)
+    top2 = torch.topk(row, 2)
+    top = int(top2.indices[0])
+    return Margin(float(top2.values[0] - (row[wanted] if top != wanted else top2.values[1])), top == wanted)
+
+
 @torch.no_grad()
 def block_margins(s: EvalSettings, asks: Sequence[MarginAsk], progress: Progress = quiet) -> list[Margin | None]:
     """The offline drafter's margin at each ask (None where the position lies past the completion)."""
@@ -80,11 +102,7 @@ def block_margins(s: EvalSettings, asks: Sequence[MarginAsk], progress: Progress
         first = torch.tensor([ask.completion_ids[ask.anchor]], device=drafter.device)
         with precision.context(drafter.device) if precision else nullcontext():
             hidden = drafter.forward_anchors(ctx, anchor, drafter.block_embeddings(first, embed))
-            logits = drafter.logits(hidden, lm_head)[0, ask.position].float()  # [V]
-        wanted = ask.completion_ids[token]
-        top2 = torch.topk(logits, 2)
-        top = int(top2.indices[0])
-        margin = top2.values[0] - (logits[wanted] if top != wanted else top2.values[1])
-        out.append(Margin(float(margin), top == wanted))
+            logits = drafter.logits(hidden, lm_head)  # [1, B-1, V]
+        out.append(_margin(drafter, hidden, logits, ask, ask.completion_ids[token]))
         progress("drafter: margins", i, len(asks))
     return out

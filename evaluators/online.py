@@ -1,10 +1,13 @@
 """Online scoring as z-lab's `dflash_generate` runs it, and the check that shows whether it is lossless.
 
-`online_generate` is the loop at temperature 0, batch 1: prefill with the target's cache, then per
-block draft from the features of every verified position, verify [anchor, drafts] in one target
-forward on top of the cache, accept the matching prefix plus the bonus token, `crop` the cache
-back to the verified tokens, advance; the end-of-generation rule is `last_block`
-(metrics.walk_end: `cut` as z-lab 07ebd93, `full` as 44947fb). On a Gated DeltaNet target `crop`
+`online_generate` is the loop at batch 1: prefill with the target's cache, then per block draft
+from the features of every verified position, verify [anchor, drafts] in one target forward on
+top of the cache, accept a prefix plus the bonus token, `crop` the cache back to the verified
+tokens, advance; the end-of-generation rule is `last_block` (metrics.walk_end: `cut` as z-lab
+07ebd93, `full` as 44947fb). At T = 0 the accepted prefix is the drafts equal to the target's
+argmax; at T > 0 drafts are drawn from the drafter's distribution and accepted by z-lab's
+`_rejection_sample` (draft d with probability min(1, p(d) / q(d)), else a draw from the residual
+max(p - q, 0)), every draw from the run's own generator. On a Gated DeltaNet target `crop`
 rolls back the attention layers and the short-conv states only (transformers 5.24), so after a
 block with rejected drafts the recurrent state still holds them and the next verify pass sees
 slightly different hidden states.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evaluators.drafter import LoadedDrafter
+from evaluators.sampling import Sampling, sampling_probs
 from evaluators.target import Target
 
 
@@ -41,11 +45,47 @@ def _tapped(hidden_states, layer_ids: list[int]) -> torch.Tensor:
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator)[0])
+
+
+def _rejection_sample(draft: list[int], p: torch.Tensor, q: torch.Tensor,
+                      generator: torch.Generator | None) -> tuple[int, int]:
+    """z-lab's `_rejection_sample`: draft [S], p [S+1, V] the target's distributions at the block's
+    positions, q [S, V] the ones the drafts were drawn from -> (accepted drafts, the bonus token)."""
+    d = torch.tensor(draft, device=p.device)[:, None]
+    p_d, q_d = p[:-1].gather(-1, d)[:, 0], q.gather(-1, d)[:, 0]
+    u = torch.rand(len(draft), generator=generator, device=p.device)
+    accepted = int((u * q_d < p_d).int().cumprod(0).sum())
+    if accepted == len(draft):
+        return accepted, _draw(p[-1], generator)
+    residual = (p[accepted] - q[accepted]).clamp_min(0)
+    total = residual.sum()
+    residual = residual / total.clamp_min(torch.finfo(residual.dtype).tiny) if total > 0 else p[accepted]
+    return accepted, _draw(residual, generator)
+
+
+def _propose(drafter, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, sampling: Sampling,
+             generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    """The block's drafts [S] and, at T > 0, the distributions they were drawn from [S, V]."""
+    if drafter.candidate_selector is not None:  # DFlash2: z-lab's path, each choice the next one's predecessor
+        path, candidates, q = drafter.candidate_selector.select(
+            hidden[:, 1:], logits, torch.tensor([anchor], device=drafter.device), sampling.temperature, generator)
+        full = None if q is None else torch.zeros_like(logits[0], dtype=q.dtype).scatter_add_(-1, candidates[0], q[0])
+        return path[0].tolist(), full
+    if sampling.greedy:
+        return logits[0].argmax(-1).tolist(), None  # [size-1]
+    q = sampling_probs(logits[0], sampling)
+    return torch.multinomial(q, 1, generator=generator)[:, 0].tolist(), q
+
+
 @torch.no_grad()
 def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int], max_new_tokens: int,
-                    stops: set[int], last_block: str, measure: bool = False) -> OnlineRun:
+                    stops: set[int], last_block: str, measure: bool = False, sampling: Sampling = Sampling(),
+                    generator: torch.Generator | None = None) -> OnlineRun:
     """z-lab's cached loop for one prompt; with `measure`, also each block's feature gap (one
-    extra full forward per block)."""
+    extra full forward per block). At T > 0 every draw comes from `generator` (on the target's
+    device), so a seed gives one run."""
     from transformers import DynamicCache
 
     model, drafter = target.model, loaded.model
@@ -61,7 +101,9 @@ def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int],
     cache.activate_past_recording()
     out = model(torch.tensor([input_ids], device=dev), past_key_values=cache, use_cache=True,
                 output_hidden_states=True)
-    seq = list(input_ids) + [int(out.logits[0, -1].argmax())]
+    first = out.logits[0, -1]
+    seq = list(input_ids) + [int(first.argmax()) if sampling.greedy else _draw(sampling_probs(first, sampling),
+                                                                                 generator)]
     feats = _tapped(out.hidden_states, layer_ids).float()  # [1, P, k*H]: features of positions < P
     start, lengths, gaps = P, [], []
     rejected_before = False
@@ -73,18 +115,19 @@ def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int],
         hidden = drafter.forward_block(feats.to(drafter.device, drafter.dtype), torch.arange(start), embeds,
                                        start + torch.arange(size)[None])
         logits = drafter.logits(hidden, lm_head.to(drafter.device))  # [1, size-1, V]
-        if drafter.candidate_selector is None:
-            draft = logits[0].argmax(-1).tolist()  # [size-1]
-        else:  # DFlash2: z-lab's path, each choice the next position's predecessor
-            anchor = torch.tensor([seq[start]], device=drafter.device)
-            draft = drafter.candidate_selector.select(hidden[:, 1:], logits, anchor, 0.0)[0][0].tolist()
+        draft, q = _propose(drafter, hidden, logits, seq[start], sampling, generator)
         verify = model(torch.tensor([[seq[start]] + draft], device=dev), past_key_values=cache, use_cache=True,
                        position_ids=torch.arange(start, start + size, device=dev)[None], output_hidden_states=True)
-        posterior = verify.logits[0].argmax(-1).tolist()  # [size]
-        accepted = 0
-        while accepted < size - 1 and draft[accepted] == posterior[accepted]:
-            accepted += 1
-        seq = seq[: start + 1] + draft[:accepted] + [posterior[accepted]]
+        if sampling.greedy:
+            posterior = verify.logits[0].argmax(-1).tolist()  # [size]
+            accepted = 0
+            while accepted < size - 1 and draft[accepted] == posterior[accepted]:
+                accepted += 1
+            bonus = posterior[accepted]
+        else:
+            accepted, bonus = _rejection_sample(draft, sampling_probs(verify.logits[0], sampling), q.to(dev),
+                                                generator)
+        seq = seq[: start + 1] + draft[:accepted] + [bonus]
         produced = min(accepted + 1, max_length - start - 1) if cut else accepted + 1
         hit = [i for i, t in enumerate(seq[start + 1: start + produced + 1]) if t in stops]
         if hit:

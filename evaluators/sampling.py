@@ -10,17 +10,20 @@ Given x, position j of the block anchored at a is accepted with probability
 independently of everything else given x (docs/DESIGN.md, "Sampled acceptance", has the proof).
 So one drafter pass over a sampled continuation gives r at every anchor, and `expected_walk` turns
 those into the exact expectation of the walk's statistics by dynamic programming over anchors.
-At T = 0 both distributions are one-hot, every r is 0 or 1, and the expectation is the greedy walk.
+At T = 0 both distributions are one-hot (z-lab's `sample` takes the argmax there), every r is 0
+or 1, and the expectation is the greedy walk.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from tracker import config
 from tracker.errors import DraftboardError
 
 
@@ -33,17 +36,32 @@ class Sampling:
     top_k: int = 0
 
     def __post_init__(self):
-        # z-lab's _validate_sampling, as flags
-        if not self.temperature >= 0 or not np.isfinite(self.temperature):
-            raise DraftboardError(f"--temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise DraftboardError(f"--top-p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise DraftboardError(f"--top-k must be >= 0 (0: no top-k), got {self.top_k}")
+        problem = config.sampling_problem(self.temperature, self.top_p, self.top_k)
+        if problem:
+            raise DraftboardError(problem)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+CONTINUATION, ONLINE = "continuation", "online"  # draw_seed's streams
+
+
+def draw_seed(seed: int, input_ids: Sequence[int], draw: int, stream: str = CONTINUATION) -> int:
+    """The seed of one sampled continuation (stream CONTINUATION) or online run (ONLINE) of one
+    prompt: a function of the eval's seed, the prompt's tokens and the draw's index only, so a
+    prompt gets the same draws whatever its batch, its place in the prompt set, or the checkpoint
+    being scored, and the online runs never replay the offline draws."""
+    text = f"{stream}|{int(seed)}|{','.join(map(str, input_ids))}|{int(draw)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1  # torch seeds: < 2**63
 
 
 def sampling_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """z-lab's `_sampling_probs`: logits [..., V] -> probabilities [..., V] (fp32), for T > 0."""
+    """z-lab's `_sampling_probs`: logits [..., V] -> probabilities [..., V] (fp32). At T = 0 the
+    one-hot of the argmax (z-lab's `sample` at T = 0), so the sampled machinery reduces to greedy."""
+    if s.greedy:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     scores = logits.float() / s.temperature
     indices = None
     if 0 < s.top_k < scores.shape[-1]:
@@ -71,7 +89,7 @@ def draft_probability(drafter, hidden: torch.Tensor, logits: torch.Tensor, prede
     if drafter.candidate_selector is None:
         return sampling_probs(logits, s).gather(-1, tokens[..., None])[..., 0]
     candidates, scores = drafter.candidate_selector.teacher_forced(hidden[..., 1:, :], logits, predecessors)
-    q = torch.softmax(scores.float() / s.temperature, dim=-1)  # [N, S, K]
+    q = sampling_probs(scores, Sampling(s.temperature))  # [N, S, K]: temperature alone over the candidates
     return (q * (candidates == tokens[..., None])).sum(-1)
 
 
@@ -95,6 +113,11 @@ def length_distribution(ratios: Sequence[float]) -> np.ndarray:
     r = np.asarray(ratios, dtype=np.float64)
     reach = np.concatenate([[1.0], np.cumprod(r)])  # P(first m drafts accepted)
     return reach * np.concatenate([1.0 - r, [1.0]])
+
+
+def expected_length(ratios: Sequence[float]) -> float:
+    """E[L] of one block: 1 + sum over m of P(the first m drafts are accepted)."""
+    return 1.0 + float(np.cumprod(np.asarray(ratios, dtype=np.float64)).sum())
 
 
 def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block: int) -> ExpectedWalk:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from evaluators.limits import check_sizes
+from evaluators.sampling import Sampling, sampling_probs
 from evaluators.weights import (SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line,
                                 read_safetensors, safetensors_shapes)
 from tracker import linear_attn
@@ -317,10 +318,37 @@ def greedy_continuations(target: Target, prompts: list[list[int]], n_tokens: int
     Stops a sequence `stop_after` tokens past its first stop token (the metrics need the
     target's greedy tokens up to block_size - 1 beyond the last anchor), or at `n_tokens`.
     """
+    return [row for row, _ in _continuations(target, prompts, n_tokens, stop_after, batch_size, progress)]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One sampled continuation: its tokens and the probability each was drawn with."""
+
+    tokens: list[int]
+    probs: list[float]  # p(tokens[t] | prompt, tokens[:t]) under the sampling distribution
+
+
+def sampled_continuations(target: Target, prompts: list[list[int]], seeds: list[int], n_tokens: int,
+                          stop_after: int, sampling: Sampling, batch_size: int = 8, progress=None) -> list[Sampled]:
+    """One continuation of each prompt drawn from the target under `sampling` (z-lab's
+    `_sampling_probs`), prompt i from its own generator seeded with seeds[i]: the same draw
+    whatever batch it shares. Bounded as `greedy_continuations`."""
+    rows = _continuations(target, prompts, n_tokens, stop_after, batch_size, progress, sampling, seeds)
+    out = []
+    for tokens, probs in rows:
+        n = _kept(tokens, set(target.stop_token_ids()), stop_after)
+        out.append(Sampled(tokens[:n], probs[:n]))
+    return out
+
+
+def _continuations(target: Target, prompts: list[list[int]], n_tokens: int, stop_after: int, batch_size: int,
+                   progress, sampling: Sampling | None = None,
+                   seeds: list[int] | None = None) -> list[tuple[list[int], list[float] | None]]:
     stops = set(target.stop_token_ids())
     pad = target.config.pad_token_id
     pad = pad if pad is not None else (min(stops) if stops else 0)
-    out: list[list[int]] = [[] for _ in prompts]
+    out: list[tuple[list[int], list[float] | None]] = [([], None) for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
@@ -330,18 +358,43 @@ def greedy_continuations(target: Target, prompts: list[list[int]], n_tokens: int
         for row, i in enumerate(idx):
             ids[row, longest - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[row, longest - len(prompts[i]):] = 1
-        gen = _generate(target, ids.to(target.device), mask.to(target.device), n_tokens, stops, stop_after, pad)
+        draw = None if sampling is None else _Draw([seeds[i] for i in idx], sampling)
+        gen = _generate(target, ids.to(target.device), mask.to(target.device), n_tokens, stops, stop_after, pad,
+                        draw)
         for row, i in enumerate(idx):
-            out[i] = gen[row]
+            out[i] = (gen[row], None if draw is None else draw.probs[row])
         if progress:
             progress(len(idx))
     return out
 
 
+class _Draw:
+    """A logits processor that draws each row's next token itself (z-lab's sampling distribution,
+    one uniform number per row and step from the row's own generator, inverted through the fp64
+    cumulative distribution: exact, and the same draw for the same probabilities on any device but
+    for rounding) and leaves generate only that token to pick."""
+
+    def __init__(self, seeds: list[int], sampling: Sampling):
+        self.sampling = sampling
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.probs: list[list[float]] = [[] for _ in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = sampling_probs(scores, self.sampling)  # [N, V]
+        cdf = probs.double().cumsum(-1)  # [N, V]
+        u = 1.0 - torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])  # (0, 1]
+        # the first token whose cumulative mass reaches u (a token of probability 0 never does first)
+        chosen = (cdf < u.to(cdf.device)[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)  # [N]
+        for row, p in enumerate(probs.gather(-1, chosen[:, None])[:, 0].tolist()):
+            self.probs[row].append(p)
+        picked = torch.full_like(scores, float("-inf"))
+        return picked.scatter_(1, chosen[:, None], 0.0)
+
+
 @torch.no_grad()
 def _generate(target: Target, ids, mask, n_tokens: int, stops: set[int], stop_after: int,
-              pad: int) -> list[list[int]]:
-    from transformers import StoppingCriteria, StoppingCriteriaList
+              pad: int, draw: _Draw | None = None) -> list[list[int]]:
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
     class PastStop(StoppingCriteria):
         """Every row has produced a stop token and `stop_after` tokens after it."""
@@ -353,6 +406,7 @@ def _generate(target: Target, ids, mask, n_tokens: int, stops: set[int], stop_af
     seqs = target.model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=n_tokens, do_sample=False,
         eos_token_id=None, pad_token_id=pad, stopping_criteria=StoppingCriteriaList([PastStop()]),
+        logits_processor=LogitsProcessorList([draw] if draw is not None else []),
         temperature=None, top_p=None, top_k=None,
     )
     return [row[ids.shape[1]:].tolist() for row in seqs]
@@ -363,6 +417,15 @@ def _done(tokens: list[int], stops: set[int], stop_after: int) -> bool:
         if t in stops:
             return len(tokens) - i - 1 >= stop_after
     return False
+
+
+def _kept(tokens: list[int], stops: set[int], stop_after: int) -> int:
+    """How many of a row's tokens are its own: through `stop_after` past its first stop token (a
+    finished row is padded while its batch goes on), else all of them."""
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return min(len(tokens), i + 1 + stop_after)
+    return len(tokens)
 
 
 class FeatureTap:

@@ -5,11 +5,14 @@ import streamlit as st
 from tracker.dashboard import ui
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
+    CUSTOM_SAMPLING,
     DEVICES,
     DRAFTER_PRECISIONS,
     DTYPES,
     LINEAR_ATTN_CHOICES,
+    MAX_DRAWS,
     PROMPT_PATH,
+    SAMPLING_PRESETS,
     LaunchForm,
     describe_job,
     error_line,
@@ -40,6 +43,14 @@ def _set_prompts(spec: str) -> None:
 
 st.title("Launch eval")
 queue = ui.open_queue_or_stop(cfg)
+
+
+def _on_sampling_preset() -> None:
+    """A preset fills in its temperature, top_p and top_k; `custom` leaves the numbers to the user."""
+    chosen = SAMPLING_PRESETS.get(st.session_state.get("launch_sampling"))
+    if chosen is not None:
+        for key, value in zip(("launch_temperature", "launch_top_p", "launch_top_k"), chosen):
+            st.session_state[key] = value
 
 
 def _on_train_change() -> None:
@@ -129,6 +140,25 @@ else:
             st.caption(f"Linear attention: {md(why)} → {md_code('--linear-attn ' + resolved)}")
         else:
             st.warning(f"Linear attention: {md(why)}")
+    c1, c2, c3, c4, c5 = st.columns([3, 1, 1, 1, 1])
+    preset = c1.selectbox(
+        "Sampling", [*SAMPLING_PRESETS, CUSTOM_SAMPLING], key="launch_sampling", on_change=_on_sampling_preset,
+        help="how the target's tokens are drawn. T = 0: greedy (z-lab's benchmark default). T > 0: the acceptance "
+             "length z-lab's sampled loop has in expectation, over `samples` continuations per prompt drawn from the "
+             "target and shared by every checkpoint of this target and protocol; top_p and top_k cut the target's "
+             "and a DFlash drafter's distributions as z-lab's _sampling_probs does (a DFlash2 selector uses the "
+             "temperature alone). Greedy and sampled numbers are never compared as one")
+    for key, value in zip(("launch_temperature", "launch_top_p", "launch_top_k"), SAMPLING_PRESETS[next(iter(
+            SAMPLING_PRESETS))]):
+        st.session_state.setdefault(key, value)
+    fixed = preset != CUSTOM_SAMPLING
+    temperature = c2.number_input("Temperature", min_value=0.0, step=0.1, key="launch_temperature", disabled=fixed)
+    top_p = c3.number_input("top_p", min_value=0.01, max_value=1.0, step=0.05, key="launch_top_p", disabled=fixed)
+    top_k = c4.number_input("top_k", min_value=0, step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
+    samples = c5.number_input("Samples", min_value=1, max_value=MAX_DRAWS, value=8, step=1, key="launch_samples",
+                              disabled=temperature == 0,
+                              help="continuations drawn per prompt at T > 0: more narrow the interval over draws; "
+                                   "an engine eval sends each prompt once")
     measured_by = st.selectbox(
         "Measured by", measure_choices(), key="launch_measured_by", format_func=measure_label,
         help="offline: teacher-forced, exact, with DDTree; an engine: the same prompts and protocol served by vLLM "
@@ -152,6 +182,7 @@ else:
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
+            temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), samples=int(samples),
         )
         with ui.reported(lambda text: st.error(text, icon=":material/block:")):
             params = eval_params(form, cfg.allowed_roots)

@@ -50,19 +50,22 @@ event = st.dataframe(
         "env check": st.column_config.TextColumn(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
                         "row: at which evaluated step). ⚪ no fingerprint. Empty: no critical difference.",
-            width=170),
+            width=150),
         "protocol check": st.column_config.TextColumn(
             "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
                              "run (on a training run's row: which evaluated steps differ from its latest eval's): "
-                             "another prompt set or dataset, thinking, temperature, block size. 🔵 online: tau from "
-                             "z-lab's cached online loop, not the lossless offline score. ⚪ evaluated before "
-                             "protocols were recorded. Empty: nothing to say.",
+                             "another prompt set or dataset, thinking, greedy vs sampled or other top_p / top_k, block "
+                             "size. 🔵 online: tau from z-lab's cached online loop, not the lossless offline score. "
+                             "🎲 sampled (T > 0): its tau is the expected acceptance length over xN draws per prompt. "
+                             "⚪ evaluated before protocols were recorded. Empty: nothing to say.",
             width=95),
         "name": st.column_config.TextColumn("name", width=135),
-        "status": st.column_config.TextColumn("status", width=60),
-        "kind": st.column_config.TextColumn("kind", width=85, help="train / eval / reference; published = numbers from a "
+        "status": st.column_config.TextColumn("status", width=55),
+        "kind": st.column_config.TextColumn("kind", width=80, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
-        "target": st.column_config.TextColumn("target", width=80, help="the target model (last path component)"),
+        "drafter": st.column_config.TextColumn("drafter", width=55, help="the drafter's family: DFlash, or DFlash2 "
+                                               "(grouped dynamic convs and a candidate selector)"),
+        "target": st.column_config.TextColumn("target", width=75, help="the target model (last path component)"),
         "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
         "tau latest": st.column_config.TextColumn("tau (latest)", width=52, help=tau_help),
@@ -70,9 +73,9 @@ event = st.dataframe(
         "linear-attn": st.column_config.TextColumn(
             "linear-attn", width=75, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
                                 "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
-        "device": st.column_config.TextColumn("device", width=60, help="device kind (GPU model)"),
+        "device": st.column_config.TextColumn("device", width=55, help="device kind (GPU model)"),
         "dtype": st.column_config.TextColumn("dtype", width=45, help="dtype of the target's forward pass"),
-        "started": st.column_config.TextColumn("started (UTC)", width=105),
+        "started": st.column_config.TextColumn("started (UTC)", width=90),
         "detail": st.column_config.LinkColumn("detail", display_text="open", width=40,
                                             help="the run's detail page"),
     },

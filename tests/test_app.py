@@ -333,6 +333,28 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     assert JobQueue().get(1).state == "cancelled"
 
 
+def test_launch_sampling_presets_fill_the_numbers_and_reach_the_job(app_env):
+    at = run_page("pages/launch.py")
+    at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
+    at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
+    at.selectbox(key="launch_checkpoint").set_value(100)
+    assert at.number_input(key="launch_temperature").value == 0.0 and at.number_input(key="launch_temperature").disabled
+    at.selectbox(key="launch_sampling").set_value("DFlash2 model card (T=1, top_p 0.95, top_k 20)").run()
+    assert [at.number_input(key=k).value for k in ("launch_temperature", "launch_top_p", "launch_top_k")] == [
+        1.0, 0.95, 20]
+    at.number_input(key="launch_samples").set_value(4)
+    at.button(key="launch_submit").click().run()
+    assert not at.exception and any("Queued job #1" in s.value for s in at.success), page_text(at)
+    params = JobQueue().get(1).params
+    assert (params["temperature"], params["top_p"], params["top_k"], params["samples"]) == (1.0, 0.95, 20, 4)
+    # custom: the numbers are the user's
+    at.selectbox(key="launch_sampling").set_value("custom").run()
+    assert not at.number_input(key="launch_top_k").disabled
+    at.number_input(key="launch_temperature").set_value(0.7).run()
+    at.button(key="launch_submit").click().run()
+    assert JobQueue().get(2).params["temperature"] == 0.7
+
+
 def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_checkpoint").set_value("__path__").run()

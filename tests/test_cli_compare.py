@@ -94,4 +94,4 @@ def test_runs_without_eval_results(tracker, store_uri, machine_fp, base, capsys)
     assert "no run with id" in capsys.readouterr().err
     broken = log(tracker, machine_fp, {"schema": "draftboard.eval/1", "prompts": [{"id": "x"}]})
     assert compare(store_uri, a, broken) == 2
-    assert "no per-prompt acceptance lengths" in capsys.readouterr().err
+    assert "no per-prompt scores" in capsys.readouterr().err

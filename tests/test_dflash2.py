@@ -1,15 +1,7 @@
-"""DFlash2 drafters (z-lab 07ebd93 `DFlash2DraftModel`): read, checked, and scored as z-lab's own loop scores them.
+"""DFlash2 drafters (z-lab 07ebd93 `DFlash2DraftModel`): read, checked, and scored as z-lab's own loop
+scores them (z-lab's code as written: tests/zlab.py)."""
 
-z-lab's code runs as written: `dflash==0.1.0` from the package registry, whose `dflash/model.py` is
-z-lab/dflash @ 07ebd93's (the copy in the code index, read_file id 58210760216, is the same code),
-installed by scripts/test.sh with --no-deps into its own folder (DRAFTBOARD_ZLAB_SITE).
-"""
-
-import importlib
 import json
-import os
-import sys
-import time
 
 import pytest
 import torch
@@ -17,24 +9,14 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
 from evaluators.drafter import DFLASH2, open_drafter, save_zlab
-from evaluators.harness import DDTREE_DFLASH2, EvalSettings, evaluate
+from evaluators.harness import EvalSettings, evaluate
+from evaluators.scoring import DDTREE_DFLASH2
 from tiny import dflash2_from, fit_drafter, greedy_sequences, qwen3_config, save_target
 from tracker.cli import main
 from tracker.errors import DraftboardError
+from zlab import zlab_model
 
 MAX_NEW = 40
-
-
-def zlab_model():
-    """z-lab's dflash.model module, or a skip (a failure where scripts/test.sh installed it)."""
-    site = os.environ.get("DRAFTBOARD_ZLAB_SITE")
-    if not site:
-        if os.environ.get("DRAFTBOARD_REQUIRE_ZLAB"):
-            pytest.fail("DRAFTBOARD_ZLAB_SITE is not set: scripts/test.sh installs dflash==0.1.0 there")
-        pytest.skip("z-lab's dflash package is not installed (scripts/test.sh installs it)")
-    if site not in sys.path:
-        sys.path.insert(0, site)
-    return importlib.import_module("dflash.model")
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +43,9 @@ def pair(tmp_path_factory):
     return root, target, prompts
 
 
-def test_greedy_tau_equals_zlabs_own_loop_block_for_block(pair, tmp_path, monkeypatch):
+def test_greedy_tau_equals_zlabs_own_loop_block_for_block(pair, tmp_path):
     zlab = zlab_model()
     root, target, prompts = pair
-    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # its timer synchronises CUDA; no GPU here
     reference = zlab.DFlash2DraftModel.from_pretrained(str(root / "drafter")).eval()
     res = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
                                 max_new_tokens=MAX_NEW, device="cpu", cache_dir=str(tmp_path), last_block="cut"))
@@ -152,3 +133,29 @@ def test_teacher_forced_q_is_the_q_zlabs_sampled_path_drew_from(pair):
     predecessors = torch.cat([anchor[:, None], path[:, :-1]], dim=1)
     assert torch.allclose(draft_probability(model, hidden, logits, predecessors, path, Sampling(0.8)), drawn)
     assert (drawn > 0).all() and (drawn < 1).any()
+
+
+def test_margins_of_a_dflash2_drafter_follow_its_selector_not_its_logits(pair, tmp_path):
+    """`reconcile --margins` on a DFlash2 drafter: at every accepted and every rejected draft position
+    of its offline walk the margin agrees with the walk, which the logits' argmax would not (the
+    selector reorders the candidates here; test_the_selector_changes_what_is_drafted)."""
+    from evaluators.margins import MarginAsk, block_margins, settings_of
+
+    root, _, _ = pair
+    offline = evaluate(EvalSettings(str(root / "target"), str(root / "drafter"), str(root / "prompts.jsonl"),
+                                    max_new_tokens=MAX_NEW, device="cpu", cache_dir=str(tmp_path), last_block="full"))
+    block = offline["block_size"]
+    asks, expected = [], []
+    for p in offline["prompts"]:
+        anchor = 0
+        for length in p["acceptance_lengths"][:-1]:
+            if length > 1:
+                asks.append(MarginAsk(p["id"], p["completion_ids"], anchor, length - 2))
+                expected.append(True)
+            if length < block:
+                asks.append(MarginAsk(p["id"], p["completion_ids"], anchor, length - 1))
+                expected.append(False)
+            anchor += length
+    margins = block_margins(settings_of(offline), asks)
+    assert len(asks) > 20 and sum(expected) >= 5
+    assert [m.accepts for m in margins] == expected and all(m.value >= 0 for m in margins)

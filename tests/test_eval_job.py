@@ -42,8 +42,9 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--target", "--drafter", "--prompts", "--completions", "--max-new-tokens", "--budgets", "--device",
         "--dtype", "--drafter-precision", "--linear-attn", "--out", "--tracking-uri", "--train-run-id", "--checkpoint-step",
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
-        "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--engine", "--engine-python", "--engine-url",
-        "--engine-port", "--num-speculative-tokens"]
+        "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--temperature", "--top-p", "--top-k", "--samples",
+        "--seeds", "--seed", "--engine", "--engine-python", "--engine-url", "--engine-port",
+        "--num-speculative-tokens"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 
@@ -59,7 +60,11 @@ def test_cli_caps_budgets_like_the_queue(capsys):
     ("params", "message"),
     [
         ({"target": "t", "drafter": "d"}, "an eval job needs prompts"),
-        (eval_params(temperature=0), "unknown eval param.* temperature"),
+        (eval_params(temperature="hot"), "temperature must be a finite number >= 0"),
+        (eval_params(temperature=float("nan")), "temperature must be a finite number >= 0"),
+        (eval_params(top_p=True), "top_p must be a finite number >= 0"),
+        (eval_params(samples=-1), "samples must be a non-negative integer"),
+        (eval_params(tempreature=1), "unknown eval param.* tempreature"),
         (eval_params(out="/etc/cron.d/x"), "unknown eval param.* out"),  # the CLI's, never a job's: it writes
         (eval_params(cache_dir="/"), "unknown eval param.* cache_dir"),
         # The deployment starts engines from its own Python; a job names neither that nor a port.

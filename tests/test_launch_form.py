@@ -98,3 +98,27 @@ def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
     assert submit_eval(queue, {**params, "prompts": "/m/r.jsonl"}).state == "queued"
     queue.unregister_worker("ray")
     assert [w.id for w in queue.workers()] == ["w1"] and queue.workers(max_age_s=-1) == []
+
+
+def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
+    """A sampled job says how tokens are drawn (and its name does); a greedy job keeps the params it always
+    had, so the queue's dedup still meets older greedy jobs; bad numbers are refused before queueing."""
+    import pytest
+
+    from tracker.dashboard.launch_form import LaunchForm, eval_params
+    from tracker.errors import DraftboardError
+
+    for name in ("target", "ck"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "p.jsonl").write_text("")
+    common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
+                  train_run_id="t", train_name="v5", checkpoint_step=100)
+    greedy = eval_params(LaunchForm(**common), [tmp_path])
+    assert "temperature" not in greedy and greedy["budgets"] == [4, 8, 16, 32]
+    sampled = eval_params(LaunchForm(**common, temperature=1.0, top_p=0.95, top_k=20, samples=16), [tmp_path])
+    assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["samples"]) == (1.0, 0.95, 20, 16)
+    assert "budgets" not in sampled and sampled["name"].endswith("· T=1")
+    served = eval_params(LaunchForm(**common, temperature=0.6, samples=16, measured_by=("vllm", None)), [tmp_path])
+    assert served["temperature"] == 0.6 and "samples" not in served  # an engine sends each prompt once
+    with pytest.raises(DraftboardError, match="--top-p must lie in"):
+        eval_params(LaunchForm(**common, temperature=1.0, top_p=1.5), [tmp_path])

@@ -14,8 +14,10 @@ from tracker.protocol import UNKNOWN, Protocol, diff, file_digest, prompt_digest
 FULL = Protocol(
     datasets={"gsm8k": 80, "mbpp": 40}, prompt_digest=prompt_digest([[1, 2, 3], [4, 5]]), completions="generated",
     max_new_tokens=256, enable_thinking=True, chat_template_digest=text_digest("{{ messages }}"), block_size=16,
-    temperature=0, stop_token_ids=[151645, 151643], last_block="cut", scoring="offline", target_digest="ab12cd34ef56ab12",
+    temperature=0, top_p=1.0, top_k=0, samples=1, seed=0, stop_token_ids=[151645, 151643], last_block="cut",
+    scoring="offline", target_digest="ab12cd34ef56ab12",
 )
+SAMPLED = Protocol(**{**FULL.to_dict(), "temperature": 1.0, "top_p": 0.95, "top_k": 20, "samples": 16, "seed": 3})
 
 
 def test_json_round_trip_and_unknown_defaults():
@@ -31,7 +33,8 @@ def test_tag_round_trip():
     assert tags["protocol.datasets"] == '{"gsm8k":80,"mbpp":40}'
     assert tags["protocol.enable_thinking"] == "true" and tags["protocol.block_size"] == "16"
     assert tags["protocol.stop_token_ids"] == "[151645,151643]"
-    assert len(tags) == 12 and all(isinstance(v, str) for v in tags.values())
+    assert len(tags) == 16 and all(isinstance(v, str) for v in tags.values())
+    assert Protocol.from_tags(SAMPLED.to_tags()) == SAMPLED
     assert Protocol.from_tags({**tags, "env.hash": "x", "draftboard.kind": "eval"}) == FULL
     assert Protocol.from_tags({"draftboard.kind": "eval"}) == Protocol()
     assert Protocol.from_tags(Protocol(scoring="imported").to_tags()) == Protocol(scoring="imported")
@@ -98,6 +101,33 @@ def test_diff_severities():
     assert fingerprint.has_critical(rows)
     thinking = next(r for r in rows if r.field == "protocol.enable_thinking")
     assert (thinking.a_value, thinking.b_value) == (True, False)
+
+
+def test_sampling_fields_are_critical_where_a_side_sampled_and_silent_when_both_are_greedy():
+    assert _fields(diff(FULL, SAMPLED)) == {"protocol.temperature": "critical", "protocol.top_p": "critical",
+                                            "protocol.top_k": "critical", "protocol.samples": "info",
+                                            "protocol.seed": "info"}
+    other_cut = Protocol(**{**SAMPLED.to_dict(), "top_k": 0})
+    assert _fields(diff(SAMPLED, other_cut)) == {"protocol.top_k": "critical"}
+    more_draws = Protocol(**{**SAMPLED.to_dict(), "samples": 64, "seed": 0})
+    assert _fields(diff(SAMPLED, more_draws)) == {"protocol.samples": "info", "protocol.seed": "info"}
+    # Two greedy evals: what they would have drawn with says nothing (an older run has no such fields)
+    old_greedy = Protocol(**{k: v for k, v in FULL.to_dict().items() if k not in ("top_p", "top_k", "samples", "seed")})
+    assert diff(FULL, old_greedy) == [] and diff(FULL, Protocol(**{**FULL.to_dict(), "top_p": 0.5})) == []
+
+
+def test_sampling_text():
+    from tracker.protocol import sampling_text
+
+    assert sampling_text(FULL) == "T=0" and sampling_text(Protocol()) == "T=?"
+    assert sampling_text(SAMPLED) == "T=1 top_p=0.95 top_k=20 x16"
+    assert sampling_text(Protocol(temperature=0.6)) == "T=0.6"
+
+
+def test_bad_sampling_fields_are_refused():
+    for field, bad in (("top_p", 0), ("top_p", 1.5), ("top_k", -1), ("samples", 0), ("seed", -3), ("top_k", 2.5)):
+        with pytest.raises(DraftboardError, match=f"protocol.{field}"):
+            Protocol(**{field: bad})
 
 
 def test_unknown_on_one_side_is_a_warning():

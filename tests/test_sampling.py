@@ -1,8 +1,6 @@
 """The sampled protocol's pure parts: z-lab's sampling distributions, and the walk's exact expectation."""
 
 import itertools
-import os
-import sys
 
 import pytest
 import torch
@@ -10,14 +8,11 @@ import torch
 from evaluators import metrics
 from evaluators.sampling import Sampling, acceptance_ratios, expected_walk, length_distribution, sampling_probs
 from tracker.errors import DraftboardError
+from zlab import zlab_model
 
 
 def test_sampling_probs_is_zlabs():
-    site = os.environ.get("DRAFTBOARD_ZLAB_SITE")
-    if not site:
-        pytest.skip("z-lab's dflash package is not installed (scripts/test.sh installs it)")
-    sys.path.insert(0, site)
-    from dflash.model import _sampling_probs
+    _sampling_probs = zlab_model()._sampling_probs
 
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
     for t, p, k in [(1.0, 1.0, 0), (1.0, 0.95, 20), (0.6, 0.8, 0), (1.3, 1.0, 5), (1.0, 0.5, 50)]:

@@ -1,5 +1,6 @@
 """Target loading and tapped features (evaluators/target.py)."""
 
+import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
 
@@ -57,3 +58,37 @@ def test_batched_features_equal_the_per_prompt_pass(tmp_path):
             for i in (0, 2, 3):
                 assert feats[i].shape == (len(seq), 32) and feats[i].dtype == ref[i].dtype
                 torch.testing.assert_close(feats[i], ref[i], **tolerance[dtype])
+
+
+def test_sampled_continuations_follow_the_sampling_distribution_whatever_the_batch(tmp_path):
+    """Each draw is a sample of z-lab's `_sampling_probs` (a chi-square test of 4,000 first tokens against
+    it; a cut-off token is never drawn), recorded with the probability it had, and one seed gives one
+    continuation whether it is drawn alone or in a batch of others."""
+    from transformers import Qwen3ForCausalLM
+
+    from evaluators.sampling import Sampling, draw_seed, sampling_probs
+    from evaluators.target import sampled_continuations
+    from tiny import qwen3_config
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config()).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5)  # a distribution with a head and a tail for top_p / top_k to cut
+    target = load_target(save_target(model, tmp_path / "target"))
+    prompt, s, n = [5, 6, 7, 8], Sampling(1.0, 0.9, 10), 4000
+    draws = sampled_continuations(target, [prompt] * n, [draw_seed(0, prompt, k) for k in range(n)], 1, 0, s, 500)
+    with torch.no_grad():
+        p = sampling_probs(model(torch.tensor([prompt])).logits[0, -1], s).double()
+    counts = torch.bincount(torch.tensor([d.tokens[0] for d in draws]), minlength=p.shape[0]).double()
+    kept = p > 0
+    assert counts[~kept].sum() == 0 and 2 <= kept.sum() <= 10
+    chi2 = float(((counts - n * p) ** 2 / (n * p))[kept].sum())
+    assert chi2 < 27.9  # the 99.9% point of chi-square with 9 degrees of freedom (at most 10 tokens kept)
+    assert all(abs(d.probs[0] - float(p[d.tokens[0]])) < 1e-6 for d in draws[:50])
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    seeds = [draw_seed(0, q, 0) for q in prompts]
+    alone = [sampled_continuations(target, [q], [seed], 20, 3, s, 1)[0] for q, seed in zip(prompts, seeds)]
+    batched = sampled_continuations(target, prompts, seeds, 20, 3, s, 3)
+    assert [d.tokens for d in batched] == [d.tokens for d in alone]
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip([d.probs for d in batched], [d.probs for d in alone]))

@@ -248,7 +248,8 @@ def cmd_eval(args) -> int:
         drafter_precision=args.drafter_precision, linear_attn=args.linear_attn,
         enable_thinking=args.enable_thinking, cache_dir=args.cache_dir, last_block=args.last_block,
         scoring=args.scoring, limit_per_dataset=args.limit_per_dataset,
-        batch_size=args.batch_size, anchor_chunk=args.anchor_chunk,
+        batch_size=args.batch_size, anchor_chunk=args.anchor_chunk, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, samples=args.samples, seeds=args.seeds, seed=args.seed,
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
@@ -270,11 +271,20 @@ def cmd_eval(args) -> int:
 
         run_id = log_eval(Tracker(args.tracking_uri), results, settings, train_run_id=args.train_run_id,
                           checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
+    from tracker import protocol
+
     low, high = results["ci"]["tau"]
-    print(f"tau {results['tau']:.3f} (95% CI {low:.3f}-{high:.3f}, {results['protocol']['scoring']}, "
+    drawn = protocol.sampling_text(protocol.Protocol.from_results(results))
+    print(f"tau {results['tau']:.3f} (95% CI {low:.3f}-{high:.3f}, {results['protocol']['scoring']}, {drawn}, "
           f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  "
           + (f"tau_all_anchors {results['tau_all_anchors']:.3f}  " if results["tau_all_anchors"] is not None else "")
           + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}" for b, d in results["ddtree"].items()))
+    if "monte_carlo" in results:
+        mc, offline = results["monte_carlo"], results.get("offline") or {}
+        mc_low, mc_high = mc["tau_ci_given_prompts"]
+        print(f"sampled: {mc['draws_per_prompt']} draws per prompt; over the draws alone (prompts held fixed) "
+              f"{mc_low:.3f}-{mc_high:.3f}" + (f"; the offline expectation {offline['tau']:.3f}" if "monte_carlo"
+                                                in offline else ""))
     timing = results["timing"]
     if "engine" in results:
         print(f"{results['engine']['name']} {results['engine']['version']}: mean acceptance length "
@@ -330,17 +340,25 @@ def cmd_check_lossless(args) -> int:
 
 
 def _eval_results(tracker, run_id: str) -> dict:
-    """A run's eval_results.json, checked to hold per-prompt acceptance lengths."""
+    """A run's eval_results.json, checked to hold a score for every prompt (a walk, or sampled draws)."""
     from tracker.store import names
+    from tracker.uncertainty import prompt_score
 
     tracker.run(run_id)
     results = tracker.read_json(run_id, names.EVAL_RESULTS_ARTIFACT, missing="not an eval run?")
     records = results.get("prompts") if isinstance(results, dict) else None
     if not isinstance(records, list) or not all(
-            isinstance(r, dict) and "id" in r and isinstance(r.get("acceptance_lengths"), list) for r in records):
-        raise DraftboardError(f"run {run_id}: {names.EVAL_RESULTS_ARTIFACT} has no per-prompt acceptance lengths "
-                              "('prompts': [{id, acceptance_lengths}])")
+            isinstance(r, dict) and "id" in r and prompt_score(r) is not None for r in records):
+        raise DraftboardError(f"run {run_id}: {names.EVAL_RESULTS_ARTIFACT} has no per-prompt scores "
+                              "('prompts': [{id, acceptance_lengths}] or, sampled, [{id, samples}])")
     return results
+
+
+def _same_draws(a: dict, b: dict) -> bool:
+    """Both sampled evals scored the very same continuations of every prompt (paired draws)."""
+    def draws(record):
+        return [d.get("completion_ids") for d in record.get("samples") or []]
+    return all(draws(a[pid]) and draws(a[pid]) == draws(b[pid]) for pid in a)
 
 
 def _results_of(ref: str, tracking_uri: str | None) -> dict:
@@ -407,7 +425,7 @@ def cmd_reconcile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from tracker.uncertainty import NO_DIFFERENCE, WORSE, paired_comparison, tau_intervals
+    from tracker.uncertainty import NO_DIFFERENCE, WORSE, paired_comparison, prompt_score, tau_intervals
     from tracker import protocol
     from tracker.store.tracker import Tracker
 
@@ -424,14 +442,21 @@ def cmd_compare(args) -> int:
     if critical:
         raise DraftboardError("the evals' protocols differ critically (" + "; ".join(
             f"{r.field}: {r.a_value} vs {r.b_value}" for r in critical) + "): their taus are not comparable")
-    lengths = [{pid: r["acceptance_lengths"] for pid, r in ids.items()} for ids in by_id]
-    paired = paired_comparison(*lengths)
-    for label, run_id, per_prompt in (("A", args.run_a, lengths[0]), ("B", args.run_b, lengths[1])):
+    scores = [{pid: prompt_score(r) for pid, r in ids.items()} for ids in by_id]
+    paired = paired_comparison(*scores)
+    for label, run_id, res, per_prompt in zip("AB", (args.run_a, args.run_b), results, scores):
         own = tau_intervals(list(per_prompt.values())).tau
-        print(f"{label} {run_id}: tau {own.value:.3f}  95% CI [{own.low:.3f}, {own.high:.3f}]")
+        print(f"{label} {run_id}: tau {own.value:.3f}  95% CI [{own.low:.3f}, {own.high:.3f}]  "
+              f"{protocol.sampling_text(protocol.Protocol.from_results(res))}")
     d = paired.delta
+    shared = [pid for pid in by_id[0] if pid in by_id[1]]
+    draws = ""
+    if any(by_id[0][pid].get("samples") for pid in shared):
+        same = _same_draws({p: by_id[0][p] for p in shared}, {p: by_id[1][p] for p in shared})
+        draws = (", both scored on the same sampled continuations" if same else
+                 ", on different sampled continuations (the same --seed and --samples on one target pair them)")
     print(f"delta tau (B - A) {d.value:+.3f}  95% CI [{d.low:+.3f}, {d.high:+.3f}]  "
-          f"paired bootstrap over {paired.n_prompts} prompts")
+          f"paired bootstrap over {paired.n_prompts} prompts{draws}")
     print(f"verdict: {paired.verdict}" if paired.verdict == NO_DIFFERENCE else f"verdict: B is {paired.verdict}")
     return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
 

@@ -15,6 +15,7 @@ With `DRAFTBOARD_HOME` set, the store moves into that folder too.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,6 +96,36 @@ DEFAULT_BUDGETS = (4, 8, 16, 32)
 # budget of 10**6 would tie a worker up for hours. 4096 is 128x the largest budget the DDTree paper
 # reports.
 MAX_BUDGET = 4096
+# Sampled evals (T > 0): continuations drawn per prompt (--samples) or online runs per prompt
+# (--seeds). Each is a full target generation, so the bound is checked before any is drawn.
+MAX_DRAWS = 1024
+# Launch's sampling presets: name -> (temperature, top_p, top_k). z-lab's benchmark scripts default
+# to greedy; the DFlash paper's sampled column is T = 1 with nothing cut; the DFlash2 model card
+# (Qwen3.5-27B) used T = 1, top_p 0.95, top_k 20 (docs/DESIGN.md, "Published references").
+def sampling_problem(temperature: float, top_p: float = 1.0, top_k: int = 0, samples: int = 1,
+                     seeds: int = 1) -> str | None:
+    """What is wrong with a sampled protocol's numbers (z-lab's `_validate_sampling`, in flag words),
+    or None. The one rule the eval, the queue and Launch all apply."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        return f"--temperature must be a finite number >= 0, got {temperature!r}"
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        return f"--top-p must lie in (0, 1], got {top_p!r}"
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        return f"--top-k must be an integer >= 0 (0: no top-k), got {top_k!r}"
+    for flag, n in (("--samples", samples), ("--seeds", seeds)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DRAWS:
+            return f"{flag} must lie in 1..{MAX_DRAWS}, got {n!r}"
+    if temperature == 0 and (samples > 1 or seeds > 1):
+        return ("--samples and --seeds draw sampled continuations: they need --temperature > 0 (at T = 0 there is "
+                "one continuation, the greedy one)")
+    return None
+
+
+SAMPLING_PRESETS = {
+    "greedy (T=0, z-lab's benchmark default)": (0.0, 1.0, 0),
+    "DFlash paper, T=1": (1.0, 1.0, 0),
+    "DFlash2 model card (T=1, top_p 0.95, top_k 20)": (1.0, 0.95, 20),
+}
 
 # Stored and shown errors (a job's error, a refused watch's tag) are cut to this many characters;
 # the whole text stays in the job's log file. MLflow's tag values hold 8,000.

@@ -42,6 +42,10 @@ class Protocol:
     chat_template_digest: str = UNKNOWN  # text_digest() of the chat template the prompts went through
     block_size: int | str = UNKNOWN
     temperature: float | str = UNKNOWN
+    top_p: float | str = UNKNOWN  # z-lab's sampling cut-offs (T > 0); a greedy eval records the flags' values
+    top_k: int | str = UNKNOWN  # 0: no top-k
+    samples: int | str = UNKNOWN  # draws per prompt behind tau: continuations offline, runs online
+    seed: int | str = UNKNOWN  # the draws' seed (evaluators.sampling.draw_seed)
     stop_token_ids: list[int] | str = UNKNOWN
     last_block: str = UNKNOWN  # LAST_BLOCK_RULES
     scoring: str = UNKNOWN  # SCORINGS
@@ -138,6 +142,18 @@ def _check_temperature(value):
         _fail("temperature", "a number >= 0", value)
 
 
+def _check_top_p(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        _fail("top_p", "a number in (0, 1]", value)
+
+
+def _check_count(field: str):
+    def check(value):
+        if not _count(value):
+            _fail(field, "an integer >= 0", value)
+    return check
+
+
 def _check_stop_tokens(value):
     if not isinstance(value, list) or not all(_count(t) for t in value):
         _fail("stop_token_ids", "a list of token ids", value)
@@ -152,6 +168,10 @@ _CHECKS = {
     "chat_template_digest": _check_text("chat_template_digest"),
     "block_size": _check_positive("block_size"),
     "temperature": _check_temperature,
+    "top_p": _check_top_p,
+    "top_k": _check_count("top_k"),
+    "samples": _check_positive("samples"),
+    "seed": _check_count("seed"),
     "stop_token_ids": _check_stop_tokens,
     "last_block": _check_choice("last_block", LAST_BLOCK_RULES),
     "scoring": _check_choice("scoring", SCORINGS),
@@ -171,7 +191,8 @@ def _tag_text(value: Any) -> str:
 
 
 _JSON_FIELDS = ("datasets", "stop_token_ids")
-_INT_FIELDS = ("max_new_tokens", "block_size")
+_INT_FIELDS = ("max_new_tokens", "block_size", "top_k", "samples", "seed")
+_FLOAT_FIELDS = ("temperature", "top_p")
 
 
 def _parse_tag(field: str, text: str, tag: str) -> Any:
@@ -180,7 +201,7 @@ def _parse_tag(field: str, text: str, tag: str) -> Any:
             return json.loads(text)
         if field in _INT_FIELDS:
             return int(text)
-        if field == "temperature":
+        if field in _FLOAT_FIELDS:
             return float(text)
     except ValueError:
         raise DraftboardError(f"tag {tag}={text!r} is not a valid {field}") from None
@@ -224,11 +245,35 @@ def file_digest(path: str | Path) -> str:
 # --------------------------------------------------------------------------- diff
 
 # What a change does to tau: critical fields change the numbers (a different prompt set, thinking
-# on or off, sampling, block size); warning fields can shift them; scoring offline vs lossless
-# online computes the same number a different way.
-CRITICAL_FIELDS = ("datasets", "prompt_digest", "enable_thinking", "temperature", "block_size")
+# on or off, greedy vs sampled or other sampling cut-offs, block size); warning fields can shift
+# them; scoring offline vs lossless online computes the same number a different way, and so do more
+# draws or another seed (the same expectation, estimated with other noise).
+CRITICAL_FIELDS = ("datasets", "prompt_digest", "enable_thinking", "temperature", "top_p", "top_k", "block_size")
 WARNING_FIELDS = ("max_new_tokens", "chat_template_digest", "last_block", "completions", "stop_token_ids",
                   "target_digest")
+# What only a sampled eval has: at T = 0 on both sides nothing was drawn, so these say nothing.
+SAMPLING_FIELDS = ("top_p", "top_k", "samples", "seed")
+
+
+def is_greedy(p: Protocol) -> bool:
+    return p.temperature == 0
+
+
+def sampling_text(p: Protocol, draws: bool = True) -> str:
+    """How tokens were drawn, in the words the dashboard and CLI print: `T=0`, or `T=1 top_p=0.95
+    top_k=20 x16` (x: draws per prompt, left out with draws=False); `T=?` when unknown."""
+    if p.temperature == UNKNOWN:
+        return "T=?"
+    if is_greedy(p):
+        return "T=0"
+    parts = [f"T={p.temperature:g}"]
+    if p.top_p not in (UNKNOWN, 1, 1.0):
+        parts.append(f"top_p={p.top_p:g}")
+    if p.top_k not in (UNKNOWN, 0):
+        parts.append(f"top_k={p.top_k}")
+    if draws and p.samples != UNKNOWN:
+        parts.append(f"x{p.samples}")
+    return " ".join(parts)
 
 
 def _severity(field: str, a: Any, b: Any) -> str:
@@ -242,10 +287,14 @@ def _severity(field: str, a: Any, b: Any) -> str:
 
 
 def diff(a: Protocol, b: Protocol) -> list[DiffRow]:
-    """Rows (`protocol.<field>`, a, b, severity) for every differing field, most severe first."""
+    """Rows (`protocol.<field>`, a, b, severity) for every differing field, most severe first; the
+    sampling fields only where a side sampled."""
     rows = []
+    both_greedy = is_greedy(a) and is_greedy(b)
     for field, x in a.to_dict().items():
         y = getattr(b, field)
+        if both_greedy and field in SAMPLING_FIELDS:
+            continue
         if x != y:
             rows.append(DiffRow(names.protocol_tag(field), x, y, _severity(field, x, y)))
     rows.sort(key=lambda r: (SEVERITY_ORDER[r.severity], r.field))

@@ -89,6 +89,11 @@ def reconcile(engine: dict, offline: dict) -> dict:
                               "give the engine eval first, the offline one second")
     if (offline.get("protocol") or {}).get("scoring") == "engine":
         raise DraftboardError("the second eval is an engine eval too; reconcile compares one with an offline eval")
+    for what, results in (("the engine eval", engine), ("the offline eval", offline)):
+        temperature = (results.get("protocol") or {}).get("temperature")
+        if temperature not in (0, None, "unknown"):
+            raise DraftboardError(f"{what} is sampled (temperature {temperature!r:.20}): reconcile follows two greedy "
+                                  "walks block by block; compare sampled evals with `draftboard compare`")
     _check(engine, "the engine eval", "engine_mean_acceptance_length")
     _check(offline, "the offline eval", "tau")
     eng = {str(p["id"]): p for p in engine["prompts"]}

@@ -3,9 +3,15 @@
 The resampling unit is the prompt, not the block: the blocks of one prompt share its text and
 are far from independent. Every interval draws one `[resamples, prompts]` matrix of draw counts
 from a fixed seed, so the same results always give the same interval and every statistic of one eval
-(tau, tau_pooled, each DDTree budget, each dataset) sees the same resamples. Inputs are
-per-prompt acceptance-length lists (the walk's blocks, as in `results["prompts"]`); prompts
-without blocks do not count, as in `tau` itself (docs/DESIGN.md, "Metric names").
+(tau, tau_pooled, each DDTree budget, each dataset) sees the same resamples. Inputs are per-prompt
+scores (`PromptScore`: a greedy walk's blocks, or a sampled prompt's mean over its draws, as
+`prompt_score` reads a results record); prompts without blocks do not count, as in `tau` itself
+(docs/DESIGN.md, "Metric names").
+
+A sampled prompt's score is the mean over its draws (continuations, or online runs), so resampling
+prompts also carries the draws' noise: the interval is over prompts and draws together (the
+"ultimate cluster" estimate of two-stage sampling). `draws_interval` is the other question: how far
+the estimate could move from its draws alone, the prompts held fixed (the Monte Carlo error).
 """
 
 from __future__ import annotations
@@ -49,10 +55,60 @@ class PairedComparison:
     verdict: str  # BETTER | WORSE | NO_DIFFERENCE: B relative to A
 
 
-def _totals(per_prompt: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    sums = np.array([float(sum(lengths)) for lengths in per_prompt])
-    counts = np.array([float(len(lengths)) for lengths in per_prompt])
-    return sums, counts
+@dataclass(frozen=True)
+class PromptScore:
+    """One prompt's part in a tau: its mean acceptance length and its blocks' totals."""
+
+    mean: float  # its walk's mean length; sampled: the mean over its draws of each draw's (expected) mean
+    tokens: float  # the lengths summed (sampled: the mean over its draws)
+    blocks: float  # 0: no block, the prompt does not count
+
+    @classmethod
+    def of_walk(cls, lengths: Sequence[int]) -> PromptScore:
+        total, n = float(sum(lengths)), float(len(lengths))
+        return cls(total / n if n else 0.0, total, n)
+
+
+Scores = Sequence["PromptScore | Sequence[int]"]  # scores, or plain walks (acceptance-length lists)
+
+
+def _score(item: PromptScore | Sequence[int]) -> PromptScore:
+    return item if isinstance(item, PromptScore) else PromptScore.of_walk(item)
+
+
+def _draw_list(record: Mapping, key: str) -> list[Mapping] | None:
+    draws = record.get(key)
+    return draws if isinstance(draws, list) and draws and all(isinstance(d, Mapping) for d in draws) else None
+
+
+def prompt_score(record: Mapping, budget: str | None = None) -> PromptScore | None:
+    """A results record's score: its walk (`acceptance_lengths`, or `ddtree_acceptance_lengths[budget]`),
+    or for a sampled eval the mean over its `samples` (each {"tau" (null: no block), "tokens",
+    "blocks"}). None when the record holds neither."""
+    draws = _draw_list(record, "samples")
+    if draws is not None:
+        if budget is not None:
+            return None
+        try:
+            taus = [float(d["tau"]) for d in draws if d.get("tau") is not None]
+            tokens = sum(float(d["tokens"]) for d in draws) / len(draws)
+            blocks = sum(float(d["blocks"]) for d in draws) / len(draws)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return PromptScore(sum(taus) / len(taus) if taus else 0.0, tokens, blocks if taus else 0.0)
+    lengths = record.get("acceptance_lengths") if budget is None else \
+        (record.get("ddtree_acceptance_lengths") or {}).get(budget)
+    if not isinstance(lengths, list) or not all(isinstance(x, (int, float)) for x in lengths):
+        return None
+    return PromptScore.of_walk(lengths)
+
+
+def _totals(per_prompt: Scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    scores = [_score(item) for item in per_prompt]
+    means = np.array([s.mean for s in scores], dtype=np.float64)
+    sums = np.array([s.tokens for s in scores], dtype=np.float64)
+    counts = np.array([s.blocks for s in scores], dtype=np.float64)
+    return means, sums, counts
 
 
 @functools.lru_cache(maxsize=8)
@@ -69,10 +125,10 @@ def _weights(n_prompts: int, resamples: int, seed: int) -> np.ndarray:
     return weights
 
 
-def _macro(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def _macro(means: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Per resample (rows of weights [R, P]): mean over the drawn prompts that have blocks."""
     has_blocks = (counts > 0).astype(np.float64)
-    means = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+    means = np.where(counts > 0, means, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample of only empty prompts: nan
         return (weights @ means) / (weights @ has_blocks)  # [R]
 
@@ -87,17 +143,17 @@ def _interval(value: float, samples: np.ndarray, level: float) -> Interval:
     return Interval(float(value), float(low), float(high))
 
 
-def tau_intervals(per_prompt: Sequence[Sequence[int]], *, resamples: int = RESAMPLES, seed: int = SEED,
+def tau_intervals(per_prompt: Scores, *, resamples: int = RESAMPLES, seed: int = SEED,
                   level: float = LEVEL) -> TauIntervals:
     """tau and tau_pooled with their percentile bootstrap intervals, resampling prompts."""
-    kept = [lengths for lengths in per_prompt if len(lengths)]
+    kept = [score for score in map(_score, per_prompt) if score.blocks > 0]
     if not kept:
         raise DraftboardError("no prompt has a scored block: nothing to put an interval on")
-    sums, counts = _totals(kept)
+    means, sums, counts = _totals(kept)
     everything = np.ones((1, len(kept)))  # [1, P]: the full sample
     weights = _weights(len(kept), resamples, seed)
     return TauIntervals(
-        tau=_interval(_macro(sums, counts, everything)[0], _macro(sums, counts, weights), level),
+        tau=_interval(_macro(means, counts, everything)[0], _macro(means, counts, weights), level),
         tau_pooled=_interval(_pooled(sums, counts, everything)[0], _pooled(sums, counts, weights), level),
         n_prompts=len(kept),
     )
@@ -111,12 +167,13 @@ def verdict(delta: Interval) -> str:
     return NO_DIFFERENCE
 
 
-def paired_comparison(a: Mapping[str, Sequence[int]], b: Mapping[str, Sequence[int]], *,
-                      resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL) -> PairedComparison:
-    """Δtau = tau(B) - tau(A) on the same prompts ({prompt id: acceptance lengths} each).
+def paired_comparison(a: Mapping[str, PromptScore | Sequence[int]], b: Mapping[str, PromptScore | Sequence[int]],
+                      *, resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL) -> PairedComparison:
+    """Δtau = tau(B) - tau(A) on the same prompts ({prompt id: score or acceptance lengths} each).
 
     Both evals are resampled with the same prompt draws, so what the prompts share (their
-    difficulty) cancels and only the drafters' difference is left to vary.
+    difficulty) cancels and only the drafters' difference is left to vary. Sampled evals scored on
+    the same continuations share those too, so their draws' noise cancels as well.
     """
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
     if only_a or only_b:
@@ -124,19 +181,35 @@ def paired_comparison(a: Mapping[str, Sequence[int]], b: Mapping[str, Sequence[i
         raise DraftboardError(
             f"the two evals were not run on the same prompts: {len(only_a)} prompt id(s) only in A, "
             f"{len(only_b)} only in B (e.g. {example!r}); a paired comparison needs one prompt set")
-    ids = [pid for pid in sorted(a) if len(a[pid]) or len(b[pid])]
+    ids = [pid for pid in sorted(a) if _score(a[pid]).blocks or _score(b[pid]).blocks]
     if not ids:
         raise DraftboardError("no prompt has a scored block in either eval: nothing to compare")
-    sums_a, counts_a = _totals([a[pid] for pid in ids])
-    sums_b, counts_b = _totals([b[pid] for pid in ids])
+    means_a, _, counts_a = _totals([a[pid] for pid in ids])
+    means_b, _, counts_b = _totals([b[pid] for pid in ids])
     everything = np.ones((1, len(ids)))
     weights = _weights(len(ids), resamples, seed)
 
     def delta(w: np.ndarray) -> np.ndarray:
-        return _macro(sums_b, counts_b, w) - _macro(sums_a, counts_a, w)
+        return _macro(means_b, counts_b, w) - _macro(means_a, counts_a, w)
 
     interval = _interval(delta(everything)[0], delta(weights), level)
     return PairedComparison(interval, len(ids), verdict(interval))
+
+
+def draws_interval(per_prompt_draws: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, seed: int = SEED,
+                   level: float = LEVEL) -> Interval:
+    """The macro mean of per-prompt means of draws, with the interval from resampling each prompt's
+    draws and keeping the prompts (the Monte Carlo error of a sampled tau on these prompts).
+    Prompts without a draw do not count."""
+    kept = [np.asarray(d, dtype=np.float64) for d in per_prompt_draws if len(d)]
+    if not kept:
+        raise DraftboardError("no prompt has a scored draw: nothing to put an interval on")
+    rng = np.random.default_rng(seed)
+    total = np.zeros(resamples)
+    for draws in kept:  # [R] means of resampled draws, one prompt at a time: memory O(R * draws)
+        total += draws[rng.integers(0, len(draws), size=(resamples, len(draws)))].mean(axis=1)
+    value = float(np.mean([d.mean() for d in kept]))
+    return _interval(value, total / len(kept), level)
 
 
 # --------------------------------------------------------------------------- results sections
@@ -144,11 +217,11 @@ def paired_comparison(a: Mapping[str, Sequence[int]], b: Mapping[str, Sequence[i
 
 def _section(records: Sequence[Mapping], resamples: int, seed: int) -> dict:
     """{"tau", "tau_pooled", "ci", "n_prompts", "ddtree"} of a group of per-prompt records."""
-    main = tau_intervals([r["acceptance_lengths"] for r in records], resamples=resamples, seed=seed)
+    main = tau_intervals([prompt_score(r) for r in records], resamples=resamples, seed=seed)
     budgets = sorted({b for r in records for b in r.get("ddtree_acceptance_lengths", {})}, key=int)
     ddtree = {}
     for budget in budgets:
-        tree = tau_intervals([r["ddtree_acceptance_lengths"][budget] for r in records], resamples=resamples, seed=seed)
+        tree = tau_intervals([prompt_score(r, budget) for r in records], resamples=resamples, seed=seed)
         ddtree[budget] = {"tau": tree.tau.value, "ci": tree.tau.bounds()}
     return {"tau": main.tau.value, "tau_pooled": main.tau_pooled.value, "n_prompts": main.n_prompts,
             "ci": {"tau": main.tau.bounds(), "tau_pooled": main.tau_pooled.bounds(),
@@ -171,7 +244,7 @@ def results_uncertainty(prompt_records: Sequence[Mapping], *, resamples: int = R
             groups.setdefault(str(record["dataset"]), []).append(record)
     by_dataset = {}
     for name, records in groups.items():
-        if any(len(r["acceptance_lengths"]) for r in records):
+        if any(prompt_score(r).blocks for r in records):
             part = _section(records, resamples, seed)
             by_dataset[name] = {"tau": part["tau"], "ci": part["ci"]["tau"], "n_prompts": part["n_prompts"],
                                 "ddtree": part["ddtree"]}

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from evaluators import harness  # noqa: E402
+from evaluators import scoring  # noqa: E402
 from evaluators.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
 from evaluators.prompts import Prompt  # noqa: E402
 from evaluators.target import Target, greedy_continuations, layer_hidden_states  # noqa: E402
@@ -70,11 +70,11 @@ def tau_on(features, prompts, conts, drafter, model, block: int, layers: list[in
     loaded = type("Loaded", (), {"model": drafter, "own_lm_head": None})()
     for i, (p, c) in enumerate(zip(prompts, conts)):
         n = len(c) - (block - 1)  # every anchor has block-1 tokens after it
-        w = harness.Walked(Prompt(str(i), p), c, n, len(c), n)  # walked to n, the `full` rule
+        w = scoring.Walked(Prompt(str(i), p), c, n, len(c), n)  # walked to n, the `full` rule
         ctx = torch.cat([features[i][layer] for layer in layers], -1)
-        harness.score_anchors(loaded, target, w, ctx, c, ())
+        scoring.score_anchors(loaded, target, w, ctx, c, ())
         walked.append(w)
-    return harness.summarize(walked, block, (), "full")["tau"]
+    return scoring.summarize(walked, block, (), "full")["tau"]
 
 
 def fit_drafter(drafter, features, prompts, conts, model, steps: int, layers: list[int]) -> None:

@@ -26,7 +26,8 @@ from evaluators.drafter import TargetDims, open_drafter
 from evaluators.engines import sglang, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
 from evaluators.engines.server import ManagedServer, check_python, engine_environment
-from evaluators.harness import SCHEMA, EvalSettings, Progress, completion_bounds, eval_protocol, quiet
+from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
+from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, fingerprint
 from tracker.uncertainty import results_uncertainty
@@ -75,6 +76,9 @@ def check_settings(s: EvalSettings, e: EngineSettings) -> None:
         raise EngineError(f"--engine is its own scoring ({config.ENGINE_SCORING}); drop --scoring {s.scoring}")
     if s.drafter_precision:
         raise EngineError("--drafter-precision is an offline setting; the engine runs the drafter in --dtype")
+    if s.samples > 1 or s.seeds > 1:
+        raise EngineError("--samples and --seeds are offline settings; an engine eval sends each prompt once "
+                          "(at --temperature > 0, one sampled run per prompt)")
 
 
 def _engine_report(python: str) -> dict | None:
@@ -121,7 +125,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
         raise EngineError(f"--drafter {s.drafter}: an engine loads a drafter folder (config.json + safetensors), "
                           "not a single checkpoint file")
     stops = sorted(stop_token_ids(s.target, cfg))
-    sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops))
+    sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops), temperature=s.temperature,
+                        top_p=s.top_p, top_k=s.top_k or -1)
     device = s.device or fingerprint.default_device()
     longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
     max_model_len = min(getattr(cfg, "max_position_embeddings", longest) or longest, max(longest, 256))
@@ -183,7 +188,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                      "engine": e.name, "engine_url": info.url, "num_speculative_tokens": n_spec},
         "target": {"path": str(Path(s.target).resolve()), "num_layers": cfg.num_hidden_layers},
         "drafter": {"path": str(Path(s.drafter).resolve()), "target_layer_ids": list(drafter.target_layer_ids),
-                    "mask_token_id": drafter.mask_token_id},
+                    "mask_token_id": drafter.mask_token_id, "family": drafter.family},
     })
     return results
 

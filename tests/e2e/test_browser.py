@@ -227,7 +227,7 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     v3_name = "drafter-v3 (uniform loss, bf16)"
 
     # The original eval, and after the re-evaluation the one beside it: their badges tell them apart.
-    original = f"{v3_name} @ step {step} — 🟠 fallback · cpu · fp32"
+    original = f"{v3_name} @ step {step} — 🟠 fallback · cpu · fp32 · DFlash"
     _visit(page, f"{url}/environments", tmp_path / "1-environments-before.png")
     flagged = _critical_count(page)
     assert flagged >= 1, "the demo's bf16 run should start with a critical mismatch"

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from tracker import protocol
 from tracker.dashboard import comparisons, lineage, metric_docs, recipe
 from tracker.dashboard.index import RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
@@ -228,14 +229,14 @@ def env_key(run: RunInfo) -> str:
 
 def _protocol_key(run: RunInfo) -> tuple[str, ...]:
     """What splits a training run's evals into separate lines besides the environment, each part
-    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1.0`, `block 8`,
-    `online`)."""
+    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1 top_p=0.95 top_k=20`,
+    `block 8`, `online`): greedy and sampled evals, or two samplings, are never one line."""
     proto = lineage.protocol_of(run)
     if proto is None:
         return ()
     datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
     thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
-    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, f"T={proto.temperature}",
+    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, protocol.sampling_text(proto, draws=False),
             f"block {proto.block_size}", str(proto.scoring))
 
 

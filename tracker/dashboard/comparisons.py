@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tracker import config, uncertainty
+from tracker import config, protocol, uncertainty
 from tracker.dashboard import lineage, reconcile_view
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
@@ -70,13 +70,17 @@ def scoring(run: RunInfo) -> str:
 
 def scoring_note(run: RunInfo) -> str:
     """` (online)` after the label of an online-scored eval (its tau comes from z-lab's cached loop),
-    ` (served by vllm)` after an engine eval's (its blocks are the engine's steps)."""
+    ` (served by vllm)` after an engine eval's (its blocks are the engine's steps), and the sampling
+    of a sampled one (` (T=1 top_p=0.95 top_k=20 x16)`): its tau is an expectation over draws."""
     how = scoring(run)
-    if how == ONLINE:
-        return f" ({ONLINE})"
+    proto = lineage.protocol_of(run)
+    sampled = proto is not None and proto.temperature != protocol.UNKNOWN and not protocol.is_greedy(proto)
+    notes = [ONLINE] if how == ONLINE else []
     if how == config.ENGINE_SCORING:
-        return f" (served by {run.params.get('engine') or 'an engine'})"
-    return ""
+        notes.append(f"served by {run.params.get('engine') or 'an engine'}")
+    if sampled:
+        notes.append(protocol.sampling_text(proto))
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def overall(run: RunInfo) -> Estimate | None:
@@ -108,9 +112,13 @@ def dataset_estimates(run: RunInfo, results: Mapping | None = None) -> dict[str 
     if len(datasets) == 1 and whole is not None:
         out.setdefault(next(iter(datasets)), whole)
     for name, count in datasets.items():
-        value = run.metrics.get(names.dataset_metric("tau", name))
+        metric = names.dataset_metric("tau", name)
+        value = run.metrics.get(metric)
         if name not in out and _finite(value):
-            out[name] = Estimate(float(value), n_prompts=count if isinstance(count, int) else None)
+            low, high = (run.metrics.get(bound) for bound in names.ci_metrics(metric))  # a published interval
+            known = _finite(low) and _finite(high)
+            out[name] = Estimate(float(value), low if known else None, high if known else None,
+                                 count if isinstance(count, int) else None)
     if not datasets and whole is not None:
         out[None] = whole
     return out
@@ -118,12 +126,12 @@ def dataset_estimates(run: RunInfo, results: Mapping | None = None) -> dict[str 
 
 def per_prompt(results: Mapping | None, dataset: str | None) -> dict[str, dict] | None:
     """{prompt id: record} of one dataset's prompts (None: every prompt) in a results JSON; None
-    when the results hold no per-prompt acceptance lengths."""
+    when the results hold no per-prompt scores (a walk, or sampled draws)."""
     records = (results or {}).get("prompts")
     if not isinstance(records, list):
         return None
     out = {str(r["id"]): r for r in records if isinstance(r, Mapping) and "id" in r
-           and isinstance(r.get("acceptance_lengths"), list) and (dataset is None or r.get("dataset") == dataset)}
+           and uncertainty.prompt_score(r) is not None and (dataset is None or r.get("dataset") == dataset)}
     return out or None
 
 
@@ -171,8 +179,8 @@ def compare(this: Estimate, other: Estimate, this_prompts: Mapping[str, dict] | 
     if same_prompts(this_prompts, other_prompts):
         try:
             paired = uncertainty.paired_comparison(
-                {k: r["acceptance_lengths"] for k, r in other_prompts.items()},
-                {k: r["acceptance_lengths"] for k, r in this_prompts.items()})
+                {k: uncertainty.prompt_score(r) for k, r in other_prompts.items()},
+                {k: uncertainty.prompt_score(r) for k, r in this_prompts.items()})
         except DraftboardError:  # no scored block on either side: nothing to pair
             return _unpaired(this, other)
         d = paired.delta

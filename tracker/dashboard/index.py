@@ -21,6 +21,7 @@ from tracker.store.history import latest_metric_steps
 
 LINEAR_ATTN_ICONS = {"fast": "🟢", "partial": "🟡", "fallback": "🟠", "n/a": "⚪"}
 _NO_GPU = (None, "none", "unknown")
+DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}  # names.DRAFTER_FAMILY values
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,21 @@ class RunInfo:
         return precision if precision and precision != self.dtype else None
 
     @property
+    def drafter_family(self) -> str | None:
+        """`DFlash` | `DFlash2` for an eval or reference that recorded its drafter's family, else None
+        (a value nobody wrote draftboard's way is shown as written)."""
+        family = self.tags.get(names.DRAFTER_FAMILY)
+        return DRAFTER_FAMILY_LABELS.get(family, family) if family else None
+
+    @property
     def env_badges(self) -> str:
-        """`🟢 fast · cuda (H100) · bf16`, and `· drafter bf16-autocast` where the drafter was not cast to the dtype."""
+        """`🟢 fast · cuda (H100) · bf16`, and `· drafter bf16-autocast` where the drafter was not cast to the
+        dtype, and `· DFlash2` where the drafter's family is known."""
         icon = LINEAR_ATTN_ICONS.get(self.linear_attn, "⚪")
         device = f"{self.device} ({self.gpu})" if self.gpu and self.device == "cuda" else self.device
         drafter = f" · drafter {self.drafter_precision}" if self.drafter_precision else ""
-        return f"{icon} {self.linear_attn} · {device} · {self.dtype}{drafter}"
+        family = f" · {self.drafter_family}" if self.drafter_family else ""
+        return f"{icon} {self.linear_attn} · {device} · {self.dtype}{drafter}{family}"
 
     @property
     def kind_label(self) -> str:

@@ -39,6 +39,8 @@ LINEAR_ATTN_CHOICES = (*config.LINEAR_ATTN_MODES, "match training run")
 # the form's choices (pages import only tracker.dashboard)
 DEVICES, DTYPES, DRAFTER_PRECISIONS = config.DEVICES, config.EVAL_DTYPES, config.DRAFTER_PRECISIONS
 DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
+SAMPLING_PRESETS, MAX_DRAWS = config.SAMPLING_PRESETS, config.MAX_DRAWS
+CUSTOM_SAMPLING = "custom"  # the sampling picker's own numbers
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
 PROMPT_PATH = "__path__"  # the prompts picker's "a path under the allowed roots…" choice
 
@@ -152,6 +154,10 @@ class LaunchForm:
     reference_name: str = ""
     limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
     measured_by: tuple[str | None, str | None] = (None, None)  # (engine, url): measure_choices()
+    temperature: float = 0.0  # T > 0: sampled acceptance (docs/DESIGN.md); with top_p, top_k as z-lab applies them
+    top_p: float = 1.0
+    top_k: int = 0
+    samples: int = 1  # continuations drawn per prompt (T > 0)
 
 
 OFFLINE = (None, None)
@@ -205,12 +211,17 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     }
     if form.limit_per_dataset is not None:
         params["limit_per_dataset"] = int(form.limit_per_dataset)
+    if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
+        params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=int(form.top_k))
+        params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none
+        if not form.measured_by[0]:
+            params["samples"] = int(form.samples)
     engine, url = form.measured_by
     if engine:
         # The engine runs its own kernels and drafts one chain: DDTree budgets, the drafter's precision
         # and the linear-attention switch are offline settings, so the job claims none of them.
         for offline_only in ("budgets", "drafter_precision", "linear_attn"):
-            params.pop(offline_only)
+            params.pop(offline_only, None)
         params["engine"] = engine
         if url:
             params["engine_url"] = url
@@ -339,7 +350,8 @@ def _job_what(p: dict, run_labels: dict[str, str] | None) -> str:
         what = names.eval_run_name(train, p["checkpoint_step"], p)
     else:
         env = " · ".join(str(p[k]) for k in ("dtype", "linear_attn", "device") if p.get(k))
-        what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env]))
+        sampled = f"T={float(p['temperature']):g}" if p.get("temperature") else ""
+        what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env, sampled]))
         if p.get("engine"):
             what += f" · {measure_label((str(p['engine']), p.get('engine_url')))}"
     return f"reference {p['reference']} ({what})" if p.get("reference") else what

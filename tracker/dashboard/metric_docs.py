@@ -95,8 +95,10 @@ def _dds(b: int) -> MetricDoc:
 # The eval families of tracker.store.names, by the family name `names.parse_metric` returns.
 _FAMILIES = {"accept_rate_pos": _accept_rate, "ddtree_tau": _ddtree_tau, "dds": _dds}
 
-# Per-benchmark columns of imported publication tables (tracker.store.importers.published).
+# Per-benchmark columns of imported publication tables (tracker.store.importers.published), and the
+# 95% bounds logged beside a number (`tau_ci_low`, a published `tau_gsm8k_ci_high`).
 _BENCHMARKS = [
+    (re.compile(r"^(.+_ci_(?:low|high))$"), lambda name: _bound(name)),
     (re.compile(r"^tau_(?!pooled$|all_anchors$)([a-z0-9_]+)$"), lambda bench: MetricDoc(
         f"tau_{bench}", f"Mean acceptance length on {bench}", "tokens / block",
         f"`tau` on the {bench} prompts alone (e.g. a published table's per-benchmark column).", True)),
@@ -108,6 +110,13 @@ _BENCHMARKS = [
 
 # Ordering of metric names in pickers: the headline numbers first.
 PREFERRED_ORDER = ["tau", "loss", "acc", "streak", "tau_pooled", "tau_all_anchors"]
+
+
+def _bound(name: str) -> MetricDoc:
+    of, side = name.rsplit("_ci_", 1)
+    return MetricDoc(name, f"95% interval, {side} bound, of {of}", describe(of).unit,
+                     f"the {side} bound of the 95% interval of `{of}` (draftboard's: a percentile bootstrap over "
+                     "prompts; a published one: as its source printed it).")
 
 
 def describe(name: str) -> MetricDoc:

@@ -61,7 +61,8 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
     return out
 
 
-RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "status", "target", "steps", "tau latest", "tau best",
+RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau latest",
+                      "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
 
 
@@ -92,7 +93,8 @@ def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
     """The protocol cell and its count of critical mismatches. A training run's evals measure one
     curve only under one protocol: its row names the steps whose protocol differs critically from
     its latest eval's; an eval's row, how it differs from the latest other eval of its training run.
-    ⚪: an eval from before protocols were recorded; 🔵 online: scored by z-lab's cached loop."""
+    ⚪: an eval from before protocols were recorded; 🔵 online: scored by z-lab's cached loop; 🎲 sampled
+    (T > 0): how its tokens were drawn."""
     if run.kind == "train":
         evals = index.evals_of(run.run_id)
         if len(evals) < 2:
@@ -111,6 +113,8 @@ def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
     if proto == protocol.Protocol():
         return "⚪ no protocol (evaluated before protocols were recorded)", 0
     notes = ["🔵 online"] if proto.scoring == "online" else []
+    if not protocol.is_greedy(proto) and proto.temperature != protocol.UNKNOWN:
+        notes.append("🎲 " + protocol.sampling_text(proto))
     train = index.train_of(run)
     others = [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id] if train is not None else []
     crit = lineage.of_severity(lineage.protocol_diff(run, others[-1]), "critical") if others else []
@@ -136,6 +140,7 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
             "protocol check": proto_text,
             "name": run.name,
             "kind": run.kind_label + recipe.step_unit_note(run),
+            "drafter": run.drafter_family or "",
             "status": run.status or MISSING,
             "target": run.target_name,
             "steps": run.steps,

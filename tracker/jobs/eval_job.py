@@ -30,9 +30,10 @@ from tracker.errors import DraftboardError
 
 KIND = "eval"
 
-# What an EvalField holds: free text, a non-negative integer, DDTree budgets ("4,8,16" on the
-# command line, a list in params), a store_true flag, or an on/off switch (--x / --no-x).
-TEXT, INT, BUDGETS, FLAG, SWITCH = "text", "int", "budgets", "flag", "switch"
+# What an EvalField holds: free text, a non-negative integer, a finite non-negative number, DDTree
+# budgets ("4,8,16" on the command line, a list in params), a store_true flag, or an on/off switch
+# (--x / --no-x).
+TEXT, INT, FLOAT, BUDGETS, FLAG, SWITCH = "text", "int", "float", "budgets", "flag", "switch"
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,19 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               "the device's free memory", metavar="N"),
     EvalField("anchor_chunk", INT, "anchors the drafter scores per call; default: sized from the device's free "
               "memory (pin both for bitwise repeatability across machines)", metavar="N"),
+    EvalField("temperature", FLOAT, "T > 0: sampled acceptance, z-lab's sampled loop in expectation over "
+              "--samples continuations per prompt (docs/DESIGN.md, Sampled acceptance); 0: greedy", default=0.0,
+              metavar="T"),
+    EvalField("top_p", FLOAT, "nucleus cut-off applied to the target and the drafter as z-lab's _sampling_probs",
+              default=1.0, metavar="P"),
+    EvalField("top_k", INT, "top-k cut-off (0: none), applied as --top-p", default=0, metavar="K"),
+    EvalField("samples", INT, f"T > 0: continuations drawn per prompt (at most {config.MAX_DRAWS}); every "
+              "checkpoint scored with the same target, prompts, sampling and seed meets the same ones",
+              default=1, metavar="N"),
+    EvalField("seeds", INT, f"T > 0 with --scoring online: runs of the sampled loop per prompt (at most "
+              f"{config.MAX_DRAWS}), the Monte Carlo check of the offline expectation", default=1, metavar="N"),
+    EvalField("seed", INT, "the seed every draw derives from (with the prompt's tokens and the draw's index)",
+              default=0, metavar="S"),
     EvalField("engine", TEXT, "measure in a serving engine instead of offline: the same prompts and protocol, "
               "the engine's own per-request acceptance (docs/DESIGN.md, Engine evals)", choices=config.ENGINES),
     # The deployment's, never a job's: a worker starts an engine from its own DRAFTBOARD_<ENGINE>_PYTHON.
@@ -122,6 +136,10 @@ def _checked(field: EvalField, value: Any) -> Any:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"must be a non-negative integer, got {value!r}")
         return value
+    if field.kind == FLOAT:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"must be a finite number >= 0, got {value!r}")
+        return float(value)
     if field.kind == BUDGETS:
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError(f"must be a non-empty list of integers, got {value!r}")
@@ -154,10 +172,11 @@ def _arg_type(field: EvalField) -> Callable[[str], Any]:
         try:
             if field.kind == BUDGETS:
                 return tuple(parse_budgets(text))
+            number = float if field.kind == FLOAT else int
             try:
-                value = int(text)
+                value = number(text)
             except ValueError:
-                raise ValueError(f"must be an integer, got {text!r}") from None
+                raise ValueError(f"must be {'a number' if field.kind == FLOAT else 'an integer'}, got {text!r}") from None
             return _checked(field, value)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
@@ -176,7 +195,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | N
             kwargs.update(action=argparse.BooleanOptionalAction, default=None)
         else:
             kwargs.update(default=field.default, required=field.required)
-            if field.kind in (INT, BUDGETS):
+            if field.kind in (INT, FLOAT, BUDGETS):
                 kwargs["type"] = _arg_type(field)
             if field.choices is not None:
                 kwargs["choices"] = field.choices
@@ -207,6 +226,11 @@ def validate(params: Any) -> dict[str, Any]:
                 values[field.name] = _checked(field, params[field.name])
             except ValueError as exc:
                 raise DraftboardError(f"eval param {field.name} {exc}") from None
+    sampling = {name: values.get(name, FIELDS[name].default) for name in ("temperature", "top_p", "top_k", "samples",
+                                                                          "seeds")}
+    problem = config.sampling_problem(**sampling)
+    if problem:  # before it is queued: a job the eval would refuse at once never takes a worker
+        raise DraftboardError(f"eval params: {problem}")
     return values
 
 

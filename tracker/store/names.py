@@ -21,6 +21,7 @@ CHECKPOINT_STEP = "draftboard.checkpoint_step"
 CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
 CHECKPOINT_COUNT = "draftboard.checkpoints"
 REFERENCE_NAME = "draftboard.reference_name"
+DRAFTER_FAMILY = "draftboard.drafter_family"  # `dflash` | `dflash2` (results `drafter.family`)
 ERROR = "draftboard.error"
 IMPORTED = "draftboard.imported"
 PUBLISHED = "draftboard.published"
@@ -134,8 +135,11 @@ def parse_protocol_tag(tag: str) -> str | None:
 def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any]) -> str:
     """`<training run> @ step N · <settings>`: one name for an eval of a checkpoint wherever it is
     shown or logged. Settings: dtype, the drafter's precision where it is not a cast to that dtype,
-    linear-attention mode, device and the serving engine that measured it (what is unset is left out)."""
+    linear-attention mode, device, the serving engine that measured it and, for a sampled eval, its
+    temperature (what is unset is left out)."""
     dtype, precision = settings.get("dtype"), settings.get("drafter_precision")
+    temperature = settings.get("temperature")
     parts = [dtype, f"drafter {precision}" if precision and precision != dtype else None,
-             settings.get("linear_attn"), settings.get("device"), settings.get("engine")]
+             settings.get("linear_attn"), settings.get("device"), settings.get("engine"),
+             f"T={temperature:g}" if isinstance(temperature, (int, float)) and temperature > 0 else None]
     return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p)])

@@ -1,13 +1,16 @@
-"""z-lab's published DFlash numbers as reference runs that say where they come from.
+"""Published DFlash and DFlash2 numbers as reference runs that say where they come from.
 
 The numbers live in `published_zlab.json` beside this module, each table with its source,
-hardware, backend, temperature and thinking mode. Imported runs are `draftboard.kind=reference`
+hardware, backend, sampling and thinking mode, and who published it (z-lab unless the table says
+otherwise: an independent reproduction names its own). Imported runs are `draftboard.kind=reference`
 for their own target (never the demo's), and their fingerprint is `published`: it states what
 the publication states and nothing else, so every comparison with a local run shows which
 fields are unknown. Each run's protocol (`protocol.*` tags) states what the table states: its
-datasets (sizes unknown), temperature, thinking, block size and max new tokens, scoring
-`published`; every other field reads `unknown`. Each dataset's tau is its own metric
-(`names.dataset_metric`), so an eval on GSM8K meets the table's GSM8K number, not an average.
+datasets (with their prompt counts where printed), temperature, top_p, top_k, thinking, block size
+and max new tokens, scoring `published`; every other field reads `unknown`. Each dataset's tau
+is its own metric (`names.dataset_metric`), with its interval where one was published, so an
+eval on GSM8K meets the table's GSM8K number, not an average; a sampled number is a sampled
+reference, never one a greedy eval is compared with.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def _fingerprint(table: dict) -> dict:
 
 
 def _protocol(table: dict) -> Protocol:
-    stated = {"datasets": {row["dataset"]: UNKNOWN for row in table["rows"] if row.get("dataset")},
-              "temperature": table.get("temperature"), "enable_thinking": table.get("thinking"),
-              "block_size": table.get("block_size"), "max_new_tokens": table.get("max_new_tokens")}
+    stated = {"datasets": {row["dataset"]: row.get("n_prompts", UNKNOWN) for row in table["rows"] if row.get("dataset")},
+              "temperature": table.get("temperature"), "top_p": table.get("top_p"), "top_k": table.get("top_k"),
+              "enable_thinking": table.get("thinking"), "block_size": table.get("block_size"),
+              "max_new_tokens": table.get("max_new_tokens")}
     return Protocol(scoring="published", **{k: v for k, v in stated.items() if v is not None and v != {}})
 
 
@@ -49,7 +53,8 @@ def import_published(tracker, tags: dict[str, str] | None = None, path: str | Pa
     run_ids = []
     for table in load_tables(path):
         params = {"table": table["title"], "hardware": table.get("hardware"), "backend": table.get("backend"),
-                  "temperature": table.get("temperature"), "thinking": table.get("thinking"),
+                  "temperature": table.get("temperature"), "top_p": table.get("top_p"), "top_k": table.get("top_k"),
+                  "thinking": table.get("thinking"),
                   "block_size": table.get("block_size"), "max_new_tokens": table.get("max_new_tokens"),
                   "source": table["source"].get("url"), "publication": table["source"].get("publication")}
         metrics = {}
@@ -59,12 +64,16 @@ def import_published(tracker, tags: dict[str, str] | None = None, path: str | Pa
                 metrics["streak"] = row["tau"] - 1
                 continue
             metrics[names.dataset_metric("tau", row["dataset"])] = row["tau"]
+            if row.get("ci"):
+                low, high = names.ci_metrics(names.dataset_metric("tau", row["dataset"]))
+                metrics[low], metrics[high] = row["ci"]
             if row.get("speedup") is not None:
                 metrics[names.dataset_metric("speedup", row["dataset"])] = row["speedup"]
-        name = f"z-lab published: {table['title']}"
+        name = f"{table.get('publisher', 'z-lab')} published: {table['title']}"
+        family = {names.DRAFTER_FAMILY: table.get("drafter_family", "dflash")}
         with tracker.eval_run(name, target=table["target"], params={k: v for k, v in params.items() if v is not None},
                               fingerprint=_fingerprint(table), kind="reference", reference_name=name,
-                              tags={**_protocol(table).to_tags(), **(tags or {}), names.PUBLISHED: "1"}) as run:
+                              tags={**_protocol(table).to_tags(), **family, **(tags or {}), names.PUBLISHED: "1"}) as run:
             run.log_metrics({k: float(v) for k, v in metrics.items()}, step=0)
             run_ids.append(run.run_id)
     return run_ids
