@@ -32,7 +32,7 @@ from evaluators.cache import EvalCache, FeatureWriter, LayerFile
 from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
 from evaluators.online import lossless_row, online_generate
-from evaluators.prompts import Prompt, attach_completions
+from evaluators.prompts import Prompt, attach_completions, template_thinking
 from evaluators.sampling import ONLINE, Sampling, draw_seed
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
                                 score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
@@ -40,7 +40,7 @@ from evaluators.target import (HeadLocation, Target, cache_key, check_weights, c
                                greedy_continuations, layer_hidden_states_batch, load_heads, load_target,
                                load_tokenizer, sampled_continuations, stop_token_ids, text_config)
 from tracker.uncertainty import draws_interval, results_uncertainty
-from tracker import fingerprint
+from tracker import fingerprint, linear_attn
 from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
 from tracker.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
 from tracker.errors import DraftboardError
@@ -295,11 +295,12 @@ def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int,
     for p in prompts:
         datasets[p.dataset or UNKNOWN] = datasets.get(p.dataset or UNKNOWN, 0) + 1
     templated = any(p.chat_template for p in prompts)
+    thinking = template_thinking(tokenizer, s.enable_thinking) if templated else None
     return Protocol(
         datasets=datasets, prompt_digest=prompt_digest(p.input_ids for p in prompts),
         completions=file_digest(s.completions) if s.completions else GENERATED,
         max_new_tokens=s.max_new_tokens,
-        enable_thinking=UNKNOWN if s.enable_thinking is None or not templated else s.enable_thinking,
+        enable_thinking=UNKNOWN if thinking is None else thinking,
         chat_template_digest=text_digest(tokenizer.chat_template) if templated else UNKNOWN,
         block_size=block, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
         samples=s.seeds if s.scoring == "online" and not s.sampling.greedy else s.samples, seed=s.seed,
@@ -388,13 +389,36 @@ def check_lossless(s: EvalSettings, progress: Progress = quiet) -> dict:
             "prompts": rows, "timing": {"total_s": time.perf_counter() - t0}}
 
 
-def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[int], precision: Precision,
-                 digest: str, cache: EvalCache) -> tuple[dict, dict]:
-    """(this eval's fingerprint, the target's linear-attention resolution).
+@dataclass
+class _TargetFacts:
+    """What only the loaded target can tell (the probe, which kernels its layers resolved to, the
+    fallback warnings they logged), cached under `key`: (target digest, environment, kernel mode,
+    device, probed layers)."""
 
-    What only the loaded target can tell (the probe, which kernels its layers resolved to) is
-    cached by (target digest, environment, kernel mode, device, probed layers): the rest of the
-    fingerprint is captured afresh every time, so a changed library or flag is a miss."""
+    key: str
+    part: dict  # fingerprint.target_part
+    resolution: dict  # linear_attn.Resolution.to_dict()
+
+    def note_warnings(self, logged: list[str]) -> bool:
+        """Add the fallback warnings the process logged while the target ran (transformers warns once
+        per function, at its first call: decoding's recurrent rule after the probe's prefill); True
+        when that added any."""
+        known = self.resolution["fallback_warnings"]
+        new = [w for w in logged if w not in known]
+        if not new or self.resolution.get("linear_attention_path") == "n/a":
+            return False
+        self.resolution = {**self.resolution, "fallback_warnings": known + new}
+        numerics = self.part["numerics"]
+        numerics["linear_attention"] = {**numerics["linear_attention"], "fallback_warnings": known + new}
+        return True
+
+
+def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[int], precision: Precision,
+                 digest: str, cache: EvalCache) -> tuple[dict, _TargetFacts]:
+    """(this process's environment without the target's part, what the target tells).
+
+    The rest of the fingerprint is captured afresh every time, so a changed library or flag is
+    a miss of the cached target facts."""
     here = fingerprint.capture(None, device, s.dtype, with_probe=False, drafter_precision=precision.name)
     key = cache_key("fingerprint", digest, fingerprint.environment(here), s.linear_attn, device, layers)
     known = cache.get_fingerprint(key)
@@ -403,7 +427,7 @@ def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[i
         fp = fingerprint.capture(model.model, device, s.dtype, probe_layers=layers, drafter_precision=precision.name)
         known = {"part": fingerprint.target_part(fp), "resolution": model.resolution.to_dict()}
         cache.put_fingerprint(key, known, target=digest)
-    return fingerprint.with_target_part(here, known["part"]), known["resolution"]
+    return here, _TargetFacts(key, known["part"], known["resolution"])
 
 
 def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
@@ -432,7 +456,8 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         out = work()
         return out, time.perf_counter() - start - (target.seconds - loading)
 
-    (fp, resolution), fingerprint_s = timed(lambda: _fingerprint(target, s, device, layers, precision, digest, cache))
+    (here, facts), fingerprint_s = timed(lambda: _fingerprint(target, s, device, layers, precision, digest, cache))
+    fp = fingerprint.with_target_part(here, facts.part)
     progress("load", 2, 2)
 
     # The target's work does not depend on how the drafter computes: evals differing only there share it.
@@ -501,6 +526,9 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         else:
             _score_online_sampled(results, target(), loaded, walked, s, stops, block, progress)
         drafter_s += time.perf_counter() - t_online
+    if target.target is not None and facts.note_warnings(linear_attn.FALLBACK_WARNINGS.messages):
+        cache.put_fingerprint(facts.key, {"part": facts.part, "resolution": facts.resolution}, target=digest)
+        fp = fingerprint.with_target_part(here, facts.part)
     results.update(results_uncertainty(results["prompts"]))
     results["protocol"] = eval_protocol(s, prompts, tokenizer, block, sorted(stops), digest).to_dict()
     results.update({
@@ -511,7 +539,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
                      "batch_size": batch, "anchor_chunk": chunk},  # as sized for this device
         "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,
-                   "num_layers": pair.config.num_hidden_layers, "linear_attention": resolution},
+                   "num_layers": pair.config.num_hidden_layers, "linear_attention": facts.resolution},
         "drafter": {"path": str(Path(s.drafter).resolve()), "source": loaded.source,
                     "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id,
                     "family": loaded.model.family},

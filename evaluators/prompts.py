@@ -121,6 +121,26 @@ def encode(row: dict, where: str, tokenizer, enable_thinking: bool | None) -> li
     raise DraftboardError(f"{where}: each line needs one of input_ids, prompt or messages")
 
 
+_PROBE_CONVERSATION = [{"role": "user", "content": "What is 1 + 1?"}]
+
+
+def template_thinking(tokenizer, enable_thinking: bool | None = None) -> bool | None:
+    """Whether the chat template rendered thinking on, as `encode` applies it: the rendering with
+    `enable_thinking` (None: the template's default) compared with the renderings asked on and off.
+    None when the template has no such switch (both renderings equal) or the rendering is neither."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(**kwargs) -> str:
+        return tokenizer.apply_chat_template(_PROBE_CONVERSATION, add_generation_prompt=True, tokenize=False, **kwargs)
+
+    on, off = render(enable_thinking=True), render(enable_thinking=False)
+    if on == off:
+        return None
+    used = render() if enable_thinking is None else (on if enable_thinking else off)
+    return True if used == on else False if used == off else None
+
+
 def attach_completions(prompts: list[Prompt], path: str | Path, vocab_size: int) -> list[Prompt]:
     """Fixed continuations from JSON lines {id, input_ids, completion_ids} or a results JSON."""
     path = Path(path)

@@ -154,4 +154,4 @@ def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block:
                 if len(nxt) < len(here) + 1:
                     nxt = mass[a + length] = np.pad(nxt, (0, len(here) + 1 - len(nxt)))
                 nxt[1:len(here) + 1] += prob * here
-    return ExpectedWalk(tau, tokens, blocks, histogram.tolist())
+    return ExpectedWalk(float(tau), float(tokens), float(blocks), histogram.tolist())

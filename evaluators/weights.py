@@ -96,6 +96,9 @@ def index_shards(index_path: Path) -> dict[str, Path]:
     if not isinstance(weight_map, dict) or not weight_map:
         raise DraftboardError(f"{index_path}: empty or missing weight_map")
     files = {name: inside(index_path.parent, name, "shard") for name in set(map(str, weight_map.values()))}
+    for name in sorted(files):
+        if not files[name].is_file():  # a shard never copied is not a damaged file: say which one
+            raise DraftboardError(f"missing: {name} (named by {index_path.name}) in {index_path.parent}")
     return {key: files[str(name)] for key, name in weight_map.items()}
 
 

@@ -4,7 +4,8 @@ import json
 
 import streamlit as st
 
-from tracker.dashboard import charts, curve_chart, lineage, metric_docs, recipe, reconcile_view, ui, watch_form
+from tracker.dashboard import (charts, curve_chart, doctor_view, lineage, metric_docs, recipe, reconcile_view, ui,
+                               watch_form)
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.tables import (
@@ -143,7 +144,7 @@ def watch_section(run) -> None:
 
 
 colors = charts.run_colors(index)  # the run's colour on Compare too
-tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance", "Params", "Fingerprint"])
+tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance", "Params", "Fingerprint", "Doctor"])
 
 with tabs[0]:
     if run.kind == "train":
@@ -227,3 +228,19 @@ with tabs[3]:
                 st.caption("The training run has no fingerprint: not comparable.")
         with st.expander("Raw fingerprint.json"):
             st.json(run.fingerprint, expanded=False)
+
+with tabs[4]:
+    shown = doctor_view.frame(ui.doctor_report(cfg.store_uri, run))
+    if shown is None:
+        st.info("No doctor report on this run. `draftboard doctor` checks the hidden-state layer mapping, the "
+                "checkpoint against its config and target, the mask and stop tokens, thinking, a serving config and "
+                "this machine against the training run's fingerprint; with `--run` it attaches its report here.")
+        st.code(doctor_view.command(run), language="bash")
+    else:
+        worst = doctor_view.severity(run)
+        alert = {"critical": st.error, "warning": st.warning, "ok": st.success}.get(worst, st.info)
+        alert(f"Doctor: **{md(worst or '?')}** — {len(shown)} checks, the most severe first.")
+        st.dataframe(shown, hide_index=True, key="detail_doctor", column_config={
+            "verdict": st.column_config.TextColumn(width="large"),
+            "evidence": st.column_config.TextColumn(width="large"),
+            "fix": st.column_config.TextColumn(width="medium")})

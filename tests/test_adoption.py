@@ -164,3 +164,46 @@ def test_adopt_cli_tags_the_run_and_records_step_semantics(foreign_runs, store_u
     assert main(["adopt", plain, "--tool", "nemo", "--tracking-uri", store_uri]) == 0
     assert client.get_run(plain).data.tags[adoption.TOOL_TAG] == "nemo"
     assert client.get_run(plain).data.tags[adoption.STEP_UNIT_TAG] == "unknown"
+
+
+# SpecForge after PR #810: `train/dflash/*`, `train/dflash2/selector/*` and `position_<j>/*`, every row with
+# `train/optimizer_step` (docs/sections/basic_usage/training.md); its MLflow step is the tracker's row index.
+SPECFORGE_810_ROW = {"train/loss": 2.0, "train/acc": 0.3,
+                     "train/dflash/hard_label/unary_gold_probability_chain_length": 2.4,
+                     "train/dflash/hard_label/unary_topK_recall": 0.8, "train/dflash2/selector/loss": 1.1,
+                     "train/dflash2/selector/greedy_accepted_length": 2.9,
+                     "position_3/selector/greedy_prefix_survival": 0.4}
+SPECFORGE_OLD_ROW = {"train/loss": 2.0, "train/acc": 0.3, "train/dflash/hard_label/expected_accepted_length": 2.3,
+                     "train/selector_coverage": 0.7, "train/selector_loss": 1.2,
+                     "train/dflash2/selector/serving_accepted_length": 2.8}
+
+
+def test_specforge_names_before_and_after_pr_810_share_our_names():
+    current = RunView("new", "specforge", {}, {**SPECFORGE_810_ROW, "train/optimizer_step": 300.0}, {})
+    old = RunView("old", "specforge", {}, SPECFORGE_OLD_ROW, {})
+    found = adoption.detect(current)
+    assert found.tool == adoption.SPECFORGE and "train/optimizer_step" in found.evidence[0]
+    assert adoption.detect(old).tool == adoption.SPECFORGE  # experiment `specforge`, train/acc
+    new_names = {a.canonical: a.source for a in adoption.aliases(adoption.SPECFORGE, current.metrics)}
+    old_names = {a.canonical: a.source for a in adoption.aliases(adoption.SPECFORGE, old.metrics)}
+    shared = {"loss", "acc", "gold_chain_length", "candidate_recall", "selector_loss", "accept_len"}
+    assert shared <= set(new_names) and shared <= set(old_names)
+    assert new_names["gold_chain_length"] == "train/dflash/hard_label/unary_gold_probability_chain_length"
+    assert old_names["gold_chain_length"] == "train/dflash/hard_label/expected_accepted_length"
+    assert new_names["survival_pos3"] == "position_3/selector/greedy_prefix_survival"
+    # the optimizer step is the x axis, never a curve
+    assert "train/optimizer_step" not in {a.source for a in adoption.aliases(adoption.SPECFORGE, current.metrics)}
+    assert adoption.step_metric(adoption.SPECFORGE) == "train/optimizer_step"
+    assert adoption.step_metric(adoption.SPECULATORS) is None
+
+
+def test_automodel_dflash2_names_are_detected_and_aliased():
+    logged = {"train/loss": 3.1, "train/accuracy": 0.2, "train/lr": 1e-4, "train/epoch": 0.0, "train/accept_len": 2.1,
+              "train/base_loss": 2.9, "train/selector_loss": 1.4, "train/base_accuracy": 0.21,
+              "train/base_accept_len": 1.9, "train/candidate_recall": 0.7, "val/accept_len": 2.0}
+    view = RunView("a", "Default", {}, logged, {})
+    assert adoption.detect(view).tool == adoption.AUTOMODEL
+    ours = {a.source: a.canonical for a in adoption.aliases(adoption.AUTOMODEL, logged)}
+    assert ours["train/selector_loss"] == "selector_loss" and ours["train/candidate_recall"] == "candidate_recall"
+    assert ours["train/accept_len"] == "accept_len" and ours["val/accept_len"] == "val_accept_len"
+    assert ours["train/accuracy"] == "acc" and ours["train/epoch"] is None

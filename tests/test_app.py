@@ -421,7 +421,7 @@ def test_full_histories_kept_for_zooms_are_bounded(app_env, monkeypatch):
     assert [run for uri, run in ui._full if uri == app_env.uri] == [sorted(runs)[-1]]  # the last one read
     assert set(drawn["run_id"]) == set(runs)
     first = sorted(runs)[0]
-    again = ui._full_history(app_env.uri, first, ("v",))
+    again = ui._full_history(app_env.uri, first, ("v",), None)
     assert again.equals(history.load_histories(app_env.uri, [first]))
     assert [run for uri, run in ui._full if uri == app_env.uri] == [first]
     ui.refresh()
@@ -494,3 +494,36 @@ def test_deep_links_with_unknown_run_ids_say_so(app_env):
     assert at.multiselect(key="compare_runs").value == [app_env.ids["v5"]]  # the known id kept
     at = run_page("pages/run_detail.py", run=app_env.ids["v5"])
     assert not [w for w in at.warning if "No run with id" in shown(w.value)]
+
+
+def test_run_detail_shows_the_doctor_report_attached_to_the_run_as_text(tmp_path, monkeypatch):
+    """The report is anyone's artifact: its words reach the page as table text (never markdown or
+    HTML), an unknown severity shows as `?`, and a run without one says how to attach one."""
+    from tracker.store import names
+    from tracker.store.tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'doctor.db'}"
+    serve(monkeypatch, uri, tmp_path / "home", tmp_path)
+    tracker = Tracker(uri)
+    with tracker.training_run("doctored", {}, "Qwen/Qwen3.5-4B") as checked, \
+            tracker.training_run("undoctored", {}, "Qwen/Qwen3.5-4B") as plain:
+        pass
+    hostile = "<script>alert(1)</script> **not bold** [link](javascript:alert(2))"
+    tracker.write_json(checked.run_id, names.DOCTOR_ARTIFACT, {"checks": [
+        {"name": "mask_token", "severity": "ok", "verdict": "fine", "evidence": "258", "fix": ""},
+        {"name": "layer_offset", "severity": "critical", "verdict": hostile, "evidence": "tau 1.4 vs 3.1",
+         "fix": "retrain"},
+        {"name": "weird", "severity": "boom", "verdict": ["not", "text"], "evidence": 7}]})
+    tracker.client.set_tag(checked.run_id, names.DOCTOR, "critical")
+
+    at = run_page("pages/run_detail.py", run=checked.run_id)
+    table = next(f for f in _frames(at) if list(f.columns) == ["", "check", "verdict", "evidence", "fix"])
+    assert list(table[""]) == ["🔴 critical", "❔ ?", "🟢 ok"]
+    assert table.loc[0, "verdict"] == hostile and table.loc[1, "verdict"] == "" and table.loc[1, "evidence"] == ""
+    assert any("Doctor: **critical** — 3 checks" in shown(e.value) for e in at.error)
+    assert "<script>" not in "".join(m.value for m in at.markdown)
+
+    at = run_page("pages/run_detail.py", run=plain.run_id)
+    assert not [f for f in _frames(at) if "verdict" in f.columns]
+    assert (f"draftboard doctor --target Qwen/Qwen3.5-4B --drafter CHECKPOINT --run {plain.run_id}"
+            in [c.value for c in at.code])

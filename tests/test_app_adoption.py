@@ -22,6 +22,7 @@ from tracker import redact
 from tracker import Tracker
 from tracker.jobs import watch
 from tracker.jobs.queue import JobQueue
+from tracker.dashboard.curve_chart import X_DTYPE, Y_DTYPE, unpack
 from tracker.store import names
 
 pytestmark = pytest.mark.sqlite_only(reason="the foreign runs are written into their own experiments with a bare client")
@@ -55,13 +56,26 @@ def store(tmp_path_factory, machine_fp):
     spec_dir = home / "spec-ckpts"
     toolformats.speculators(spec_dir, 0, 2, model)
 
+    # SpecForge after PR #810: current names, the MLflow step a row index, the optimizer step on every row.
+    specforge = client.create_run(client.create_experiment("specforge"), run_name="qwen3-dflash2").info.run_id
+    client.log_batch(specforge, params=[Param("tracking.report_to", "mlflow")], synchronous=True)
+    for row, optimizer_step in enumerate((100, 200, 300)):
+        _log(client, specforge, {"train/optimizer_step": optimizer_step, "train/loss": 2.0 - row / 10,
+                                 "train/acc": 0.3 + row / 10, "train/dflash2/selector/greedy_accepted_length": 2 + row,
+                                 "train/dflash2/selector/loss": 1.5 - row / 10}, row)
+    old_specforge = client.create_run(client.get_experiment_by_name("specforge").experiment_id,
+                                      run_name="before-810").info.run_id
+    for step in (100, 200):
+        _log(client, old_specforge, {"train/loss": 2.2, "train/acc": 0.25,
+                                     "train/dflash2/selector/serving_accepted_length": 1.5 + step / 200}, step)
+
     tracker = Tracker(uri)
     params = {"block_size": 16, "target_layer_ids": [1, 5], "num_target_layers": 6, "mask_token_id": 39, "lr": 6e-4}
     with tracker.training_run("ours", params, str(home / "target"), fingerprint=machine_fp) as run:
         for step in (1, 2, 3):
             run.log_step(step, loss=2.0 / step, acc=step / 10)
     return SimpleNamespace(uri=uri, home=home, legacy=legacy, spec=spec, ours=run.run_id, legacy_dir=legacy_dir,
-                           spec_dir=spec_dir, tracker=tracker)
+                           spec_dir=spec_dir, tracker=tracker, specforge=specforge, old_specforge=old_specforge)
 
 
 @pytest.fixture
@@ -83,11 +97,11 @@ def test_runs_lists_both_foreign_runs_as_training_runs_with_their_tool_and_step_
 def test_environments_lists_each_run_without_a_fingerprint_with_its_fix(app_env):
     at = run_page("pages/environments.py")
     lines = [shown(m.value) for m in at.markdown if "fingerprint --attach" in m.value]
-    assert len(lines) == 2  # the two foreign runs; ours logged its fingerprint
+    assert len(lines) == 4  # the four foreign runs; ours logged its fingerprint
     for run_id, name in ((app_env.legacy, "train_dflash"), (app_env.spec, "spec-8b")):
         command = f"draftboard fingerprint --attach {run_id} --tracking-uri {app_env.uri}"
         assert any(line.startswith(f"**{name}**") and f"`{command}`" in line for line in lines), lines
-    assert "Runs without a fingerprint (2)" in page_text(at)
+    assert "Runs without a fingerprint (4)" in page_text(at)
 
 
 def _watch_form(at, folder: str, preset: dict | None):
@@ -168,3 +182,23 @@ def test_config_view_flags_a_changed_block_size_and_a_tapped_last_layer(app_env)
     assert list(tapped["run"]) == ["ours"] and "tapped layer 5 is the target's last layer" in tapped["reason"].iloc[0]
     at.toggle(key="compare_config_all").set_value(True).run()
     assert "★ mask_token_id" in next(df.value for df in at.dataframe if "logged as" in df.value.columns)["key"].tolist()
+
+
+def test_a_run_with_specforges_current_names_is_drawn_on_its_optimizer_step(app_env):
+    table = run_page("pages/runs.py").dataframe[0].value.set_index("run_id")
+    assert table.loc[app_env.specforge, "kind"] == "train · SpecForge (runtime) · step = optimizer step"
+    assert table.loc[app_env.specforge, "steps"] == "300"  # the optimizer step, not the row index (2)
+
+    runs = f"{app_env.specforge},{app_env.old_specforge}"
+    at = run_page("pages/compare.py", runs=runs, compare_view="Training curves")
+    options = at.multiselect(key="compare_train_metrics").options
+    assert {"accept_len", "selector_loss", "loss", "acc"} <= set(options)
+    assert "train/optimizer_step" not in options and not [k for k in options if k.startswith("train/")]
+    at.multiselect(key="compare_train_metrics").set_value(["accept_len"]).run()
+    chart = next(spec for key, spec in training_charts(at, "compare_train_").items() if "accept_len" in key)
+    assert unpack(chart["x"], X_DTYPE).tolist() == [100, 200, 300]
+    lines = {s["name"]: unpack(s["y"], Y_DTYPE).tolist() for s in chart["series"] if s["faint"]}  # raw, unsmoothed
+    # old and new names of the same quantity share the chart, each with the name it was logged under
+    assert lines["qwen3-dflash2 · train/dflash2/selector/greedy_accepted_length"] == [2.0, 3.0, 4.0]
+    old = lines["before-810 · train/dflash2/selector/serving_accepted_length"]
+    assert old[:2] == [2.0, 2.5] and old[2] != old[2]  # no point at 300

@@ -121,6 +121,24 @@ def _error_line(capsys) -> str:
 # --------------------------------------------------------------------------- checkpoints through the CLI
 
 
+def test_an_index_naming_a_missing_shard_says_which_shard(models, capsys):
+    """A release copied without one of its shards is not a corrupt file: the error names the shard."""
+    root, _, _ = models
+    sharded = root / "sharded_target"
+    if not sharded.exists():
+        torch.manual_seed(0)
+        model = Qwen3_5ForCausalLM(qwen35_config()).eval()
+        save_target(model, sharded)
+        (sharded / "model.safetensors").unlink()
+        model.save_pretrained(sharded, max_shard_size="20KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    shards[1].unlink()
+    assert main(_eval_args(root, "--no-log", target="sharded_target")) == 2
+    assert _error_line(capsys) == (f"error: missing: {shards[1].name} (named by model.safetensors.index.json) "
+                                   f"in {sharded}")
+
+
 @pytest.mark.parametrize("drafter, needles", [
     ("truncated", ["truncated or corrupt", "model.safetensors"]),
     ("hidden48", ["hidden_size 48", "32"]),

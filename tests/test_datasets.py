@@ -181,3 +181,31 @@ def test_zlab_names():
     assert zlab_name("google-research-datasets/mbpp") == "mbpp" and zlab_name("mt-bench") == "mt-bench"
     assert zlab_name("tatsu-lab/alpaca") is None
     assert set(ZLAB_DATASETS) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}
+
+
+# The generation tails of Qwen3.5 / 3.6's template (thinking on unless asked off: the prompt ends in an
+# open <think>) and of Qwen3's (on by default without a tag; off adds an empty think block).
+QWEN36_TAIL = ("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+               "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+               "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}")
+QWEN3_TAIL = ("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+              "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+              "{%- endif %}{%- endif %}")
+
+
+@pytest.mark.parametrize("tail, default", [(QWEN36_TAIL, True), (QWEN3_TAIL, True), ("{% if add_generation_prompt %}"
+                                                                                    "<assistant>{% endif %}", None)])
+def test_thinking_is_what_the_template_rendered(tmp_path, tail, default):
+    """Without a flag the protocol records what the template's default rendered; with one, what the flag
+    rendered; a template without the switch leaves it unknown (None)."""
+    from evaluators.prompts import template_thinking
+
+    tokenizer = bytetok.hf_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" + tail
+    assert template_thinking(tokenizer) is default
+    assert template_thinking(tokenizer, False) is (None if default is None else False)
+    assert template_thinking(tokenizer, True) is default
+    prompts = load(write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}]),
+                   tokenizer)
+    if tail == QWEN36_TAIL:  # the default opens a think block, as Qwen3.6's prompts end
+        assert bytetok.decode(prompts[0].input_ids).endswith("<think>\n")

@@ -186,3 +186,25 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
         runs["final"].metrics["engine_mean_acceptance_length"])
     assert runs["vllm"].metrics["accept_rate_pos1"] == pytest.approx(runs["final"].metrics["accept_rate_pos1"],
                                                                      abs=1e-3)  # the log prints 3 decimals
+
+
+def test_a_spec_acceptance_folder_of_this_servers_answers_imports_with_its_counters(pair, served, tmp_path):
+    """speculators' spec_acceptance.py keeps each answer's `metrics.speculative_decoding`: the folder it
+    writes from this vLLM's own answers imports to the pooled length vLLM's counters give."""
+    from tests import evalformats
+    from tracker.store.importers import spec_acceptance
+
+    client = vllm.VLLMClient(served.url)
+    prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()][:4]
+    before, results = client._counters(), []
+    for p in prompts:
+        body = {"model": client.info().model, "prompt": p["input_ids"], "max_tokens": MAX_NEW, "temperature": 0}
+        reply = client.post_json("/v1/completions", body)
+        results.append((reply["usage"]["prompt_tokens"], reply["metrics"]["speculative_decoding"]))
+    after = client._counters()
+    evalformats.spec_acceptance(tmp_path / "served", results)
+    (record,) = spec_acceptance.parse_folder(tmp_path / "served")
+    drafts, accepted = after.drafts - before.drafts, after.accepted - before.accepted
+    assert record.metrics["engine_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    assert record.protocol["num_speculative_tokens"] == "7" and record.protocol["n_prompts"] == "4"
+    assert record.details["by_position"], "detailed per-step metrics were served"

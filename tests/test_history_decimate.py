@@ -88,3 +88,28 @@ def test_a_zoom_into_a_real_store_shows_every_logged_point(tmp_path):
     zoomed = decimated(full, 50, 1200, 1299)  # 100 steps: every logged point
     assert zoomed["step"].tolist() == list(range(1200, 1300))
     assert zoomed["value"].tolist() == full[full["step"].between(1200, 1299)]["value"].tolist()
+
+
+def _rows(run_id, key, steps, values):
+    return pd.DataFrame({"run_id": run_id, "key": key, "step": np.asarray(steps, dtype="int64"),
+                         "value": np.asarray(values, dtype=float), "timestamp": np.zeros(len(steps), dtype="int64")})
+
+
+def test_a_step_metric_becomes_the_x_axis_of_its_run_only():
+    from tracker.store.history import on_step_metric
+
+    axis = "train/optimizer_step"
+    specforge = pd.concat([_rows("sf", axis, [0, 1, 2], [100, 200, 300]),
+                           _rows("sf", "train/loss", [0, 1, 2], [3.0, 2.0, 1.0]),
+                           _rows("sf", "eval/avg_acc", [1, 5], [0.4, 0.9])])  # row 5 has no optimizer step
+    ours = _rows("ours", "loss", [1, 2], [2.0, 1.0])
+    old = _rows("sf-old", "train/loss", [50, 100], [2.5, 1.5])  # written before the tool logged its axis
+    out = on_step_metric(pd.concat([specforge, ours, old]), {"sf": axis, "sf-old": axis})
+    by = {(r, k): list(zip(g["step"], g["value"])) for (r, k), g in out.groupby(["run_id", "key"])}
+    assert by[("sf", "train/loss")] == [(100, 3.0), (200, 2.0), (300, 1.0)]
+    assert by[("sf", "eval/avg_acc")] == [(200, 0.4)]
+    assert ("sf", axis) not in by
+    assert by[("ours", "loss")] == [(1, 2.0), (2, 1.0)] and by[("sf-old", "train/loss")] == [(50, 2.5), (100, 1.5)]
+    # a downsampled frame is placed from the axis read in full
+    thin = _rows("sf", "train/loss", [2], [1.0])
+    assert on_step_metric(thin, {"sf": axis}, specforge)["step"].tolist() == [300]

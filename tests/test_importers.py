@@ -3,11 +3,13 @@
 Formats, from the tools' sources: z-lab dflash/benchmark.py prints its summary (rich wraps long
 lists when stdout is a file); speculators' evaluate script writes acceptance.csv; DDTree's
 benchmark.py `torch.save`s responses of SimpleNamespaces; SpecForge / speculators write
-TensorBoard events through torch's SummaryWriter.
+TensorBoard events through torch's SummaryWriter; speculators' eval_command.txt and spec_acceptance.py
+folders and SpecForge's evaluate-checkpoint report come from tests/evalformats.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -19,7 +21,9 @@ from tracker import redact
 from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
-from tracker.store.importers import ddtree_benchmark, results, speculators_acceptance, tensorboard, zlab_benchmark
+from tests import evalformats
+from tracker.store.importers import (ddtree_benchmark, results, spec_acceptance, specforge_eval, speculators_acceptance,
+                                     tensorboard, zlab_benchmark)
 
 HIST_16 = [0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 6.0, 5.0, 5.0, 4.0, 4.0, 4.0, 3.0, 3.0, 3.0, 3.0, 20.0]
 
@@ -155,15 +159,32 @@ def test_ddtree_results_file_gives_tau_and_tree_budgets(tmp_path, tracker):
 
 
 class _Payload:
+    """Unpickling calls `call(*args)`: the code a results file could smuggle in."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
     def __reduce__(self):
-        return (os.system, ("echo pwned",))
+        return (self.call, self.args)
 
 
-def test_ddtree_file_that_would_run_code_is_refused(tmp_path):
+@pytest.mark.parametrize("call", ["open", "os.system"])
+def test_ddtree_file_that_would_run_code_is_refused_and_nothing_runs(tmp_path, tracker, capsys, call):
+    import builtins
+
+    from tracker.cli import main
+
+    marker = tmp_path / "marker"
+    payload = _Payload(builtins.open, str(marker), "w") if call == "open" else _Payload(os.system, f"touch {marker}")
     path = tmp_path / "evil.pt"
-    torch.save({"responses": [_Payload()], "block_size": 4, "args": {}}, path)
-    with pytest.raises(DraftboardError, match="weights_only=True"):
+    responses = [{"dflash": _generate([2, 1], 0.02), "ddtree_tb16": payload}]
+    torch.save({"responses": responses, "block_size": 4, "args": {}}, path)
+    with pytest.raises(DraftboardError, match=r"refused: it names (io\.open|posix\.system|os\.system)"):
         ddtree_benchmark.parse_ddtree_results(path)
+    assert main(["import-results", str(path), "--format", "ddtree", "--tracking-uri", tracker.uri]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "trust the source" not in err
+    assert not marker.exists()
 
 
 def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, store_uri):
@@ -190,3 +211,109 @@ def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, s
     (tmp_path / "nothing").mkdir()
     with pytest.raises(DraftboardError, match="no TensorBoard scalars"):
         tensorboard.read_event_folder(tmp_path / "nothing")
+
+
+def test_eval_command_beside_acceptance_csv_gives_the_fingerprint_and_the_sampling(tmp_path, tracker, capsys):
+    path = tmp_path / "acceptance.csv"
+    path.write_text(_acceptance_csv([("HumanEval", 20.0, 60.0, 26.0, 2.3, 0.9, 0.4, 0.0)]))
+    argv = ["evaluate.py", "--target", "http://gpu-7:8000/v1", "sweep", "--subsets", "HumanEval",
+            "--gen-kwargs", '{"temperature":0.6, "top_p": 0.95}', "--output-dir", str(tmp_path)]
+    evalformats.eval_command(tmp_path, argv, {"speculators": "0.4.0", "vllm": "0.32.0", "torch": "2.13.0",
+                                              "transformers": "5.9.0"}, sha="c0ffee1")
+    (record,) = speculators_acceptance.parse_acceptance_csv(path)
+    assert record.protocol["temperature"] == "0.6" and record.protocol["top_p"] == "0.95"
+    assert record.environment["engine.name"] == "vllm" and record.environment["engine.version"] == "0.32.0"
+    assert record.environment["code.git_commit"] == "c0ffee1"
+    assert "source.compressed-tensors" not in record.environment  # "not installed" is not a version
+    assert main(["import-results", str(path), "--format", "speculators-acceptance", "--tracking-uri",
+                 tracker.uri]) == 0
+    run_id = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    fp = tracker.fingerprint(run_id)
+    assert fp["source"]["kind"] == "imported" and fp["software"]["torch"] == "2.13.0"
+    assert fp["engine"] == {"name": "vllm", "version": "0.32.0"} and fp["source"]["speculators"] == "0.4.0"
+    assert "client" in fp["source"]["versions_of"]
+    assert tracker.run(run_id).data.tags["protocol.temperature"] == "0.6"
+
+    (tmp_path / "eval_command.txt").write_text("# Git SHA: unknown\nevaluate.py --gen-kwargs '[0.6]'\n")
+    with pytest.raises(DraftboardError, match="--gen-kwargs must be a JSON object"):
+        speculators_acceptance.parse_acceptance_csv(path)
+
+
+def test_spec_acceptance_folder_pools_its_requests_and_keeps_both_slicings(tmp_path, tracker, capsys):
+    folder = tmp_path / "mrcr-8k"
+    # K = 3. Request 1: steps accepting 3, 1, 0 drafts; request 2 (a longer prompt): 2, 2.
+    requests = [(100, evalformats.vllm_request_metrics([3, 1, 0], 3)),
+                (5000, evalformats.vllm_request_metrics([2, 2], 3))]
+    evalformats.spec_acceptance(folder, requests)
+    (record,) = spec_acceptance.parse_folder(folder)
+    assert record.dataset == "mrcr-8k"
+    assert record.metrics["engine_mean_acceptance_length"] == pytest.approx(1 + 8 / 5)
+    # draft k accepted in the steps that accepted at least k: k=1: 4 of 5 steps, k=2: 3, k=3: 1
+    assert [record.metrics[names.accept_rate_metric(k)] for k in (1, 2, 3)] == pytest.approx([0.8, 0.6, 0.2])
+    assert "tau" not in record.metrics and record.protocol["num_speculative_tokens"] == "3"
+    assert [row["bucket"] for row in record.details["by_start_length"]] == ["0-4096", "4096-8192"]
+    assert record.details["by_position"][0]["bucket"] == "0-256"
+    assert main(["import-results", str(folder), "--format", "speculators-spec-acceptance", "--tracking-uri",
+                 tracker.uri]) == 0
+    run = tracker.run(capsys.readouterr().out.strip().rsplit(" ", 1)[-1])
+    assert run.data.metrics["engine_mean_acceptance_length"] == pytest.approx(2.6)
+
+    # The CSVs alone give the pooled length; a CSV from another run next to these raw lines is refused.
+    (folder / "raw_requests.jsonl").rename(tmp_path / "raw.jsonl")
+    (csv_only,) = spec_acceptance.parse_folder(folder)
+    assert csv_only.metrics == {"engine_mean_acceptance_length": pytest.approx(2.6)}
+    other = tmp_path / "one-request"
+    evalformats.spec_acceptance(other, requests[:1])
+    (folder / spec_acceptance.BY_START).replace(other / spec_acceptance.BY_START)
+    with pytest.raises(DraftboardError, match="they come from different runs"):
+        spec_acceptance.parse_folder(other)
+
+
+def test_spec_acceptance_raw_line_that_disagrees_with_its_histogram_is_refused(tmp_path):
+    metrics = evalformats.vllm_request_metrics([2, 1], 3)
+    metrics["num_accepted_draft_tokens"] = 4
+    evalformats.spec_acceptance(tmp_path, [(10, metrics)])
+    with pytest.raises(DraftboardError, match=r"raw_requests.jsonl:1: acceptance_histogram disagrees"):
+        spec_acceptance.parse_folder(tmp_path)
+
+
+def _specforge_example(i: int, reached: float, accepted: float) -> dict:
+    return {"id": f"example-{i}", "seed": 42 + i, "sha256": f"{i:064x}",
+            "metrics": {"loss": 2.0 + i, "accuracy": 0.4, "dflash/hard_label/unary_greedy_accepted_length": 2.0 + i},
+            "ratio_metrics": {"position_1/selector/greedy_prefix_acceptance": [accepted, reached],
+                              "position_7/selector/greedy_prefix_acceptance": [0.0, 0.0]},
+            "sum_metrics": {"position_1/selector/greedy_reached_count": reached}}
+
+
+def test_specforge_checkpoint_report_is_a_teacher_forced_eval_of_its_checkpoint(tmp_path, tracker, capsys):
+    index = tmp_path / "development" / "index.json"
+    index.parent.mkdir()
+    index.write_text('{"rows": []}')
+    report = tmp_path / "development-step1000.json"
+    recipe = {"model": {"target_model_path": "Qwen/Qwen3.6-27B"}, "tracking": {"wandb_key": "wk-SECRET"}}
+    evalformats.specforge_report(report, [_specforge_example(0, 10.0, 6.0), _specforge_example(1, 30.0, 12.0)],
+                                 checkpoint="/ckpts/qwen36-dflash2-step1000", index=index, recipe=recipe,
+                                 draft_config={"architectures": ["DFlash2DraftModel"], "block_size": 8})
+    (record,) = specforge_eval.parse_report(report)
+    assert record.checkpoint_step == 1000 and record.dataset == "development"
+    assert record.metrics["eval/position_1/selector/greedy_prefix_acceptance"] == pytest.approx(18 / 40)  # pooled
+    assert record.metrics["eval/loss"] == pytest.approx(2.5)  # a mean over examples
+    assert "eval/position_7/selector/greedy_prefix_acceptance" not in record.metrics  # no exposure: not a 0% rate
+    assert record.details["unexposed"] == ["position_7/selector/greedy_prefix_acceptance"]
+    assert not [k for k in record.metrics if k in ("tau", "tau_pooled")]
+    assert record.protocol["block_size"] == "8" and "not serving acceptance" in record.protocol["metric_scope"]
+    assert "wk-SECRET" not in repr(record)
+
+    train = tracker.client.create_run(tracker.client.create_experiment("specforge-run")).info.run_id
+    assert main(["import-results", str(report), "--format", "specforge-eval", "--train-run-id", train,
+                 "--tracking-uri", tracker.uri]) == 0
+    run = tracker.run(capsys.readouterr().out.strip().rsplit(" ", 1)[-1])
+    assert run.data.tags[names.TRAIN_RUN_ID] == train and run.data.tags[names.TARGET] == "Qwen/Qwen3.6-27B"
+    assert run.data.tags["protocol.scoring"] == "imported" and run.data.tags[names.CHECKPOINT_STEP] == "1000"
+
+    data = json.loads(report.read_text())
+    data["mean"]["position_1/selector/greedy_prefix_acceptance"] = 0.9
+    report.unlink()
+    report.write_text(json.dumps(data))
+    with pytest.raises(DraftboardError, match="disagrees with its pooled counts"):
+        specforge_eval.parse_report(report)

@@ -93,3 +93,76 @@ def test_missing_and_binary_files_are_draftboard_errors(tracker, tmp_path, conte
         path.write_bytes(content)
     with pytest.raises(DraftboardError, match=message):
         import_log(tracker, path, "bad")
+
+
+def _automodel_console(path, *, dflash2: bool = True) -> list[dict]:
+    """A console log written as Automodel's DFlash2 recipe writes it: its logger calls, with its format
+    strings and arguments (recipes/llm/train_dflash.py, train_dflash2.py), through `logging`."""
+    import logging
+
+    logger = logging.getLogger(f"nemo_automodel.recipes.llm.train_dflash.{path.stem}")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logged = []
+    step = 0
+    for epoch_idx in range(2):
+        for _ in range(2):
+            step += 2  # log_every_steps=2
+            m = {"loss": 3.0 / step, "acc": step / 20, "lr": 1e-4 / step, "base_loss": 2.5 / step,
+                 "selector_loss": 1.5 / step, "base_acc": step / 25, "accept_len": 1 + step / 8,
+                 "base_accept_len": 1 + step / 10, "candidate_recall": 0.5 + step / 100}
+            logged.append({"step": step, **m})
+            logger.info("epoch=%d step=%d loss=%.4f acc=%.4f lr=%.6g", epoch_idx, step, m["loss"], m["acc"], m["lr"])
+            if dflash2:
+                logger.info("  dflash2: base_loss=%.4f selector_loss=%.4f base_acc=%.4f "
+                            "accept_len=%.3f base_accept_len=%.3f candidate_recall=%.4f", m["base_loss"],
+                            m["selector_loss"], m["base_acc"], m["accept_len"], m["base_accept_len"],
+                            m["candidate_recall"])
+            logger.info("Saved %s checkpoint to %s/epoch_%d_step_%d", "step", "ckpts", epoch_idx, step)
+        eval_metrics = {"val_loss": 2.0 - epoch_idx, "val_accuracy": 0.3, "val_accept_len": 2.5 + epoch_idx,
+                        "val_selector_loss": 1.0}
+        msg = f"Finished epoch {epoch_idx + 1}/2 completed_steps=4 skipped_short_micro_batches=0"
+        msg += " " + " ".join(f"{name}={value:.4f}" for name, value in eval_metrics.items())
+        logger.info(msg)
+    logger.removeHandler(handler)
+    handler.close()
+    return logged
+
+
+def test_automodel_console_round_trip_reads_its_dflash2_and_validation_lines(tracker, store_uri, tmp_path):
+    from tracker.store import adoption, names
+
+    log = tmp_path / "automodel.log"
+    logged = _automodel_console(log)
+    run_id = import_log(tracker, log, "automodel-dflash2", fmt="automodel")
+    run = tracker.run(run_id)
+    assert run.data.tags[names.TOOL] == adoption.AUTOMODEL and run.data.tags[names.STEP_UNIT] == "optimizer step"
+    assert run.data.params["import.format"] == "automodel" and run.data.params["import.records"] == "10"
+    steps = [row["step"] for row in logged]
+    assert _history(store_uri, run_id, "train/loss") == [(s, round(row["loss"], 4)) for s, row in zip(steps, logged)]
+    assert _history(store_uri, run_id, "train/selector_loss") == [
+        (s, round(row["selector_loss"], 4)) for s, row in zip(steps, logged)]
+    assert _history(store_uri, run_id, "train/accept_len") == [(2, 1.25), (4, 1.5), (6, 1.75), (8, 2.0)]
+    # validation at the end of each epoch: after 4, then 8 optimizer steps
+    assert _history(store_uri, run_id, "val/accept_len") == [(4, 2.5), (8, 3.5)]
+    curves = {a.source: a.canonical for a in adoption.aliases(run.data.tags[names.TOOL], run.data.metrics)}
+    assert curves["train/selector_loss"] == "selector_loss" and curves["val/accept_len"] == "val_accept_len"
+
+
+def test_automodel_console_without_a_step_line_first_is_refused_with_its_line(tracker, tmp_path, capsys):
+    from tracker.cli import main
+
+    log = tmp_path / "cut.log"
+    _automodel_console(log)
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[1:]) + "\n")  # the log starts at a dflash2 line
+    assert main(["import-log", str(log), "--name", "x", "--format", "automodel",
+                 "--tracking-uri", tracker.uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and f"{log}:1: a `dflash2:` line before any" in err and "\n" not in err
+    plain = tmp_path / "plain.log"
+    plain.write_text("step=1 loss=2\n")
+    with pytest.raises(DraftboardError, match="no step records found; expected Automodel's"):
+        scan_log(plain, "automodel")

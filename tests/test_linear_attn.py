@@ -15,8 +15,12 @@ from tiny import qwen3_config, qwen35_config
 def test_this_machine_resolves_the_torch_fallback_with_a_reason():
     res = linear_attn.apply("auto", "cpu")
     assert res.path == "fallback"
-    assert set(res.functions) == set(linear_attn.LINEAR_ATTN_FUNCTIONS)
-    assert all(impl == "torch" for impl in res.functions.values())
+    kernels = {name: impl for name, impl in res.functions.items() if name != linear_attn.GATED_NORM}
+    assert set(kernels) == set(linear_attn.LINEAR_ATTN_FUNCTIONS)
+    assert all(impl == "torch" for impl in kernels.values())
+    # transformers 5.x's Qwen3.5 has only its own torch RMSNormGated: named, never a fallback
+    assert res.functions[linear_attn.GATED_NORM] in ("torch", linear_attn.TORCH_ONLY)
+    assert res.to_dict()["summary"].startswith("all torch: conv torch fallback, chunk rule torch fallback")
     # The reason names what is missing, not just that something is.
     assert "causal-conv1d" in res.reason and "flash-linear-attention" in res.reason
 
@@ -90,3 +94,48 @@ def test_with_triton_on_a_cpu_box_fla_is_picked_and_auto_forces_the_fallback():
     assert lines[1] == "fla forward: crashed" or lines[1].startswith("fla forward: crashed")
     assert lines[2] == "auto fallback True"
     assert lines[3] == "logits (1, 12, 64)"
+
+
+def test_every_gated_deltanet_piece_is_named_and_a_mixed_state_says_so():
+    resolved = linear_attn.resolve()
+    assert set(resolved.functions) == {*linear_attn.LINEAR_ATTN_FUNCTIONS, linear_attn.GATED_NORM}
+    assert resolved.functions[linear_attn.GATED_NORM] == linear_attn.TORCH_ONLY  # transformers 5.24's Qwen3.5
+    fast = {"causal_conv1d_fn": "causal_conv1d.cpp_functions.causal_conv1d_fn",
+            "causal_conv1d_update": "causal_conv1d.cpp_functions.causal_conv1d_update",
+            "torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule",
+            "torch_recurrent_gated_delta_rule": "fla.ops.gated_delta_rule.fused_recurrent.fused_recurrent_gdr",
+            linear_attn.GATED_NORM: linear_attn.TORCH_ONLY}
+    assert linear_attn.summary(fast) == ("all kernels: conv causal_conv1d kernel, chunk rule fla kernel, recurrent "
+                                         "rule fla kernel, gated norm torch (the only implementation)")
+    conv_missing = {**fast, "causal_conv1d_fn": "torch", "causal_conv1d_update": "torch"}
+    assert linear_attn.summary(conv_missing).startswith("mixed: conv torch fallback, chunk rule fla kernel")
+    older = {**fast, linear_attn.GATED_NORM: "torch"}  # a module that could have used fla's fused norm
+    assert linear_attn.summary(older).startswith("mixed: ") and "gated norm torch fallback" in linear_attn.summary(older)
+
+
+def test_an_evals_fallback_warnings_cover_the_whole_run_decoding_included(tmp_path):
+    """transformers warns once per function, at its first call: the probe's prefill runs the chunk rule
+    and the conv, the continuations' decoding first runs the recurrent rule. The results list every
+    one (a fresh process: nothing warned before), and so does a warm rerun that never loads the target."""
+    from tiny import hybrid_eval_files
+
+    root = hybrid_eval_files(tmp_path)
+    args = ["-m", "tracker.cli", "eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"),
+            "--prompts", str(root / "prompts.jsonl"), "--max-new-tokens", "8", "--device", "cpu", "--no-log",
+            "--cache-dir", str(tmp_path / "cache")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    import json
+
+    warned = []
+    for run in ("cold", "warm"):
+        out = tmp_path / f"{run}.json"
+        done = subprocess.run([sys.executable, *args, "--out", str(out)], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results = json.loads(out.read_text())
+        warned.append(results["target"]["linear_attention"]["fallback_warnings"])
+        assert results["fingerprint"]["numerics"]["linear_attention"]["fallback_warnings"] == warned[-1]
+    assert results["timing"]["loaded"] == "heads"
+    for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        assert any(f"`{name}`" in w for w in warned[0]), (name, warned[0])
+    assert warned[1] == warned[0]

@@ -53,10 +53,11 @@ def greedy_sequences(model, n, prompt_len, new_tokens, seed=0):
     return out  # [n, prompt_len + new_tokens]
 
 
-def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, mask_token_id=1, head_dim=8):
+def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, mask_token_id=1, head_dim=8, offset=1):
     """A 1-layer DFlash drafter fitted to `model`'s greedy text, so acceptance is not trivial.
 
-    Trains over every anchor with the same masked attention the harness evaluates with.
+    Trains over every anchor with the same masked attention the harness evaluates with, on
+    `hidden_states[layer_id + offset]`: z-lab's offset is 1; 0 is the off-by-one (vLLM #42505).
     """
     import torch
     import torch.nn.functional as F
@@ -72,7 +73,7 @@ def fit_drafter(model, sequences, layer_ids, block_size=4, steps=150, seed=0, ma
     drafter = DFlashDrafter(dcfg)
     with torch.no_grad():
         hs = model(sequences, output_hidden_states=True).hidden_states
-    feats = torch.cat([hs[i + 1] for i in layer_ids], -1)  # [n, T, k*H]
+    feats = torch.cat([hs[i + offset] for i in layer_ids], -1)  # [n, T, k*H]
     embed, head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     T = sequences.shape[1]
     anchors = torch.arange(1, T - block_size)

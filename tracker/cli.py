@@ -134,7 +134,7 @@ def cmd_import_log(args) -> int:
     from tracker.store.importers.training_log import import_log
     from tracker.store.tracker import Tracker
 
-    run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target)
+    run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target, fmt=args.format)
     print(f"imported {args.file} as run {run_id}")
     return 0
 
@@ -166,8 +166,8 @@ def cmd_adopt(args) -> int:
 
 
 def cmd_import_results(args) -> int:
-    from tracker.store.importers import (ddtree_benchmark, results, served, speculators_acceptance, tensorboard,
-                                         zlab_benchmark)
+    from tracker.store.importers import (ddtree_benchmark, results, served, spec_acceptance, specforge_eval,
+                                         speculators_acceptance, tensorboard, zlab_benchmark)
     from tracker.store.tracker import Tracker
 
     name = args.name or Path(args.file).stem
@@ -180,7 +180,9 @@ def cmd_import_results(args) -> int:
         run_ids = tensorboard.log_event_runs(Tracker(args.tracking_uri), runs, name, args.target)
     else:
         parse = {"zlab-benchmark": zlab_benchmark.parse_benchmark_log, "ddtree": ddtree_benchmark.parse_ddtree_results,
-                 "speculators-acceptance": speculators_acceptance.parse_acceptance_csv, **served.PARSERS}[args.format]
+                 "speculators-acceptance": speculators_acceptance.parse_acceptance_csv,
+                 specforge_eval.FORMAT: specforge_eval.parse_report, spec_acceptance.FORMAT: spec_acceptance.parse_folder,
+                 **served.PARSERS}[args.format]
         evals = parse(args.file)
         run_ids = results.log_imported(Tracker(args.tracking_uri), evals, source=args.file, fmt=args.format,
                                        name=name, target=args.target, train_run_id=args.train_run_id)
@@ -461,6 +463,43 @@ def cmd_compare(args) -> int:
     return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
 
 
+def cmd_doctor(args) -> int:
+    from evaluators.doctor import DoctorSettings, run_doctor
+    from tracker.store import names
+
+    tracker = trained = None
+    if args.run:
+        from tracker.store.tracker import Tracker
+
+        tracker = Tracker(args.tracking_uri)
+        trained = tracker.fingerprint(args.run)  # before anything loads: a wrong id is one error line
+    settings = DoctorSettings(target=args.target, drafter=args.drafter, prompts=args.prompts, n_prompts=args.n_prompts,
+                              max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                              linear_attn=args.linear_attn, enable_thinking=args.enable_thinking,
+                              serving_config=args.serving_config, trained_fingerprint=trained,
+                              trained_name=f"run {args.run}" if args.run else "the training run")
+    progress = _StageProgress()
+    try:
+        report = run_doctor(settings, progress)
+    finally:
+        progress.close()
+    if tracker is not None:
+        worst = report.ordered()[0].severity
+        tracker.write_json(args.run, names.DOCTOR_ARTIFACT, {**report.to_dict(), "target": args.target,
+                                                             "drafter": args.drafter})
+        tracker.client.set_tag(args.run, names.DOCTOR, worst)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:  # whole sentences: the evidence and the fix are the point, a table would cut them
+        for c in report.ordered():
+            print(f"{c.severity.upper():8} {c.name}: {c.verdict}")
+            for label, text in (("evidence", c.evidence), ("fix", c.fix)):
+                if text:
+                    print(f"{'':9}{label}: {text}")
+        print("critical: a check failed" if report.critical else "no critical finding")
+    return EXIT_CRITICAL_DIFF if report.critical else 0
+
+
 def cmd_demo(args) -> int:
     from demo.build import build_demo
 
@@ -624,7 +663,7 @@ def _is_loopback(address: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tracker.store.importers import served
+    from tracker.store.importers import served, training_log
 
     parser = argparse.ArgumentParser(prog="draftboard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -662,8 +701,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_reconcile)
 
-    p = sub.add_parser("import-log", help="import a JSON-lines or key=value training log as a train run")
+    p = sub.add_parser("doctor", help="the checks that catch the bugs DFlash teams lose days to: layer mapping, "
+                                      "architecture, tokens, serving config, environment; exit 1 on a critical one")
+    eval_job.add_eval_arguments(p, ["target", "drafter", "device", "dtype", "linear_attn", "enable_thinking"])
+    p.add_argument("--prompts", default=None, help="prompts for the layer-mapping check, as `eval --prompts` (default: "
+                                                   "a few plain-text prompts through the target's tokenizer)")
+    p.add_argument("--n-prompts", type=int, default=8, help="how many of them the layer-mapping check scores")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt for that check")
+    p.add_argument("--run", metavar="RUN_ID", default=None,
+                   help="the training run: this machine against its fingerprint; the report is attached to it")
+    p.add_argument("--serving-config", metavar="JSON", default=None,
+                   help="vLLM's --speculative-config JSON (or a file with it under speculative_config) or SGLang's "
+                        "launch arguments, optionally with mamba_ssm_dtype and chat_template_kwargs")
+    p.add_argument("--json", action="store_true", help='print {"checks": [{name, severity, verdict, evidence, fix}]}')
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("import-log", help="import a JSON-lines or key=value training log, or Automodel's console, "
+                                          "as a train run")
     p.add_argument("file")
+    p.add_argument("--format", choices=training_log.FORMATS, default=None,
+                   help="automodel: NVIDIA Automodel's DFlash/DFlash2 console log (default: JSON lines or key=value, "
+                        "recognised by the first line)")
     p.add_argument("--name", required=True)
     p.add_argument("--target", default=None, help="the target model the drafter was trained against")
     p.add_argument("--tracking-uri", default=None)
@@ -692,11 +751,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("import-results", help="import eval results or TensorBoard curves another tool wrote")
-    p.add_argument("file", help="the results file, or the TensorBoard log folder")
-    p.add_argument("--format", required=True, choices=["zlab-benchmark", "speculators-acceptance", "ddtree",
-                                                       "tensorboard", *served.FORMATS],
+    p.add_argument("file", help="the results file, or the folder (TensorBoard logs, spec_acceptance.py output)")
+    p.add_argument("--format", required=True,
+                   choices=["zlab-benchmark", "speculators-acceptance", "speculators-spec-acceptance", "ddtree",
+                            "specforge-eval", "tensorboard", *served.FORMATS],
                    help="vllm-log / sglang-log / prometheus: served numbers from production (a server log, a "
-                        "/metrics scrape), imported with the window they cover")
+                        "/metrics scrape), imported with the window they cover; specforge-eval: a `specforge "
+                        "evaluate-checkpoint` report (teacher-forced diagnostics, not tau)")
     p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
     p.add_argument("--name", default=None, help="run name (default: the file's name)")
     p.add_argument("--target", default=None, help="the target model (default: what the file or training run says)")

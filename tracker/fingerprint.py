@@ -17,7 +17,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from tracker import config, linear_attn
 from tracker.errors import DraftboardError
@@ -235,19 +235,24 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
     return fp
 
 
-def imported(source_path: str | os.PathLike, fmt: str) -> dict:
-    """Fingerprint of a run imported from a log: every field unknown, and where it came from."""
+def imported(source_path: str | os.PathLike, fmt: str, known: Mapping[str, object] | None = None) -> dict:
+    """Fingerprint of a run imported from a file: where it came from, what the file states (`known`:
+    dotted fields such as `software.torch`, `engine.version`), every other field unknown."""
     path = Path(source_path)
     digest = checkpoints.digest(path)[1][:16] if path.is_file() else None  # streamed: logs can be large
-    return _unknown({"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest})
+    return _stated(_unknown({"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest}), known)
 
 
 def published(source: dict, known: dict | None = None) -> dict:
     """Fingerprint of published numbers: only what the publication states, the rest unknown."""
-    fp = _unknown({"kind": "published", **source})
+    return _stated(_unknown({"kind": "published", **source}), known)
+
+
+def _stated(fp: dict, known: Mapping[str, object] | None) -> dict:
+    """`fp` with the dotted fields a source states (`software.torch`: "2.13.0", `engine.name`: "vllm")."""
     for dotted, value in (known or {}).items():
         section, key = dotted.split(".", 1)
-        fp[section][key] = value
+        fp.setdefault(section, {})[key] = value
     return fp
 
 

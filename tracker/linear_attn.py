@@ -38,6 +38,11 @@ _KERNEL_SOURCES = {
     "torch_chunk_gated_delta_rule": ("flash-linear-attention", "fla.ops.gated_delta_rule"),
     "torch_recurrent_gated_delta_rule": ("flash-linear-attention", "fla.ops.gated_delta_rule"),
 }
+GATED_NORM = "gated_norm"  # the Gated DeltaNet output norm: fla's FusedRMSNormGated, or torch
+TORCH_ONLY = "torch (no kernel in this transformers)"  # a piece transformers runs in torch whatever is installed
+# What a reader calls each piece, in the order the layer runs them (the summary's words).
+ROLES = (("conv", ("causal_conv1d_fn", "causal_conv1d_update")), ("chunk rule", ("torch_chunk_gated_delta_rule",)),
+         ("recurrent rule", ("torch_recurrent_gated_delta_rule",)), ("gated norm", (GATED_NORM,)))
 HYBRID_MODULES = (
     "transformers.models.qwen3_5.modeling_qwen3_5",
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
@@ -78,7 +83,7 @@ class Resolution:
 
     module: str
     functions: dict[str, str]  # function name -> "pkg.module.qualname" of what runs, or "torch"
-    path: str  # fast | partial | fallback | n/a
+    path: str  # fast | partial | fallback | n/a (over the four kernel functions; the gated norm is reported beside)
     reason: str
     forced: bool = False  # draftboard swapped in the torch reference
     warnings: list[str] = field(default_factory=list)
@@ -88,10 +93,33 @@ class Resolution:
             "module": self.module,
             "functions": dict(self.functions),
             "linear_attention_path": self.path,
+            "summary": summary(self.functions),
             "reason": self.reason,
             "forced_by_draftboard": self.forced,
             "fallback_warnings": list(self.warnings),
         }
+
+
+def summary(functions: dict[str, str]) -> str:
+    """What ran each piece of a Gated DeltaNet layer, in words, a mixed state flagged:
+    `mixed: conv torch fallback, chunk rule fla kernel, ...`, `all kernels: ...` or `all torch: ...`.
+    A piece transformers only has in torch (`TORCH_ONLY`) is named but never makes a state mixed."""
+    parts, kinds = [], set()
+    for role, names in ROLES:
+        present = [functions[n] for n in names if n in functions]
+        if not present:
+            continue
+        if present == [TORCH_ONLY]:
+            parts.append(f"{role} torch (the only implementation)")
+            continue
+        packages = sorted({q.split(".")[0] for q in present})
+        torch_ran = packages == ["torch"]
+        kinds.add(torch_ran)
+        parts.append(f"{role} {'torch fallback' if torch_ran else '/'.join(packages) + ' kernel'}")
+    if not parts:
+        return "no linear-attention layers"
+    head = "mixed" if len(kinds) > 1 else ("all torch" if True in kinds else "all kernels")
+    return f"{head}: {', '.join(parts)}"
 
 
 def _qualname(fn) -> str:
@@ -111,6 +139,17 @@ def _implementation(module, name: str) -> tuple[str, bool]:
     # own (imported at module top) or the module's torch reference.
     is_torch = getattr(fn, "__module__", "") == module.__name__
     return ("torch", True) if is_torch else (_qualname(fn), False)
+
+
+def _gated_norm(module) -> str | None:
+    """What runs the Gated DeltaNet output norm: fla's FusedRMSNormGated where the module imported it
+    (transformers of the Qwen3-Next era use it when fla is importable), else the module's own torch
+    RMSNormGated (transformers 5.24's Qwen3.5); None for a module without one."""
+    if hasattr(module, "FusedRMSNormGated"):  # the module chose at import: fla's fused norm, or None
+        fused = module.FusedRMSNormGated
+        return "torch" if fused is None else _qualname(fused)
+    has_norm = any(n.endswith("RMSNormGated") and isinstance(getattr(module, n), type) for n in dir(module))
+    return TORCH_ONLY if has_norm else None
 
 
 def _legacy_flags(module) -> str | None:
@@ -158,6 +197,9 @@ def resolve(module_name: str = DEFAULT_MODULE) -> Resolution:
         if is_torch:
             torch_names.append(name)
             forced = forced or getattr(getattr(module, name), "_draftboard_forced", False)
+    norm = _gated_norm(module)
+    if norm is not None:
+        functions[GATED_NORM] = norm
     if not torch_names:
         path, reason = "fast", "all linear-attention functions use kernels"
     else:

@@ -481,6 +481,24 @@ class CheckedDrafter:
                              own_lm_head_key=self.own_lm_head_key, warnings=list(self.warnings))
 
 
+@dataclass(frozen=True)
+class StoredDrafter:
+    """A drafter checkpoint as stored, before any check: what `draftboard doctor` inspects where a
+    strict load (`open_drafter`) would refuse."""
+
+    kind: str
+    raw_config: dict
+    shapes: Shapes  # every stored tensor, wrapper prefixes stripped
+    extra: frozenset[str]  # stored keys a loader skips on purpose (speculators' copies of the verifier's)
+
+
+def stored_drafter(path: str | Path) -> StoredDrafter:
+    found = _find(Path(path))
+    keys = _strip_prefixes(list(found.stored.shapes), found.weights_path)
+    return StoredDrafter(found.kind, dict(found.raw), {k: found.stored.shapes[s] for k, s in keys.items()},
+                         found.ignored)
+
+
 def open_drafter(path: str | Path, target: TargetDims = TargetDims()) -> CheckedDrafter:
     """Find a drafter's config and tensor shapes and check them, against each other and `target`.
 

@@ -9,6 +9,7 @@ the training run of an eval) from memory. Tags, artifacts and metric families ar
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -113,9 +114,19 @@ class RunInfo:
                                              or self.tags.get(names.PUBLISHED) == "1")
 
     @property
+    def step_metric(self) -> str | None:
+        """The metric that holds the step of each row its tool logged (SpecForge: `train/optimizer_step`),
+        where the run has it; None when the MLflow step is the step."""
+        metric = adoption.step_metric(self.tags.get(names.TOOL))
+        return metric if metric in self.metrics else None
+
+    @property
     def steps(self) -> int | None:
-        """Training: the last step logged; eval/reference: the checkpoint's step."""
+        """Training: the last step logged (on the tool's step metric, where it has one); eval/reference:
+        the checkpoint's step."""
         if self.kind == "train":
+            if self.step_metric and math.isfinite(self.metrics[self.step_metric]):
+                return int(self.metrics[self.step_metric])
             return max(self.metric_steps.values()) if self.metric_steps else None
         return self.checkpoint_step
 

@@ -66,6 +66,32 @@ _FIXED = {
                      "trainer.", True),
     "lr": MetricDoc("lr", "Learning rate", "", "the optimizer's learning rate at this step."),
     "grad_norm": MetricDoc("grad_norm", "Gradient norm", "", "global gradient norm before clipping."),
+    **{name: MetricDoc(name, *rest) for name, *rest in (
+        # Training diagnostics other trainers log (SpecForge, Automodel; tracker/store/adoption.py): all on
+        # recorded training blocks, none of them tau.
+        ("accept_len", "Training-block acceptance length", "tokens / block",
+         "1 + the leading draft tokens equal to the recorded labels, along the path the drafter proposes (the "
+         "selector's for DFlash2), averaged over training blocks, as the trainer logs it. A training diagnostic "
+         "on recorded text, not `tau`: no walk, no target decoding, no eval sampling.", True),
+        ("base_accept_len", "Training-block acceptance length, unary path", "tokens / block",
+         "`accept_len` along the per-position argmax (unary) path, without the DFlash2 selector.", True),
+        ("selector_loss", "DFlash2 selector loss", "nats / token",
+         "cross-entropy of the DFlash2 candidate selector over the target's top-K candidates, weighted as the "
+         "trainer weights it.", False),
+        ("base_loss", "DFlash2 base loss", "nats / token",
+         "the unary draft head's block cross-entropy, beside `selector_loss`.", False),
+        ("base_acc", "DFlash2 base accuracy", "fraction", "token accuracy of the unary draft head's argmax.", True),
+        ("candidate_recall", "Candidate recall", "fraction",
+         "fraction of supervised slots whose label is among the unary top-K candidates (the selector can only "
+         "pick those).", True),
+        ("gold_chain_length", "Gold-probability chain length", "tokens / block",
+         "1 + Σ_j Π_{i≤j} q_i(label_i) on recorded training blocks (SpecForge's D-PACE surrogate): an acceptance "
+         "length expected under the drafter's own probabilities, not a measured one.", True),
+        ("overlap_chain_length", "Teacher-overlap chain length", "tokens / block",
+         "1 + Σ_j Π_{i≤j} (1 - TV(q_i, p_i)) on recorded blocks, with the target's distributions p.", True),
+        ("gold_probability", "Gold probability", "probability",
+         "the drafter's full-softmax probability of the recorded label, averaged over supervised slots.", True),
+    )},
 }
 
 

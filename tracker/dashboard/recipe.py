@@ -7,7 +7,8 @@
   their reasons.
 - `alias_curves`: training curves of runs another tool wrote, under our metric names
   (`adoption.canonical_metric`), the tool's own name kept in the series label (legend and
-  tooltip), and config that a tool logged as step-0 metrics left out (it is a recipe, not a curve).
+  tooltip), and config that a tool logged as step-0 metrics left out (it is a recipe, not a curve), as is
+  a tool's step metric (the x axis, `history.on_step_metric`).
 - `step_unit` / `step_axis_title`: what one logged step counts (`adoption.StepSemantics`), for
   axis titles and the Runs table.
 
@@ -80,7 +81,7 @@ def alias_curves(curves: pd.DataFrame, index: RunIndex) -> pd.DataFrame:
 
     `train/accuracy` of a SpecForge run becomes `acc`, its series `train_dflash · train/accuracy`,
     so it shares the `acc` chart with our runs and both names show. Config logged as metrics
-    (speculators' `dflash/block_size`) is dropped; names without an alias stay as logged.
+    (speculators' `dflash/block_size`) and step metrics are dropped; names without an alias stay as logged.
     """
     tools = {run_id: tool_of(index.runs[run_id]) for run_id in curves["run_id"].unique()
              if run_id in index.runs} if not curves.empty else {}
@@ -90,7 +91,7 @@ def alias_curves(curves: pd.DataFrame, index: RunIndex) -> pd.DataFrame:
     pairs = curves.loc[curves["run_id"].isin(tools), ["run_id", "key"]].drop_duplicates()
     renamed, dropped = {}, set()
     for run_id, key in pairs.itertuples(index=False):
-        if adoption.is_config_metric(tools[run_id], key):
+        if not adoption.is_curve(tools[run_id], key):
             dropped.add((run_id, key))
             continue
         alias = adoption.canonical_metric(tools[run_id], key)

@@ -34,7 +34,7 @@ from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
 from tracker.errors import DraftboardError
 from tracker.store import history
-from tracker.store.names import EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
+from tracker.store.names import DOCTOR, DOCTOR_ARTIFACT, EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
@@ -121,6 +121,18 @@ def eval_results_loader(uri: str):
     return lambda run: _eval_results(uri, run.run_id, run.artifact_uri)
 
 
+@st.cache_resource(ttl=INDEX_TTL_S, max_entries=64, show_spinner=False)
+def _doctor_report(uri: str, run_id: str, artifact_uri: str, severity: str | None) -> dict | None:
+    return read_json_artifact(tracker_for(uri).client, run_id, artifact_uri, DOCTOR_ARTIFACT)
+
+
+def doctor_report(uri: str, run: RunInfo) -> dict | None:
+    """The run's doctor.json (`draftboard doctor --run`), None when it has none: only runs tagged with a
+    report's severity are read."""
+    severity = run.tags.get(DOCTOR)
+    return None if severity is None else _doctor_report(uri, run.run_id, run.artifact_uri, severity)
+
+
 def _run_signatures(uri: str, run_ids: tuple[str, ...], index: RunIndex | None) -> tuple[tuple[str, tuple], ...]:
     """(run, latest steps of its metrics) per run: what changes when a run logs a new step.
 
@@ -135,21 +147,35 @@ def _run_signatures(uri: str, run_ids: tuple[str, ...], index: RunIndex | None) 
     return tuple((r, tuple(rows)) for r, rows in per_run.items())
 
 
+def _step_axes(run_ids, index: RunIndex | None) -> tuple[tuple[str, str], ...]:
+    """(run, metric) for each run drawn on a step metric of its tool (`RunInfo.step_metric`)."""
+    if index is None:
+        return ()
+    return tuple((r, index.runs[r].step_metric) for r in run_ids if r in index.runs and index.runs[r].step_metric)
+
+
 @st.cache_data(max_entries=32, show_spinner="Loading metric histories…")
 def _histories(uri: str, run_ids: tuple[str, ...], keys: tuple[str, ...] | None, max_points: int | None,
-               signature: tuple) -> pd.DataFrame:
+               signature: tuple, axes: tuple[tuple[str, str], ...]) -> pd.DataFrame:
     del signature  # part of the cache key only: it changes when a run logs new steps
-    return history.load_histories(uri, list(run_ids), None if keys is None else list(keys), max_points)
+    frame = history.load_histories(uri, list(run_ids), None if keys is None else list(keys), max_points)
+    if not axes:
+        return frame
+    # Downsampling keeps other steps of each metric: the axis is read in full to place every point kept.
+    full = history.load_histories(uri, [r for r, _ in axes], sorted({key for _, key in axes}))
+    return history.on_step_metric(frame, dict(axes), full)
 
 
 def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX_POINTS,
               index: RunIndex | None = None) -> pd.DataFrame:
-    """Metric histories, cached on (uri, runs, keys, max_points, latest steps of the runs)."""
+    """Metric histories, cached on (uri, runs, keys, max_points, latest steps of the runs); runs whose tool
+    logs its step as a metric (`RunInfo.step_metric`) are placed on it."""
     run_ids = tuple(sorted(set(run_ids)))
     if not run_ids:
         return history.load_histories(uri, [], None, max_points)
     sig = _run_signatures(uri, run_ids, index)
-    return _histories(uri, run_ids, None if keys is None else tuple(sorted(keys)), max_points, sig)
+    return _histories(uri, run_ids, None if keys is None else tuple(sorted(keys)), max_points, sig,
+                      _step_axes(run_ids, index))
 
 
 # Every point of each run's metrics, kept once per (store, run) and replaced when the run logs a new
@@ -160,14 +186,17 @@ _full: OrderedDict[tuple[str, str], tuple[tuple, pd.DataFrame]] = OrderedDict()
 _full_lock = threading.Lock()
 
 
-def _full_history(uri: str, run_id: str, signature: tuple) -> pd.DataFrame:
+def _full_history(uri: str, run_id: str, signature: tuple, axis: str | None) -> pd.DataFrame:
     key = (uri, run_id)
     with _full_lock:
         hit = _full.get(key)
-        if hit is not None and hit[0] == signature:
+        if hit is not None and hit[0] == (signature, axis):
             _full.move_to_end(key)
             return hit[1]
     frame = history.load_histories(uri, [run_id])
+    if axis:
+        frame = history.on_step_metric(frame, {run_id: axis})
+    signature = (signature, axis)
     with _full_lock:
         _full[key] = (signature, frame)
         _full.move_to_end(key)
@@ -179,9 +208,11 @@ def _full_history(uri: str, run_id: str, signature: tuple) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=64, show_spinner="Loading metric histories…")
-def _curves(uri: str, signature: tuple[tuple[str, tuple], ...], window: tuple | None, buckets: int) -> pd.DataFrame:
+def _curves(uri: str, signature: tuple[tuple[str, tuple], ...], window: tuple | None, buckets: int,
+            axes: tuple[tuple[str, str], ...]) -> pd.DataFrame:
     lo, hi = window or (None, None)
-    return pd.concat([history.decimated(_full_history(uri, run_id, sig), buckets, lo, hi)
+    axis = dict(axes)
+    return pd.concat([history.decimated(_full_history(uri, run_id, sig, axis.get(run_id)), buckets, lo, hi)
                       for run_id, sig in signature], ignore_index=True)
 
 
@@ -191,12 +222,13 @@ def curves(uri: str, run_ids, index: RunIndex | None = None, window: tuple[int, 
     curve `history.decimate`d to `buckets` (min and max per bucket; every point once few enough).
 
     Every point is read once per store version (the runs' latest steps) and kept server-side; the
-    decimated frames are cached per (runs, version, window), shared by every session and rerun.
+    decimated frames are cached per (runs, version, window), shared by every session and rerun. Runs
+    whose tool logs its step as a metric (`RunInfo.step_metric`) are placed on it before anything else.
     """
     run_ids = tuple(sorted(set(run_ids)))
     if not run_ids:
         return history.load_histories(uri, [])
-    return _curves(uri, _run_signatures(uri, run_ids, index), window, buckets)
+    return _curves(uri, _run_signatures(uri, run_ids, index), window, buckets, _step_axes(run_ids, index))
 
 
 _STEP_SPAN = "compare_step_span"  # the (first, last) step the window inputs were last drawn for

@@ -3,13 +3,16 @@
 Everything here is a pure function over a `RunView` (experiment name, params, latest metric
 values, tags), so the dashboard, Compare and `draftboard adopt` read a foreign run the same way.
 The names each tool writes were read from its sources (SpecForge legacy `scripts/train_dflash.py`
-and unified runtime `specforge/tracker.py`, vLLM speculators `train/logger.py`, HF Trainer's
-`MLflowCallback`, NVIDIA Model-Optimizer's DFlash trainer); see ../shared/research/training-stacks.md.
+and unified runtime `specforge/tracker.py`, with its PR #810 renames from its training docs, vLLM
+speculators `train/logger.py`, HF Trainer's `MLflowCallback`, NVIDIA Model-Optimizer's DFlash trainer,
+NVIDIA Automodel's `recipes/llm/train_dflash*.py`); see ../shared/research/training-stacks.md.
 
 - `detect(view)`: the tool, with the evidence that named it.
 - `aliases(tool, metric_keys)`: the tool's metric names mapped to ours (both are shown).
 - `STEP_SEMANTICS[tool]`: what one logged step counts (micro-batch or optimizer step).
 - `recipe(view)`: the recipe fields, from params or from config a tool logged as step-0 metrics.
+- `Tool.step_metric`: the metric whose value is a run's step axis where the tool's MLflow step is
+  not (SpecForge after PR #810 logs `train/optimizer_step` on every row).
 - `recipe_diff(runs, reference)`: grouped, aliased recipe rows with severities, and lint rules.
 """
 
@@ -31,6 +34,7 @@ SPECFORGE = "specforge"
 SPECULATORS = "speculators"
 HF_TRAINER = "hf-trainer"
 MODELOPT = "modelopt"
+AUTOMODEL = "automodel"
 DRAFTBOARD = "draftboard"
 
 
@@ -75,6 +79,7 @@ class Tool:
     recipe_metrics: Mapping[str, str] = field(default_factory=dict)  # step-0 config metric -> recipe key
     config_metric_prefixes: tuple[str, ...] = ()  # metrics under these prefixes are config, not curves
     notes: Mapping[str, str] = field(default_factory=dict)  # metric name -> what it is not
+    step_metric: str | None = None  # a metric on every row whose value is the step (the MLflow step is a row index)
 
 
 _HF_RECIPE = {"learning_rate": "lr", "lr_scheduler_type": "lr_schedule", "warmup_ratio": "warmup_ratio",
@@ -84,6 +89,30 @@ _HF_RECIPE = {"learning_rate": "lr", "lr_scheduler_type": "lr_schedule", "warmup
 _HF_ALIASES = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "eval_loss": "val_loss"}
 _SIMULATED_ACC_LEN_NOTE = ("SpecForge's eval/simulated_acc_len equals eval/avg_acc for DFlash: it is not an "
                            "acceptance length, so it is not shown as tau")
+
+# SpecForge PR #810 (2026-09-02) renamed the DFlash diagnostics and stopped emitting the old names: old
+# and new map to one name of ours, so runs from before and after share a chart. Aggregates are logged
+# under train/ (docs/sections/basic_usage/training.md, "Dashboard migration").
+_SPECFORGE_RENAMES = {
+    "gold_chain_length": ("dflash/hard_label/unary_gold_probability_chain_length",
+                          "dflash/hard_label/expected_accepted_length"),
+    "overlap_chain_length": ("dflash/teacher/unary_overlap_chain_length", "dflash/teacher/expected_accepted_length"),
+    "gold_probability": ("dflash/hard_label/unary_probability", "dflash/hard_label/expected_acceptance",
+                         "target_probability", "expected_acceptance"),
+    "candidate_recall": ("dflash/hard_label/unary_topK_recall", "selector_coverage"),
+    "base_accept_len": ("dflash/hard_label/unary_greedy_accepted_length",),
+    "accept_len": ("dflash2/selector/greedy_accepted_length", "dflash2/selector/serving_accepted_length"),
+    "selector_loss": ("dflash2/selector/loss", "selector_loss"),
+}
+_SPECFORGE_DFLASH = {f"train/{name}": ours for ours, logged in _SPECFORGE_RENAMES.items() for name in logged}
+
+# Automodel's DFlash/DFlash2 recipes (nemo_automodel/recipes/llm/train_dflash*.py) log these to W&B and
+# print them on the console (`draftboard import-log --format automodel`); validation as val/<name>.
+_AUTOMODEL_TRAIN = {"loss": "loss", "accuracy": "acc", "lr": "lr", "accept_len": "accept_len",
+                    "base_loss": "base_loss", "selector_loss": "selector_loss", "base_accuracy": "base_acc",
+                    "base_accept_len": "base_accept_len", "candidate_recall": "candidate_recall"}
+_AUTOMODEL_ALIASES = {**{f"train/{name}": ours for name, ours in _AUTOMODEL_TRAIN.items()},
+                      **{f"val/{name}": f"val_{ours}" for name, ours in _AUTOMODEL_TRAIN.items() if name != "lr"}}
 
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool(
@@ -101,10 +130,14 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     ),
     Tool(
         SPECFORGE, "SpecForge (runtime)",
-        StepSemantics("optimizer step", 1, "global_step counts optimizer steps"),
+        StepSemantics("optimizer step", 1, "optimizer steps; since PR #810 every row carries train/optimizer_step, "
+                                           "the checkpoints' counter, and that is the step drawn"),
         {"train/loss": "loss", "train/acc": "acc", "train/lr": "lr", "train/grad_norm": "grad_norm",
-         "eval/avg_loss": "val_loss", "eval/avg_acc": "val_acc"},
+         "eval/avg_loss": "val_loss", "eval/avg_acc": "val_acc", **_SPECFORGE_DFLASH},
+        position_patterns=((r"position_(\d+)/selector/greedy_prefix_survival", "survival_pos{}"),
+                           (r"position_(\d+)/hard_label/unary_greedy_prefix_survival", "base_survival_pos{}")),
         notes={"eval/simulated_acc_len": _SIMULATED_ACC_LEN_NOTE},
+        step_metric="train/optimizer_step",
     ),
     Tool(
         SPECULATORS, "vLLM speculators",
@@ -125,6 +158,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          {**_HF_ALIASES, "estimated_training_ar": "eal"},
          position_patterns=((r"train_acc/parallel_(\d+)_step_0", "acc_pos{}"),),
          recipe_params=_HF_RECIPE),
+    Tool(AUTOMODEL, "NVIDIA Automodel",
+         StepSemantics("optimizer step", 1, "runtime.global_step, counted after each optimizer step and logged "
+                                            "every log_every_steps; validation once per epoch"),
+         _AUTOMODEL_ALIASES),
     Tool(HF_TRAINER, "HF Trainer",
          StepSemantics("optimizer step", 0, "HF Trainer global_step (optimizer steps)"),
          _HF_ALIASES, recipe_params=_HF_RECIPE),
@@ -176,6 +213,8 @@ _SPECFORGE_LEGACY_PARAMS = ("block_size", "num_anchors", "loss_decay_gamma", "ma
 _SPECFORGE_TRACKING = re.compile(r"^(tracking\.)?(report_to|wandb_\w+|swanlab_\w+|mlflow_\w+)$")
 _SPECULATORS_METRIC = re.compile(r"^train/(full_acc|eal|position_\d+_acc)$")
 _HF_PARAMS = ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "output_dir")
+_SPECFORGE_RUNTIME_PREFIXES = ("train/perf/", "train/dflash/", "train/dflash2/")
+_AUTOMODEL_METRIC = re.compile(r"^train/(accept_len|base_accept_len|base_loss|selector_loss|candidate_recall)$")
 _MODELOPT_METRIC = re.compile(r"^(train_acc/parallel_\d+_step_\d+|estimated_training_ar)$")
 
 
@@ -198,13 +237,18 @@ def detect(view: RunView) -> Detection:
     if len(legacy) >= 3 or (legacy and "train/accuracy" in keys):
         found = [f"params {', '.join(legacy)} (vars(args) of scripts/train_dflash.py)"]
         return Detection(SPECFORGE_LEGACY, tuple(found + (["metric train/accuracy"] if "train/accuracy" in keys else [])))
-    runtime = sorted(k for k in keys if k.startswith("train/perf/") or k == "eval/simulated_acc_len")
+    runtime = sorted(k for k in keys if k.startswith(_SPECFORGE_RUNTIME_PREFIXES) or k == "eval/simulated_acc_len")
+    axis = TOOLS[SPECFORGE].step_metric
     tracking = sorted(p for p in params if _SPECFORGE_TRACKING.match(p))
-    if runtime or (view.experiment == "specforge" and ("train/acc" in keys or tracking)):
-        evidence = [f"metrics {', '.join(runtime[:3])}"] if runtime else []
+    if axis in keys or runtime or (view.experiment == "specforge" and ("train/acc" in keys or tracking)):
+        evidence = [f"metric {axis} (every row since SpecForge PR #810)"] if axis in keys else []
+        evidence += [f"metrics {', '.join(runtime[:3])}"] if runtime else []
         evidence += [f"experiment {view.experiment!r}"] if view.experiment == "specforge" else []
         evidence += [f"params {', '.join(tracking[:3])} (tracking.* only)"] if tracking else []
         return Detection(SPECFORGE, tuple(evidence))
+    automodel = sorted(k for k in keys if _AUTOMODEL_METRIC.match(k))
+    if automodel and "train/accuracy" in keys:
+        return Detection(AUTOMODEL, (f"metrics train/accuracy, {', '.join(automodel[:2])}",))
     speculators = sorted(k for k in keys if _SPECULATORS_METRIC.match(k) or k in TOOLS[SPECULATORS].recipe_metrics)
     if speculators or (view.experiment == "speculators" and "train/loss" in keys):
         evidence = [f"metrics {', '.join(speculators[:3])}"] if speculators else []
@@ -255,9 +299,20 @@ def is_config_metric(tool: str | None, key: str) -> bool:
     return spec is not None and (key in spec.recipe_metrics or key.startswith(spec.config_metric_prefixes))
 
 
+def step_metric(tool: str | None) -> str | None:
+    """The metric whose value is the step of each row the tool logged (its MLflow step is not), else None."""
+    spec = TOOLS.get(tool or "")
+    return spec.step_metric if spec is not None else None
+
+
+def is_curve(tool: str | None, key: str) -> bool:
+    """False for config logged as a metric and for the step axis itself."""
+    return not is_config_metric(tool, key) and key != step_metric(tool)
+
+
 def aliases(tool: str | None, metric_keys: Iterable[str]) -> list[Alias]:
-    """The run's curves (config metrics left out), each with our name where there is one."""
-    return [canonical_metric(tool, key) for key in sorted(metric_keys) if not is_config_metric(tool, key)]
+    """The run's curves (config metrics and the step axis left out), each with our name where there is one."""
+    return [canonical_metric(tool, key) for key in sorted(metric_keys) if is_curve(tool, key)]
 
 
 # --------------------------------------------------------------------------- recipe

@@ -20,6 +20,9 @@ history's first and last point), so no spike is lost however many points are dro
 or step window with at most 2 x buckets + 2 points is kept whole, so zooming in far enough shows
 every logged point.
 
+Step axes (`on_step_metric`): a tool whose MLflow step is a row index and whose rows carry the real
+step as a metric (SpecForge after PR #810: `train/optimizer_step`) is redrawn on that metric.
+
 Rows come back as a DataFrame with columns run_id, key, step, value, timestamp, sorted by
 (run_id, key, step, timestamp); NaN values are NaN (MLflow stores them as 0 + a flag).
 """
@@ -27,7 +30,7 @@ Rows come back as a DataFrame with columns run_id, key, step, value, timestamp, 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -334,3 +337,32 @@ def decimated(frame: pd.DataFrame, buckets: int, lo: float | None = None, hi: fl
         s, e = a + part.start, a + part.stop
         keep.append(s + decimate(steps[s:e], values[s:e], buckets))
     return frame.iloc[np.concatenate(keep)].reset_index(drop=True)
+
+
+def on_step_metric(frame: pd.DataFrame, axes: Mapping[str, str], axis_rows: pd.DataFrame | None = None
+                   ) -> pd.DataFrame:
+    """`frame` with each point of a run in `axes` (run id -> metric) placed at the value that metric had
+    on the same logged step: the step the tool counts, where its MLflow step counts rows.
+
+    The axis metric's own rows go, and so does a point logged on a row without one (it has no step on
+    that axis). A run that never logged the metric (written before its tool added it) keeps its steps.
+    `axis_rows` holds the axis histories in full where `frame` was downsampled (default: `frame`).
+    """
+    if frame.empty or not axes:
+        return frame
+    source = frame if axis_rows is None else axis_rows
+    parts = [frame[~frame["run_id"].isin(list(axes))]]
+    for run_id, key in axes.items():
+        rows = frame[frame["run_id"] == run_id]
+        axis = source[(source["run_id"] == run_id) & (source["key"] == key)]
+        if axis.empty:
+            parts.append(rows)
+            continue
+        steps = pd.Series(axis["value"].to_numpy(), index=axis["step"].to_numpy())
+        steps = steps[~steps.index.duplicated(keep="last") & steps.notna().to_numpy()]
+        rows = rows[rows["key"] != key]
+        mapped = rows["step"].map(steps)
+        parts.append(rows[mapped.notna()].assign(step=mapped.dropna().astype("int64")))
+    out = pd.concat(parts, ignore_index=True)
+    return out.sort_values(["run_id", "key", "step", "timestamp"], kind="stable").reset_index(drop=True)
+

@@ -44,6 +44,8 @@ FINGERPRINT_ARTIFACT = "fingerprint.json"
 EVAL_RESULTS_ARTIFACT = "eval_results.json"
 CHECKPOINTS_DIR = "checkpoints"
 WATCH_ARTIFACT = "watch.json"  # a watched run's watch state: folder, eval preset, checkpoints seen
+DOCTOR_ARTIFACT = "doctor.json"  # `draftboard doctor --run`'s report on that run (Run detail's Doctor panel)
+DOCTOR = "draftboard.doctor"  # its worst severity: critical | warning | info | ok
 
 
 def checkpoint_artifact(step: int) -> str:

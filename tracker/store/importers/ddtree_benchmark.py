@@ -26,6 +26,7 @@ from tracker.store.importers.results import ImportedEval, finite
 
 FORMAT = "ddtree"
 _TREE = re.compile(r"^ddtree_tb(\d+)$")
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")  # torch's two wordings
 _STATED_ARGS = {"dataset": "dataset", "temperature": "temperature", "max_new_tokens": "max_new_tokens",
                 "max_samples": "max_samples", "model_name_or_path": "target", "draft_name_or_path": "drafter"}
 
@@ -41,8 +42,15 @@ def load_results(path: str | Path) -> dict:
         with torch.serialization.safe_globals([SimpleNamespace]):
             data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and weights-only refusals all mean: not a file we can read safely
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DraftboardError(f"{file}: not a DDTree results file readable with weights_only=True ({first})") from exc
+        refused = _REFUSED_GLOBAL.search(str(exc))
+        if refused:  # torch's own text invites loading the file unrestricted: never repeat it
+            raise DraftboardError(f"{file}: refused: it names {refused.group(1)}, and a DDTree results file holds only "
+                                  "SimpleNamespace, tensors and plain values (loaded with weights_only=True, nothing "
+                                  "in it was run)") from None
+        text = str(exc).strip()
+        why = ("it holds something other than SimpleNamespace, tensors and plain values"
+               if "Weights only load failed" in text else f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+        raise DraftboardError(f"{file}: not a DDTree results file readable with weights_only=True ({why})") from None
     missing = {"responses", "block_size", "args"} - set(data) if isinstance(data, dict) else {"a dict"}
     if missing:
         raise DraftboardError(f"{file}: not a DDTree results file: missing {', '.join(sorted(missing))}")

@@ -1,7 +1,7 @@
 """Eval results that another tool measured, as draftboard eval runs that say where they come from.
 
-Every importer of a results file (z-lab benchmark output, speculators `acceptance.csv`, DDTree
-benchmark files) turns it into `ImportedEval` records: our metric names where the file's numbers
+Every importer of a results file (z-lab benchmark output, speculators `acceptance.csv` and
+`spec_acceptance.py` outputs, DDTree benchmark files, SpecForge checkpoint reports) turns it into `ImportedEval` records: our metric names where the file's numbers
 mean the same thing, the protocol the file states, and the rest kept as details. `log_imported`
 writes each record as one eval run with `draftboard.imported=1` and the protocol as
 `protocol.*` tags (names.protocol_tag), `protocol.scoring=imported` first among them.
@@ -29,6 +29,8 @@ class ImportedEval:
     metrics: dict[str, float]  # our names (names.py): tau, tau_pooled, streak, accept_rate_pos{k}, ...
     protocol: dict[str, str]  # what the file states about how it was measured
     details: dict[str, Any] = field(default_factory=dict)  # kept as the run's imported_results.json
+    checkpoint_step: int | None = None  # the evaluated checkpoint's training step, where the file names it
+    environment: dict[str, Any] = field(default_factory=dict)  # fingerprint fields the files state (dotted)
 
 
 def finite(value: object, what: str) -> float:
@@ -69,15 +71,15 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
         raise DraftboardError(f"{source}: no results to import")
     if target is None and train_run_id is not None:
         target = tracker.run(train_run_id).data.tags.get(names.TARGET)
-    fp = fingerprint.imported(source, fmt)
     run_ids = []
     for record in evals:
+        fp = fingerprint.imported(source, fmt, record.environment)
         run_target = target or record.protocol.get("target") or "unknown"
         label = f"{name} · {record.dataset}" if len(evals) > 1 else name
         params = {"import.source": str(Path(source).resolve()), "import.format": fmt, "dataset": record.dataset}
         tags = {names.IMPORTED: "1", **protocol_tags({"dataset": record.dataset, **record.protocol}, fmt)}
         with tracker.eval_run(label, target=run_target, train_run_id=train_run_id, params=params,
-                              fingerprint=fp, tags=tags) as run:
+                              checkpoint_step=record.checkpoint_step, fingerprint=fp, tags=tags) as run:
             run.log_metrics(record.metrics, step=0)
             run.log_json(RESULTS_ARTIFACT, {"format": fmt, "dataset": record.dataset, "protocol": record.protocol,
                                             "metrics": record.metrics, "details": record.details})

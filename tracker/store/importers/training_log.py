@@ -1,6 +1,6 @@
 """Import a training log written by another tool as a draftboard training run.
 
-Two formats, recognised by the first non-blank line:
+Three formats; the first two are recognised by the first non-blank line, the third is named:
 
 - JSON lines (`jsonl`): one object per line, e.g. `{"step": 10, "loss": 2.3, "streak": 1.1}`.
   Every line must be an object with an integer `step`. Numeric fields become
@@ -9,6 +9,14 @@ Two formats, recognised by the first non-blank line:
   separated by spaces, commas or semicolons; other words on the line (timestamps,
   log levels) are ignored, as are pairs whose value is not a number. Lines
   without a `step=` pair (banners, warnings) are skipped and counted.
+- NVIDIA Automodel's console (`automodel`, `import-log --format automodel`), the lines its DFlash and
+  DFlash2 recipes print (nemo_automodel/recipes/llm/train_dflash*.py): `epoch=E step=S loss= acc= lr=`
+  every log_every_steps optimizer steps, DFlash2's `dflash2: base_loss= selector_loss= base_acc=
+  accept_len= base_accept_len= candidate_recall=` right after it (same step), and `Finished epoch E/N
+  completed_steps=C ... val_loss= ...` at each epoch's end, placed at the optimizer steps completed so
+  far (the step the recipe's global_step holds there; at least the last logged step for a log of a
+  resumed run). Metrics keep the names Automodel gives W&B (`train/selector_loss`, `val/accept_len`), and
+  the run is tagged with the tool, so the dashboard reads them under ours (tracker/store/adoption.py).
 
 The imported run's fingerprint is `tracker.fingerprint.imported(...)`: the log does
 not say where it was produced, so every environment field stays unknown.
@@ -33,7 +41,6 @@ from pathlib import Path
 from tracker.errors import DraftboardError
 from tracker.jsonlines import json_object
 from tracker.store import names
-from tracker.store.steps import MetricChecker
 
 _PAIR = re.compile(r"(?<![\w.\-/])([A-Za-z_][\w.\-/]*)=([^\s,;]+)")
 MAX_LINE_CHARS = 1 << 20  # bytes; a longer "line" is not a training log (and would defeat streaming)
@@ -59,10 +66,12 @@ class LogSummary:
     skipped_lines: int  # non-blank kv lines without a step
 
 
-def scan_log(path: str | Path) -> LogSummary:
+def scan_log(path: str | Path, fmt: str | None = None) -> LogSummary:
     """Check every line of a log; DraftboardError naming `file:line` for anything malformed."""
     file = Path(path)
-    fmt = _format(file)
+    if fmt is not None and fmt not in FORMATS:
+        raise DraftboardError(f"unknown log format {fmt!r}; known: {', '.join(FORMATS)} (jsonl and kv are recognised)")
+    fmt = fmt or _format(file)
     records = skipped = 0
     for record in _records(file, fmt):
         if record is None:
@@ -70,10 +79,9 @@ def scan_log(path: str | Path) -> LogSummary:
         else:
             records += 1
     if not records:
-        raise DraftboardError(
-            f"{file}: no step records found; expected JSON lines with a \"step\" field "
-            "or lines like `step=10 loss=2.3`"
-        )
+        expected = ("Automodel's `epoch=0 step=10 loss=... acc=... lr=...` lines" if fmt == AUTOMODEL else
+                    "JSON lines with a \"step\" field or lines like `step=10 loss=2.3`")
+        raise DraftboardError(f"{file}: no step records found; expected {expected}")
     return LogSummary(str(file), fmt, records, skipped)
 
 
@@ -107,7 +115,9 @@ def _format(file: Path) -> str:
 
 def _records(file: Path, fmt: str) -> Iterator[StepRecord | None]:
     """The log's step records in file order; None for a skipped line (kv without a step)."""
-    parse_line = _jsonl_line if fmt == "jsonl" else _kv_line
+    from tracker.store.steps import MetricChecker  # mlflow: not at import, the CLI's parser reads FORMATS
+
+    parse_line = {"jsonl": _jsonl_line, "kv": _kv_line, AUTOMODEL: _AutomodelConsole().line}[fmt]
     checker = MetricChecker()
     for number, text in _lines(file):
         try:
@@ -147,6 +157,44 @@ def _kv_line(text: str, number: int) -> StepRecord | None:
     return StepRecord(_step(pairs["step"]), metrics, number)
 
 
+AUTOMODEL = "automodel"
+FORMATS = (AUTOMODEL,)  # named with --format; jsonl and kv are recognised
+_NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_AUTOMODEL_STEP = re.compile(rf"\bepoch=(\d+) step=(\d+) loss={_NUMBER} acc={_NUMBER} lr={_NUMBER}")
+_AUTOMODEL_DFLASH2 = re.compile(rf"\bdflash2: base_loss={_NUMBER} selector_loss={_NUMBER} base_acc={_NUMBER} "
+                                rf"accept_len={_NUMBER} base_accept_len={_NUMBER} candidate_recall={_NUMBER}")
+_AUTOMODEL_EPOCH = re.compile(r"\bFinished epoch (\d+)/(\d+) completed_steps=(\d+) skipped_short_micro_batches=\d+(.*)")
+_DFLASH2_NAMES = ("train/base_loss", "train/selector_loss", "train/base_accuracy", "train/accept_len",
+                  "train/base_accept_len", "train/candidate_recall")
+
+
+class _AutomodelConsole:
+    """Automodel's console lines -> step records; remembers the step a `dflash2:` line belongs to."""
+
+    def __init__(self):
+        self.step: int | None = None  # the last `step=` printed
+        self.completed = 0  # optimizer steps completed by the epochs finished so far
+
+    def line(self, text: str, number: int) -> StepRecord | None:
+        if match := _AUTOMODEL_STEP.search(text):
+            epoch, step, loss, acc, lr = match.groups()
+            self.step = int(step)
+            return StepRecord(self.step, {"train/loss": float(loss), "train/accuracy": float(acc),
+                                          "train/lr": float(lr), "train/epoch": float(epoch)}, number)
+        if match := _AUTOMODEL_DFLASH2.search(text):
+            if self.step is None:
+                raise DraftboardError("a `dflash2:` line before any `epoch=... step=...` line it belongs to")
+            return StepRecord(self.step, dict(zip(_DFLASH2_NAMES, map(float, match.groups()))), number)
+        if match := _AUTOMODEL_EPOCH.search(text):
+            self.completed += int(match.group(3))
+            # The recipe logs validation as W&B's val/<name> (name.replace("val_", "val/", 1)).
+            val = {f"val/{key.removeprefix('val_')}": float(value)
+                   for key, value in re.findall(rf"\b(val_\w+)={_NUMBER}", match.group(4))}
+            step = max(self.completed, self.step or 0)
+            return StepRecord(step, val, number) if val else None
+        return None
+
+
 def _step(value: object) -> int:
     """An integer step >= 0 from a JSON number or text; 10.0 is accepted, 10.5 is not."""
     if isinstance(value, str):
@@ -165,11 +213,13 @@ def _step(value: object) -> int:
     return int(value)
 
 
-def import_log(tracker, path: str | Path, name: str, target: str | None = None) -> str:
-    """Log the steps of a training log as a new train run of `tracker`; returns its run id."""
+def import_log(tracker, path: str | Path, name: str, target: str | None = None, fmt: str | None = None) -> str:
+    """Log the steps of a training log as a new train run of `tracker`; returns its run id. `fmt`:
+    `automodel` for Automodel's console (jsonl and kv are recognised)."""
     from tracker import fingerprint
+    from tracker.store import adoption
 
-    summary = scan_log(path)
+    summary = scan_log(path, fmt)
     params = {
         "import.source": str(Path(summary.path).resolve()),
         "import.format": summary.format,
@@ -180,7 +230,9 @@ def import_log(tracker, path: str | Path, name: str, target: str | None = None) 
         name,
         params,
         target,
-        tags={names.IMPORTED: "1"},
+        tags={names.IMPORTED: "1", **({names.TOOL: summary.format,
+                                        names.STEP_UNIT: adoption.TOOLS[summary.format].steps.unit}
+                                       if summary.format in adoption.TOOLS else {})},
         fingerprint=fingerprint.imported(summary.path, summary.format),
         max_pending_steps=MAX_PENDING_STEPS,
     ) as run:

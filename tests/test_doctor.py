@@ -1,0 +1,226 @@
+"""`draftboard doctor` (evaluators/doctor/): each check on a checkpoint built to fail it, and on one that passes.
+
+The target is the demo's text-trained Qwen3 target (the serving pair: byte tokenizer with a special
+`<|mask|>`); drafters are fitted to its greedy text with tests/tiny.py, once on z-lab's
+`hidden_states[layer_id + 1]` and once on the off-by-one `hidden_states[layer_id]`. They tap layer 0,
+whose off-by-one neighbour is the embeddings: on a target this small, adjacent decoder layers carry
+nearly the same information, and a drafter fitted to one reads its neighbour almost as well (with
+tapped layers 1 and 2 the two conventions measured within 0.25 of each other either way).
+"""
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from demo.target import make_prompts
+from evaluators.doctor import checkpoint, environment, layers, serving, tokens
+from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING
+from evaluators.doctor.run import DEFAULT_TEXTS
+from evaluators.drafter import open_drafter, save_zlab
+from evaluators.target import load_target, load_tokenizer
+from tiny import fit_drafter
+from tracker import fingerprint, linear_attn
+from tracker.cli import main
+from tracker.errors import DraftboardError
+
+MASK = 258  # the byte tokenizer's <|mask|>
+
+
+@pytest.fixture(scope="module")
+def pair(serving_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("doctor")
+    model = AutoModelForCausalLM.from_pretrained(serving_pair / "target").eval()
+    prompts = torch.tensor(make_prompts(32, seed=5, length=24, split="drafter"))
+    with torch.no_grad():
+        text = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=64, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+    for name, offset in (("zlab", 1), ("off_by_one", 0)):
+        drafter, cfg = fit_drafter(model, text, layer_ids=[0], block_size=4, steps=600, mask_token_id=MASK,
+                                   head_dim=16, offset=offset)
+        save_zlab(drafter, cfg, root / name)
+    (root / "target").symlink_to(serving_pair / "target")
+    return root
+
+
+def _copy(pair, tmp_path, name="zlab"):
+    """A copy of the z-lab-trained drafter to break, under `name`."""
+    out = tmp_path / name
+    shutil.copytree(pair / "zlab", out)
+    return out
+
+
+def test_a_drafter_trained_one_layer_off_is_caught_with_the_fix_and_a_correct_one_passes(pair):
+    target = load_target(pair / "target")
+    tokenizer = load_tokenizer(pair / "target")
+    prompts = [tokenizer(text)["input_ids"] for text in DEFAULT_TEXTS]
+    bad = layers.check(target, open_drafter(pair / "off_by_one").load(), prompts)
+    assert bad.name == "layer_offset" and bad.severity == CRITICAL, bad
+    assert "hidden_states[layer_id]" in bad.verdict and "auxiliary layers [0], not [1]" in bad.fix
+    assert "#42505" in bad.fix
+    good = layers.check(target, open_drafter(pair / "zlab").load(), prompts)
+    assert good.severity == OK, good
+
+
+def test_the_cli_exits_1_on_a_critical_finding_and_prints_the_checks_as_json(pair, capsys):
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "off_by_one"), "--device",
+                 "cpu", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert report["critical"] and by_name["layer_offset"]["severity"] == CRITICAL
+    assert set(by_name) == {"layer_offset", "architecture", "tapped_layers", "mask_token", "stop_tokens", "thinking",
+                            "environment"}
+    assert all(set(c) == {"name", "severity", "verdict", "evidence", "fix"} for c in report["checks"])
+    assert by_name["architecture"]["severity"] == by_name["mask_token"]["severity"] == OK
+
+
+def test_a_drafter_with_its_own_lm_head_is_critical_and_a_copy_of_the_targets_is_not(pair, tmp_path):
+    target = load_target(pair / "target")
+    own = _copy(pair, tmp_path)
+    tensors = load_file(str(own / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.randn(target.config.vocab_size, target.config.hidden_size)
+    save_file(tensors, str(own / "model.safetensors"))
+    found = checkpoint.architecture(own, target, target.num_layers)
+    assert found.severity == CRITICAL and "own head" in found.verdict and "lm_head.weight [259, 64]" in found.evidence
+    tensors["lm_head.weight"] = target.lm_head_weight.detach().clone()
+    save_file(tensors, str(own / "model.safetensors"))
+    assert checkpoint.architecture(own, target, target.num_layers).severity == OK
+
+
+def test_other_architecture_findings(pair, tmp_path):
+    target = load_target(pair / "target")
+    wide = _copy(pair, tmp_path, "wide")  # config and fc disagree on the tapped layers
+    config = json.loads((wide / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 2, 3]
+    (wide / "config.json").write_text(json.dumps(config))
+    found = checkpoint.architecture(wide, target, target.num_layers)
+    assert found.severity == CRITICAL and "fc.weight" in found.evidence
+    config["dflash_config"]["target_layer_ids"] = [3]  # the target's last layer
+    (wide / "config.json").write_text(json.dumps(config))
+    last = checkpoint.architecture(wide, target, target.num_layers)
+    assert last.severity == WARNING and "last layer (3)" in last.verdict
+    hybrid = ["linear_attention"] * 3 + ["full_attention"]
+    assert "SpecForge's Qwen3.5 recipe" in checkpoint.tapped_layers([3], hybrid).verdict
+    assert checkpoint.tapped_layers([1], ["full_attention"] * 4).verdict == "the target has one kind of layer"
+    mixed = checkpoint.tapped_layers([1, 3], hybrid)
+    assert mixed.severity == INFO and "1 of 2" in mixed.verdict and "1: linear_attention" in mixed.evidence
+
+
+def test_a_mask_token_that_is_an_ordinary_token_is_critical(pair, tmp_path):
+    tokenizer = load_tokenizer(pair / "target")
+    ordinary = tokens.mask_token(tokenizer, ord("A"))
+    assert ordinary.severity == CRITICAL and "'A'" in ordinary.evidence
+    assert tokens.mask_token(tokenizer, MASK).severity == OK
+    plain = _copy(pair, tmp_path, "plain")
+    config = json.loads((plain / "config.json").read_text())
+    config["dflash_config"]["mask_token_id"] = ord("A")
+    (plain / "config.json").write_text(json.dumps(config))
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(plain), "--device", "cpu",
+                 "--n-prompts", "2", "--max-new-tokens", "8"]) == 1
+
+
+@pytest.mark.parametrize("config, severities", [
+    ({"method": "dflash", "model": "d", "num_speculative_tokens": 15}, {"speculation_length": CRITICAL}),
+    ({"method": "dflash", "model": "d", "num_speculative_tokens": 3}, {"speculation_length": OK, "serving_method": OK}),
+    ({"method": "dflash", "model": "d", "num_speculative_tokens": 2}, {"speculation_length": WARNING}),
+    ({"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}, {"serving_method": CRITICAL}),
+    ({"speculative-algorithm": "DFLASH", "speculative-num-draft-tokens": 4, "mamba_ssm_dtype": "bfloat16"},
+     {"speculation_length": OK, "serving_method": OK, "mamba_ssm_dtype": WARNING}),
+    ({"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16}, {"speculation_length": CRITICAL}),
+])
+def test_a_serving_config_against_the_drafter(pair, tmp_path, config, severities):
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps(config))
+    served = serving.read_serving_config(path)
+    drafter = open_drafter(pair / "zlab").config  # block 4: 3 drafts
+    got = {c.name: c.severity for c in (serving.speculation_length(served, drafter), serving.method(served, drafter),
+                                        serving.ssm_dtype(served))}
+    assert {k: got[k] for k in severities} == severities
+
+
+def test_thinking_offline_and_served_must_agree(pair, tmp_path):
+    tokenizer = load_tokenizer(pair / "target")
+    tokenizer.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+                               "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% else %}"
+                               "<think>{% endif %}{% endif %}")
+    assert tokens.thinking(tokenizer, None, None).severity == OK
+    assert tokens.thinking(tokenizer, None, False).severity == CRITICAL  # the default thinks, the server does not
+    assert tokens.thinking(tokenizer, False, False).severity == OK
+
+
+def test_bad_input_is_one_error_line(pair, tmp_path, capsys):
+    broken = tmp_path / "serving.json"
+    broken.write_text("{not json")
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--serving-config",
+                 str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --serving-config") and "not a readable JSON file" in err[-1]
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(DraftboardError, match="no speculative config"):
+        serving.read_serving_config(tmp_path / "empty.json")
+
+
+def _functions(conv: str, rule: str) -> dict:
+    return {"causal_conv1d_fn": conv, "causal_conv1d_update": conv, "torch_chunk_gated_delta_rule": rule,
+            "torch_recurrent_gated_delta_rule": rule, linear_attn.GATED_NORM: linear_attn.TORCH_ONLY}
+
+
+def _with_functions(fp: dict, functions: dict, path: str) -> dict:
+    out = copy.deepcopy(fp)
+    la = out["numerics"]["linear_attention"]
+    la.update(functions=functions, summary=linear_attn.summary(functions), linear_attention_path=path)
+    out["numerics"]["linear_attention_path"] = path
+    return out
+
+
+def test_a_mixed_kernel_state_is_named_per_function():
+    here = fingerprint.capture()  # this box: every piece on the torch fallback
+    mixed = _with_functions(here, _functions("torch", "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule"),
+                            "partial")
+    found = environment.check(here, mixed, "run abc")
+    assert found.severity == CRITICAL and "torch_chunk_gated_delta_rule" in found.verdict
+    assert "run abc: mixed: conv torch fallback, chunk rule fla kernel" in found.evidence
+    assert "torch_chunk_gated_delta_rule: fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule there, torch here" \
+        in found.evidence
+    both = environment.check(mixed, mixed)
+    assert both.severity == WARNING and "mixed kernel state" in both.verdict
+    assert environment.check(here, here).severity == OK
+    assert environment.check(here, None).severity == INFO
+
+
+def test_the_transformers_version_matters_on_the_fallback_and_the_kernels_versions_on_the_fast_path():
+    here = fingerprint.capture()
+    older = copy.deepcopy(here)
+    older["software"]["transformers"] = "5.20.0"
+    assert environment.check(here, older).severity == CRITICAL  # both on the torch fallback: PR #47625's change
+    fast = {"causal_conv1d_fn": "causal_conv1d.fn", "causal_conv1d_update": "causal_conv1d.update",
+            "torch_chunk_gated_delta_rule": "fla.chunk", "torch_recurrent_gated_delta_rule": "fla.recurrent",
+            linear_attn.GATED_NORM: linear_attn.TORCH_ONLY}
+    a, b = _with_functions(here, fast, "fast"), _with_functions(older, fast, "fast")
+    assert environment.check(a, b).severity == WARNING
+    b["software"]["flash-linear-attention"], a["software"]["flash-linear-attention"] = "0.3.1", "0.4.0"
+    assert environment.check(a, b).severity == CRITICAL
+
+
+def test_doctor_on_a_run_attaches_its_report(pair, tmp_path, capsys):
+    from tracker.store import names
+    from tracker.store.tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("trained here", {}, "demo") as run:
+        pass
+    tracker.attach_fingerprint(run.run_id)
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--run", run.run_id,
+                 "--tracking-uri", uri, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "OK       layer_offset" in out and "evidence: " in out and out.strip().endswith("no critical finding")
+    report = tracker.read_json(run.run_id, names.DOCTOR_ARTIFACT)
+    assert {c["name"] for c in report["checks"]} >= {"layer_offset", "environment"}
+    assert tracker.run(run.run_id).data.tags[names.DOCTOR] in (OK, INFO, WARNING)
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--run", "0" * 32,
+                 "--tracking-uri", uri]) == 2
