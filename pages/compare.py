@@ -8,8 +8,9 @@ view is computed and sent. To add a view, define `def my_view() -> None` (it may
 
 import streamlit as st
 
-from tracker.dashboard import charts, curve_chart, metric_docs, recipe, ui
+from tracker.dashboard import charts, curve_chart, metric_docs, recipe, report, ui
 from tracker.dashboard.compare import (
+    TITLES,
     best_evals,
     closest_reference,
     common_budgets,
@@ -301,14 +302,34 @@ with banners:
             st.info(f"The reference **{md(ref.name)}** is published numbers for target "
                     f"{md_code(ref.target or 'unknown')}: its environment is unknown, so differences are warnings, "
                     "not proof of comparability.", icon=":material/menu_book:")
-        ui.bullet_list(data.banner, "Environment or protocol differs critically from the reference — not comparable "
-                                    "with it (series dashed where the legend says ≠ reference):")
-        if data.probe_help:
-            st.caption("Hidden states compared on the fixed probe input", help=md("\n\n".join(data.probe_help)))
-        ui.bullet_list(data.protocol_notes, "Protocol differences from the reference that do not dash a series:",
-                       st.info, icon=":material/rule:")
-        if data.reference_note:
-            (st.warning if data.reference_note.startswith("No reference") else st.caption)(md(data.reference_note))
-    ui.bullet_list(data.lineage_banner, "Evaluated in a different environment than trained — not the drafter as "
-                                        "trained, drawn dashed (≠ training):", st.warning)
+    # Every comparability warning in one panel, in the legend's words (≠ reference, ≠ training): open when
+    # a series is not comparable with the reference, folded to one line otherwise.
+    lists = [] if data.target_note else [data.resolution_notes, data.banner, data.protocol_notes]
+    count = sum(map(len, [*lists, data.lineage_banner]))
+    if count:
+        critical = bool(data.banner) and not data.target_note
+        with st.expander(f"{count} note(s) on what these numbers can be compared with"
+                         + (" — some series are not comparable with the reference" if critical else ""),
+                         expanded=critical, icon=":material/warning:" if critical else ":material/info:"):
+            if not data.target_note:
+                ui.bullet_list(data.resolution_notes, TITLES["resolution_notes"], st.warning,
+                               icon=":material/swap_horiz:")
+                ui.bullet_list(data.banner, TITLES["banner"])
+                if data.probe_help:
+                    st.caption("Hidden states compared on the fixed probe input",
+                               help=md("\n\n".join(data.probe_help)))
+                ui.bullet_list(data.protocol_notes, TITLES["protocol_notes"], st.info, icon=":material/rule:")
+            ui.bullet_list(data.lineage_banner, TITLES["lineage_banner"], st.warning)
+    if data.reference_note and not data.target_note:
+        (st.warning if data.reference_note.startswith("No reference") else st.caption)(md(data.reference_note))
+with st.sidebar:
+    # Built when clicked: the report reads every drawn eval's results and every training point.
+    st.download_button(
+        "Download report", lambda: report.compare_report(
+            index, chosen, reference_id, ui.curves(cfg.store_uri, history_runs, index=index), results,
+            cfg.store_uri, picks).encode(),
+        "draftboard-report.html", "text/html", key="compare_report", on_click="ignore", icon=":material/download:",
+        help="one self-contained HTML file of this comparison: curves, warnings, environment and protocol "
+             "differences, the vs-reference and vs-previous tables, every metric's definition; it opens offline "
+             "(`draftboard report` writes the same)")
 VIEWS[view]()

@@ -3,9 +3,8 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, reeval_plan, unfingerprinted
+from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, unfingerprinted
 from tracker.dashboard.escape import md, md_code
-from tracker.dashboard.launch_form import submit_eval
 from tracker.dashboard.lineage import train_eval_pairs
 
 cfg, index = ui.shared()
@@ -35,32 +34,14 @@ else:
 
     # -------------------------------------------------------------- re-evaluate
     if not cfg.readonly:
-        eval_ids = [p.eval.run_id for p in pairs]
-        pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
-                            format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
-                            help="the same target, drafter, prompts and settings as this eval, with its training "
-                                 "run's linear-attention path, dtype, drafter precision and device")
-        plan = reeval_plan(index, pick, ui.eval_results_loader(cfg.store_uri))
-        if plan.blocked:
-            st.caption(f"Nothing to re-evaluate: {md(plan.blocked)}")
-        elif plan.existing:
-            st.caption(f"Already re-evaluated ({md(', '.join(plan.changes))}): {md(index.label(plan.existing))}")
-            st.page_link(ui.RUN_DETAIL_PAGE, label="Open the existing eval", query_params={"run": plan.existing},
-                         icon=":material/science:")
-        else:
-            st.caption("Changes: " + md(", ".join(plan.changes)))
-        if st.button("Re-evaluate under the training environment", key="env_reeval", disabled=plan.params is None,
-                     icon=":material/replay:", type="primary",
-                     help=md(plan.blocked) if plan.blocked else (
-                         "an eval with these settings in this environment exists" if plan.existing
-                         else "queue the same eval with the changes above")):
-            with ui.reported():
-                job = submit_eval(ui.queue_for(cfg.jobs_uri), plan.params)
-                if job.existing:
-                    st.info(f"Already {job.state}: job #{job.id} has the same checkpoint and settings.")
-                else:
-                    st.success(f"Queued job #{job.id}.")
-                st.page_link("pages/launch.py", label="Follow it in the queue", icon=":material/list:")
+        # An eval a re-evaluation already answered is not offered again (its row says *re-evaluated as*).
+        eval_ids = [p.eval.run_id for p in pairs if p.eval.run_id not in set(table.loc[redone, "eval_run_id"])]
+        if eval_ids:
+            pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
+                                format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
+                                help="the same target, drafter, prompts and settings as this eval, with its training "
+                                     "run's linear-attention path, dtype, drafter precision and device")
+            ui.reevaluate(cfg, index, pick, "env_reeval")
 
 # ------------------------------------------------------------------ no fingerprint
 SHOWN_FIXES = 15

@@ -203,8 +203,35 @@ active = ui.queue_busy(queue)
 
 def _cancel(job_id: int) -> None:
     """Runs before the rerun, so the list drawn next already shows the cancellation."""
+    st.session_state.pop(f"confirm_cancel_{job_id}", None)
     with ui.reported(st.toast):
         queue.request_cancel(job_id)
+
+
+def _retry(params: dict) -> None:
+    """The same eval again (a failed or cancelled job's params, checked as a new submission is)."""
+    with ui.reported(st.toast):
+        job = submit_eval(queue, params, ui.tracker_for(cfg.store_uri))
+        st.toast(f"Already {job.state}: job #{job.id}." if job.existing else f"Queued job #{job.id}.")
+
+
+def _edit(params: dict) -> None:
+    """The form above, filled in with a job's settings, to change and queue again."""
+    state = st.session_state
+    for key, field in (("launch_target", "target"), ("launch_max_new", "max_new_tokens"),
+                       ("launch_device", "device"), ("launch_dtype", "dtype"),
+                       ("launch_precision", "drafter_precision"), ("launch_linear", "linear_attn"),
+                       ("launch_limit", "limit_per_dataset")):
+        if field in params:
+            state[key] = params[field]
+    if "budgets" in params:
+        state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
+    if params.get("prompts"):
+        _set_prompts(params["prompts"])
+    state["launch_train_run"] = params.get("train_run_id") if params.get("train_run_id") in index.runs else None
+    state["launch_checkpoint"] = OTHER
+    state["launch_drafter_path"] = params.get("drafter", "")
+    state["launch_step"] = params.get("checkpoint_step")
 
 
 @st.fragment(run_every=2 if active else 10)
@@ -231,9 +258,21 @@ def job_list() -> None:
             if view.run_id:
                 side.page_link(ui.RUN_DETAIL_PAGE, label="Open eval run", query_params={"run": view.run_id},
                                icon=":material/science:")
-            if view.can_cancel and not cfg.readonly:
-                side.button("Cancel", key=f"cancel_{job.id}", icon=":material/cancel:", on_click=_cancel,
-                            args=(job.id,), help="a queued job is dropped; a running one is stopped by its worker")
+            if view.can_cancel and not cfg.readonly:  # asks once: a stray click costs nobody an eval
+                if st.session_state.get(f"confirm_cancel_{job.id}"):
+                    side.button("Yes, cancel", key=f"cancel_{job.id}", icon=":material/cancel:", type="primary",
+                                on_click=_cancel, args=(job.id,),
+                                help="a queued job is dropped; a running one is stopped by its worker")
+                    side.button("Keep it", key=f"keep_{job.id}",
+                                on_click=lambda k=f"confirm_cancel_{job.id}": st.session_state.pop(k, None))
+                else:
+                    side.button("Cancel", key=f"ask_cancel_{job.id}", icon=":material/cancel:",
+                                on_click=lambda k=f"confirm_cancel_{job.id}": st.session_state.update({k: True}))
+            if view.state in ("failed", "cancelled") and not cfg.readonly and isinstance(job.params, dict):
+                side.button("Retry", key=f"retry_{job.id}", icon=":material/replay:", on_click=_retry,
+                            args=(job.params,), help="queue the same eval again")
+                side.button("Edit", key=f"edit_{job.id}", icon=":material/edit:", on_click=_edit,
+                            args=(job.params,), help="fill the form above with this job's settings")
             tail = queue.log_tail(job, 200) if job.log_path else ""
             if tail:
                 with st.expander("Log tail"):

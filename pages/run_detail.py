@@ -39,6 +39,8 @@ meta = [f"**{md(run.kind_label)}**", f"status {md(run.status)}", f"target {md_co
 st.markdown(" · ".join(meta))
 if run.error:
     st.error(f"The run failed: {md(run.error)}")
+if run.alert:
+    st.warning(f"**Regression** — {md(run.alert)}", icon=":material/trending_down:")
 if cfg.mlflow_ui:
     st.link_button("Open in mlflow ui", mlflow_ui_url(run, cfg.mlflow_ui), icon=":material/open_in_new:",
                    help=f"the same run in `mlflow ui` at {md_code(cfg.mlflow_ui)}")
@@ -51,11 +53,22 @@ if train is not None:
                 f"{md_code(run.checkpoint or '?')}")
     st.page_link(ui.RUN_DETAIL_PAGE, label=f"Open {md(index.label(train.run_id))}", icon=":material/arrow_upward:",
                  query_params={"run": train.run_id})
-for pair in lineage.mismatches(index, run):
-    st.error(f"**Critical environment difference** — {md(lineage.mismatch_text(index, pair))}",
-             icon=":material/warning:")
-    if probe_help := pair.probe_help(index):
-        st.caption("Hidden states compared on the fixed probe input", help=md(probe_help))
+open_pairs = lineage.mismatches(index, run)
+if open_pairs:  # one banner for all of them: a training run with five such evals reads five lines, not five boxes
+    ui.bullet_list([lineage.mismatch_text(index, pair) for pair in open_pairs],
+                   "Critical environment difference" if len(open_pairs) == 1 else
+                   f"{len(open_pairs)} evals differ critically from their training run")
+    probes = [h for pair in open_pairs if (h := pair.probe_help(index))]
+    if probes:
+        st.caption("Hidden states compared on the fixed probe input", help=md("\n\n".join(probes)))
+    if run.kind == "eval" and not cfg.readonly:
+        ui.reevaluate(cfg, index, run.run_id, "detail_reeval")
+for pair, by in lineage.resolutions(index, run):
+    st.success(f"Resolved: {md(index.eval_label(pair.eval))} differed from training "
+               f"({md(pair.summary())}); re-evaluated under training's environment as "
+               f"**{md(index.label(by.run_id))}**", icon=":material/check_circle:")
+    st.page_link(ui.RUN_DETAIL_PAGE, label=f"Open {md(index.label(by.run_id))}", icon=":material/science:",
+                 query_params={"run": by.run_id})
 
 if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
     # Published numbers were never an eval of ours: there is nothing to demote them to.
@@ -148,7 +161,7 @@ tabs = st.tabs(["Metrics", "Checkpoints" if run.kind == "train" else "Acceptance
 
 with tabs[0]:
     if run.kind == "train":
-        frame = ui.histories(cfg.store_uri, [run.run_id], index=index)
+        frame = ui.curves(cfg.store_uri, [run.run_id], index=index)  # min and max per step range, as Compare
         if not frame.empty:  # another tool's metric names read as ours, its own in the legend
             frame = recipe.alias_curves(frame.assign(series=run.name, owner=run.run_id, dashed=False, reason=""),
                                         index)
@@ -164,7 +177,7 @@ with tabs[0]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
                     ui.training_chart(curve_chart.spec(frame, key, recipe.step_axis_title(index, [run.run_id]),
                                                        colors=colors), key=f"detail_curve_{key}")
-            st.caption(f"Curves show at most {ui.DEFAULT_MAX_POINTS} points each (every k-th step).")
+            st.caption(ui.curves_caption(frame[frame["key"].isin(chosen)]))
     metrics = metrics_frame(run)
     if not metrics.empty:
         st.dataframe(metrics, hide_index=True, key="detail_metric_table",

@@ -2,12 +2,20 @@
 
 import streamlit as st
 
-from tracker.dashboard import metric_docs, ui
+from tracker.dashboard import lineage, metric_docs, ui
 from tracker.dashboard.escape import csv_bytes
 from tracker.dashboard.tables import filter_runs, runs_display, runs_table
 
 index = ui.shared().index
 st.title("Runs")
+st.caption("draftboard tracks DFlash drafters: their training runs, evals and references, each number with the "
+           "environment, protocol and sample size that make it comparable with another, or say why not.")
+open_evals = [ev for ev in index.of_kind("eval") if lineage.mismatches(index, ev)]
+if open_evals:
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.warning(f"{len(open_evals)} eval(s) ran in a different environment than trained: their numbers are not "
+                   "the drafter as trained.", icon=":material/warning:")
+        st.page_link(ui.ENVIRONMENTS_PAGE, label="Re-evaluate", icon=":material/replay:")
 
 with st.sidebar:
     st.subheader("Filters")
@@ -36,7 +44,9 @@ cols[3].metric("Critical mismatches", n_bad,
                     "run vs its evals), or whose evals were measured under protocols that differ critically (another "
                     "prompt set or dataset, thinking, temperature, block size): their numbers are not comparable")
 
-tau_help = metric_docs.help_text("tau") + " For a training run: over its evals (latest checkpoint / best)."
+tau_help = (metric_docs.help_text("tau") + " Shown with its 95% interval over prompts, the number of prompts, the "
+            "sampling (T=0: greedy) and the new tokens per prompt; a training run's is its latest evaluated "
+            "checkpoint's (`@ step`); published numbers per dataset. The CSV also has `tau latest` and `tau best`.")
 # Widths add up to 1100 px: with the selection column, what a 1600 px screen leaves beside the sidebar (the
 # e2e test measures it). Cut text shows in full on hover; the env and protocol reasons get the most room.
 event = st.dataframe(
@@ -45,12 +55,13 @@ event = st.dataframe(
     hide_index=True,
     on_select="rerun",
     selection_mode="multi-row",
-    column_order=[c for c in table.columns if c not in ("critical", "run_id")],
+    column_order=[c for c in table.columns if c not in ("critical", "run_id", "tau latest", "tau best")],
     column_config={
         "env check": st.column_config.TextColumn(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
-                        "row: at which evaluated step). ⚪ no fingerprint. Empty: no critical difference.",
-            width=150),
+                        "row: at which evaluated step). 🟢 re-evaluated: the difference was answered by the same eval "
+                        "repeated in the training run's environment. ⚪ no fingerprint. Empty: no critical difference.",
+            width=130),
         "protocol check": st.column_config.TextColumn(
             "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
                              "run (on a training run's row: which evaluated steps differ from its latest eval's): "
@@ -58,24 +69,25 @@ event = st.dataframe(
                              "size. 🔵 online: tau from z-lab's cached online loop, not the lossless offline score. "
                              "🎲 sampled (T > 0): its tau is the expected acceptance length over xN draws per prompt. "
                              "⚪ evaluated before protocols were recorded. Empty: nothing to say.",
-            width=95),
-        "name": st.column_config.TextColumn("name", width=135),
-        "status": st.column_config.TextColumn("status", width=55),
-        "kind": st.column_config.TextColumn("kind", width=80, help="train / eval / reference; published = numbers from a "
+            width=90),
+        "name": st.column_config.TextColumn("name", width=130),
+        "status": st.column_config.TextColumn(
+            "status", width=55, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
+                                     "than a reference, by the paired bootstrap (Run detail says by how much)"),
+        "kind": st.column_config.TextColumn("kind", width=75, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
         "drafter": st.column_config.TextColumn("drafter", width=55, help="the drafter's family: DFlash, or DFlash2 "
                                                "(grouped dynamic convs and a candidate selector)"),
         "target": st.column_config.TextColumn("target", width=75, help="the target model (last path component)"),
         "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
-        "tau latest": st.column_config.TextColumn("tau (latest)", width=52, help=tau_help),
-        "tau best": st.column_config.TextColumn("tau (best)", width=52, help=tau_help),
+        "tau": st.column_config.TextColumn("tau", width=150, help=tau_help),
         "linear-attn": st.column_config.TextColumn(
-            "linear-attn", width=75, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
+            "linear-attn", width=70, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
                                 "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
         "device": st.column_config.TextColumn("device", width=55, help="device kind (GPU model)"),
         "dtype": st.column_config.TextColumn("dtype", width=45, help="dtype of the target's forward pass"),
-        "started": st.column_config.TextColumn("started (UTC)", width=90),
+        "started": st.column_config.TextColumn("started (UTC)", width=85),
         "detail": st.column_config.LinkColumn("detail", display_text="open", width=40,
                                             help="the run's detail page"),
     },

@@ -34,6 +34,11 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     assert not by_id.loc[app_env.ids["v5"], "env check"].startswith("🔴")
     # The headline count is the number of runs with a critical mismatch (v4 and its eval).
     assert [m.value for m in at.metric if m.label == "Critical mismatches"] == ["2"]
+    # The landing page says what this is, and what to do about the mismatch.
+    assert "draftboard tracks DFlash drafters" in at.caption[0].value
+    assert [shown(w.value) for w in at.warning] == [
+        "1 eval(s) ran in a different environment than trained: their numbers are not the drafter as trained."]
+    assert [link.proto.page for link in at.get("page_link") if link.proto.label == "Re-evaluate"]
     assert by_id.loc[app_env.ids["published"], "kind"] == "reference · published"
     assert by_id.loc[app_env.ids["published"], "target"] == "Qwen3.5-4B"
     # A training run's tau comes from its evals; its steps from its curve.
@@ -161,6 +166,11 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
     assert "v5" not in errors
     warnings = "\n".join(shown(w.value) for w in at.warning)
     assert "v4 @ step 200 (eval): linear-attn fallback vs its training run: fast" in warnings
+    # Every warning sits in one panel, open because a series is not comparable with the reference.
+    (panel,) = [e for e in at.expander if "on what these numbers can be compared with" in e.label]
+    assert "not comparable with the reference" in panel.label and panel.proto.expanded
+    # The whole comparison as one file (`draftboard report`; tests/e2e/test_report.py opens it in Chromium).
+    assert [b.proto.label for b in at.get("download_button") if b.proto.label == "Download report"]
     # One view at a time: only the shown one is computed, each with its CSV; Data holds every chart's rows.
     assert _view(at) == "Eval by checkpoint" and not _traces(at, "compare_train_")
     for view in VIEWS:
@@ -303,6 +313,22 @@ def test_launch_cards_show_the_result_or_the_cause_and_a_clean_log_tail(app_env)
     assert any(PREFIX in c.value and "50%|" in c.value for c in at.code)
 
 
+def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_env):
+    import json
+
+    context = json.loads((Path(app_env.target) / "config.json").read_text())["max_position_embeddings"]
+    at = run_page("pages/launch.py")
+    at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
+    at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
+    at.selectbox(key="launch_checkpoint").set_value(100)
+    at.number_input(key="launch_max_new").set_value(10**12).run()
+    at.button(key="launch_submit").click().run()
+    (error,) = [shown(e.value) for e in at.error]
+    assert error == (f"max new tokens {10**12} leaves no room for a prompt in the target's context of {context} "
+                     "tokens (max_position_embeddings)")
+    assert JobQueue().list() == []
+
+
 def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
@@ -326,11 +352,24 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at.button(key="launch_submit").click().run()
     assert any("already submitted" in i.value for i in at.info)
     assert len(JobQueue().list()) == 1
-    # The queue below: a progress bar per job and a cancel button.
+    # The queue below: a progress bar per job and a cancel button, which asks once.
     assert len(at.get("progress")) == 1
+    at.button(key="ask_cancel_1").click().run()
+    assert JobQueue().get(1).state == "queued"  # not yet: a stray click costs nobody an eval
+    at.button(key="keep_1").click().run()
+    assert JobQueue().get(1).state == "queued" and not [b for b in at.button if b.key == "cancel_1"]
+    at.button(key="ask_cancel_1").click().run()
     at.button(key="cancel_1").click().run()
     assert not at.exception
     assert JobQueue().get(1).state == "cancelled"
+    # A cancelled job can be queued again as it was, or brought back into the form to change first.
+    at.button(key="edit_1").click().run()
+    assert at.number_input(key="launch_max_new").value == 12 and at.text_input(key="launch_budgets").value == "2,8"
+    assert at.text_input(key="launch_drafter_path").value == str(app_env.drafters[100])
+    at.button(key="retry_1").click().run()
+    assert not at.exception
+    assert [(j.id, j.state) for j in JobQueue().list()] == [(2, "queued"), (1, "cancelled")]
+    assert JobQueue().get(2).params == JobQueue().get(1).params
 
 
 def test_launch_sampling_presets_fill_the_numbers_and_reach_the_job(app_env):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from apptest import page_text, run_page, serve
+from apptest import page_text, run_page, serve, shown
 from tracker.store.importers.published import import_published, load_tables
 
 TABLE = "DFlash paper, Table 1 (Qwen3-4B, temperature 0)"
@@ -102,7 +102,11 @@ def test_an_eval_on_another_set_is_told_no_reference_number_matches(app_env):
     assert table.iloc[0]["verdict"].startswith("no reference number for stdlib")
 
 
-def test_launch_offers_the_named_benchmark_sets(app_env):
+def test_launch_offers_the_named_benchmark_sets(app_env, tmp_path, monkeypatch):
+    # This box is offline: a hub set is queued once the datasets cache holds it (datasets' own layout).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    (tmp_path / "hf-datasets" / "openai___gsm8k").mkdir(parents=True)
     at = run_page("pages/launch.py")
     picker = at.selectbox(key="launch_prompt_set")
     named = [o.split(" · ")[0] for o in picker.options if "z-lab benchmark set" in o]
@@ -118,3 +122,10 @@ def test_launch_offers_the_named_benchmark_sets(app_env):
 
     (job,) = JobQueue().list()
     assert job.params["prompts"] == "hf:openai/gsm8k:main:test" and job.params["limit_per_dataset"] == 20
+
+    # One it cannot read is refused at submit, in one line, and nothing is queued.
+    at.selectbox(key="launch_prompt_set").set_value("hf:HuggingFaceH4/MATH-500:test").run()
+    at.button(key="launch_submit").click().run()
+    (error,) = [shown(e.value) for e in at.error]
+    assert "this box is offline (HF_HUB_OFFLINE is set) and HuggingFaceH4/MATH-500 is not in the datasets cache" in error
+    assert "\n" not in error and len(JobQueue().list()) == 1

@@ -85,8 +85,9 @@ def test_no_matching_reference_number_is_said_plainly_and_the_average_is_not_dra
     assert ref_tau.note == ("No reference number matches: the chosen evals ran on stdlib; the reference reports tau "
                             "for gsm8k, math500, mt-bench. Its average over other sets is not drawn.")
     (row,) = comparisons.reference_gap(RunIndex([ev, PUBLISHED]), ev, PUBLISHED)
-    assert row["reference tau"] is None
-    assert row["verdict"] == "no reference number for stdlib (the reference reports: gsm8k, math500, mt-bench)"
+    assert row["verdict"] == ("no reference number for stdlib: the reference reports gsm8k, math500, mt-bench; "
+                              "evaluate this checkpoint on one of them to compare")
+    assert row["reference tau"] == row["delta tau"] == "—"  # never a literal None
     # Another dataset than the reference's is a critical protocol difference: dashed, named.
     assert [lineage.field_name(r.field) for r in lineage.of_severity(lineage.vs_reference(ev, PUBLISHED),
                                                                      "critical")] == ["dataset"]
@@ -300,3 +301,7 @@ def test_the_eval_chart_carries_each_points_interval_and_the_references_band():
     assert "95% interval over prompts" in trace.hovertemplate
     (band,) = [s for s in fig.layout.shapes if s.type == "rect"]
     assert (band.y0, band.y1) == (6.3, 6.7)
+    # Checkpoints are whole steps: the axis ticks sit on them (one eval alone never reads 199.5).
+    assert list(fig.layout.xaxis.tickvals) == [100, 200]
+    alone = compare_data(RunIndex([train, e2]), ["t"], None, pd.DataFrame(columns=["run_id", "key", "step", "value"]))
+    assert list(charts.eval_curves(alone.eval_points, "tau").layout.xaxis.tickvals) == [200]

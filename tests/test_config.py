@@ -52,3 +52,29 @@ def test_readonly_and_mlflow_ui_url():
     assert not config.readonly({"DRAFTBOARD_READONLY": "0"})
     assert config.mlflow_ui_url({}) is None
     assert config.mlflow_ui_url({"DRAFTBOARD_MLFLOW_UI_URL": "http://h:5000/"}) == "http://h:5000"
+
+
+def test_a_hub_dataset_is_refused_only_where_this_box_cannot_read_it(tmp_path):
+    import socket
+
+    from tracker.config import hub_dataset_problem
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    cache = tmp_path / "cache"
+    env = {"HF_DATASETS_CACHE": str(cache), "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    try:
+        assert hub_dataset_problem("hf:openai/gsm8k:main:test", env) is None  # the hub answers
+    finally:
+        listening.close()
+    closed = hub_dataset_problem("hf:openai/gsm8k:main:test", env)  # nothing listens there now
+    assert closed.startswith("hf:openai/gsm8k:main:test: this box is offline (127.0.0.1 did not answer")
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    assert "(HF_HUB_OFFLINE is set) and openai/gsm8k is not in the datasets cache" in hub_dataset_problem(
+        "hf:openai/gsm8k", offline)
+    (cache / "openai___gsm8k").mkdir(parents=True)
+    assert hub_dataset_problem("hf:openai/gsm8k", offline) is None  # downloaded before: datasets reads its cache
+    assert hub_dataset_problem(str(tmp_path / "prompts.jsonl"), offline) is None  # not a hub id at all
+    local = tmp_path / "my-set"
+    local.mkdir()
+    assert hub_dataset_problem(f"hf:{local}:train", offline) is None  # a local folder

@@ -109,3 +109,64 @@ def test_an_eval_redone_in_its_training_environment_no_longer_counts_as_a_mismat
                 params=settings(tmp_path, drafter_precision="bf16-autocast", max_new_tokens="32"))
     index = RunIndex([run("t", "train", autocast_fp()), original, other])
     assert pairs_frame(index, train_eval_pairs(index)).set_index("eval_run_id").loc["e", "re-evaluated as"] == ""
+
+
+def test_a_resolved_mismatch_reads_as_resolved_everywhere_it_is_counted(tmp_path):
+    """lineage.resolved_by is the one rule: Runs' counts and env cells, Run detail's banners (mismatches /
+    resolutions) and Compare's series (current_evals) all read the answered eval as answered."""
+    from tracker.dashboard import compare, lineage, tables
+
+    cast = fp()
+    cast["numerics"]["drafter_precision"] = "fp32"
+    original = run("e", "eval", cast, train="t", step=200, params=settings(tmp_path))
+    other_step = run("e100", "eval", cast, train="t", step=100, params=settings(tmp_path))
+    redo = run("e2", "eval", autocast_fp(), train="t", step=200, name="t @ step 200 · redo",
+               params=settings(tmp_path, drafter_precision="bf16-autocast"))
+    train = run("t", "train", autocast_fp())
+    index = RunIndex([train, original, other_step, redo])
+    assert lineage.resolved_by(index, original) is redo and lineage.resolved_by(index, other_step) is None
+    assert lineage.mismatches(index, original) == []
+    assert [p.eval.run_id for p in lineage.mismatches(index, train)] == ["e100"]  # step 100 is still open
+    assert [(p.eval.run_id, by.run_id) for p, by in lineage.resolutions(index, train)] == [("e", "e2")]
+    table = tables.runs_table(index, list(index.runs.values())).set_index("run_id")
+    assert table.loc["e", "critical"] == 0 and table.loc["e", "env check"] == "🟢 re-evaluated as t @ step 200 · redo"
+    assert table.loc["e100", "critical"] == 1 and table.loc["t", "critical"] == 1
+    assert "@ 100" in table.loc["t", "env check"] and "@ 200" not in table.loc["t", "env check"]
+    # Compare: step 200 is one point, the re-evaluation's.
+    assert [ev.run_id for ev in compare.current_evals(index, train)] == ["e100", "e2"]
+    # Run detail's Checkpoints tab: step 200 reads answered, step 100 still open.
+    checkpoints = tables.checkpoints_frame(index, train, []).set_index("step")
+    assert checkpoints.loc[200, "critical"] == 0 and "🟢" in checkpoints.loc[200, "env check"]
+    assert checkpoints.loc[100, "critical"] == 1 and checkpoints.loc[100, "env check"].startswith("🔴")
+
+
+def test_a_reevaluation_that_differs_from_the_reference_says_so_and_names_the_one_that_matches(tmp_path):
+    from tracker.dashboard.compare import resolution_notes
+
+    cast = fp()
+    cast["numerics"]["drafter_precision"] = "fp32"
+    train = run("t", "train", autocast_fp(), name="v3")
+    original = run("e", "eval", cast, train="t", step=200, params=settings(tmp_path))
+    redo = run("e2", "eval", autocast_fp(), train="t", step=200, params=settings(tmp_path, drafter_precision="bf16-autocast"))
+    fp32_ref = run("r32", "reference", cast, ref_name="fp32")
+    autocast_ref = run("rac", "reference", autocast_fp(), ref_name="autocast")
+    index = RunIndex([train, original, redo, fp32_ref, autocast_ref])
+    (note,) = resolution_notes(index, [train], fp32_ref)
+    assert note == ("v3 @ step 200 is the drafter as trained, but differs from the reference (drafter precision): "
+                    "autocast · fallback/cpu/fp32 · Qwen3.5-4B matches it: choose it as the reference.")
+    assert resolution_notes(index, [train], autocast_ref) == []  # it matches this one: nothing to say
+    (alone,) = resolution_notes(RunIndex([train, original, redo, fp32_ref]), [train], fp32_ref)
+    assert alone.endswith("no reference in the store matches it: evaluate one in this environment.")
+
+
+def test_an_eval_made_after_the_matching_one_is_an_exploration_not_a_resolved_mismatch(tmp_path):
+    from tracker.dashboard import lineage
+
+    cast = fp()
+    cast["numerics"]["drafter_precision"] = "fp32"
+    matching = run("m", "eval", autocast_fp(), train="t", step=200, start=1,
+                   params=settings(tmp_path, drafter_precision="bf16-autocast"))
+    later = run("x", "eval", cast, train="t", step=200, start=2, params=settings(tmp_path))
+    index = RunIndex([run("t", "train", autocast_fp()), matching, later])
+    assert lineage.resolved_by(index, later) is None  # tried in fp32 after the matching eval: still shown
+    assert [p.eval.run_id for p in lineage.mismatches(index, index.runs["t"])] == ["x"]

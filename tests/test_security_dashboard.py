@@ -157,7 +157,7 @@ def test_every_page_shows_user_text_escaped(hostile_env, page):
     text = page_text(at)
     if page == "pages/run_detail.py":
         assert shown(at.title[0].value) == IFRAME  # the name is there, as text
-        assert f"Critical environment difference** — {IFRAME} @ step 100: linear-attn fallback vs training" in text
+        assert f"**Critical environment difference**\n- {IFRAME} @ step 100: linear-attn fallback vs training" in text
         assert any(IMAGE in shown(label) for label in sent["page_link"])  # the eval's link, named as text
     if page == "pages/compare.py":
         assert f"{IFRAME} @ step 100 (eval): linear-attn fallback vs its training run: fast" in text
@@ -238,6 +238,8 @@ def test_the_pages_downloads_are_the_safe_csv(hostile_env, monkeypatch):
     for view in at.segmented_control(key="compare_view").options:  # one view at a time, each with its CSV
         at.segmented_control(key="compare_view").set_value(view).run()
     assert {"runs.csv", "compare.csv", "eval_by_checkpoint.csv", "training_curves.csv"} <= set(downloads)
+    report = downloads.pop("draftboard-report.html").decode()  # Compare as one HTML file: names as text
+    assert html_text(IFRAME) in report and "<iframe" not in report
     for name, data in downloads.items():
         text = data.decode()
         assert not re.search(r'(^|,)"?[=+@]', text, re.M), (name, text)

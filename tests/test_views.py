@@ -32,7 +32,6 @@ from tracker.dashboard.launch_form import (
     parse_budgets,
 )
 from tracker.store.history import (
-    downsample,
     history_signature,
     is_database_uri,
     load_histories,
@@ -125,17 +124,6 @@ def test_sql_histories_equal_get_metric_history(store_uri, history_runs):
     _same(only_loss, expected[expected["key"] == "loss"])
     # The http fallback (client calls from a thread pool) gives the same rows.
     _same(load_histories("http://unused.invalid", history_runs, client=client), expected)
-
-
-def test_downsampling_keeps_first_last_and_every_kth_step(store_uri, history_runs):
-    full = load_histories(store_uri, history_runs[:1], keys=["acc"])
-    small = load_histories(store_uri, history_runs[:1], keys=["acc"], max_points=10)
-    steps = list(small["step"])
-    assert steps[0] == full["step"].min() and steps[-1] == full["step"].max()
-    assert len(small) <= 12 and set(steps) <= set(full["step"])
-    rows = [(int(s), v, 0.0, int(t)) for s, v, t in zip(full["step"], full["value"], full["timestamp"])]
-    assert [r[0] for r in downsample(rows, 10)] == steps  # SQL and Python apply the same rule
-    assert len(load_histories(store_uri, history_runs[:1], keys=["acc"], max_points=10_000)) == len(full)
 
 
 def test_signature_changes_with_new_steps_and_empty_inputs(tracker, store_uri, tmp_path):
@@ -285,8 +273,12 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     assert set(data.eval_points["series"]) == {"v4 [fallback/cpu/fp32]", "v4 [fast/cpu/fp32]"}
     dashed = data.eval_points.groupby("series")["dashed"].first()
     assert dashed["v4 [fallback/cpu/fp32]"] and not dashed["v4 [fast/cpu/fp32]"]
-    assert data.banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs reference: fast"]
-    assert data.lineage_banner == ["v4 [fallback/cpu/fp32] @ steps 100, 200 (eval): linear-attn fallback vs its "
+    # Step 200's fallback eval was answered by its fast re-evaluation (lineage.resolved_by): one point
+    # at step 200, the re-evaluation's; only step 100's mismatch is left to say.
+    assert data.eval_points.query("key == 'tau'")[["series", "step"]].values.tolist() == [
+        ["v4 [fallback/cpu/fp32]", 100], ["v4 [fast/cpu/fp32]", 200]]
+    assert data.banner == ["v4 [fallback/cpu/fp32] @ step 100 (eval): linear-attn fallback vs reference: fast"]
+    assert data.lineage_banner == ["v4 [fallback/cpu/fp32] @ step 100 (eval): linear-attn fallback vs its "
                                    "training run: fast"]
     assert not data.train_curves["dashed"].any() and data.reference_values["tau"] == 3.0
     # One dashing rule, its reason on every series: the fallback evals differ from their training run.
@@ -296,8 +288,8 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     # per-position data), else the checkpoint picked.
     assert data.picked == {"t4": "e4c"} and list(data.accept_by_position["series"]) == [
         "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
-    data = compare_data(index, ["t4"], "ref", hist, picks={"t4": "e4b"})
-    assert list(data.accept_by_position["series"]) == ["v4 @ step 200 [fallback/cpu/fp32]",
+    data = compare_data(index, ["t4"], "ref", hist, picks={"t4": "e4a"})
+    assert list(data.accept_by_position["series"]) == ["v4 @ step 100 [fallback/cpu/fp32]",
                                                        "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
     assert data.accept_by_position["reason"].tolist() == ["≠ training: linear-attn", ""]
     assert set(data.accept_by_position["owner"]) == {"t4", "ref"}
@@ -310,11 +302,13 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
 def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_differs_from_the_reference():
     """The headline flow's end: a run trained on the fallback, re-evaluated on the fallback, is the
     drafter as trained (solid); the run's difference from a fast-kernel reference is said once, on
-    its training curve (dashed) and in the banner. Its fast-kernel eval is dashed against training."""
+    its training curve (dashed) and in the banner. Its fast-kernel eval of the same step is answered
+    by the matching one (one point per step); at another step it stays, dashed against training."""
     index = RunIndex([
         run("t3", "train", fp(), name="v3"),
         run("e3", "eval", fp(), train="t3", step=100, metrics={"tau": 2.0}),
         run("e3f", "eval", fp(path="fast"), train="t3", step=100, metrics={"tau": 2.2}),
+        run("e3g", "eval", fp(path="fast"), train="t3", step=200, metrics={"tau": 2.4}),
         run("ref", "reference", fp(path="fast"), metrics={"tau": 3.0}, ref_name="z"),
     ])
     hist = pd.DataFrame({"run_id": ["t3"] * 2, "key": ["loss"] * 2, "step": [0, 1], "value": [3.0, 2.0],
@@ -322,6 +316,8 @@ def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_diffe
     data = compare_data(index, ["t3"], "ref", hist)
     reasons = data.eval_points.groupby("series")["reason"].first()
     assert reasons.to_dict() == {"v3 [fallback/cpu/fp32]": "", "v3 [fast/cpu/fp32]": "≠ training: linear-attn"}
+    assert data.eval_points.query("key == 'tau'")[["series", "step"]].values.tolist() == [
+        ["v3 [fallback/cpu/fp32]", 100], ["v3 [fast/cpu/fp32]", 200]]
     assert set(data.train_curves["reason"]) == {"≠ reference: linear-attn"} and data.train_curves["dashed"].all()
     assert "v3 (training): linear-attn fallback vs reference: fast" in data.banner
     assert data.picked == {"t3": "e3"}  # the solid one, though the fast eval is closer to the reference
@@ -514,3 +510,18 @@ def test_metric_docs_cover_the_fixed_names_and_families():
     assert metric_docs.sort_metrics(["dds16", "loss", "dds8", "tau", "zeta"]) == ["tau", "loss", "dds8", "dds16",
                                                                                   "zeta"]
     assert all(d.help().startswith("**") for d in metric_docs.glossary())
+
+
+def test_the_runs_tau_says_what_makes_it_a_number():
+    from tracker.dashboard.tables import tau_text
+
+    ev = run("e", "eval", fp(), train="t", step=200, metrics={"tau": 3.2412, "tau_ci_low": 2.19, "tau_ci_high": 4.5})
+    ev.tags.update({"protocol.datasets": '{"gsm8k": 10, "mbpp": 6}', "protocol.temperature": "0.0",
+                    "protocol.max_new_tokens": "64"})
+    published = run("p", "reference", fp(), metrics={"tau_gsm8k": 6.53, "tau_math500": 7.84})
+    published.tags["protocol.datasets"] = '{"gsm8k": "unknown", "math500": "unknown"}'
+    index = RunIndex([run("t", "train", fp(), name="v3"), ev, published, run("u", "train", fp())])
+    assert tau_text(index, ev) == "3.24 [2.19, 4.50] · 16 prompts · T=0 · 64 tok"
+    assert tau_text(index, index.runs["t"]) == "@ 200 · 3.24 [2.19, 4.50] · 16 prompts · T=0 · 64 tok"
+    assert tau_text(index, published) == "gsm8k 6.53 · math500 7.84"
+    assert tau_text(index, index.runs["u"]) == "—"

@@ -271,8 +271,10 @@ def cmd_eval(args) -> int:
     if not args.no_log:
         from tracker.store.tracker import Tracker
 
-        run_id = log_eval(Tracker(args.tracking_uri), results, settings, train_run_id=args.train_run_id,
+        tracker = Tracker(args.tracking_uri)
+        run_id = log_eval(tracker, results, settings, train_run_id=args.train_run_id,
                           checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
+        _regression_alerts(tracker, run_id)
     from tracker import protocol
 
     low, high = results["ci"]["tau"]
@@ -339,6 +341,24 @@ def cmd_check_lossless(args) -> int:
           f"(last block: {report['last_block']}; feature gap = max |hidden state the loop used - full forward|, "
           f"tapped layers); {report['timing']['total_s']:.1f}s")
     return EXIT_CRITICAL_DIFF if report["n_diverged"] else 0
+
+
+def _regression_alerts(tracker, run_id: str) -> None:
+    """Alert when the eval just logged is worse than its previous checkpoint or a reference: on the run,
+    on stderr, and to the deployment's webhook. An alert never fails the eval that raised it."""
+    from tracker import regression
+
+    try:
+        alerts = regression.check(tracker, run_id)
+        regression.record(tracker, run_id, alerts)
+        url = config.alert_webhook()
+    except DraftboardError as exc:
+        print(f"warning: regression check skipped: {exc}", file=sys.stderr)
+        return
+    for alert in alerts:
+        print(f"regression: {alert.text}", file=sys.stderr)
+    if url and alerts:
+        regression.post(url, alerts)
 
 
 def _eval_results(tracker, run_id: str) -> dict:
@@ -427,25 +447,15 @@ def cmd_reconcile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from tracker.uncertainty import NO_DIFFERENCE, WORSE, paired_comparison, prompt_score, tau_intervals
-    from tracker import protocol
+    from tracker import protocol, regression
     from tracker.store.tracker import Tracker
+    from tracker.uncertainty import NO_DIFFERENCE, WORSE, prompt_score, tau_intervals
 
     tracker = Tracker(args.tracking_uri)
     results = [_eval_results(tracker, run_id) for run_id in (args.run_a, args.run_b)]
+    paired = regression.paired(*results)
     by_id = [{str(r["id"]): r for r in res["prompts"]} for res in results]
-    changed = [pid for pid in by_id[0] if pid in by_id[1] and "input_ids" in by_id[0][pid]
-               and "input_ids" in by_id[1][pid] and by_id[0][pid]["input_ids"] != by_id[1][pid]["input_ids"]]
-    if changed:
-        raise DraftboardError(f"prompt {changed[0]!r} has different token ids in the two evals "
-                              f"({len(changed)} prompt(s) differ): not the same prompt set")
-    critical = [r for r in protocol.diff(*(protocol.Protocol.from_results(res) for res in results))
-                if r.severity == "critical"]
-    if critical:
-        raise DraftboardError("the evals' protocols differ critically (" + "; ".join(
-            f"{r.field}: {r.a_value} vs {r.b_value}" for r in critical) + "): their taus are not comparable")
     scores = [{pid: prompt_score(r) for pid, r in ids.items()} for ids in by_id]
-    paired = paired_comparison(*scores)
     for label, run_id, res, per_prompt in zip("AB", (args.run_a, args.run_b), results, scores):
         own = tau_intervals(list(per_prompt.values())).tau
         print(f"{label} {run_id}: tau {own.value:.3f}  95% CI [{own.low:.3f}, {own.high:.3f}]  "
@@ -461,6 +471,41 @@ def cmd_compare(args) -> int:
           f"paired bootstrap over {paired.n_prompts} prompts{draws}")
     print(f"verdict: {paired.verdict}" if paired.verdict == NO_DIFFERENCE else f"verdict: B is {paired.verdict}")
     return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
+
+
+def cmd_report(args) -> int:
+    from tracker.dashboard import report
+    from tracker.dashboard.compare import closest_reference, train_runs_for_histories
+    from tracker.dashboard.index import load_run_index, read_json_artifact
+    from tracker.store import history, names
+    from tracker.store.tracker import Tracker
+
+    out = Path(args.out)
+    if not out.parent.is_dir() or out.is_dir():
+        raise DraftboardError(f"--out {out}: give a file in an existing folder")
+    tracker = Tracker(args.tracking_uri)
+    index = load_run_index(tracker)
+    missing = [r for r in args.runs if r not in index]
+    if missing:
+        raise DraftboardError(f"no run {missing[0]!r} in {redact.shown_uri(tracker.uri)}")
+    reference = None if args.reference == "none" else args.reference or closest_reference(index, args.runs).run_id
+    if reference is not None and reference not in index:
+        raise DraftboardError(f"no reference run {reference!r} in {redact.shown_uri(tracker.uri)}")
+    trained = train_runs_for_histories(index, args.runs)
+    axes = {r: index.runs[r].step_metric for r in trained if index.runs[r].step_metric}
+    curves = history.decimated(history.on_step_metric(history.load_histories(tracker.uri, trained), axes),
+                               history.CHART_BUCKETS)
+
+    def results(run):
+        return read_json_artifact(tracker.client, run.run_id, run.artifact_uri, names.EVAL_RESULTS_ARTIFACT)
+
+    page = report.compare_report(index, args.runs, reference, curves, results, tracker.uri)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the report appears whole or not at all
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    print(f"wrote {out} ({len(page.encode()) / 1e3:.0f} kB): {len(args.runs)} run(s), reference "
+          f"{index.label(reference) if reference else 'none'}")
+    return 0
 
 
 def cmd_doctor(args) -> int:
@@ -716,6 +761,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help='print {"checks": [{name, severity, verdict, evidence, fix}]}')
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("report", help="one self-contained HTML file of what Compare shows for RUN...: curves, "
+                                      "environment and protocol differences, vs-reference and vs-previous tables")
+    p.add_argument("runs", nargs="+", metavar="RUN_ID")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--reference", default=None,
+                   help="the reference run id (default: the closest, as Compare picks it; `none`: no reference)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("import-log", help="import a JSON-lines or key=value training log, or Automodel's console, "
                                           "as a train run")

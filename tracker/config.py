@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HOME_VAR = "DRAFTBOARD_HOME"
 STORE_VAR = "MLFLOW_TRACKING_URI"
@@ -32,6 +34,7 @@ WATCH_EXPERIMENTS_VAR = "DRAFTBOARD_WATCH_EXPERIMENTS"
 UI_HOSTS_VAR = "DRAFTBOARD_UI_HOSTS"
 ENGINE_URLS_VAR = "DRAFTBOARD_ENGINE_URLS"
 ENGINE_START_S_VAR = "DRAFTBOARD_ENGINE_START_S"
+ALERT_WEBHOOK_VAR = "DRAFTBOARD_ALERT_WEBHOOK"  # where regression alerts are POSTed (tracker/regression.py)
 UI_AUTH_VAR = "DRAFTBOARD_UI_AUTH"  # "basic": set by `draftboard ui --auth` for its server (tracker/serve.py)
 UI_USER_VAR = "DRAFTBOARD_UI_USER"
 UI_PASSWORD_VAR = "DRAFTBOARD_UI_PASSWORD"
@@ -75,6 +78,38 @@ def local_builder_problem(spec: str) -> str | None:
         return (f"{spec}: {name!r} is the datasets library's local {name} builder, which reads files from the "
                 "working directory, not a dataset on the hub; give the file's own path instead")
     return None
+
+
+HUB_PROBE_TIMEOUT_S = 3.0  # how long Launch waits to learn whether the hub answers at all
+
+
+def hub_dataset_problem(spec: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Why the hub dataset `hf:NAME...` cannot be read from this box, checked before a job is queued:
+    offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or the hub does not answer within
+    HUB_PROBE_TIMEOUT_S) and not in the local `datasets` cache. None when it can, or `spec` is no hub id."""
+    env = os.environ if env is None else env
+    if not spec.startswith(HF_DATASET_PREFIX):
+        return None
+    name = spec[len(HF_DATASET_PREFIX):].split(":")[0].strip()
+    if name.startswith(("/", ".", "~")) or Path(name).expanduser().exists():
+        return None  # a local folder
+    cache = Path(env.get("HF_DATASETS_CACHE") or Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+                 / "datasets").expanduser()
+    if (cache / name.replace("/", "___")).is_dir():
+        return None  # datasets' own cache layout: <namespace>___<name>
+    offline = [k for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if env.get(k, "").lower() in ("1", "true", "yes")]
+    if offline:
+        why = f"{offline[0]} is set"
+    else:
+        endpoint = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443),
+                                     timeout=HUB_PROBE_TIMEOUT_S).close()
+            return None
+        except OSError as exc:
+            why = f"{endpoint.hostname} did not answer ({type(exc).__name__})"
+    return (f"{spec}: this box is offline ({why}) and {name} is not in the datasets cache ({cache}): "
+            "give a prompts file under the allowed roots, or download the dataset first")
 
 
 # The benchmark sets z-lab's dflash/benchmark.py reports on, where the `datasets` library finds
@@ -252,6 +287,19 @@ def engine_url_problem(url: str, *, job: bool, env: Mapping[str, str] | None = N
         return (f"{url!r} is not one of the servers this deployment allows "
                 f"({ENGINE_URLS_VAR}: {', '.join(allowed) or 'none'})")
     return None
+
+
+def alert_webhook(env: Mapping[str, str] | None = None) -> str | None:
+    """The deployment's webhook for regression alerts (an http(s) URL, e.g. Slack's incoming webhook);
+    None when none is set. Set only here, by the deployment: never read from the store or a job."""
+    from tracker.errors import DraftboardError
+
+    url = _env(env).get(ALERT_WEBHOOK_VAR, "").strip()
+    if not url:
+        return None
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise DraftboardError(f"{ALERT_WEBHOOK_VAR} must be an http(s) URL, got {url[:40]!r}")
+    return url
 
 
 def engine_start_s(env: Mapping[str, str] | None = None) -> float:

@@ -191,6 +191,12 @@ def _critical_count(page) -> int:
     return int(re.match(r"\s*(\d+)", banner.first.text_content()).group(1))
 
 
+def _runs_critical(page) -> int:
+    """The Runs page's "Critical mismatches" number."""
+    metric = page.locator("[data-testid='stMetric']").filter(has_text="Critical mismatches").first
+    return int(metric.locator("[data-testid='stMetricValue']").text_content().strip())
+
+
 def _visit(page, url: str, shot: Path) -> None:
     page.goto(url)
     page.locator("h1").first.wait_for()
@@ -228,6 +234,8 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
 
     # The original eval, and after the re-evaluation the one beside it: their badges tell them apart.
     original = f"{v3_name} @ step {step} — 🟠 fallback · cpu · fp32 · DFlash"
+    _visit(page, f"{url}/", tmp_path / "0-runs-before.png")
+    runs_flagged = _runs_critical(page)
     _visit(page, f"{url}/environments", tmp_path / "1-environments-before.png")
     flagged = _critical_count(page)
     assert flagged >= 1, "the demo's bf16 run should start with a critical mismatch"
@@ -253,13 +261,24 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
 
     _visit(page, f"{url}/environments", tmp_path / "5-environments-after.png")
     assert _critical_count(page) == flagged - 1
-    # The original eval now links to its re-evaluation instead of offering another one.
-    _choose(page, "Eval to repeat", original, exact=True)
-    expect(page.get_by_text(re.compile("Already re-evaluated"))).to_be_visible()
-    assert page.get_by_role("button", name="Re-evaluate under the training environment").is_disabled()
-    page.screenshot(path=tmp_path / "6-environments-linked.png", full_page=True)
+    # The original eval is answered: its row names the re-evaluation, and it is no longer offered.
+    expect(page.get_by_text(re.compile(r"such eval\(s\) were re-evaluated"))).to_be_visible()
+    page.locator("[data-testid='stSelectbox']").filter(has_text="Eval to repeat").first.click()
+    expect(page.get_by_role("option").first).to_be_visible()
+    assert page.get_by_role("option", name=original, exact=True).count() == 0
+    page.keyboard.press("Escape")
+    page.screenshot(path=tmp_path / "6-environments-resolved.png", full_page=True)
+
+    # Resolved wherever it is counted: one run fewer on Runs, the training run's page says so.
+    _visit(page, f"{url}/", tmp_path / "6b-runs-after.png")
+    assert _runs_critical(page) == runs_flagged - 1
+    _visit(page, f"{url}/run?run={v3}", tmp_path / "6c-training-run.png")
+    expect(page.get_by_text(re.compile(rf"Resolved: .*step {step} differed from training")).first).to_be_visible()
+    assert page.locator("[data-testid='stAlertContentError']").count() <= 1  # one banner for what stays open
 
     _visit(page, f"{url}/compare?runs={v3}", tmp_path / "7-compare.png")
+    # Compare no longer lists the step among the evals that differ from training.
+    assert not page.get_by_text(re.compile(rf"@ steps? [\d, ]*\b{step}\b[^:]*\(eval\): drafter precision")).count()
     # The re-evaluation is its own series, drawn solid: it matches its training run's numerics.
     legend = page.locator("g.legend text").filter(has_text="bf16-autocast")
     legend.first.wait_for()

@@ -95,9 +95,11 @@ def test_a_zoom_reveals_every_logged_point(served, tmp_path):
         page.mouse.move(box["x"] + 0.5 * box["width"], y, steps=5)
         page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=5)
         page.mouse.up()
-        start = page.get_by_role("spinbutton", name="From step")
-        wait_until(lambda: start.input_value() != "0", 60, 0.1, "the dragged window in From step")
-        lo, hi = int(start.input_value()), int(page.get_by_role("spinbutton", name="To step").input_value())
+        # Both inputs are set by one rerun, but the browser may draw them a frame apart.
+        start, end = (page.get_by_role("spinbutton", name=n) for n in ("From step", "To step"))
+        wait_until(lambda: start.input_value() != "0" and end.input_value() != str(STEPS - 1), 60, 0.1,
+                   "the dragged window in From and To step")
+        lo, hi = int(start.input_value()), int(end.input_value())
         assert 0.3 * STEPS < lo < 0.5 * STEPS < hi < 0.7 * STEPS  # about the dragged fifth
         dragged = _drawn(page, f"c[0].every(t => t.x[0] === {lo} && t.x.length === {hi - lo + 1})")[0]
         for curve in dragged:

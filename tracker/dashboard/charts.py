@@ -31,6 +31,7 @@ PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#F
 REFERENCE_COLOR = "#333333"
 # Series of one run drawn at the same x (an eval and its re-evaluation in another environment):
 # each next one smaller and of another shape, so the first never hides the others.
+STEP_TICKS = 12  # up to this many evaluated checkpoints, a tick at each one's step
 MARKERS = [("circle", 11), ("diamond", 8), ("square", 6), ("triangle-up", 5)]
 
 
@@ -113,6 +114,9 @@ def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = 
         fig.add_hline(y=reference_value, line=dict(color=REFERENCE_COLOR, dash="dot", width=2),
                       annotation_text=f"{html_text(reference_label or 'reference')}: {reference_value:.3f}",
                       annotation_position="top left")
+    steps = sorted(set(sub["step"]))
+    if 0 < len(steps) <= STEP_TICKS:  # checkpoints are whole steps: a tick at each, never at 199.5
+        fig.update_xaxes(tickmode="array", tickvals=steps)
     return _layout(fig, "checkpoint step", doc.label)
 
 

@@ -65,7 +65,7 @@ def anchor_runs(index: RunIndex, runs: Sequence[RunInfo]) -> list[RunInfo]:
     out = []
     for run in runs:
         if run.kind == "train":
-            evals = index.evals_of(run.run_id)
+            evals = current_evals(index, run)
             out.append(evals[-1] if evals else run)
         else:
             out.append(run)
@@ -149,6 +149,18 @@ POSITION_COLUMNS = ["series", "owner", "run_id", "position", "rate", "dashed", "
 DDTREE_COLUMNS = ["series", "owner", "run_id", "budget", "tau", "dashed", "reason"]
 
 
+# How Compare titles each of its warning lists, in the legend's words (`≠ reference`, `≠ training`): the
+# page and the report (report.py) say the same.
+TITLES = {
+    "banner": "Environment or protocol differs critically from the reference — not comparable with it (series "
+              "dashed where the legend says ≠ reference):",
+    "resolution_notes": "Re-evaluated as trained, not as the reference was measured:",
+    "lineage_banner": "Evaluated in a different environment than trained — not the drafter as trained, drawn dashed "
+                      "(≠ training):",
+    "protocol_notes": "Protocol differences from the reference that do not dash a series:",
+}
+
+
 @dataclass
 class CompareData:
     runs: list[RunInfo]
@@ -168,6 +180,7 @@ class CompareData:
     probe_help: list[str] = field(default_factory=list)  # probe digests behind the banner's probe words
     reference_note: str = ""  # which reference number the tau line is, or why there is none
     reference_interval: tuple[float, float] | None = None  # the reference tau's 95% interval, when it has one
+    resolution_notes: list[str] = field(default_factory=list)  # re-evaluations as trained that the reference is not
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -246,7 +259,7 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
     label names only the parts that differ between its series."""
     if run.kind != "train":
         return [(index.eval_label(run) + comparisons.scoring_note(run), [run])]
-    evals = index.evals_of(run.run_id)
+    evals = current_evals(index, run)
     if not evals:
         return []
     groups: dict[tuple, list[RunInfo]] = {}
@@ -275,7 +288,38 @@ def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunIn
         return (bool(series_reason(index, ev, ref)), len(_critical_vs(ev, ref)),
                 len(own.critical) if own is not None else 0, -(ev.checkpoint_step or 0), -(ev.start_time or 0))
 
-    return sorted(index.evals_of(run.run_id), key=rank)
+    return sorted(current_evals(index, run), key=rank)
+
+
+def resolution_notes(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -> list[str]:
+    """One sentence per re-evaluation that answers a chosen training run's mismatch (`lineage.resolutions`)
+    yet differs critically from the reference: what differs, and the reference that matches it (the
+    fewest warnings), or that none does."""
+    if ref is None:
+        return []
+    notes = []
+    for run in runs:
+        if run.kind != "train":
+            continue
+        for _, by in lineage.resolutions(index, run):
+            crit = _critical_vs(by, ref)
+            if not crit:
+                continue
+            matching = sorted((len(lineage.of_severity(lineage.vs_reference(by, r), "warning")), r.run_id)
+                              for r in index.of_kind("reference") if r.run_id != ref.run_id
+                              and same_target(r.target, by.target) and not _critical_vs(by, r))
+            offer = (f"{reference_label(index, index.runs[matching[0][1]])} matches it: choose it as the reference"
+                     if matching else "no reference in the store matches it: evaluate one in this environment")
+            fields = _named([lineage.field_name(r.field) for r in crit])
+            notes.append(f"{index.eval_label(by)} is the drafter as trained, but differs from the reference "
+                         f"({fields}): {offer}.")
+    return list(dict.fromkeys(notes))
+
+
+def current_evals(index: RunIndex, run: RunInfo) -> list[RunInfo]:
+    """A training run's evals, each eval that a matching re-evaluation answered (`lineage.resolved_by`)
+    collapsed into that re-evaluation: one step, one number, the one measured as trained."""
+    return [ev for ev in index.evals_of(run.run_id) if lineage.resolved_by(index, ev) is None]
 
 
 def target_note(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -> str | None:
@@ -435,6 +479,7 @@ def compare_data(
         probe_help=list(dict.fromkeys(probe_help)),
         reference_note=ref_tau.note,
         reference_interval=(est.low, est.high) if est is not None and est.has_interval else None,
+        resolution_notes=resolution_notes(index, runs, ref),
     )
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from tracker import config, protocol, uncertainty
 from tracker.dashboard import lineage, reconcile_view
+from tracker.dashboard.lineage import MISSING
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
 from tracker.store import names
@@ -223,10 +224,12 @@ def reference_gap(index: RunIndex, ev: RunInfo, ref: RunInfo, results: ResultsLo
                "prompts": est.n_prompts, "tau": est.text(), "run_id": ev.run_id}
         other = theirs.get(dataset)
         if other is None:
-            reported = ", ".join(_label(d) for d in theirs) or "no tau at all"
-            rows.append({**row, "reference tau": None, "delta tau": None, "how": "",
-                         "verdict": f"no reference number for {_label(dataset)} (the reference reports: {reported})",
-                         "protocol": ""})
+            reported = ", ".join(_label(d) for d in theirs)
+            rows.append({**row, "reference tau": MISSING, "delta tau": MISSING, "how": "", "protocol": "",
+                         "verdict": f"no reference number for {_label(dataset)}: " + (
+                             f"the reference reports {reported}; evaluate this checkpoint on "
+                             f"{'it' if len(theirs) == 1 else 'one of them'} to compare" if reported
+                             else "the reference reports no tau at all")})
             continue
         a, b = per_prompt(ev_results, dataset), per_prompt(ref_results, dataset)
         paired = same_prompts(a, b)

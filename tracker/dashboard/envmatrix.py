@@ -4,7 +4,7 @@
 grades every cell against a baseline run with `fingerprint.diff`'s severities, so a red cell
 is a difference that can change the numbers. `pairs_frame` tabulates the (training run, eval)
 pairs of `tracker.dashboard.lineage.train_eval_pairs`, a critically differing eval marked once a
-re-evaluation matched its training run (`reevaluations`). `reeval_plan` builds the eval job that
+re-evaluation matched its training run (`lineage.resolved_by`). `reeval_plan` builds the eval job that
 repeats an eval with its training run's linear-attention path, dtype, drafter precision and
 device, or says why none is needed (same environment already, or an eval that already did it).
 `unfingerprinted` lists the runs without a fingerprint (runs other tools wrote, mostly), each
@@ -25,7 +25,8 @@ import pandas as pd
 from tracker import config, fingerprint, redact
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
-from tracker.dashboard.lineage import Lineage, field_name, severity_background, value_text
+from tracker.dashboard.lineage import (Lineage, eval_settings_of, field_name, protocol_tags, resolved_by, same_settings,
+                                       severity_background, value_text)
 
 # The same colours as Streamlit's own Markdown backgrounds, for the legend (no HTML needed).
 SEVERITY_LEGEND = " ".join(f":{color}-background[{severity}]" for severity, color in
@@ -128,8 +129,8 @@ def _section_order(field_key: str) -> int:
 
 def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
     """One row per (training run, eval) pair of `tracker.dashboard.lineage.train_eval_pairs`;
-    `re-evaluated as` names the matching re-evaluation of a critically differing eval (`reevaluations`)."""
-    redone = reevaluations(pairs)
+    `re-evaluated as` names the matching re-evaluation of a critically differing eval (`lineage.resolved_by`)."""
+    redone = {p.eval.run_id: by.run_id for p in pairs if (by := resolved_by(index, p.eval)) is not None}
     rows = []
     for p in pairs:
         crit, warn = p.critical, p.warnings
@@ -151,24 +152,6 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
                                         "differences", "re-evaluated as", "training env", "eval env", "eval_run_id"])
     frame["step"] = frame["step"].astype("Int64")
     return frame
-
-
-def reevaluations(pairs: Sequence[Lineage]) -> dict[str, str]:
-    """{eval run id: its re-evaluation's run id} for each eval that differs critically from its
-    training run and whose measurement was repeated without a critical difference: same training
-    run, checkpoint, settings and protocol. Such an eval is answered, no longer an open mismatch."""
-    matched = [q for q in pairs if q.rows is not None and not q.critical]
-    found = {}
-    for p in pairs:
-        if not p.critical:
-            continue
-        settings = eval_settings_of(p.eval)
-        redo = next((q for q in matched if q.train.run_id == p.train.run_id
-                     and q.eval.checkpoint_step == p.eval.checkpoint_step
-                     and _same_settings(q.eval, settings) and _protocol(q.eval) == _protocol(p.eval)), None)
-        if redo is not None:
-            found[p.eval.run_id] = redo.eval.run_id
-    return found
 
 
 # --------------------------------------------------------------------------- re-evaluation
@@ -219,49 +202,6 @@ def training_environment(fp: dict | None) -> tuple[dict[str, str], str | None]:
     return dict(env), None
 
 
-def _int(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _budgets(value) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError:
-        parsed = [v for v in str(value).strip("()[] ").split(",") if v.strip()]
-    try:
-        return [int(v) for v in parsed]
-    except (TypeError, ValueError):
-        return None
-
-
-def eval_settings_of(run: RunInfo, results: dict | None = None) -> dict:
-    """The settings an eval ran with, from its params (paths from eval_results.json when relative)."""
-    p = run.params
-    settings = {
-        "target": p.get("target") or run.target,
-        "drafter": p.get("drafter") or run.checkpoint,
-        "prompts": p.get("prompts"),
-        "completions": p.get("completions"),
-        "max_new_tokens": _int(p.get("max_new_tokens")),
-        "budgets": _budgets(p.get("budgets")),
-        "device": p.get("device"),
-        "dtype": p.get("dtype"),
-        "drafter_precision": p.get("drafter_precision"),
-        "linear_attn": p.get("linear_attn"),
-    }
-    if results:
-        for key in ("target", "drafter"):
-            section = results.get(key)
-            if isinstance(section, dict) and section.get("path") and not Path(str(settings[key] or "")).is_absolute():
-                settings[key] = section["path"]
-    return settings
-
-
 def reeval_plan(index: RunIndex, eval_run_id: str,
                 results: Callable[[RunInfo], dict | None] | None = None) -> ReevalPlan:
     """The job that repeats an eval (same target, drafter, prompts, settings) in its training run's environment."""
@@ -302,27 +242,14 @@ def reeval_plan(index: RunIndex, eval_run_id: str,
     return ReevalPlan(params, changes)
 
 
-# Settings that make two evals of one checkpoint the same measurement (besides the environment).
-_SAME_SETTINGS = ("drafter", "prompts", "completions", "max_new_tokens", "budgets")
-
-
 def _same_eval(run: RunInfo, original: RunInfo, params: dict) -> bool:
     """Whether `run` measured what `params` would: same checkpoint and settings, the planned
     environment (from its fingerprint), and the same protocol tags as the eval being repeated."""
-    if not _same_settings(run, params):
+    if not same_settings(run, params):
         return False
     if any(environment_flags(run.fingerprint)[k] != params[k] for k in ENV_FLAGS):
         return False
-    return _protocol(run) == _protocol(original)
-
-
-def _same_settings(run: RunInfo, settings: dict) -> bool:
-    mine = eval_settings_of(run)
-    return all(mine[k] == settings.get(k) for k in _SAME_SETTINGS)
-
-
-def _protocol(run: RunInfo) -> dict[str, str]:
-    return {k: v for k, v in run.tags.items() if names.parse_protocol_tag(k)}
+    return protocol_tags(run) == protocol_tags(original)
 
 
 # --------------------------------------------------------------------------- runs without a fingerprint

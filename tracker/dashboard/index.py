@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from tracker import config
 from tracker.store import adoption, names
 from tracker.store.history import latest_metric_steps
 
@@ -112,6 +113,12 @@ class RunInfo:
         """A reference of published numbers (fingerprint source `published`, or the published tag)."""
         return self.kind == "reference" and (self.source_kind == "published"
                                              or self.tags.get(names.PUBLISHED) == "1")
+
+    @property
+    def alert(self) -> str | None:
+        """The run's regression alert (`draftboard.alert`, tracker/regression.py), bounded; None without one."""
+        text = self.tags.get(names.ALERT)
+        return config.bounded(text, 4000) if text else None
 
     @property
     def step_metric(self) -> str | None:

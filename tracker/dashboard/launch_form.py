@@ -14,6 +14,7 @@ results could never be logged (the worker usually logs with the same account).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracker import config, redact
-from tracker.dashboard.envmatrix import environment_flags, eval_settings_of
+from tracker.dashboard.envmatrix import environment_flags
 from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.dashboard.lineage import eval_settings_of
 from tracker.errors import DraftboardError
 from tracker.events import PREFIX as EVENT_PREFIX
 from tracker.store import names
@@ -179,6 +181,26 @@ def measure_label(choice: tuple[str | None, str | None]) -> str:
     return f"{name} at {redact.shown_uri(url)}" if url else f"{name} (started by the worker)"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a transformers config.json is a few KB
+
+
+def target_context(target: str) -> int | None:
+    """The target's context length (config.json's max_position_embeddings, or its text_config's, as a
+    multimodal checkpoint nests it); None where the folder holds no readable config (the worker says why)."""
+    file = Path(target) / "config.json"
+    try:
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     """Validated eval job params (`tracker.jobs.eval_job.validate`); DraftboardError says what is wrong."""
     if form.checkpoint_path:
@@ -196,6 +218,12 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
             raise DraftboardError(f"linear-attention path: {why}")
     if not isinstance(form.max_new_tokens, int) or form.max_new_tokens < 1:
         raise DraftboardError("max new tokens must be a positive integer")
+    context = target_context(target)
+    if context is not None and form.max_new_tokens >= context:
+        raise DraftboardError(f"max new tokens {form.max_new_tokens} leaves no room for a prompt in the target's "
+                              f"context of {context} tokens (max_position_embeddings)")
+    if problem := config.hub_dataset_problem(prompts):
+        raise DraftboardError(problem)
     if form.limit_per_dataset is not None and form.limit_per_dataset < 1:
         raise DraftboardError("prompts per dataset must be a positive integer (or empty: all of them)")
     params = {

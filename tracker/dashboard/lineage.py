@@ -11,12 +11,19 @@ Two relations use it:
   Compare dashes, banners and picks the closest reference by.
 How a difference is worded (`linear-attn fallback vs training: fast`) lives here too, and how a
 severity reads (`🔴 critical`, a table cell's colour) wherever one is shown.
+
+Resolved (`resolved_by`): an eval that differs critically from its training run is answered once the
+same measurement (training run, checkpoint, settings, protocol) was repeated without a critical
+difference. `mismatches` leaves it out, so every count, badge, banner and default that reads
+mismatches from here reads it as resolved, and `resolutions` names the re-evaluation that answered it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tracker import fingerprint, protocol
 from tracker.dashboard.index import RunIndex, RunInfo
@@ -198,6 +205,66 @@ def summarize_rows(rows: Sequence, a_name: str, b_name: str, limit: int = 4, pro
     return f"{a_name}: " + "; ".join(parts) if a_name else "; ".join(parts)
 
 
+# --------------------------------------------------------------------------- the same measurement
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _budgets(value) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        parsed = [v for v in str(value).strip("()[] ").split(",") if v.strip()]
+    try:
+        return [int(v) for v in parsed]
+    except (TypeError, ValueError):
+        return None
+
+
+def eval_settings_of(run: RunInfo, results: dict | None = None) -> dict:
+    """The settings an eval ran with, from its params (paths from eval_results.json when relative)."""
+    p = run.params
+    settings = {
+        "target": p.get("target") or run.target,
+        "drafter": p.get("drafter") or run.checkpoint,
+        "prompts": p.get("prompts"),
+        "completions": p.get("completions"),
+        "max_new_tokens": _int(p.get("max_new_tokens")),
+        "budgets": _budgets(p.get("budgets")),
+        "device": p.get("device"),
+        "dtype": p.get("dtype"),
+        "drafter_precision": p.get("drafter_precision"),
+        "linear_attn": p.get("linear_attn"),
+    }
+    if results:
+        for key in ("target", "drafter"):
+            section = results.get(key)
+            if isinstance(section, dict) and section.get("path") and not Path(str(settings[key] or "")).is_absolute():
+                settings[key] = section["path"]
+    return settings
+
+
+# Settings that make two evals of one checkpoint the same measurement (besides the environment).
+SAME_SETTINGS = ("drafter", "prompts", "completions", "max_new_tokens", "budgets")
+
+
+def same_settings(run: RunInfo, settings: dict) -> bool:
+    """Whether `run` measured with `settings` (an `eval_settings_of`), the environment aside."""
+    mine = eval_settings_of(run)
+    return all(mine[k] == settings.get(k) for k in SAME_SETTINGS)
+
+
+def protocol_tags(run: RunInfo) -> dict[str, str]:
+    """The run's `protocol.*` tags as logged: equal tags, the same protocol."""
+    return {k: v for k, v in run.tags.items() if names.parse_protocol_tag(k)}
+
+
 # --------------------------------------------------------------------------- lineage
 
 
@@ -246,8 +313,37 @@ def lineage(index: RunIndex, run: RunInfo) -> list[Lineage]:
 
 
 def mismatches(index: RunIndex, run: RunInfo) -> list[Lineage]:
-    """The lineage pairs of a run whose environments differ critically (their numbers are not comparable)."""
-    return [p for p in lineage(index, run) if p.critical]
+    """The lineage pairs of a run whose environments differ critically (their numbers are not comparable)
+    and that no matching re-evaluation answered (`resolved_by`)."""
+    return [p for p in lineage(index, run) if p.critical and resolved_by(index, p.eval) is None]
+
+
+def resolutions(index: RunIndex, run: RunInfo) -> list[tuple[Lineage, RunInfo]]:
+    """The run's critically differing lineage pairs that a re-evaluation answered, with that re-evaluation."""
+    return [(p, by) for p in lineage(index, run) if p.critical and (by := resolved_by(index, p.eval)) is not None]
+
+
+def resolved_by(index: RunIndex, run: RunInfo) -> RunInfo | None:
+    """The re-evaluation that answers `run`'s critical difference from its training run: an eval of the
+    same checkpoint of the same training run, with the same settings and protocol, started no earlier,
+    that differs from the training run in nothing critical (the newest such); None when there is none, or
+    nothing to answer. An eval in another environment made after a matching one is an exploration of that
+    environment, not a mismatch a re-evaluation answered: it stays shown."""
+    own = vs_training(index, run)
+    if own is None or not own.critical:
+        return None
+    settings, proto = eval_settings_of(run), protocol_tags(run)
+    for other in reversed(index.evals_of(own.train.run_id)):
+        if other.run_id == run.run_id or other.checkpoint_step != run.checkpoint_step:
+            continue
+        if (other.start_time or 0) < (run.start_time or 0):
+            continue
+        if not same_settings(other, settings) or protocol_tags(other) != proto:
+            continue
+        rows = env_diff(other, own.train)
+        if rows is not None and not of_severity(rows, "critical"):
+            return other
+    return None
 
 
 def mismatch_text(index: RunIndex, pair: Lineage) -> str:

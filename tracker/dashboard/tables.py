@@ -19,6 +19,7 @@ from tracker import fingerprint, protocol, redact
 from tracker.dashboard import lineage, metric_docs, recipe
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
 from tracker.dashboard.lineage import MISSING, summarize_rows
+from tracker.store import names
 
 _GPU_CHARS = 28
 
@@ -42,6 +43,35 @@ def tau_of(index: RunIndex, run: RunInfo) -> tuple[float | None, float | None]:
     return (tau, tau) if finite(tau) else (None, None)
 
 
+def tau_text(index: RunIndex, run: RunInfo) -> str:
+    """What the Runs table's tau says, with what makes it a number: `3.24 [2.19, 4.50] · 16 prompts · T=0 ·
+    64 tok` (a training run: its latest evaluated checkpoint's, `@ 200` in front); a published reference
+    without one tau, its per-dataset numbers (`gsm8k 6.53 · math500 7.84`); MISSING when there is none."""
+    ev, at = run, ""
+    if run.kind == "train":
+        evals = [e for e in index.evals_of(run.run_id) if finite(e.metrics.get("tau"))]
+        if not evals:
+            return MISSING
+        ev = max(evals, key=lambda e: (e.checkpoint_step or 0, e.start_time or 0))
+        at = f"@ {ev.checkpoint_step} · " if ev.checkpoint_step is not None else ""
+    tau = ev.metrics.get("tau")
+    if not finite(tau):
+        published = [(d, ev.metrics.get(names.dataset_metric("tau", d))) for d in lineage.datasets_of(ev)]
+        shown = [f"{d} {v:.2f}" for d, v in published if finite(v)]
+        return " · ".join(shown) if shown else MISSING
+    low, high = ev.metrics.get("tau_ci_low"), ev.metrics.get("tau_ci_high")
+    parts = [f"{tau:.2f}" + (f" [{low:.2f}, {high:.2f}]" if finite(low) and finite(high) else "")]
+    proto = lineage.protocol_of(ev)
+    if proto is not None:
+        sizes = list(proto.datasets.values()) if isinstance(proto.datasets, dict) else []
+        if sizes and all(isinstance(n, int) for n in sizes):
+            parts.append(f"{sum(sizes)} prompts")
+        parts.append(protocol.sampling_text(proto, draws=False))
+        if isinstance(proto.max_new_tokens, int):
+            parts.append(f"{proto.max_new_tokens} tok")
+    return at + " · ".join(parts)
+
+
 def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[str] = (),
                 tags: Sequence[str] = (), search: str = "") -> list[RunInfo]:
     """Runs matching every given filter (empty filter: no restriction); search is over name and id."""
@@ -61,8 +91,8 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
     return out
 
 
-RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau latest",
-                      "tau best",
+RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau",
+                      "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
 
 
@@ -79,7 +109,14 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
     An eval's row names the fields that differ from its training run; a training run's row says
     at which of its evaluated steps."""
     if not found:
-        return "⚪ no fingerprint" if run.fingerprint is None else ""
+        if run.fingerprint is None:
+            return "⚪ no fingerprint"
+        answered = lineage.resolutions(index, run)
+        if answered:
+            if run.kind != "train":
+                return f"🟢 re-evaluated as {index.label(answered[0][1].run_id)}"
+            return f"🟢 {len(answered)} re-evaluated to match"
+        return ""
     parts = []
     for pair in found[:2]:
         reason = summarize_rows(pair.critical, "", "training", limit=2, probe=pair.probe)
@@ -141,9 +178,10 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
             "name": run.name,
             "kind": run.kind_label + recipe.step_unit_note(run),
             "drafter": run.drafter_family or "",
-            "status": run.status or MISSING,
+            "status": ("📉 " if run.alert else "") + (run.status or MISSING),
             "target": run.target_name,
             "steps": run.steps,
+            "tau": tau_text(index, run),
             "tau latest": latest,
             "tau best": best,
             "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
@@ -232,13 +270,14 @@ def checkpoints_frame(index: RunIndex, run: RunInfo, checkpoints: Sequence) -> p
     by_step: dict[int | None, list[lineage.Lineage]] = {}
     for pair in lineage.lineage(index, run):
         by_step.setdefault(pair.eval.checkpoint_step, []).append(pair)
+    answered = {pair.eval.run_id: by.name for pair, by in lineage.resolutions(index, run)}
     rows = []
     known = {c.step for c in checkpoints}
     for c in checkpoints:
-        rows.append(_checkpoint_row(c.step, c.size_bytes, c.sha256, c.path, by_step.get(c.step, [])))
+        rows.append(_checkpoint_row(c.step, c.size_bytes, c.sha256, c.path, by_step.get(c.step, []), answered))
     for step in sorted((s for s in by_step if s not in known), key=lambda s: -1 if s is None else s):
         first = by_step[step][0].eval
-        rows.append(_checkpoint_row(step, None, first.checkpoint_sha256, first.checkpoint, by_step[step]))
+        rows.append(_checkpoint_row(step, None, first.checkpoint_sha256, first.checkpoint, by_step[step], answered))
     frame = pd.DataFrame(rows, columns=["step", "size (MB)", "sha256", "path", "evals", "tau", "env check",
                                         "critical"])
     frame["step"] = frame["step"].astype("Int64")
@@ -246,7 +285,8 @@ def checkpoints_frame(index: RunIndex, run: RunInfo, checkpoints: Sequence) -> p
     return frame
 
 
-def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage]) -> dict:
+def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage], answered: dict[str, str]) -> dict:
+    """`answered`: eval id -> the name of the re-evaluation that resolved its mismatch."""
     evals_text, taus, checks = [], [], []
     for pair in pairs:
         ev = pair.eval
@@ -254,7 +294,9 @@ def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage]) -> 
         evals_text.append(f"{ev.name} [{ev.env_badges}]" + (f" tau {tau:.3f}" if finite(tau) else ""))
         if finite(tau):
             taus.append(tau)
-        if pair.critical:
+        if ev.run_id in answered:
+            checks.append(f"🟢 {ev.name}: re-evaluated as {answered[ev.run_id]}")
+        elif pair.critical:
             checks.append(f"🔴 {ev.name}: {pair.summary()}")
     return {
         "step": step,
@@ -264,5 +306,5 @@ def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage]) -> 
         "evals": "\n".join(evals_text) or "not evaluated",
         "tau": max(taus) if taus else None,
         "env check": " | ".join(checks),
-        "critical": sum(bool(p.critical) for p in pairs),
+        "critical": sum(bool(p.critical) and p.eval.run_id not in answered for p in pairs),
     }

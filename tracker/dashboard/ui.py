@@ -30,15 +30,17 @@ import streamlit as st
 
 from tracker import config, demo_progress, redact
 from tracker.dashboard import curve_chart
+from tracker.dashboard.envmatrix import reeval_plan
 from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
+from tracker.dashboard.launch_form import submit_eval
 from tracker.errors import DraftboardError
 from tracker.store import history
 from tracker.store.names import DOCTOR, DOCTOR_ARTIFACT, EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
-DEFAULT_MAX_POINTS = history.PLOT_MAX_POINTS  # per curve on the Run detail page
+ENVIRONMENTS_PAGE = "pages/environments.py"
 CHART_BUCKETS = history.CHART_BUCKETS  # Compare: min and max of this many step ranges per curve
 INDEX_TTL_S = 5
 
@@ -154,30 +156,6 @@ def _step_axes(run_ids, index: RunIndex | None) -> tuple[tuple[str, str], ...]:
     return tuple((r, index.runs[r].step_metric) for r in run_ids if r in index.runs and index.runs[r].step_metric)
 
 
-@st.cache_data(max_entries=32, show_spinner="Loading metric histories…")
-def _histories(uri: str, run_ids: tuple[str, ...], keys: tuple[str, ...] | None, max_points: int | None,
-               signature: tuple, axes: tuple[tuple[str, str], ...]) -> pd.DataFrame:
-    del signature  # part of the cache key only: it changes when a run logs new steps
-    frame = history.load_histories(uri, list(run_ids), None if keys is None else list(keys), max_points)
-    if not axes:
-        return frame
-    # Downsampling keeps other steps of each metric: the axis is read in full to place every point kept.
-    full = history.load_histories(uri, [r for r, _ in axes], sorted({key for _, key in axes}))
-    return history.on_step_metric(frame, dict(axes), full)
-
-
-def histories(uri: str, run_ids, keys=None, max_points: int | None = DEFAULT_MAX_POINTS,
-              index: RunIndex | None = None) -> pd.DataFrame:
-    """Metric histories, cached on (uri, runs, keys, max_points, latest steps of the runs); runs whose tool
-    logs its step as a metric (`RunInfo.step_metric`) are placed on it."""
-    run_ids = tuple(sorted(set(run_ids)))
-    if not run_ids:
-        return history.load_histories(uri, [], None, max_points)
-    sig = _run_signatures(uri, run_ids, index)
-    return _histories(uri, run_ids, None if keys is None else tuple(sorted(keys)), max_points, sig,
-                      _step_axes(run_ids, index))
-
-
 # Every point of each run's metrics, kept once per (store, run) and replaced when the run logs a new
 # step: the source of every zoom. Not st.cache_data, which would copy it out on every read. Bounded:
 # beyond FULL_HISTORY_MAX_POINTS (about 75 bytes each in memory) the least recently read runs go.
@@ -291,7 +269,7 @@ def training_chart(spec: dict, key: str) -> None:
 
 
 def curves_caption(shown: pd.DataFrame) -> str:
-    """What the training charts hold, in words."""
+    """What the training charts hold, in words (Compare and Run detail decimate alike)."""
     return (f"{len(shown):,} points shown. Each curve keeps the lowest and the highest value of each of "
             f"{CHART_BUCKETS} step ranges (spikes survive); where a curve has at most {2 * CHART_BUCKETS + 2} "
             "points in the shown steps, every logged point. Narrow From/To step to zoom in at full detail.")
@@ -326,7 +304,6 @@ def warm(uri: str) -> str:
 def refresh() -> None:
     """Forget cached runs and histories (after a change made from the dashboard, or on request)."""
     run_index.clear()
-    _histories.clear()
     _curves.clear()
     with _full_lock:
         _full.clear()
@@ -508,6 +485,10 @@ def env_badges(run: RunInfo) -> None:
         device = f"{run.device} · {run.gpu}" if run.gpu and run.device == "cuda" else run.device
         st.badge(md_badge(device), icon=":material/memory:", color="blue", help="device kind (and GPU model)")
         st.badge(md_badge(run.dtype), color="gray", help="dtype of the target's forward pass")
+        if run.drafter_precision:
+            st.badge(f"drafter {md_badge(run.drafter_precision)}", color="orange",
+                     help="how the drafter computed where it was not a cast to the dtype (bf16-autocast: fp32 weights "
+                          "under bf16 autocast, as mixed-precision training computes)")
         if run.env_hash:
             st.badge(f"env {md_badge(run.env_hash)}", color="gray",
                      help="hash of the fingerprint fields that can change the numbers: equal hashes, comparable numbers")
@@ -528,3 +509,30 @@ def run_option_label(index: RunIndex, run_id: str) -> str:
         return run_id
     extra = f" · step {run.checkpoint_step}" if run.kind != "train" and run.checkpoint_step is not None else ""
     return f"{index.label(run_id)} — {run.kind_label}{extra} · {run.target_name}"
+
+
+def reevaluate(cfg: Settings, index: RunIndex, eval_run_id: str, key: str) -> None:
+    """What a re-evaluation of the eval in its training run's environment would change, and the button that
+    queues it (Environments and an eval's Run detail); disabled, with the reason, when there is nothing to do."""
+    plan = reeval_plan(index, eval_run_id, eval_results_loader(cfg.store_uri))
+    if plan.blocked:
+        st.caption(f"Nothing to re-evaluate: {md(plan.blocked)}")
+    elif plan.existing:
+        st.caption(f"Already re-evaluated ({md(', '.join(plan.changes))}): {md(index.label(plan.existing))}")
+        st.page_link(RUN_DETAIL_PAGE, label="Open the existing eval", query_params={"run": plan.existing},
+                     icon=":material/science:")
+    else:
+        st.caption("Changes: " + md(", ".join(plan.changes)))
+    if st.button("Re-evaluate under the training environment", key=key, disabled=plan.params is None,
+                 icon=":material/replay:", type="primary",
+                 help=md(plan.blocked) if plan.blocked else (
+                     "an eval with these settings in this environment exists" if plan.existing
+                     else "queue the same eval with the changes above")):
+        with reported():
+            job = submit_eval(queue_for(cfg.jobs_uri), plan.params)
+            if job.existing:
+                st.info(f"Already {job.state}: job #{job.id} has the same checkpoint and settings.")
+            else:
+                st.success(f"Queued job #{job.id}.")
+            st.page_link("pages/launch.py", label="Follow it in the queue", icon=":material/list:")
+

@@ -7,14 +7,7 @@ read-only SELECTs (sqlite is opened with `mode=ro`; PostgreSQL transactions are 
 one indexed query per (run, metric) on MLflow's (run_uuid, key, step) index. For an http
 store it falls back to `get_metric_history` calls issued from a thread pool.
 
-Downsampling (`max_points`): plots never need more points than the screen has pixels. With
-`max_points=N` a history with more than N points keeps every k-th *step*, counted from its
-first step in units of its logging interval (the gap between its first two steps), so that
-about N points remain; the first and the last step are always kept. The choice is made by
-the database on the index alone, so skipped points are never read. Every k-th point can
-hide a single-step spike; `max_points=None` reads everything.
-
-Decimation (`decimate`, `window`): what the Compare page draws. Shape-preserving: within each of
+Decimation (`decimate`, `window`): what Compare and Run detail draw. Shape-preserving: within each of
 `buckets` equal step ranges the points holding the minimum and the maximum value are kept (and a
 history's first and last point), so no spike is lost however many points are dropped; a history
 or step window with at most 2 x buckets + 2 points is kept whole, so zooming in far enough shows
@@ -39,7 +32,6 @@ import pandas as pd
 import sqlalchemy as sa
 
 COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
-PLOT_MAX_POINTS = 1500  # per curve, the dashboard's default (a wide chart is ~1500 px)
 CHART_BUCKETS = 300  # Compare's decimation: min and max per bucket, ~1 point per pixel of a ~650 px half-width chart
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
@@ -141,21 +133,18 @@ def load_histories(
     uri: str,
     run_ids: Sequence[str],
     keys: Sequence[str] | None = None,
-    max_points: int | None = None,
     client=None,
 ) -> pd.DataFrame:
     """Histories of `keys` (default: every metric each run has) for `run_ids`; see the module doc."""
-    if max_points is not None and max_points < 2:
-        raise ValueError(f"max_points must be at least 2, got {max_points}")
     run_ids = list(dict.fromkeys(run_ids))
     if not run_ids:
         return _frame([])
     engine = readonly_engine(uri)
     if engine is not None:
-        return _frame(_sql_histories(engine, run_ids, keys, max_points))
+        return _frame(_sql_histories(engine, run_ids, keys))
     if is_database_uri(uri):
         return _frame([])  # sqlite file not created yet: nothing logged
-    return _frame(_client_histories(uri, run_ids, keys, max_points, client))
+    return _frame(_client_histories(uri, run_ids, keys, client))
 
 
 Block = tuple[str, str, np.ndarray]  # run_id, key, [n, 4] array of step, value, is_nan, timestamp
@@ -190,59 +179,27 @@ def _array(rows: list[tuple]) -> np.ndarray:
 
 
 _PAIRS = sa.text(
-    "SELECT run_uuid, key, step FROM latest_metrics WHERE run_uuid IN :ids"
+    "SELECT run_uuid, key FROM latest_metrics WHERE run_uuid IN :ids"
 ).bindparams(sa.bindparam("ids", expanding=True))
-_FIRST_TWO = sa.text(
-    "SELECT DISTINCT step FROM metrics WHERE run_uuid = :run AND key = :key ORDER BY step LIMIT 2"
-)
 # ORDER BY step makes the planner use MLflow's (run_uuid, key, step) index; without it sqlite
 # may scan the primary-key index (key first) across every run.
 _ALL = sa.text(
     "SELECT step, value, is_nan, timestamp FROM metrics WHERE run_uuid = :run AND key = :key "
     "ORDER BY step, timestamp"
 )
-_EVERY_KTH = sa.text(
-    "SELECT step, value, is_nan, timestamp FROM metrics WHERE run_uuid = :run AND key = :key "
-    "AND ((step - :first) % :stride = 0 OR step = :last) ORDER BY step, timestamp"
-)
-
-
-def _stride(first: int, second: int | None, last: int, max_points: int | None) -> int:
-    """Step stride that leaves about max_points of a history logged every (second - first) steps."""
-    if max_points is None or second is None:
-        return 1
-    interval = max(1, second - first)
-    span_points = (max(last, first) - first) // interval + 1
-    k = -(-span_points // max_points)  # ceil
-    # k == 1: everything fits; read all rows, including steps off the interval's grid.
-    return 1 if k <= 1 else interval * k
-
-
-def _sql_histories(engine: sa.Engine, run_ids: list[str], keys: Sequence[str] | None,
-                   max_points: int | None) -> list[Block]:
+def _sql_histories(engine: sa.Engine, run_ids: list[str], keys: Sequence[str] | None) -> list[Block]:
     wanted = None if keys is None else set(keys)
     blocks: list[Block] = []
     with _connect(engine) as conn:
-        # latest_metrics has one row per (run, key): which histories exist, and the last step.
+        # latest_metrics has one row per (run, key): which histories exist.
         pairs = []
         for chunk in _chunks(run_ids):
-            for run_id, key, last in conn.execute(_PAIRS, {"ids": list(chunk)}):
+            for run_id, key in conn.execute(_PAIRS, {"ids": list(chunk)}):
                 if wanted is None or key in wanted:
-                    pairs.append((run_id, key, int(last)))
+                    pairs.append((run_id, key))
         raw = conn.connection.dbapi_connection if engine.dialect.name == "sqlite" else None
-        for run_id, key, last in pairs:
-            stride, first = 1, 0
-            if max_points is not None:
-                found = [int(r[0]) for r in conn.execute(_FIRST_TWO, {"run": run_id, "key": key})]
-                if len(found) == 2:
-                    first = found[0]
-                    stride = _stride(found[0], found[1], last, max_points)
-            if stride > 1:
-                params = {"run": run_id, "key": key, "first": first, "stride": stride, "last": last}
-                rows = _execute(conn, raw, _EVERY_KTH, params)
-            else:
-                rows = _execute(conn, raw, _ALL, {"run": run_id, "key": key})
-            blocks.append((run_id, key, _array(rows)))
+        for run_id, key in pairs:
+            blocks.append((run_id, key, _array(_execute(conn, raw, _ALL, {"run": run_id, "key": key}))))
     return blocks
 
 
@@ -253,8 +210,7 @@ def _execute(conn: sa.Connection, raw, stmt: sa.TextClause, params: dict) -> lis
     return [tuple(r) for r in conn.execute(stmt, params)]
 
 
-def _client_histories(uri: str, run_ids: list[str], keys: Sequence[str] | None, max_points: int | None,
-                      client=None) -> list[Block]:
+def _client_histories(uri: str, run_ids: list[str], keys: Sequence[str] | None, client=None) -> list[Block]:
     if client is None:
         from mlflow import MlflowClient
 
@@ -268,22 +224,10 @@ def _client_histories(uri: str, run_ids: list[str], keys: Sequence[str] | None, 
         run_id, key = pair
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
         rows = [(m.step, m.value, float(m.value != m.value), m.timestamp) for m in history]
-        return run_id, key, _array(downsample(rows, max_points))
+        return run_id, key, _array(rows)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(fetch, pairs))
-
-
-def downsample(rows: list[tuple], max_points: int | None) -> list[tuple]:
-    """The in-Python twin of the SQL rule, for the (step, ...) rows of one history."""
-    if max_points is None or not rows:
-        return rows
-    steps = sorted({r[0] for r in rows})
-    first, last = steps[0], steps[-1]
-    stride = _stride(first, steps[1] if len(steps) > 1 else None, last, max_points)
-    if stride == 1:
-        return rows
-    return [r for r in rows if (r[0] - first) % stride == 0 or r[0] == last]
 
 
 # --------------------------------------------------------------------------- decimation

@@ -46,6 +46,8 @@ CHECKPOINTS_DIR = "checkpoints"
 WATCH_ARTIFACT = "watch.json"  # a watched run's watch state: folder, eval preset, checkpoints seen
 DOCTOR_ARTIFACT = "doctor.json"  # `draftboard doctor --run`'s report on that run (Run detail's Doctor panel)
 DOCTOR = "draftboard.doctor"  # its worst severity: critical | warning | info | ok
+ALERTS_ARTIFACT = "alerts.json"  # an eval's regression alerts (tracker/regression.py)
+ALERT = "draftboard.alert"  # their text, one line: the eval is worse than its previous checkpoint or a reference
 
 
 def checkpoint_artifact(step: int) -> str:

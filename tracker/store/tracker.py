@@ -308,6 +308,10 @@ class Tracker:
         self._write(lambda: self.client.set_tag(run_id, names.CHECKPOINT_COUNT, count),
                     f"counting the checkpoints of run {run_id}")
 
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        """One tag on an existing run, under the retry policy."""
+        self._write(lambda: self.client.set_tag(run_id, key, value), f"tagging run {run_id} with {key}")
+
     def write_json(self, run_id: str, artifact: str, obj: Any) -> None:
         """Store obj as the run's JSON artifact `artifact` (replacing it), under the retry policy."""
         self._write(lambda: self.client.log_dict(run_id, obj, artifact), f"writing {artifact} to run {run_id}")

@@ -1,0 +1,44 @@
+"""`draftboard report`'s HTML in Chromium with every request refused: it draws every chart from what is
+inside the file, asks no network for anything, and shows a hostile run name as text."""
+
+import shutil
+
+from mlflow import MlflowClient
+from test_browser import HOSTILE, page, pytestmark  # noqa: F401  (the Chromium page fixture and its skip)
+
+from tracker.cli import main
+
+
+def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_store, page, tmp_path, capsys):  # noqa: F811
+    store = tmp_path / "store.db"  # a copy: the session's store keeps its names
+    shutil.copy(dashboard_store.uri.removeprefix("sqlite:///"), store)
+    uri = f"sqlite:///{store}"
+    ids = dashboard_store.ids
+    MlflowClient(uri).set_tag(ids["v4"], "mlflow.runName", HOSTILE)
+    out = tmp_path / "report.html"
+    assert main(["report", ids["v5"], ids["v4"], "--out", str(out), "--tracking-uri", uri]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+
+    requested = []
+
+    def refuse(route):
+        requested.append(route.request.url)
+        route.abort()
+
+    page.route("**/*", lambda route: route.continue_() if route.request.url == out.as_uri() else refuse(route))
+    page.goto(out.as_uri())
+    charts = page.locator(".db-chart")
+    n = charts.count()
+    assert n >= 5  # loss, acc, streak, dds8 over training; tau over checkpoints
+    page.wait_for_function(f"document.querySelectorAll('.db-curves[data-drawn=\"1\"]').length === {n}")
+    drawn = page.evaluate("[...document.querySelectorAll('.db-curves')].map(c => c.curves().length)")
+    assert all(k >= 1 for k in drawn), drawn  # every chart has its lines
+    assert page.evaluate("window.__xss") is None
+    assert HOSTILE in page.locator("h1").text_content()  # the name, as text
+    assert requested == []
+    text = page.locator("body").text_content()
+    for heading in ("vs reference", "vs previous checkpoint", "Environment and protocol against the reference",
+                    "Definitions"):
+        assert heading in text
+    assert "Mean acceptance length" in text and "linear-attn" in text  # a definition; v4's known difference
+    page.screenshot(path=tmp_path / "report.png", full_page=True)

@@ -1,0 +1,139 @@
+"""Regression alerts (tracker/regression.py): a real eval worse than its run's previous checkpoint, by the
+paired bootstrap, is recorded on the run and POSTed once to the deployment's webhook (a loopback receiver
+here); an eval that is not worse, or not comparable, raises none."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from demo.serving_pair import MAX_NEW_TOKENS
+from loopback import LoopbackServer
+from tracker import Tracker, regression
+from tracker.cli import main
+from tracker.errors import DraftboardError
+from tracker.store import names
+
+pytestmark = pytest.mark.sqlite_only(reason="one store is enough: the alert logic reads what any store returns")
+
+
+class Receiver(LoopbackServer):
+    """A webhook that keeps every JSON body POSTed to it."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (the stdlib's name)
+                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(Handler)
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()
+
+
+def _scrambled(src, dst):
+    """The drafter with its weights replaced by noise: a checkpoint that forgot what it learned."""
+    shutil.copytree(src, dst)
+    weights = load_file(dst / "model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    save_file({k: torch.randn(v.shape, generator=gen, dtype=torch.float32).to(v.dtype) * 0.5
+               for k, v in weights.items()}, dst / "model.safetensors")
+    return dst
+
+
+def test_a_worse_checkpoint_posts_one_alert_and_a_steady_one_none(serving_pair, tmp_path, monkeypatch, receiver,
+                                                                   capsys):
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("DRAFTBOARD_ALERT_WEBHOOK", receiver.url + "/hooks/T000/B000")
+    tracker = Tracker(uri)
+    with tracker.training_run("drafter-v9", {"lr": 1e-3}, str(serving_pair / "target")) as train:
+        train.log_step(1, loss=1.0)
+    bad = _scrambled(serving_pair / "drafter", tmp_path / "scrambled")
+
+    def evaluate(drafter, step):
+        assert main(["eval", "--target", str(serving_pair / "target"), "--drafter", str(drafter), "--prompts",
+                     str(serving_pair / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--cache-dir",
+                     str(serving_pair / "cache"), "--train-run-id", train.run_id, "--checkpoint-step", str(step),
+                     "--tracking-uri", uri]) == 0
+        return tracker.find_runs("eval")[0]
+
+    evaluate(serving_pair / "drafter", 100)
+    steady = evaluate(serving_pair / "drafter", 200)
+    assert receiver.bodies == [] and names.ALERT not in steady.data.tags  # the same drafter: no difference
+    worse = evaluate(bad, 300)
+    (body,) = receiver.bodies
+    assert body["text"].startswith(f"draftboard regression: {worse.info.run_name} is worse than the previous "
+                                   f"checkpoint {steady.info.run_name}: Δτ -")
+    assert "paired bootstrap over 8 prompts" in body["text"]
+    assert worse.data.tags[names.ALERT] == body["text"].removeprefix("draftboard regression: ")
+    (alert,) = tracker.read_json(worse.info.run_id, names.ALERTS_ARTIFACT)["alerts"]
+    assert alert["against"] == regression.PREVIOUS and alert["high"] < 0
+    assert f"regression: {worse.info.run_name} is worse" in capsys.readouterr().err
+
+
+def test_an_unreachable_webhook_warns_and_never_fails_the_eval(capsys):
+    alert = regression.Alert("r", "v @ step 2", regression.REFERENCE, "ref", "z-lab", -0.5, -0.8, -0.2, 16)
+    assert regression.post("http://127.0.0.1:9/hook", [alert]) is False  # port 9: nothing listens
+    assert "could not be posted" in capsys.readouterr().err
+    assert regression.message([alert]) == {"text": "draftboard regression: v @ step 2 is worse than the reference "
+                                                    "z-lab: Δτ -0.500 [-0.800, -0.200] (paired bootstrap over 16 "
+                                                    "prompts)"}
+
+
+def _results(lengths: dict[str, list[int]], device: str = "cpu") -> dict:
+    return {"prompts": [{"id": pid, "input_ids": [1, 2, len(pid)], "acceptance_lengths": walk}
+                        for pid, walk in lengths.items()],
+            "protocol": {"scoring": "offline", "temperature": 0, "block_size": 8},
+            "fingerprint": {"software": {"torch": "2.13.0"}, "hardware": {"device": device},
+                            "numerics": {"dtype": "fp32", "linear_attention_path": "n/a"}}}
+
+
+def test_paired_refuses_what_is_not_the_drafters_gap():
+    good = _results({str(i): [4, 4, 3] for i in range(8)})
+    worse = _results({str(i): [1, 2, 1] for i in range(8)})
+    assert regression.paired(good, worse).verdict == "worse"
+    with pytest.raises(DraftboardError, match="environments differ critically"):
+        regression.paired(good, _results({str(i): [1] for i in range(8)}, device="cuda"), same_environment=True)
+    other = _results({str(i): [1] for i in range(8)})
+    other["prompts"][0]["input_ids"] = [9, 9]
+    with pytest.raises(DraftboardError, match="different token ids"):
+        regression.paired(good, other)
+    with pytest.raises(DraftboardError, match="share no prompt"):
+        regression.paired(good, _results({"x": [1]}))
+
+
+def test_an_alert_shows_on_runs_and_run_detail_as_text(tmp_path, monkeypatch):
+    from apptest import run_page, serve, shown
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("v9", {"lr": 1e-3}, "/models/t") as train:
+        train.log_step(1, loss=1.0)
+    with tracker.eval_run("v9 @ step 300", target="/models/t", train_run_id=train.run_id, checkpoint_step=300) as ev:
+        ev.log_metrics({"tau": 1.2}, step=0)
+    hostile = "v9 @ step 300 is worse than the reference <img src=x onerror=alert(1)> **z**: Δτ -0.500"
+    tracker.set_tag(ev.run_id, names.ALERT, hostile)
+    serve(monkeypatch, uri, tmp_path, tmp_path)
+    table = run_page("pages/runs.py").dataframe[0].value.set_index("run_id")
+    assert table.loc[ev.run_id, "status"] == "📉 FINISHED" and table.loc[train.run_id, "status"] == "FINISHED"
+    at = run_page("pages/run_detail.py", run=ev.run_id)
+    (warning,) = [w.value for w in at.warning if "Regression" in w.value]
+    assert shown(warning) == f"**Regression** — {hostile}"  # every character escaped: shown as written

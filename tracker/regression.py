@@ -1,0 +1,149 @@
+"""Regression alerts: a new eval that is worse than the previous checkpoint of its run, or than the
+newest reference of its target, by the paired bootstrap's verdict ("worse"; never on "no detectable
+difference").
+
+- `paired(a, b)`: two evals' results compared prompt by prompt. They must share prompts (the same
+  token ids), their protocols must not differ critically, and (for an alert) neither must their
+  environments: otherwise the gap is not the drafter's, and a DraftboardError says why.
+  `draftboard compare` reads the same function.
+- `check(tracker, run_id)`: the alerts of a logged eval. Previous checkpoint: the eval of its training
+  run at the latest earlier step measured the same way (comparable as above; the newest such). Reference:
+  the newest reference of the same target that is comparable.
+- `record(tracker, run_id, alerts)`: `alerts.json` and the tag `draftboard.alert` (one line) on the eval
+  run, which Runs and Run detail show.
+- `post(url, alerts)`: one Slack-compatible JSON message (`{"text": ...}`) to the webhook the deployment
+  configures (`config.alert_webhook`); never a URL from the store or a job. A failed POST is a warning:
+  an eval is never failed by its alert.
+
+`draftboard eval` runs `check`, `record` and `post` after logging (the worker's evals are such processes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from tracker import fingerprint, protocol, redact
+from tracker.errors import DraftboardError
+from tracker.store import names
+from tracker.uncertainty import WORSE, PairedComparison, paired_comparison, prompt_score
+
+PREVIOUS, REFERENCE = "previous checkpoint", "reference"
+POST_TIMEOUT_S = 10.0
+MAX_TAG_CHARS = 4000  # under MLflow's tag value limit
+
+
+def paired(a: dict, b: dict, *, same_environment: bool = False) -> PairedComparison:
+    """B against A (two results JSONs), prompt by prompt; DraftboardError when they are not comparable."""
+    by_id = [{str(r["id"]): r for r in res["prompts"]} for res in (a, b)]
+    changed = [pid for pid in by_id[0] if pid in by_id[1] and "input_ids" in by_id[0][pid]
+               and "input_ids" in by_id[1][pid] and by_id[0][pid]["input_ids"] != by_id[1][pid]["input_ids"]]
+    if changed:
+        raise DraftboardError(f"prompt {changed[0]!r} has different token ids in the two evals "
+                              f"({len(changed)} prompt(s) differ): not the same prompt set")
+    critical = [r for r in protocol.diff(protocol.Protocol.from_results(a), protocol.Protocol.from_results(b))
+                if r.severity == "critical"]
+    if critical:
+        raise DraftboardError("the evals' protocols differ critically (" + "; ".join(
+            f"{r.field}: {r.a_value} vs {r.b_value}" for r in critical) + "): their taus are not comparable")
+    if same_environment:
+        rows = fingerprint.diff(a.get("fingerprint") or {}, b.get("fingerprint") or {})
+        crit = [r.field for r in rows if r.severity == "critical"]
+        if crit:
+            raise DraftboardError(f"the evals' environments differ critically ({', '.join(crit[:3])})")
+    scores = [{pid: prompt_score(r) for pid, r in ids.items()} for ids in by_id]
+    shared = [pid for pid in scores[0] if pid in scores[1]]
+    if not shared:
+        raise DraftboardError("the evals share no prompt")
+    return paired_comparison(*scores)
+
+
+@dataclass(frozen=True)
+class Alert:
+    run_id: str
+    name: str
+    against: str  # PREVIOUS | REFERENCE
+    against_run_id: str
+    against_name: str
+    delta: float  # tau(this) - tau(against)
+    low: float
+    high: float
+    n_prompts: int
+
+    @property
+    def text(self) -> str:
+        return (f"{self.name} is worse than the {self.against} {self.against_name}: Δτ {self.delta:+.3f} "
+                f"[{self.low:+.3f}, {self.high:+.3f}] (paired bootstrap over {self.n_prompts} prompts)")
+
+
+def check(tracker, run_id: str) -> list[Alert]:
+    """The regression alerts of the logged eval `run_id` (empty when it is no worse, or nothing compares)."""
+    run = tracker.run(run_id)
+    tags = run.data.tags
+    if tags.get(names.KIND) != "eval":
+        return []
+    results = tracker.read_json(run_id, names.EVAL_RESULTS_ARTIFACT, missing="not an eval run?")
+    alerts = []
+    train, step = tags.get(names.TRAIN_RUN_ID), tags.get(names.CHECKPOINT_STEP)
+    if train and step is not None and step.isdigit():
+        earlier = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{train}'")
+                   if (tags_step := r.data.tags.get(names.CHECKPOINT_STEP, "")).isdigit() and int(tags_step) < int(step)]
+        earlier.sort(key=lambda r: (int(r.data.tags[names.CHECKPOINT_STEP]), r.info.start_time or 0), reverse=True)
+        alerts += _first_worse(tracker, run, results, earlier, PREVIOUS)
+    target = tags.get(names.TARGET)
+    if target:
+        refs = tracker.find_runs("reference", f"tags.`{names.TARGET}` = '{_quoted(target)}'")
+        alerts += _first_worse(tracker, run, results, refs, REFERENCE)
+    return alerts
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _first_worse(tracker, run, results: dict, candidates: list, against: str) -> list[Alert]:
+    """The alert against the first comparable candidate (newest first), if this eval is worse than it."""
+    for other in candidates:
+        if other.info.run_id == run.info.run_id:
+            continue
+        try:
+            theirs = tracker.read_json(other.info.run_id, names.EVAL_RESULTS_ARTIFACT)
+            comparison = paired(theirs, results, same_environment=True)
+        except (DraftboardError, KeyError, TypeError):
+            continue  # published numbers, another prompt set or environment: not this comparison's
+        if comparison.verdict != WORSE:
+            return []
+        d = comparison.delta
+        return [Alert(run.info.run_id, run.info.run_name or run.info.run_id, against, other.info.run_id,
+                      other.info.run_name or other.info.run_id, d.value, d.low, d.high, comparison.n_prompts)]
+    return []
+
+
+def record(tracker, run_id: str, alerts: list[Alert]) -> None:
+    """`alerts.json` and the `draftboard.alert` tag on the eval (nothing when there is no alert)."""
+    if not alerts:
+        return
+    tracker.write_json(run_id, names.ALERTS_ARTIFACT, {"alerts": [asdict(a) for a in alerts]})
+    tracker.set_tag(run_id, names.ALERT, "; ".join(a.text for a in alerts)[:MAX_TAG_CHARS])
+
+
+def message(alerts: list[Alert]) -> dict:
+    """The webhook's body: Slack's incoming-webhook shape, `{"text": ...}`."""
+    return {"text": "draftboard regression: " + "\n".join(a.text for a in alerts)}
+
+
+def post(url: str, alerts: list[Alert]) -> bool:
+    """POST the alerts to the deployment's webhook; False (and a warning on stderr) when it fails."""
+    if not alerts:
+        return True
+    request = urllib.request.Request(url, data=json.dumps(message(alerts)).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:  # noqa: S310 (the deployment's URL)
+            response.read()
+        return True
+    except OSError as exc:
+        print(f"warning: the regression alert could not be posted to {redact.text(url)}: {exc}", file=sys.stderr)
+        return False
