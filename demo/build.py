@@ -24,6 +24,7 @@ from evaluators.harness import EvalSettings, evaluate
 from evaluators.logging import log_eval
 from tracker.demo_progress import ProgressWriter
 from tracker.errors import DraftboardError
+from tracker.jobs import eval_job
 from tracker.store import names
 from tracker.store.importers.published import import_published
 from tracker.store.tracker import Tracker
@@ -71,6 +72,25 @@ def reference_run(plan: Plan) -> TrainConfig:
                        ckpt_every=plan.reference_steps, block_size=8)
 
 
+# Seconds per unit of work on 2 idle CPU cores, from a full build's stage times (`draftboard demo`
+# prints them; measured: target 48 s for 400 steps, data 4 s, 5-7 s per 200-step run, 8 s for 240 eval
+# prompts, reference 17 s, 94 s in all). The progress bar counts work with these, so the target's
+# training, half of a build, moves the bar as long as it takes; the ETA is the pace so far.
+COST_S = {"target step": 0.12, "data prompt": 0.03, "drafter step": 0.028, "eval prompt": 0.035, "published": 0.5}
+
+
+def stage_work(plan: Plan) -> list[float]:
+    """Each stage's work in seconds on an idle machine (COST_S): the target, the data, each training
+    run, the evals of every checkpoint, the reference, the published numbers."""
+    trained = runs(plan)
+    checkpoints = sum(-(-cfg.steps // cfg.ckpt_every) for cfg in trained)  # every ckpt_every steps and the last
+    return [plan.target_steps * COST_S["target step"], plan.train_prompts * COST_S["data prompt"],
+            *(cfg.steps * COST_S["drafter step"] for cfg in trained),
+            checkpoints * plan.eval_prompts * COST_S["eval prompt"],
+            plan.reference_steps * COST_S["drafter step"] + plan.eval_prompts * COST_S["eval prompt"],
+            COST_S["published"]]
+
+
 Report = Callable[[str], None]
 
 
@@ -113,7 +133,8 @@ def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: 
     plan = QUICK if quick else FULL
     record = _Record(home, root, quick, on_run=lambda n: progress.update(runs=n))
     t0 = time.perf_counter()
-    stage = _Stages(report, len(runs(plan)) + 5, record.save, progress)
+    progress.plan(stage_work(plan))
+    stage = _Stages(report, record.save, progress)
 
     stage("target: a tiny Qwen3.5 hybrid (3 Gated DeltaNet + 1 full-attention layer) on stdlib source")
     target_dir = demo_target.build_target(root / TARGET_NAME, steps=plan.target_steps,
@@ -143,14 +164,17 @@ def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: 
         s = replace(settings, drafter=ckpt.path)
         results = evaluate(s)
         record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
-                            name=names.eval_run_name(name, ckpt.step, asdict(s)), tags={names.DEMO: "1"}))
+                            name=names.eval_run_name(name, ckpt.step, asdict(s), eval_job.setting_words(asdict(s))),
+                            tags={names.DEMO: "1"}))
         report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
                f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
         progress.within_stage((n + 1) / len(todo))
 
     ref_cfg = reference_run(plan)
     stage(f"reference: the v2 recipe trained {ref_cfg.steps} steps, evaluated as {REFERENCE_NAME!r}")
-    ref_train = train(ref_cfg, target_dir, data, tagged, root / "runs" / "reference")
+    ref_train = train(ref_cfg, target_dir, data, tagged, root / "runs" / "reference",
+                      progress=_every(report, ref_cfg.steps // 2, "  step", progress,
+                                     share=ref_cfg.steps * COST_S["drafter step"] / progress.work[-2]))
     ref_ckpt = tracker.checkpoints(ref_train)[-1]
     s = replace(settings, drafter=ref_ckpt.path)
     results = evaluate(s)
@@ -270,22 +294,24 @@ class _Tagged:
 
 
 class _Stages:
-    def __init__(self, report: Report, total: int, checkpoint: Callable[[], None], progress: ProgressWriter):
-        self.report, self.total, self.n, self.t = report, total, 0, time.perf_counter()
+    def __init__(self, report: Report, checkpoint: Callable[[], None], progress: ProgressWriter):
+        self.report, self.n, self.t = report, 0, time.perf_counter()
         self.checkpoint, self.progress = checkpoint, progress
 
     def __call__(self, text: str) -> None:
         self.checkpoint()  # the files of the stage before are in the manifest before the next starts
         self.n += 1
-        self.progress.stage(self.n, self.total, text)
-        self.report(f"[{self.n}/{self.total}] {text}  (+{time.perf_counter() - self.t:.0f} s)")
+        self.progress.stage(self.n, text)
+        self.report(f"[{self.n}/{len(self.progress.work)}] {text}  (+{time.perf_counter() - self.t:.0f} s)")
 
 
-def _every(report: Report, k: int, label: str, stage_progress: ProgressWriter):
+def _every(report: Report, k: int, label: str, stage_progress: ProgressWriter, share: float = 1.0):
+    """A training loop's progress callback: a line every k steps, and the bar after every step
+    (`share`: of the stage the loop is; the rest is an eval after it)."""
     def progress(step, steps, loss):
         if step % max(k, 1) == 0 or step == steps:
             report(f"{label} {step}/{steps}: loss {loss:.3f}")
-            stage_progress.within_stage(step / steps)
+        stage_progress.within_stage(share * step / steps)
 
     return progress
 

@@ -25,10 +25,14 @@ from tracker.dashboard.compare import (
     training_curves,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
+from tracker.dashboard.tables import WRAP_ROW_HEIGHT
 
 AUTO = "__closest__"
 NONE = "__none__"
 PLOTLY = {"displaylogo": False}
+# The verdict tables' sentences wrap in tall rows (tables.WRAP_ROW_HEIGHT) instead of being cut.
+_WRAPPED = {name: st.column_config.TextColumn(width=width) for name, width in (
+    ("eval", "medium"), ("series", "medium"), ("verdict", "medium"), ("how", "medium"), ("protocol", "large"))}
 
 cfg, index = ui.shared()
 st.title("Compare")
@@ -138,13 +142,15 @@ def eval_view() -> None:
     if ref is None:
         st.info("No reference chosen.")
     else:
-        st.dataframe(tables.vs_reference.drop(columns="run_id"), hide_index=True, key="compare_vs_reference")
+        st.dataframe(tables.vs_reference.drop(columns="run_id"), hide_index=True, key="compare_vs_reference",
+                     row_height=WRAP_ROW_HEIGHT, column_config=_WRAPPED)
     st.markdown("**vs previous checkpoint**", help="each evaluated checkpoint against the one before it in the "
                                                    "same series, per dataset. " + verdict_help)
     if tables.vs_previous.empty:
         st.caption("No series has two evaluated checkpoints.")
     else:
-        st.dataframe(tables.vs_previous.drop(columns="run_id"), hide_index=True, key="compare_vs_previous")
+        st.dataframe(tables.vs_previous.drop(columns="run_id"), hide_index=True, key="compare_vs_previous",
+                     row_height=WRAP_ROW_HEIGHT, column_config=_WRAPPED)
     st.markdown("**Per-dataset results**", help="tau per dataset with its 95% bootstrap interval (published "
                                                 "numbers have none), grouped by dataset")
     st.dataframe(tables.by_dataset.drop(columns="run_id"), hide_index=True, key="compare_by_dataset")

@@ -77,6 +77,14 @@ else:
     if "launch_train_run" not in st.session_state:
         st.session_state["launch_train_run"] = trains[0] if trains else None
         _on_train_change()
+    for key, field in (("launch_budgets", "budgets"), ("launch_max_new", "max_new_tokens")):
+        st.session_state.setdefault(key, form_defaults(index, None)[field])
+    for key, value in zip(("launch_temperature", "launch_top_p", "launch_top_k"), SAMPLING_PRESETS[next(iter(
+            SAMPLING_PRESETS))]):
+        st.session_state.setdefault(key, value)
+
+    # What shapes the form (and pre-fills it) sits above it; the form holds the values, so a submit
+    # queues exactly what is shown, and every number is checked then, not clamped by the field.
     c1, c2 = st.columns(2)
     train_id = c1.selectbox("Training run", [None, *trains], key="launch_train_run", on_change=_on_train_change,
                             format_func=lambda r: "none (a checkpoint path)" if r is None
@@ -89,89 +97,89 @@ else:
                         format_func=lambda s: "a path under the allowed roots…" if s == OTHER
                         else f"step {s} · {by_step[s].size_bytes / 1e6:.1f} MB · {by_step[s].sha256[:12]}",
                         help="checkpoints registered on the training run (run.log_checkpoint), newest first")
-    drafter_path, step = None, None
-    if pick == OTHER:
-        c3, c4 = st.columns([3, 1])
-        drafter_path = c3.text_input("Checkpoint path", key="launch_drafter_path",
-                                     placeholder="/path/to/drafter (z-lab directory, .safetensors or .pt)")
-        if train is not None:
-            step = c4.number_input("Checkpoint step", min_value=0, value=None, step=1, key="launch_step",
-                                   help="the training step of this checkpoint (links the eval to the curve)")
-    else:
-        step = pick
-        st.caption(md_code(by_step[pick].path))
-
-    c1, c2 = st.columns(2)
-    target = c1.text_input("Target", key="launch_target", placeholder="/path/to/target model directory",
-                           help="the target model directory (transformers format)")
-    prompt_set = c2.selectbox(
+    c1, c2, c3 = st.columns([2, 2, 3])
+    prompt_set = c1.selectbox(
         "Prompts", list(PROMPT_CHOICES), key="launch_prompt_set", format_func=PROMPT_CHOICES.get,
         help="the prompt files this project's evals used (an eval on them compares with theirs), z-lab's benchmark "
              "sets by name (gsm8k, math500, humaneval, mbpp, mt-bench: read by the worker's `datasets` library with "
              "z-lab's column mapping, each prompt labelled with its set so Compare meets the reference's number "
              "for it), or a path under the allowed roots")
-    prompts = prompt_set
-    if prompt_set == PROMPT_PATH:
-        prompts = c2.text_input("Prompts path", key="launch_prompts", placeholder="/path/to/prompts.jsonl or folder",
-                                help='JSON lines ({"id", "input_ids" | "prompt" | "messages"}, optional "dataset"), '
-                                     "z-lab or Spec-Bench `turns` files, or a folder of them (one file per dataset)")
-    c1, c2, c3, c4, c5, c6, c7 = st.columns(7)
-    for key, field in (("launch_budgets", "budgets"), ("launch_max_new", "max_new_tokens")):
-        st.session_state.setdefault(key, form_defaults(index, None)[field])
-    budgets = c1.text_input("DDTree budgets", key="launch_budgets",
-                            help="node budgets B for ddtree_tau_b{B}, comma-separated")
-    max_new = c2.number_input("Max new tokens", min_value=1, step=1, key="launch_max_new",
-                              help="tokens generated per prompt (greedy, by the target)")
-    device = c3.selectbox("Device", DEVICES, key="launch_device")
-    dtype = c4.selectbox("Dtype", DTYPES, key="launch_dtype")
-    precision = c5.selectbox("Drafter precision", [None, *DRAFTER_PRECISIONS], key="launch_precision",
-                             format_func=lambda p: "as dtype" if p is None else p,
-                             help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 weights "
-                                  "under bf16 autocast, as mixed-precision training computes")
-    limit = c7.number_input("Prompts per dataset", min_value=1, value=None, step=1, key="launch_limit",
-                            help="at most N prompts of each dataset, a fixed-seed sample as z-lab's --max-samples "
-                                 "draws it (gsm8k has 1,319); empty: every prompt")
-    linear = c6.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
-                          help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "
-                               "torch; match training run: the path in the training run's fingerprint")
-    if linear == "match training run":
-        resolved, why = training_linear_attn(train.fingerprint if train else None)
-        if resolved:
-            st.caption(f"Linear attention: {md(why)} → {md_code('--linear-attn ' + resolved)}")
-        else:
-            st.warning(f"Linear attention: {md(why)}")
-    c1, c2, c3, c4, c5 = st.columns([3, 1, 1, 1, 1])
-    preset = c1.selectbox(
+    preset = c2.selectbox(
         "Sampling", [*SAMPLING_PRESETS, CUSTOM_SAMPLING], key="launch_sampling", on_change=_on_sampling_preset,
         help="how the target's tokens are drawn. T = 0: greedy (z-lab's benchmark default). T > 0: the acceptance "
              "length z-lab's sampled loop has in expectation, over `samples` continuations per prompt drawn from the "
              "target and shared by every checkpoint of this target and protocol; top_p and top_k cut the target's "
              "and a DFlash drafter's distributions as z-lab's _sampling_probs does (a DFlash2 selector uses the "
              "temperature alone). Greedy and sampled numbers are never compared as one")
-    for key, value in zip(("launch_temperature", "launch_top_p", "launch_top_k"), SAMPLING_PRESETS[next(iter(
-            SAMPLING_PRESETS))]):
-        st.session_state.setdefault(key, value)
-    fixed = preset != CUSTOM_SAMPLING
-    temperature = c2.number_input("Temperature", min_value=0.0, step=0.1, key="launch_temperature", disabled=fixed)
-    top_p = c3.number_input("top_p", min_value=0.01, max_value=1.0, step=0.05, key="launch_top_p", disabled=fixed)
-    top_k = c4.number_input("top_k", min_value=0, step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
-    samples = c5.number_input("Samples", min_value=1, max_value=MAX_DRAWS, value=8, step=1, key="launch_samples",
-                              disabled=temperature == 0,
-                              help="continuations drawn per prompt at T > 0: more narrow the interval over draws; "
-                                   "an engine eval sends each prompt once")
-    measured_by = st.selectbox(
+    measured_by = c3.selectbox(
         "Measured by", measure_choices(), key="launch_measured_by", format_func=measure_label,
         help="offline: teacher-forced, exact, with DDTree; an engine: the same prompts and protocol served by vLLM "
              "or SGLang, read from the engine's own per-request acceptance (the worker starts it from "
              "DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON, or attaches to a server of DRAFTBOARD_ENGINE_URLS). "
              "`draftboard reconcile` and Run detail explain the gap between the two")
-    c1, c2 = st.columns([1, 3])
-    as_reference = c1.checkbox("Reference", key="launch_reference",
+    c1, c2 = st.columns(2)
+    linear = c1.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
+                          help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "
+                               "torch; match training run: the path in the training run's fingerprint")
+    as_reference = c2.checkbox("Log as a reference", key="launch_reference",
                                help="log the eval as a reference run (`--reference NAME`), a baseline for Compare")
-    ref_name = c2.text_input("Reference name", key="launch_reference_name", disabled=not as_reference,
-                             placeholder="e.g. z-lab v1")
+    if linear == "match training run":
+        resolved, why = training_linear_attn(train.fingerprint if train else None)
+        if resolved:
+            st.caption(f"Linear attention: {md(why)} → {md_code('--linear-attn ' + resolved)}")
+        else:
+            st.warning(f"Linear attention: {md(why)}")
 
-    if st.button("Queue eval", key="launch_submit", type="primary", icon=":material/rocket_launch:"):
+    with st.form("launch_form", border=True):
+        drafter_path, step = None, None
+        if pick == OTHER:
+            c1, c2 = st.columns([3, 1])
+            drafter_path = c1.text_input("Checkpoint path", key="launch_drafter_path",
+                                         placeholder="/path/to/drafter (z-lab directory, .safetensors or .pt)")
+            if train is not None:
+                step = c2.number_input("Checkpoint step", value=None, step=1, key="launch_step",
+                                       help="the training step of this checkpoint (links the eval to the curve)")
+        else:
+            step = pick
+            st.caption(md_code(by_step[pick].path))
+        c1, c2 = st.columns(2)
+        target = c1.text_input("Target", key="launch_target", placeholder="/path/to/target model directory",
+                               help="the target model directory (transformers format)")
+        prompts = prompt_set
+        if prompt_set == PROMPT_PATH:
+            prompts = c2.text_input("Prompts path", key="launch_prompts",
+                                    placeholder="/path/to/prompts.jsonl or folder",
+                                    help='JSON lines ({"id", "input_ids" | "prompt" | "messages"}, optional "dataset"), '
+                                         "z-lab or Spec-Bench `turns` files, or a folder of them (one file per dataset)")
+        c1, c2, c3, c4, c5, c6 = st.columns(6)
+        budgets = c1.text_input("DDTree budgets", key="launch_budgets",
+                                help="node budgets B for ddtree_tau_b{B}, comma-separated")
+        max_new = c2.number_input("Max new tokens", step=1, key="launch_max_new",
+                                  help="tokens generated per prompt by the target; checked against its context")
+        limit = c3.number_input("Prompts per dataset", value=None, step=1, key="launch_limit",
+                                help="at most N prompts of each dataset, a fixed-seed sample as z-lab's --max-samples "
+                                     "draws it (gsm8k has 1,319); empty: every prompt")
+        device = c4.selectbox("Device", DEVICES, key="launch_device")
+        dtype = c5.selectbox("Dtype", DTYPES, key="launch_dtype")
+        precision = c6.selectbox("Drafter precision", [None, *DRAFTER_PRECISIONS], key="launch_precision",
+                                 format_func=lambda p: "as dtype" if p is None else p,
+                                 help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 "
+                                      "weights under bf16 autocast, as mixed-precision training computes")
+        fixed = preset != CUSTOM_SAMPLING
+        c1, c2, c3, c4 = st.columns(4)
+        temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
+        top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
+        top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
+        samples = c4.number_input("Samples", value=8, step=1, key="launch_samples",
+                                  disabled=fixed and SAMPLING_PRESETS[preset][0] == 0,
+                                  help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
+                                       "interval over draws; an engine eval sends each prompt once")
+        ref_name = (st.text_input("Reference name", key="launch_reference_name", placeholder="e.g. z-lab v1")
+                    if as_reference else "")
+        submitted = st.form_submit_button("Queue eval", key="launch_submit", type="primary",
+                                          icon=":material/rocket_launch:")
+
+    if submitted:
         form = LaunchForm(
             target=target, prompts=prompts, drafter=drafter_path,
             checkpoint_path=by_step[pick].path if pick != OTHER else None,
@@ -240,7 +248,14 @@ def job_list() -> None:
     if not jobs:
         st.info("No jobs yet. Queued evals appear here with their progress.")
         return
-    labels = {r: index.label(r) for r in index.runs}
+    runs = index
+    seen = st.session_state.setdefault("launch_results_read", set())
+    new = {j.mlflow_run_id for j in jobs if j.state == "succeeded" and j.mlflow_run_id} - set(index.runs) - seen
+    if new:  # an eval just landed: read the store again now, so its card shows its τ without a reload
+        seen.update(new)
+        ui.refresh()
+        runs = ui.run_index(cfg.store_uri)
+    labels = {r: runs.label(r) for r in runs.runs}
     for job in jobs:
         view = describe_job(job, labels)
         with st.container(border=True, key=f"job_{job.id}"):
@@ -248,7 +263,7 @@ def job_list() -> None:
             head.markdown(f"**{md(view.title)}**")
             head.progress(view.progress, text=md(view.progress_text))
             head.caption(md(view.when))
-            result = result_line(index.get(view.run_id))
+            result = result_line(runs.get(view.run_id))
             if result:
                 head.markdown(md(result), help="τ: mean acceptance length along the walk (tokens per block, "
                                               "bonus included); ddtree_tau_b8: the same with a DDTree of 8 nodes")
@@ -277,9 +292,8 @@ def job_list() -> None:
             if tail:
                 with st.expander("Log tail"):
                     everything = st.toggle("Show progress and protocol lines", key=f"log_all_{job.id}")
-                    st.code("\n".join(shown_log(tail, everything).splitlines()[-30:]), language=None)
-            if job.state == "succeeded" and view.run_id and view.run_id not in index.runs:
-                ui.refresh()  # the eval run is new: show it elsewhere too
+                    st.code("\n".join(shown_log(tail, everything).splitlines()[-30:]), language=None,
+                            wrap_lines=True)
 
 
 job_list()

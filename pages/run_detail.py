@@ -181,7 +181,7 @@ with tabs[0]:
     metrics = metrics_frame(run)
     if not metrics.empty:
         st.dataframe(metrics, hide_index=True, key="detail_metric_table",
-                     column_config={"value": st.column_config.NumberColumn(format="%.4f"),
+                     column_config={"value": st.column_config.NumberColumn(format="%.3f"),
                                     "definition": st.column_config.TextColumn(width="large")})
 
 with tabs[1]:

@@ -4,7 +4,7 @@ import streamlit as st
 
 from tracker.dashboard import lineage, metric_docs, ui
 from tracker.dashboard.escape import csv_bytes
-from tracker.dashboard.tables import filter_runs, runs_display, runs_table
+from tracker.dashboard.tables import WRAP_ROW_HEIGHT, filter_runs, runs_display, runs_table
 
 index = ui.shared().index
 st.title("Runs")
@@ -48,11 +48,13 @@ tau_help = (metric_docs.help_text("tau") + " Shown with its 95% interval over pr
             "sampling (T=0: greedy) and the new tokens per prompt; a training run's is its latest evaluated "
             "checkpoint's (`@ step`); published numbers per dataset. The CSV also has `tau latest` and `tau best`.")
 # Widths add up to 1100 px: with the selection column, what a 1600 px screen leaves beside the sidebar (the
-# e2e test measures it). Cut text shows in full on hover; the env and protocol reasons get the most room.
+# e2e test measures it). Rows taller than 4rem let the grid wrap text, so names and reasons read whole in
+# three lines instead of being cut; the env and protocol reasons get the most room.
 event = st.dataframe(
     runs_display(table),
     key="runs_table",
     hide_index=True,
+    row_height=WRAP_ROW_HEIGHT,
     on_select="rerun",
     selection_mode="multi-row",
     column_order=[c for c in table.columns if c not in ("critical", "run_id", "tau latest", "tau best")],

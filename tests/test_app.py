@@ -313,6 +313,30 @@ def test_launch_cards_show_the_result_or_the_cause_and_a_clean_log_tail(app_env)
     assert any(PREFIX in c.value and "50%|" in c.value for c in at.code)
 
 
+def test_a_job_card_shows_its_result_as_soon_as_the_eval_lands(tmp_path, monkeypatch):
+    from tracker import Tracker
+    from tracker.jobs.queue import SUCCEEDED
+
+    home = tmp_path / "home"
+    home.mkdir()
+    uri = f"sqlite:///{home / 'draftboard.db'}"
+    serve(monkeypatch, uri, home, tmp_path)
+    tracker = Tracker(uri)
+    with tracker.training_run("v9", {}, "/m/T", fingerprint={}) as train:
+        train.log_step(0, loss=1.0)
+    queue = JobQueue()
+    job = queue.submit("eval", {"target": "/m/T", "drafter": "/m/d", "prompts": "/m/p.jsonl"})
+    at = run_page("pages/launch.py")  # the page has read the store: the eval is not in it yet
+    with tracker.eval_run("v9 @ step 0", target="/m/T", train_run_id=train.run_id, checkpoint_step=0,
+                          fingerprint={}) as ev:
+        ev.log_metrics({"tau": 2.345})
+    queue.claim("w")
+    queue.finish(job.id, SUCCEEDED, mlflow_run_id=ev.run_id)
+    at.run()
+    assert not at.exception
+    assert "τ 2.345" in page_text(at)  # at once: no reload, no waiting for the store's cache to expire
+
+
 def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_env):
     import json
 
@@ -320,12 +344,25 @@ def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
     at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
-    at.selectbox(key="launch_checkpoint").set_value(100)
-    at.number_input(key="launch_max_new").set_value(10**12).run()
+    at.selectbox(key="launch_checkpoint").set_value(100).run()
+    at.number_input(key="launch_max_new").set_value(10**12)  # in the form: sent with the submit, as a browser does
     at.button(key="launch_submit").click().run()
     (error,) = [shown(e.value) for e in at.error]
     assert error == (f"max new tokens {10**12} leaves no room for a prompt in the target's context of {context} "
                      "tokens (max_position_embeddings)")
+    # Out-of-range numbers reach the check as typed (no field clamps them back to an earlier value).
+    for key, value, why in (("launch_max_new", -5, "max new tokens must be a positive integer"),
+                            ("launch_limit", 0, "prompts per dataset must be a positive integer (or empty: all of them)")):
+        at.number_input(key="launch_max_new").set_value(12)
+        at.number_input(key=key).set_value(value)
+        at.button(key="launch_submit").click().run()
+        assert [shown(e.value) for e in at.error] == [why]
+    at.selectbox(key="launch_sampling").set_value("custom").run()
+    at.number_input(key="launch_limit").set_value(None)
+    at.number_input(key="launch_temperature").set_value(1.0)
+    at.number_input(key="launch_top_p").set_value(1.5)
+    at.button(key="launch_submit").click().run()
+    assert [shown(e.value) for e in at.error] == ["eval params: --top-p must lie in (0, 1], got 1.5"]
     assert JobQueue().list() == []
 
 
@@ -334,10 +371,9 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
     assert at.text_input(key="launch_target").value == app_env.target
     at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
+    at.selectbox(key="launch_checkpoint").set_value(100).run()
     at.text_input(key="launch_budgets").set_value("2,8")
     at.number_input(key="launch_max_new").set_value(12)
-    at.selectbox(key="launch_checkpoint").set_value(100)
-    at.run()
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
     assert any("Queued job #1" in s.value for s in at.success), page_text(at)
@@ -389,7 +425,7 @@ def test_launch_sampling_presets_fill_the_numbers_and_reach_the_job(app_env):
     # custom: the numbers are the user's
     at.selectbox(key="launch_sampling").set_value("custom").run()
     assert not at.number_input(key="launch_top_k").disabled
-    at.number_input(key="launch_temperature").set_value(0.7).run()
+    at.number_input(key="launch_temperature").set_value(0.7)
     at.button(key="launch_submit").click().run()
     assert JobQueue().get(2).params["temperature"] == 0.7
 

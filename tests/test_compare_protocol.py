@@ -229,8 +229,17 @@ def test_runs_table_protocol_column():
     assert protocol_reason(index, train) == ("🔴 @ 100: dataset, prompt set ≠ @ 200", 1)
     text, count = protocol_reason(index, a)
     assert count == 1 and text.startswith("🔴 dataset gsm8k (8) vs @ 200: mbpp (8)")
-    assert protocol_reason(index, b)[0].endswith("· 🔵 online") and protocol_reason(index, b)[1] == 1
+    assert protocol_reason(index, b)[0].endswith("· T=0 · 🔵 online") and protocol_reason(index, b)[1] == 1
     assert protocol_reason(index, old) == ("⚪ no protocol (evaluated before protocols were recorded)", 0)
+    # Nothing to flag still says what was measured: every row of a project reads filled.
+    same = eval_run("s", {"gsm8k": 8}, 2.1, train="t", step=300)
+    agreeing = RunIndex([train, a, same])
+    assert protocol_reason(agreeing, train) == ("🟢 2 evals, one protocol", 0)
+    assert protocol_reason(agreeing, same) == ("🟢 as @ 100 · T=0", 0)
+    assert protocol_reason(RunIndex([train, a]), train) == ("1 eval", 0)
+    assert protocol_reason(RunIndex([train]), train) == ("no evals yet", 0)
+    sampled = eval_run("x", {"gsm8k": 8}, 2.1, proto={"temperature": 1.0, "top_p": 0.95, "samples": 4})
+    assert protocol_reason(RunIndex([sampled]), sampled) == ("🎲 T=1 top_p=0.95 x4", 0)
 
 
 def test_launch_offers_the_named_benchmark_sets_and_the_projects_files():

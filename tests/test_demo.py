@@ -43,7 +43,8 @@ def test_every_training_run_has_evals_that_show_learning(client):
         assert mine, run.info.run_name
         # Named as Launch and Re-evaluate name evals (names.eval_run_name): `<training run> @ step N · <settings>`.
         assert {e.info.run_name for e in mine} == {f"{run.info.run_name} @ step {e.data.tags['draftboard.checkpoint_step']}"
-                                                   " · fp32 · auto · cpu" for e in mine}
+                                                   f" · fp32 · auto · cpu · {e.data.params['max_new_tokens']} tok"
+                                                   for e in mine}
         steps = sorted(int(e.data.tags["draftboard.checkpoint_step"]) for e in mine)
         assert steps[-1] == int(run.data.params["steps"])
         best = max(e.data.metrics["tau"] for e in mine)
@@ -99,15 +100,28 @@ def test_a_built_demo_reads_as_done_and_resume_reuses_it(demo_home):
 
 
 def test_progress_fractions_and_a_dead_builder(tmp_path):
+    from dataclasses import replace
+
     from tracker.demo_progress import RUNNING, STOPPED, ProgressWriter, read_progress
 
     writer = ProgressWriter(tmp_path, "sqlite:///x.db")
-    writer.stage(3, 8, "train: v1")
+    writer.plan([60, 10, 10, 20])  # the first stage (the target's training) is most of the work
+    writer.stage(1, "target")
+    writer.within_stage(1.0)
+    assert read_progress(tmp_path).fraction == 0.6  # not 1/4: the bar counts work, not stages
+    writer.stage(3, "train: v1")
     writer.within_stage(0.5)
     progress = read_progress(tmp_path)
-    assert (progress.state, progress.stage, progress.fraction) == (RUNNING, 3, 2.5 / 8)  # 2 stages + half of one
+    assert (progress.state, progress.stage, progress.stages, progress.fraction) == (RUNNING, 3, 4, 0.75)
+    # The ETA is the pace so far: 3/4 done in 30 s leaves 10 s.
+    assert progress.eta_s(progress.started + 30) == pytest.approx(10)
+    assert replace(progress, fraction=0.001).eta_s(progress.started + 30) is None  # no pace to go by yet
+    with pytest.raises(ValueError, match="each stage needs some work"):
+        writer.plan([1, 0])
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    ProgressWriter(tmp_path, "sqlite:///x.db", pid=int(done.stdout)).stage(1, 8, "target")
+    dead = ProgressWriter(tmp_path, "sqlite:///x.db", pid=int(done.stdout))
+    dead.plan([1])
+    dead.stage(1, "target")
     assert read_progress(tmp_path).state == STOPPED  # killed without a word: its process is gone
     (tmp_path / "demo-progress.json").write_text("{half a file")
     assert read_progress(tmp_path) is None
@@ -126,7 +140,9 @@ def test_banner_while_the_store_is_not_created_yet(building_home):
     from tracker.demo_progress import ProgressWriter
 
     # This test's process stands in for the build: alive, and it has not created the store.
-    ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}").stage(1, 8, "target: <b>tiny</b>")
+    writer = ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}")
+    writer.plan([1] * 8)
+    writer.stage(1, "target: <b>tiny</b>")
     at = run_page("pages/runs.py")
     [bar] = at.get("progress")
     assert bar.proto.value == 0 and "Building the demo store" in bar.proto.text and "stage 1/8" in bar.proto.text
@@ -141,12 +157,15 @@ def test_banner_counts_runs_and_says_when_the_build_stopped(building_home):
 
     writer = ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}")
     writer.update(store_ready=True)
-    writer.stage(4, 8, "train: drafter-v2")
+    writer.plan([1] * 8)
+    writer.stage(4, "train: drafter-v2")
     writer.within_stage(0.5)
-    writer.update(runs=5)
+    writer.update(runs=5, started=time.time() - 3500)
     at = run_page("pages/runs.py")
     [bar] = at.get("progress")
     assert bar.proto.value == 43 and "5 runs so far" in bar.proto.text  # (3 + 0.5) / 8 = 43.75%, truncated
+    text = page_text(at)  # 3500 s x 0.5625 / 0.4375 = 4500 s left
+    assert "44% of the build's work done" in text and "about 75 min left at this pace" in text
     assert "demo's first runs land" in page_text(at)  # the empty store says what it waits for
     writer.failed("out of memory")
     at = run_page("pages/runs.py")

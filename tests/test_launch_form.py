@@ -36,6 +36,7 @@ def test_log_tail_drops_progress_and_protocol_lines_unless_asked():
         "target: features:  40%|████      | 2/5 [00:01<00:01,  1.9it/s]",
         PREFIX + '{"event": "progress", "stage": "drafter", "done": 1, "total": 3}',
         "drafter:   0%|          | 0/3\rdrafter: 100%|██████████| 3/3",
+        "", "   ",
         "tau 2.410  streak 1.410",
     ])
     assert shown_log(tail) == "loading target\ntau 2.410  streak 1.410"
@@ -117,7 +118,7 @@ def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
     assert "temperature" not in greedy and greedy["budgets"] == [4, 8, 16, 32]
     sampled = eval_params(LaunchForm(**common, temperature=1.0, top_p=0.95, top_k=20, samples=16), [tmp_path])
     assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["samples"]) == (1.0, 0.95, 20, 16)
-    assert "budgets" not in sampled and sampled["name"].endswith("· T=1")
+    assert "budgets" not in sampled and sampled["name"].endswith("· T=1 · top_p 0.95 · top_k 20 · 16 draws")
     served = eval_params(LaunchForm(**common, temperature=0.6, samples=16, measured_by=("vllm", None)), [tmp_path])
     assert served["temperature"] == 0.6 and "samples" not in served  # an engine sends each prompt once
     with pytest.raises(DraftboardError, match="--top-p must lie in"):

@@ -14,6 +14,14 @@ def test_a_shown_uri_leaves_the_credentials_out():
     assert shown_uri("http://u:p@host:notaport/x") == "http://host:notaport/x"  # unparseable port: still hidden
 
 
+def test_a_short_uri_fits_a_sidebar_and_still_hides_credentials():
+    assert redact.short_uri("sqlite:////srv/draftboard/draftboard.db") == "draftboard.db (sqlite)"
+    assert redact.short_uri("postgresql+psycopg://board:pw@db.internal:5432/mlflow") == "db.internal:5432 (postgresql)"
+    assert redact.short_uri("https://alice:s3cret@mlflow.example/") == "mlflow.example (https)"
+    assert redact.short_uri("/srv/mlruns") == "mlruns (file)"
+    assert redact.short_uri("http://u:p@host:notaport/x") == "http://host:notaport/x"
+
+
 def test_secrets_inside_a_text_are_hidden_wherever_they_stand():
     said = ("cannot use tracking store http://admin:S3CRET@mlflow.internal:5000: 401; "
             "dsn postgresql://board:pw@db/x?sslmode=require&password=hunter2 token=abc123 api_key=k-9 "

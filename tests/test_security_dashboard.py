@@ -181,9 +181,9 @@ def test_launch_and_the_queue_show_the_run_name_escaped(hostile_env):
 
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(hostile_env["ids"]["train"]).run()
-    at.selectbox(key="launch_prompt_set").set_value("__path__").run()
-    at.text_input(key="launch_prompts").set_value(hostile_env["prompts"])
+    at.selectbox(key="launch_prompt_set").set_value("__path__")
     at.selectbox(key="launch_checkpoint").set_value(100).run()
+    at.text_input(key="launch_prompts").set_value(hostile_env["prompts"])  # in the form: sent with the submit
     at.button(key="launch_submit").click().run()
     assert not at.exception, [e.message for e in at.exception]
     assert len(JobQueue().list()) == 1, page_text(at)

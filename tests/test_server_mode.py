@@ -145,10 +145,10 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     at.selectbox(key="launch_train_run").set_value(None).run()
-    at.selectbox(key="launch_checkpoint").set_value("__path__").run()
-    at.text_input(key="launch_drafter_path").set_value(str(tmp_path / "drafter"))
-    at.text_input(key="launch_target").set_value(str(tmp_path / "target"))
+    at.selectbox(key="launch_checkpoint").set_value("__path__")
     at.selectbox(key="launch_prompt_set").set_value("__path__").run()
+    at.text_input(key="launch_drafter_path").set_value(str(tmp_path / "drafter"))  # the form's: sent on submit
+    at.text_input(key="launch_target").set_value(str(tmp_path / "target"))
     at.text_input(key="launch_prompts").set_value(str(tmp_path / "prompts.jsonl"))
     at.selectbox(key="launch_linear").set_value("auto")
     at.button(key="launch_submit").click().run()

@@ -428,7 +428,7 @@ def test_pairs_put_critical_first_and_reeval_uses_the_training_environment(tmp_p
                            "max_new_tokens": 64, "budgets": [4, 8], "device": "cpu", "dtype": "bf16",
                            "drafter_precision": "bf16", "linear_attn": "fast", "train_run_id": "t4",
                            "checkpoint_step": 200,
-                           "name": "v4 @ step 200 · bf16 · fast · cpu"}
+                           "name": "v4 @ step 200 · bf16 · fast · cpu · 64 tok · budgets 4,8"}
     from tracker.jobs.eval_job import cli_args
 
     args = cli_args(plan.params)
@@ -494,6 +494,17 @@ def test_describe_job_for_the_queue_list():
     queued = describe_job(Job(**{**job.__dict__, "state": QUEUED, "started_at": None, "stage": None,
                                  "progress": 0.0}), {}, now)
     assert queued.progress_text.startswith("waiting for a worker") and queued.when == "queued 5m ago"
+    # Jobs that measure differently never read alike: every setting away from the defaults is named.
+    shorter = describe_job(Job(**{**job.__dict__, "params": {**job.params, "max_new_tokens": 64,
+                                                             "prompts": "/data/held_out.jsonl"}}), {"t": "v4"}, now)
+    assert shorter.title == "🏃 #3 eval v4 @ step 200 · bf16 · fast · cuda · 64 tok · running"
+    assert shorter.when == "started 30s ago · prompts held_out.jsonl"
+    gsm8k = describe_job(Job(**{**job.__dict__, "params": {
+        **job.params, "prompts": "hf:openai/gsm8k:main:test", "limit_per_dataset": 16, "temperature": 1.0,
+        "top_p": 0.95, "top_k": 20, "samples": 8}}), {"t": "v4"}, now)
+    assert gsm8k.title == ("🏃 #3 eval v4 @ step 200 · bf16 · fast · cuda · T=1 · gsm8k · 16/dataset · top_p 0.95 · "
+                           "top_k 20 · 8 draws · running")
+    assert gsm8k.when == "started 30s ago"
 
 
 # --------------------------------------------------------------------------- metric docs
@@ -510,6 +521,16 @@ def test_metric_docs_cover_the_fixed_names_and_families():
     assert metric_docs.sort_metrics(["dds16", "loss", "dds8", "tau", "zeta"]) == ["tau", "loss", "dds8", "dds16",
                                                                                   "zeta"]
     assert all(d.help().startswith("**") for d in metric_docs.glossary())
+
+
+def test_run_detail_tables_read_as_text_not_markup_or_python():
+    from tracker.dashboard.tables import NOT_SET, metrics_frame, params_frame
+
+    train = run("t", "train", params={"gamma": "None", "lr": "0.0006"}, metrics={"dds8": 1.5, "tau": 2.5})
+    assert params_frame(train).values.tolist() == [["gamma", NOT_SET], ["lr", "0.0006"]]
+    definitions = dict(metrics_frame(train)[["metric", "definition"]].values.tolist())
+    assert "`" in metric_docs.describe("dds8").definition  # Markdown where Markdown is rendered
+    assert "ddtree_tau_b8 - 1" in definitions["dds8"] and not any("`" in d for d in definitions.values())
 
 
 def test_the_runs_tau_says_what_makes_it_a_number():

@@ -23,6 +23,8 @@ PROGRESS_FILE = "demo-progress.json"
 SCHEMA = "draftboard.demo-progress/1"
 STARTING, RUNNING, DONE, FAILED = "starting", "running", "done", "failed"
 STOPPED = "stopped"  # read only: RUNNING or STARTING, but the building process is gone
+MIN_FRACTION_FOR_ETA = 0.01  # below this, the pace is mostly the interpreter and imports starting
+MIN_STEP = 0.002  # within a stage, the file is rewritten once the bar moved this much (at most 500 writes)
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class DemoProgress:
     stage: int = 0  # 1-based; 0 before the first stage
     stages: int = 0
     text: str = ""  # what the current stage does
-    fraction: float = 0.0  # of the whole build, 0..1
+    fraction: float = 0.0  # of the whole build's work, 0..1
     runs: int = 0  # runs written to the store so far
     started: float = 0.0  # unix seconds
     updated: float = 0.0
@@ -44,6 +46,13 @@ class DemoProgress:
     @property
     def building(self) -> bool:
         return self.state in (STARTING, RUNNING)
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left at the pace so far (the fraction counts work, not stages); None before
+        there is a pace to go by."""
+        if not self.building or self.fraction < MIN_FRACTION_FOR_ETA or now <= self.started:
+            return None
+        return (now - self.started) * (1 - self.fraction) / self.fraction
 
 
 def progress_path(home: str | Path) -> Path:
@@ -95,7 +104,11 @@ def pid_alive(pid: int) -> bool:
 
 
 class ProgressWriter:
-    """The build's side: keeps the record and rewrites the file on every change."""
+    """The build's side: keeps the record and rewrites the file on every change.
+
+    `plan(work)` says how much work each stage is, in any one unit (the demo's: seconds on an idle
+    machine), so the fraction moves as the work is done: a stage that takes most of the build
+    takes most of the bar."""
 
     def __init__(self, home: str | Path, store: str, pid: int | None = None, log: str | None = None):
         self.home = Path(home)
@@ -107,18 +120,28 @@ class ProgressWriter:
             log, started = log or announced.log, announced.started
         self.current = DemoProgress(state=STARTING, pid=pid, store=store, store_ready=False, started=started,
                                     updated=now, log=log)
+        self.work: list[float] = []
 
     def update(self, **fields) -> None:
         self.current = write_progress(self.home, replace(self.current, **fields))
 
-    def stage(self, n: int, total: int, text: str) -> None:
-        self.update(state=RUNNING, stage=n, stages=total, text=text, fraction=(n - 1) / total)
+    def plan(self, work: list[float]) -> None:
+        if not work or any(not w > 0 for w in work):
+            raise ValueError(f"each stage needs some work, got {work}")
+        self.work = list(work)
+
+    def _fraction(self, stage: int, done: float) -> float:
+        return (sum(self.work[:stage - 1]) + min(max(done, 0.0), 1.0) * self.work[stage - 1]) / sum(self.work)
+
+    def stage(self, n: int, text: str) -> None:
+        self.update(state=RUNNING, stage=n, stages=len(self.work), text=text, fraction=self._fraction(n, 0.0))
 
     def within_stage(self, done: float) -> None:
         """`done` (0..1) of the current stage is finished."""
         p = self.current
-        if p.stages:
-            self.update(fraction=(p.stage - 1 + min(max(done, 0.0), 1.0)) / p.stages)
+        fraction = self._fraction(p.stage, done) if p.stage else p.fraction
+        if fraction - p.fraction >= MIN_STEP or (done >= 1 and fraction > p.fraction):
+            self.update(fraction=fraction)
 
     def done(self, runs: int) -> None:
         self.update(state=DONE, store_ready=True, fraction=1.0, runs=runs, text="built")

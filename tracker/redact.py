@@ -49,6 +49,23 @@ def is_secret_key(key: str) -> bool:
             or any(pair in _SECRET_PAIRS for pair in zip(words, words[1:])))
 
 
+def short_uri(uri: str) -> str:
+    """A store URI in a few characters, for a narrow column: `draftboard.db (sqlite)`, `host:5000
+    (http)`; the whole of `shown_uri` otherwise."""
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        return shown_uri(uri)
+    if parts.scheme == "sqlite" or (parts.scheme in ("", "file") and parts.path):
+        name = parts.path.rstrip("/").rsplit("/", 1)[-1]
+        return text(f"{name} ({parts.scheme or 'file'})") if name else shown_uri(uri)
+    if parts.hostname:
+        host = parts.hostname + (f":{port}" if port is not None else "")
+        return text(f"{host} ({parts.scheme.split('+')[0]})")
+    return shown_uri(uri)
+
+
 def shown_uri(uri: str) -> str:
     """A store or queue URI as a page or a printed command may show it: its user and password left
     out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""

@@ -252,7 +252,8 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     new = [r for r in v3_evals() if r.info.run_id not in {b.info.run_id for b in before}]
     assert len(new) == 1, [r.info.run_name for r in new]
     reeval = new[0]
-    assert reeval.info.run_name == f"{v3_name} @ step {step} · fp32 · drafter bf16-autocast · fallback · cpu"
+    assert reeval.info.run_name == (f"{v3_name} @ step {step} · fp32 · drafter bf16-autocast · fallback · cpu · "
+                                    f"{reeval.data.params['max_new_tokens']} tok")
     assert int(reeval.data.tags["draftboard.checkpoint_step"]) == step
     reeval_fp = tracker.fingerprint(reeval.info.run_id)
     assert environment_flags(reeval_fp) == environment_flags(train_fp)

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from tracker import config, fingerprint, redact
+from tracker.jobs import eval_job
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import (Lineage, eval_settings_of, field_name, protocol_tags, resolved_by, same_settings,
@@ -234,7 +235,8 @@ def reeval_plan(index: RunIndex, eval_run_id: str,
     params["train_run_id"] = train.run_id
     if ev.checkpoint_step is not None:
         params["checkpoint_step"] = ev.checkpoint_step
-        params["name"] = names.eval_run_name(index.label(train.run_id), ev.checkpoint_step, params)
+        params["name"] = names.eval_run_name(index.label(train.run_id), ev.checkpoint_step, params,
+                                             eval_job.setting_words(params))
     done = next((r for r in index.evals_of(train.run_id)
                  if r.checkpoint_step == ev.checkpoint_step and _same_eval(r, ev, params)), None)
     if done is not None:

@@ -258,7 +258,8 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         if form.checkpoint_step is not None:
             params["checkpoint_step"] = int(form.checkpoint_step)
             if form.train_name:
-                params["name"] = names.eval_run_name(form.train_name, params["checkpoint_step"], params)
+                params["name"] = names.eval_run_name(form.train_name, params["checkpoint_step"], params,
+                                                     eval_job.setting_words(params))
     if form.reference:
         name = form.reference_name.strip()
         if not name:
@@ -374,12 +375,13 @@ def _ago(ts: datetime | None, now: datetime) -> str:
 def _job_what(p: dict, run_labels: dict[str, str] | None) -> str:
     """What a job evaluates, in its card's title."""
     train = (run_labels or {}).get(p.get("train_run_id") or "")
+    words = eval_job.setting_words(p)
     if train and p.get("checkpoint_step") is not None:
-        what = names.eval_run_name(train, p["checkpoint_step"], p)
+        what = names.eval_run_name(train, p["checkpoint_step"], p, words)
     else:
         env = " · ".join(str(p[k]) for k in ("dtype", "linear_attn", "device") if p.get(k))
         sampled = f"T={float(p['temperature']):g}" if p.get("temperature") else ""
-        what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env, sampled]))
+        what = " · ".join(filter(None, [Path(str(p.get("drafter", "?"))).name, env, sampled, *words]))
         if p.get("engine"):
             what += f" · {measure_label((str(p['engine']), p.get('engine_url')))}"
     return f"reference {p['reference']} ({what})" if p.get("reference") else what
@@ -402,6 +404,9 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
     text = f"{stage} · {progress:.0%}" if stage else f"{progress:.0%}"
     when = (f"finished {_ago(job.finished_at, now)}" if job.finished_at else
             f"started {_ago(job.started_at, now)}" if job.started_at else f"queued {_ago(job.created_at, now)}")
+    prompts = p.get("prompts") if isinstance(p, dict) else None
+    if isinstance(prompts, str) and not eval_job.hub_dataset_name(prompts):  # a hub set is named in the title
+        when += f" · prompts {Path(prompts).name}"
     return JobView(job.id, title, job.state, progress, text, when,
                    can_cancel=job.state in (QUEUED, RUNNING) and not job.cancel_requested,
                    run_id=job.mlflow_run_id,
@@ -415,11 +420,12 @@ _ERROR_LINE = re.compile(r"^(error: .+|[A-Za-z_][\w.]*(Error|Exception|Interrupt
 
 
 def shown_log(text: str, everything: bool = False) -> str:
-    """A job's log tail without tqdm progress frames and `@@draftboard` protocol lines (everything=False)."""
+    """A job's log tail without tqdm progress frames, `@@draftboard` protocol lines and blank lines
+    (everything=False)."""
     if everything:
         return text
     return "\n".join(line for line in text.splitlines()
-                     if not line.startswith(EVENT_PREFIX) and not _PROGRESS.search(line))
+                     if line.strip() and not line.startswith(EVENT_PREFIX) and not _PROGRESS.search(line))
 
 
 def error_line(error: str | None) -> str | None:

@@ -29,6 +29,11 @@ class MetricDoc:
         """Axis label: `tau (tokens / block)`."""
         return f"{self.name} ({self.unit})" if self.unit else self.name
 
+    @property
+    def plain_definition(self) -> str:
+        """The definition where Markdown is not rendered (a table cell): code spans without their backticks."""
+        return self.definition.replace("`", "")
+
     def help(self) -> str:
         """Markdown for a tooltip (the name is a trainer's, so it is escaped)."""
         better = {True: " Higher is better.", False: " Lower is better.", None: ""}[self.higher_is_better]

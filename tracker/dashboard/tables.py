@@ -91,6 +91,10 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
     return out
 
 
+# st.dataframe wraps a cell's text only in rows taller than 4rem (64 px; Streamlit 1.67's grid): 68 px holds
+# three lines, so a long run name, reason or verdict reads whole in a narrow column.
+WRAP_ROW_HEIGHT = 68
+NOT_SET = "— (not set: the default)"  # a param logged as Python's None
 RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau",
                       "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
@@ -127,44 +131,51 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
 
 
 def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
-    """The protocol cell and its count of critical mismatches. A training run's evals measure one
-    curve only under one protocol: its row names the steps whose protocol differs critically from
-    its latest eval's; an eval's row, how it differs from the latest other eval of its training run.
-    ⚪: an eval from before protocols were recorded; 🔵 online: scored by z-lab's cached loop; 🎲 sampled
-    (T > 0): how its tokens were drawn."""
+    """The protocol cell and its count of critical mismatches; never empty where there is a protocol
+    to speak of. A training run's evals measure one curve only under one protocol: its row names the
+    steps whose protocol differs critically from its latest eval's (🟢 when none does); an eval's
+    row, how its tokens were drawn (T=0: greedy; 🎲 sampled), 🔵 online where z-lab's cached loop
+    scored it, and how it differs from the latest other eval of its training run (🟢 when it does
+    not). ⚪: an eval from before protocols were recorded."""
     if run.kind == "train":
         evals = index.evals_of(run.run_id)
         if len(evals) < 2:
-            return "", 0
+            return ("1 eval" if evals else "no evals yet"), 0
         latest = evals[-1]
         found = [(ev, lineage.of_severity(lineage.protocol_diff(ev, latest), "critical")) for ev in evals[:-1]]
         found = [(ev, crit) for ev, crit in found if crit]
-        parts = [f"@ {ev.checkpoint_step if ev.checkpoint_step is not None else '?'}: "
-                 + ", ".join(lineage.field_name(r.field) for r in crit) for ev, crit in found[:2]]
+        if not found:
+            return f"🟢 {len(evals)} evals, one protocol", 0
+        parts = [f"@ {_step(ev)}: " + ", ".join(lineage.field_name(r.field) for r in crit) for ev, crit in found[:2]]
         more = f" | {len(found) - 2} more" if len(found) > 2 else ""
-        step = latest.checkpoint_step if latest.checkpoint_step is not None else "?"
-        return ("🔴 " + " | ".join(parts) + more + f" ≠ @ {step}" if found else ""), len(found)
+        return "🔴 " + " | ".join(parts) + more + f" ≠ @ {_step(latest)}", len(found)
     proto = lineage.protocol_of(run)
     if proto is None:
         return "", 0
     if proto == protocol.Protocol():
         return "⚪ no protocol (evaluated before protocols were recorded)", 0
-    notes = ["🔵 online"] if proto.scoring == "online" else []
-    if not protocol.is_greedy(proto) and proto.temperature != protocol.UNKNOWN:
-        notes.append("🎲 " + protocol.sampling_text(proto))
+    notes = [protocol.sampling_text(proto) if protocol.is_greedy(proto) or proto.temperature == protocol.UNKNOWN
+             else "🎲 " + protocol.sampling_text(proto)]
+    if proto.scoring == "online":
+        notes.append("🔵 online")
     train = index.train_of(run)
     others = [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id] if train is not None else []
     crit = lineage.of_severity(lineage.protocol_diff(run, others[-1]), "critical") if others else []
     if crit:
-        step = others[-1].checkpoint_step if others[-1].checkpoint_step is not None else "?"
-        notes.insert(0, "🔴 " + summarize_rows(crit, "", f"@ {step}", limit=2))
+        notes.insert(0, "🔴 " + summarize_rows(crit, "", f"@ {_step(others[-1])}", limit=2))
+    elif others:
+        notes.insert(0, f"🟢 as @ {_step(others[-1])}")
     return " · ".join(notes), int(bool(crit))
+
+
+def _step(run: RunInfo) -> int | str:
+    return run.checkpoint_step if run.checkpoint_step is not None else "?"
 
 
 def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
     """One row per run, the team's first; `critical` counts the run's critical lineage mismatches
-    and protocol mismatches (`protocol_reason`), `env check` and `protocol check` name their fields. Missing text reads MISSING; missing numbers stay NaN (sortable),
-    shown as MISSING by `runs_display`."""
+    and protocol mismatches (`protocol_reason`), `env check` and `protocol check` name their fields.
+    Missing text reads MISSING; missing numbers stay NaN (sortable), shown as MISSING by `runs_display`."""
     rows = []
     for run in team_first(runs):
         found = lineage.mismatches(index, run)
@@ -222,7 +233,9 @@ def mlflow_ui_url(run: RunInfo, base: str) -> str:
 
 
 def params_frame(run: RunInfo) -> pd.DataFrame:
-    return pd.DataFrame(sorted(redact.mask_params(run.params).items()), columns=["param", "value"])
+    """The run's params; a Python None logged as text reads as what it meant."""
+    shown = {k: NOT_SET if v == "None" else v for k, v in redact.mask_params(run.params).items()}
+    return pd.DataFrame(sorted(shown.items()), columns=["param", "value"])
 
 
 def metrics_frame(run: RunInfo) -> pd.DataFrame:
@@ -231,7 +244,7 @@ def metrics_frame(run: RunInfo) -> pd.DataFrame:
     for name in metric_docs.sort_metrics(run.metrics):
         doc = metric_docs.describe(name)
         rows.append({"metric": name, "value": run.metrics[name], "unit": doc.unit,
-                     "step": run.metric_steps.get(name), "definition": doc.definition})
+                     "step": run.metric_steps.get(name), "definition": doc.plain_definition})
     frame = pd.DataFrame(rows, columns=["metric", "value", "unit", "step", "definition"])
     frame["step"] = frame["step"].astype("Int64")
     return frame

@@ -377,7 +377,8 @@ def store_sidebar(cfg: Settings, index: RunIndex) -> None:
         if cfg.readonly:
             st.badge("read-only", icon=":material/lock:", color="gray",
                      help="DRAFTBOARD_READONLY=1: launch, cancel, re-evaluate and promote are hidden")
-        st.caption(f"Store: {md_code(redact.shown_uri(cfg.store_uri))} · {len(index)} runs")
+        st.caption(f"Store: {md_code(redact.short_uri(cfg.store_uri))} · {len(index)} runs",
+                   help=f"the store's URI: {md_code(redact.shown_uri(cfg.store_uri))}")
 
 
 DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds
@@ -414,8 +415,16 @@ def _live_demo_banner(seen: tuple) -> None:
     stage = f"stage {progress.stage}/{progress.stages}: {md(progress.text)}" if progress.stage else "starting"
     st.progress(progress.fraction, text=f"**Building the demo store** · {stage} · {progress.runs} runs so far")
     log = f" Output: {md_code(progress.log)}." if progress.log else ""
-    st.caption(f"{progress.fraction:.0%} of the build's stages, started {time.time() - progress.started:.0f} s ago. "
-               f"Runs appear in the tables as they land; this refreshes every {DEMO_POLL_S:g} s.{log}")
+    now = time.time()
+    eta = progress.eta_s(now)
+    left = f", about {_duration(eta)} left at this pace" if eta is not None else ""
+    st.caption(f"{progress.fraction:.0%} of the build's work done (the target's training is most of it), started "
+               f"{_duration(now - progress.started)} ago{left}. Runs appear in the tables as they land; this "
+               f"refreshes every {DEMO_POLL_S:g} s.{log}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def empty_state(cfg: Settings) -> None:

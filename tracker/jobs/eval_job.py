@@ -234,6 +234,50 @@ def validate(params: Any) -> dict[str, Any]:
     return values
 
 
+# How each setting that changes what an eval measures reads in a run's name and a job's card,
+# where it differs from its default. The environment is names.eval_run_name's; batch_size and
+# anchor_chunk change no number, and a path says nothing a reader can compare at a glance.
+_WORDS: dict[str, Callable[[Any], str]] = {
+    "max_new_tokens": "{} tok".format,
+    "limit_per_dataset": "{}/dataset".format,
+    "budgets": lambda b: "budgets " + ",".join(map(str, b)),
+    "top_p": "top_p {:g}".format,
+    "top_k": "top_k {}".format,
+    "samples": "{} draws".format,
+    "seeds": "{} seeds".format,
+    "seed": "seed {}".format,
+    "last_block": "last block {}".format,
+    "scoring": "{} scoring".format,
+    "enable_thinking": lambda on: "thinking on" if on else "thinking off",
+    "num_speculative_tokens": "{} draft tokens".format,
+    "completions": lambda _: "fixed continuations",
+}
+
+
+def hub_dataset_name(spec: str) -> str | None:
+    """`gsm8k` for z-lab's benchmark sets, the hub id for other `hf:` specs; None for a path."""
+    if not spec.startswith(config.HF_DATASET_PREFIX):
+        return None
+    hub_id = spec[len(config.HF_DATASET_PREFIX):].split(":")[0]
+    return next((name for name, (known, *_) in config.ZLAB_BENCHMARKS.items() if known == hub_id), hub_id)
+
+
+def setting_words(params: Mapping[str, Any]) -> list[str]:
+    """What `params` set away from `draftboard eval`'s defaults, a few words each (`gsm8k`, `64 tok`,
+    `16/dataset`, `top_p 0.95`), so two evals that measured differently never read alike.
+    TypeError/ValueError on values no job holds (a row written around the queue)."""
+    words = [hub_dataset_name(str(params["prompts"]))] if params.get("prompts") else []
+    for name, word in _WORDS.items():
+        value, default = params.get(name), FIELDS[name].default
+        if value is None:
+            continue
+        if FIELDS[name].kind == BUDGETS:
+            value, default = tuple(int(b) for b in value), tuple(default)
+        if value != default:
+            words.append(word(value))
+    return [w for w in words if w]
+
+
 def cli_args(params: Mapping[str, Any]) -> list[str]:
     """`["eval", "--target", T, ...]` for validated params: each value is its own argument, so
     quotes, `;` or `$(...)` in a name stay literal text (nothing runs through a shell)."""

@@ -8,7 +8,7 @@ here, so a family such as `ddtree_tau_b{B}` is spelled exactly once. Standard li
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # --------------------------------------------------------------------------- tags
@@ -136,14 +136,15 @@ def parse_protocol_tag(tag: str) -> str | None:
 # --------------------------------------------------------------------------- run names
 
 
-def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any]) -> str:
+def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any], protocol: Sequence[str] = ()) -> str:
     """`<training run> @ step N · <settings>`: one name for an eval of a checkpoint wherever it is
     shown or logged. Settings: dtype, the drafter's precision where it is not a cast to that dtype,
     linear-attention mode, device, the serving engine that measured it and, for a sampled eval, its
-    temperature (what is unset is left out)."""
+    temperature (what is unset is left out); then `protocol`, the words for whatever else differs
+    from the defaults (tracker.jobs.eval_job.setting_words)."""
     dtype, precision = settings.get("dtype"), settings.get("drafter_precision")
     temperature = settings.get("temperature")
     parts = [dtype, f"drafter {precision}" if precision and precision != dtype else None,
              settings.get("linear_attn"), settings.get("device"), settings.get("engine"),
              f"T={temperature:g}" if isinstance(temperature, (int, float)) and temperature > 0 else None]
-    return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p)])
+    return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p), *protocol])
