@@ -308,8 +308,8 @@ def main() -> None:
     targets = {"harness_vs_per_block_loop": 10.0, "ten_checkpoints_cache_vs_none": round(0.7 * ideal, 2),
                "warm_eval_vs_zlab_load_and_loop": 5.0, **sampled_targets}
     ok = equal and all(ratios[k] >= targets[k] for k in targets) and ratios["intervals_share_of_warm_eval"] < 0.05
-    print(json.dumps({"benchmark": "eval_speed", "ratios": ratios, "targets": targets, "ok": ok,
-                      "metrics_identical": equal, "beyond_target_pass_fraction": round(beyond, 3)}))
+    print(f"metrics identical: {equal}; beyond the target pass: {beyond:.3f} of it")
+    print(json.dumps({"benchmark": "eval_speed", "ratios": ratios, "targets": targets, "ok": ok}))
 
 
 if __name__ == "__main__":

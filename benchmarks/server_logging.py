@@ -154,11 +154,7 @@ def main() -> int:
         "log_step_vs_log_metric_on_server": round(naive_ms / s["loop_ms"], 1),
     }
     ok = all(ratios[k] >= TARGETS[k] for k in TARGETS) and all(r["logged"] == args.steps for r in results.values())
-    print(json.dumps({"benchmark": "server_logging", "ratios": ratios, "targets": TARGETS, "ok": ok,
-                      "paced_loop_ms": {k: round(v, 4) for k, v in paced.items()},
-                      "log_step_ms": {k: round(r["loop_ms"], 5) for k, r in results.items()},
-                      "flush_s": {k: round(r["flush_s"], 3) for k, r in results.items()},
-                      "log_metric_ms_server": round(naive_ms, 3)}))
+    print(json.dumps({"benchmark": "server_logging", "ratios": ratios, "targets": TARGETS, "ok": ok}))
     return 0
 
 

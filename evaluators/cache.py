@@ -16,6 +16,9 @@ per layer, fp32) read the same way, and a file that does not parse is a miss, re
 
 The fingerprint's probe and the rest of what only a loaded target can tell (its linear-attention
 resolution) are cached too, by (target digest, environment): a warm eval never loads the target.
+So is what checking the target's files concluded (its config, where its heads are stored, its stop
+tokens), by (target digest, transformers version): a warm eval builds no model, not even on the
+meta device, and imports no modeling code.
 
 The cache is bounded: after every write, entries are evicted least recently used first until the
 whole cache fits `DRAFTBOARD_CACHE_MAX_GB` (tracker/config.py). Reading an entry touches its
@@ -27,6 +30,7 @@ names; anything else someone puts in the folder is neither counted nor removed):
     continuations/<key>.json        continuations/<key>.meta.json
     samples/<key>.json              samples/<key>.meta.json   (sampled continuations, with each token's p)
     fingerprints/<key>.json         fingerprints/<key>.meta.json
+    checks/<key>.json               checks/<key>.meta.json
     features/<key>/layer_<i>.safetensors   features/<key>/meta.json
 `<key>` is the 24 hex digits of `evaluators.target.cache_key`; the meta file names the target's
 content digest, when the writer gave it.
@@ -47,7 +51,8 @@ import torch
 from tracker import config
 
 CONTINUATIONS, SAMPLES, FINGERPRINTS, FEATURES = "continuations", "samples", "fingerprints", "features"
-_JSON_KINDS = (CONTINUATIONS, SAMPLES, FINGERPRINTS)  # one `<key>.json` per entry
+CHECKS = "checks"  # what reading a target's files concluded (evaluators.target.CheckedTarget)
+_JSON_KINDS = (CONTINUATIONS, SAMPLES, FINGERPRINTS, CHECKS)  # one `<key>.json` per entry
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 _ST_CODES = {dtype: code for code, dtype in _ST_DTYPES.items()}
 META_SCHEMA = "draftboard.cache/1"
@@ -136,6 +141,14 @@ class EvalCache:
 
     def put_fingerprint(self, key: str, part: dict, *, target: str | None = None) -> None:
         self._put_json(FINGERPRINTS, key, part, target)
+
+    def get_checks(self, key: str) -> dict | None:
+        """A target's checked config, head locations and stop tokens (evaluators.target.check_target)."""
+        data = self._get_json(CHECKS, key)
+        return data if isinstance(data, dict) else None
+
+    def put_checks(self, key: str, checked: dict, *, target: str | None = None) -> None:
+        self._put_json(CHECKS, key, checked, target)
 
     def open_features(self, key: str, layer: int, n: int) -> "LayerFile | None":
         """One layer's features for n sequences, read a sequence at a time; None if not cached

@@ -36,9 +36,9 @@ from evaluators.prompts import Prompt, attach_completions, template_thinking
 from evaluators.sampling import ONLINE, Sampling, draw_seed
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
                                 score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
-from evaluators.target import (HeadLocation, Target, cache_key, check_weights, content_digest,
-                               greedy_continuations, layer_hidden_states_batch, load_heads, load_target,
-                               load_tokenizer, sampled_continuations, stop_token_ids, text_config)
+from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
+                               deferred_tokenizer, greedy_continuations, layer_hidden_states_batch, load_heads,
+                               load_target, sampled_continuations)
 from tracker.uncertainty import draws_interval, results_uncertainty
 from tracker import fingerprint, linear_attn
 from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
@@ -320,33 +320,45 @@ def _check_context(prompts: list[Prompt], max_new_tokens: int, block: int, limit
 
 @dataclass
 class _Pair:
-    """What an eval loads up front: its prompts, the target's config and where its heads are, the drafter."""
+    """What an eval loads up front: its prompts, the target's checked config, heads and stop tokens,
+    the drafter, and the target's content digest with the cache that holds its work."""
 
     prompts: list[Prompt]
     tokenizer: object | None
-    config: object  # the target's text config
-    heads: HeadLocation | None  # None: no safetensors files, so a warm eval loads the whole target
+    target: CheckedTarget  # heads None: no safetensors files, so a warm eval loads the whole target
     loaded: LoadedDrafter
     precision: Precision
+    digest: str
+    cache: EvalCache
+
+    @property
+    def config(self):  # the target's text config
+        return self.target.config
 
 
 def load_pair(s: EvalSettings, device: str, progress: Progress) -> _Pair:
     # Cheap checks first: bad prompts, a target or drafter whose config does not match its
     # weight files fail before any weights are read or anything is sized from a config.
-    cfg = text_config(s.target)
-    tokenizer = load_tokenizer(s.target)
-    prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
-    if s.completions:
-        prompts = attach_completions(prompts, s.completions, cfg.vocab_size)
-    heads = check_weights(s.target)
+    digest, cache = content_digest(s.target), EvalCache(s.cache_dir)
+    tokenizer = deferred_tokenizer(s.target)
+    prompts: list[Prompt] = []
+
+    def read_prompts(cfg) -> None:
+        prompts.extend(load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset))
+        if s.completions:
+            prompts[:] = attach_completions(prompts, s.completions, cfg.vocab_size)
+
+    target = check_target(s.target, cache, digest, between=read_prompts)
+    cfg = target.config
     checked = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size))
 
     progress("load", 0, 2)
     precision = parse_precision(s.drafter_precision or s.dtype)
     loaded = checked.load(device, precision.weights)
     _check_context(prompts, s.max_new_tokens, loaded.model.block_size, getattr(cfg, "max_position_embeddings", None))
+    target.remember(cache, s.target, digest)
     progress("load", 1, 2)
-    return _Pair(prompts, tokenizer, cfg, heads, loaded, precision)
+    return _Pair(prompts, tokenizer, target, loaded, precision, digest, cache)
 
 
 class _OnDemand:
@@ -419,7 +431,8 @@ def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[i
 
     The rest of the fingerprint is captured afresh every time, so a changed library or flag is
     a miss of the cached target facts."""
-    here = fingerprint.capture(None, device, s.dtype, with_probe=False, drafter_precision=precision.name)
+    here = fingerprint.capture(None, device, s.dtype, with_probe=False, drafter_precision=precision.name,
+                               with_kernels=False)
     key = cache_key("fingerprint", digest, fingerprint.environment(here), s.linear_attn, device, layers)
     known = cache.get_fingerprint(key)
     if known is None or not {"part", "resolution"} <= set(known):
@@ -446,9 +459,9 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     sampling = s.sampling
     budgets, ddtree_skipped = tree_budgets(loaded, s.budgets, sampling)
     target = _OnDemand(s, device)
-    if pair.heads is None or s.scoring == "online":
+    if pair.target.heads is None or s.scoring == "online":
         target()
-    digest, cache = content_digest(s.target), EvalCache(s.cache_dir)
+    digest, cache = pair.digest, pair.cache
     load_s = time.perf_counter() - t0 - target.seconds
 
     def timed(work):  # (result, seconds spent outside loading the target)
@@ -469,7 +482,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     dcfg = loaded.model.cfg
     chunk = s.anchor_chunk or sizing.anchor_chunk(device, block, pair.config.vocab_size, dcfg.hidden_size,
                                                   dcfg.num_attention_heads, longest)
-    stops = set(stop_token_ids(s.target, pair.config))
+    stops = set(pair.target.stop_ids)
     if sampling.greedy:
         conts, target_s = timed(lambda: _continuations(target, prompts, s, block, cache, env, digest, progress,
                                                        batch))
@@ -490,7 +503,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     target_s += features_s
     # With the target loaded for its work, its heads are at hand; else read them alone.
     start = time.perf_counter()
-    heads = target.target or load_heads(s.target, pair.heads, pair.config, sorted(stops), device, s.dtype)
+    heads = target.target or load_heads(s.target, pair.target.heads, pair.config, sorted(stops), device, s.dtype)
     load_s += time.perf_counter() - start
 
     t_drafter = time.perf_counter()

@@ -9,10 +9,12 @@ i + 1 = output of decoder layer i, the last one after the final norm), which is 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -259,6 +261,82 @@ def check_weights(path: str | Path) -> HeadLocation | None:
     return _locate_heads(model, stored, where, tails)
 
 
+@dataclass(frozen=True)
+class CheckedTarget:
+    """What reading a target's files concluded: its text config as plain values (attribute access,
+    `getattr(config, "head_dim", None)` as on a transformers config), where its embedding and lm_head
+    are stored (None: no safetensors files), and its stop tokens. A fact of the files' content
+    digest: `EvalCache` keeps it, so a warm eval neither parses the config through AutoConfig nor
+    builds the model on the meta device (`check_target`)."""
+
+    config: SimpleNamespace
+    heads: HeadLocation | None
+    stop_ids: list[int]
+    key: str = ""  # its EvalCache key: (content digest, transformers version)
+    cached: bool = False  # read from the cache (else `remember` writes it there)
+
+    def remember(self, cache, path: Path, digest: str) -> None:
+        """Keep it for the next eval of these files; the caller does it once the whole eval's input
+        has passed its checks, so a refused eval leaves nothing behind."""
+        if not self.cached:
+            cache.put_checks(self.key, self.to_json(Path(path)), target=digest)
+
+    def to_json(self, path: Path) -> dict:
+        files = _safetensors_files(path)
+
+        def place(where: tuple[str, Path]) -> list:
+            return [where[0], files.index(where[1])]
+
+        return {"config": vars(self.config), "stop_ids": self.stop_ids,
+                "heads": None if self.heads is None else {"embed": place(self.heads.embed),
+                                                          "lm_head": place(self.heads.lm_head)}}
+
+    @staticmethod
+    def from_json(data, path: Path) -> CheckedTarget | None:
+        """None unless `data` has the shape `to_json` writes and names files the folder still has
+        (a damaged or hand-edited cache entry is a miss: the checks run again)."""
+        try:
+            files = _safetensors_files(path)  # the folder's own index, checked inside it as on a miss
+            heads = data["heads"]
+            if heads is not None:
+                places = [(str(heads[r][0]), int(heads[r][1])) for r in ("embed", "lm_head")]
+                if any(not 0 <= i < len(files) for _, i in places):
+                    return None
+                heads = HeadLocation(*((name, files[i]) for name, i in places))
+            stops = [int(t) for t in data["stop_ids"]]
+            return CheckedTarget(SimpleNamespace(**data["config"]), heads, stops, cached=True)
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+
+def config_values(cfg) -> SimpleNamespace:
+    """A transformers config as plain JSON values, its attribute aliases (`attribute_map`) included."""
+    values = cfg.to_dict()
+    for alias, name in getattr(cfg, "attribute_map", {}).items():
+        if name in values:
+            values[alias] = values[name]
+    return SimpleNamespace(**values)
+
+
+def check_target(path: str | Path, cache, digest: str, between=None) -> CheckedTarget:
+    """The target's config, heads and stop tokens, checked (`check_weights`) once per content digest
+    and transformers version, and read from `cache` (an EvalCache) after that (`remember`).
+    `between(config)` runs once the config is known and before the weight files are checked: the
+    prompts' checks, which must fail before anything is sized from the files. The config's size
+    bounds and the files' places inside the folder are checked every time."""
+    path = Path(path)
+    key = cache_key("target-checks", digest, importlib.metadata.version("transformers"))
+    data = cache.get_checks(key)
+    known = CheckedTarget.from_json(data, path) if data is not None else None
+    config = known.config if known is not None else config_values(text_config(path))
+    check_sizes(vars(config), f"target {path} config.json")
+    if between is not None:
+        between(config)
+    if known is None:
+        return CheckedTarget(config, check_weights(path), stop_token_ids(path, config), key)
+    return replace(known, key=key)
+
+
 def load_heads(path: str | Path, heads: HeadLocation, text_cfg, stop_ids: list[int], device: str = "cpu",
                dtype: str = "fp32") -> TargetHeads:
     """The embedding and lm_head alone, as from_pretrained would hold them (cast to `dtype`)."""
@@ -283,14 +361,46 @@ def stop_token_ids(path: str | Path, text_cfg) -> list[int]:
     return _stop_ids(generation, text_cfg)
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def load_tokenizer(path: str | Path):
     """The target's tokenizer, or None for a directory without tokenizer files (token-id prompts)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
-    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if any((path / name).is_file() for name in _TOKENIZER_FILES):
         return AutoTokenizer.from_pretrained(path)
     return None
+
+
+class DeferredTokenizer:
+    """The target's tokenizer, read the first time something uses it: prompts given as token ids and
+    a protocol without a chat template never do, and importing transformers' tokenizers is most of
+    what a warm eval would otherwise spend before its drafter runs. Used as the tokenizer itself."""
+
+    def __init__(self, path: Path):
+        self._path, self._tokenizer = path, None
+
+    def _loaded(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self._path)
+        return self._tokenizer
+
+    def __getattr__(self, name: str):
+        return getattr(self._loaded(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self._loaded()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+
+def deferred_tokenizer(path: str | Path) -> DeferredTokenizer | None:
+    """`load_tokenizer`, read on first use; None (at once) for a directory without tokenizer files."""
+    path = Path(path)
+    return DeferredTokenizer(path) if any((path / name).is_file() for name in _TOKENIZER_FILES) else None
 
 
 def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn_mode: str = "auto") -> Target:

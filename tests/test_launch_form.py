@@ -1,5 +1,7 @@
 """The Launch page's logic (tracker.dashboard.launch_form): pre-filled values, job cards, log tails."""
 
+import sys
+
 import pytest
 import torch
 from test_views import fp, run
@@ -81,13 +83,12 @@ def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
     from tracker.errors import DraftboardError
     from tracker.jobs.launchers.local import LocalLauncher
     from tracker.jobs.queue import JobQueue
-    from tracker.jobs.worker import launcher_devices
 
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     params = {"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "device": "cuda"}
     assert "No worker is running" in workers_caption(queue.workers())
     assert not submit_eval(queue, params).existing  # nobody to ask yet: queued, and the page says so
-    queue.register_worker("w1", launcher_devices(LocalLauncher()), "local")
+    queue.register_worker("w1", LocalLauncher([sys.executable, "-m", "tracker.cli"]).devices(), "local")
     if torch.cuda.is_available():
         pytest.skip("this torch sees a GPU: a local worker can run cuda")
     assert [w.devices for w in queue.workers()] == [("cpu",)]

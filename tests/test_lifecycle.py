@@ -34,9 +34,11 @@ KILL_DEADLINE_S = 5.0  # issue 15: after SIGKILL of a parent, its children are g
 
 
 def test_sigterm_stops_the_worker_then_the_server_and_leaves_no_descendant(start_ui):
-    ui, descendants = start_ui()
-    names = sorted("tracker.serve" in " ".join(p.cmdline()) for p in descendants)
-    assert names == [False, True], [p.cmdline() for p in descendants]  # the worker and the server
+    ui, descendants = start_ui(children=3)
+    names = sorted("server" if "tracker.serve" in " ".join(p.cmdline()) else "warm" if "launchers.warm" in
+                   " ".join(p.cmdline()) else "worker" for p in descendants)
+    # the server, the worker and the worker's warm process (tracker/jobs/launchers/warm.py)
+    assert names == ["server", "warm", "worker"], [p.cmdline() for p in descendants]
     started = time.monotonic()
     ui.proc.send_signal(signal.SIGTERM)
     assert ui.proc.wait(timeout=2 * lifecycle.STOP_GRACE_S) == 0
@@ -57,7 +59,7 @@ def test_sigint_from_a_terminal_is_an_ordered_stop_too(start_ui):
 
 
 def test_sigkill_of_ui_takes_its_children_within_5_s(start_ui):
-    ui, descendants = start_ui()
+    ui, descendants = start_ui(children=3)  # the server, the worker and its warm process
     ui.proc.send_signal(signal.SIGKILL)
     ui.proc.wait(timeout=10)
     wait_until(lambda: all(gone(p) for p in descendants), KILL_DEADLINE_S, interval=0.05,
@@ -125,9 +127,13 @@ def test_sigkill_of_a_worker_running_an_eval_takes_the_eval_and_logs_no_run(mode
                              TARGET_STAGE in queue.log_tail(job.id, 50) and j, STARTUP_S,
                              what="eval in its target stage")
         eval_proc = psutil.Process(running.pid)
+        # The eval is forked from the worker's warm process (tracker/jobs/launchers/warm.py): both go.
+        family = psutil.Process(worker.pid).children(recursive=True)
+        assert eval_proc in family and eval_proc.parent() in family
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
-        wait_until(lambda: gone(eval_proc), KILL_DEADLINE_S, interval=0.05, what="eval of a killed worker gone")
+        wait_until(lambda: all(gone(p) for p in family), KILL_DEADLINE_S, interval=0.05,
+                   what="the warm process and the eval of a killed worker gone")
         assert queue.get(job.id).state == RUNNING  # as the dead worker left it (until a stale check fails it)
         assert not runs_named(models["store"], "worker killed")
     finally:

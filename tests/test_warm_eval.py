@@ -65,6 +65,52 @@ def test_a_changed_environment_loads_the_target_again(files, tmp_path, monkeypat
     assert evaluate(_settings(files, tmp_path, linear_attn="fallback"))["timing"]["loaded"] == "heads"
 
 
+def test_a_warm_eval_imports_no_modeling_code_and_parses_no_config(files, tmp_path):
+    """What checking the target concluded is cached by its content digest: a warm eval in a fresh
+    interpreter neither builds the model on the meta device nor reads the config through AutoConfig."""
+    import subprocess
+    import sys
+
+    cold = evaluate(_settings(files, tmp_path))
+    code = (
+        "import json, sys\n"
+        "from evaluators.harness import EvalSettings, evaluate\n"
+        f"r = evaluate(EvalSettings(target={str(files / 'target')!r}, drafter={str(files / 'drafter')!r}, "
+        f"prompts={str(files / 'prompts.jsonl')!r}, max_new_tokens=12, budgets=(2, 8), device='cpu', "
+        f"cache_dir={str(tmp_path)!r}))\n"
+        "print(json.dumps({'tau': r['tau'], 'loaded': r['timing']['loaded'], "
+        "'modules': sorted(m for m in sys.modules if m.startswith('transformers'))}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    warm = json.loads(out.stdout.strip().splitlines()[-1])
+    assert warm["tau"] == cold["tau"] and warm["loaded"] == "heads"
+    assert not [m for m in warm["modules"] if "modeling" in m or m.startswith("transformers.models.auto")], \
+        warm["modules"]
+
+
+def test_a_target_whose_files_changed_is_checked_again(files, tmp_path):
+    from evaluators.cache import CHECKS
+    from tracker.errors import DraftboardError
+
+    cold = evaluate(_settings(files, tmp_path))
+    (entry,) = [p for p in (tmp_path / CHECKS).glob("*.json") if not p.name.endswith(".meta.json")]
+    entry.write_text('{"config": "damaged"}')  # a damaged entry is a miss: checked again, and rewritten
+    assert _comparable(evaluate(_settings(files, tmp_path))) == _comparable(cold)
+    assert json.loads(entry.read_text())["config"]["vocab_size"] > 0
+    # A config that no longer fits the weights is a new digest: the checks run again and refuse it.
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in ("drafter", "prompts.jsonl"):
+        (changed / name).symlink_to(files / name)
+    (changed / "target").mkdir()
+    for f in (files / "target").iterdir():
+        (changed / "target" / f.name).symlink_to(f)
+    config = json.loads((files / "target" / "config.json").read_text())
+    (changed / "target" / "config.json").unlink()
+    (changed / "target" / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    with pytest.raises(DraftboardError, match="do not belong together"):
+        evaluate(_settings(changed, tmp_path))
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_heads_from_a_sharded_checkpoint_equal_the_loaded_models(tmp_path, tied):
     torch.manual_seed(0)

@@ -612,6 +612,7 @@ def cmd_worker(args) -> int:
     elif args.address or args.ray_python is not None or args.ray_env or args.ray_runtime_env:
         raise DraftboardError("--address and --ray-* options need --launcher ray")
     launcher = make_launcher(args.launcher, args.address, **ray_options)
+    launcher.prepare()  # a worker is there to run jobs: the first one need not wait for its imports
     claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
                          launcher=launcher, watch_s=args.watch_interval if args.watch else None)
     print(f"worker stopped after {claimed} job(s)")

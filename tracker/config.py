@@ -330,6 +330,14 @@ def readonly(env: Mapping[str, str] | None = None) -> bool:
     return _env(env).get(READONLY_VAR, "").strip().lower() in _TRUE
 
 
+# A local worker forks evals from a warm process (tracker/jobs/launchers/warm.py) unless this is 0.
+WARM_EVALS_VAR = "DRAFTBOARD_WARM_EVALS"
+
+
+def warm_evals(env: Mapping[str, str] | None = None) -> bool:
+    return _env(env).get(WARM_EVALS_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def mlflow_ui_url(env: Mapping[str, str] | None = None) -> str | None:
     """Base URL of a running `mlflow ui` for run links; None when nobody configured one."""
     return (_env(env).get(MLFLOW_UI_VAR) or "").strip().rstrip("/") or None

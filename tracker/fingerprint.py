@@ -98,12 +98,12 @@ def _hardware(device: str) -> dict:
     return hw
 
 
-def _numerics(dtype: str, drafter_precision: str, resolution: linear_attn.Resolution,
+def _numerics(dtype: str, drafter_precision: str, resolution: linear_attn.Resolution | None,
               attn_implementation: str | None) -> dict:
     import torch
 
     cuda = torch.backends.cuda
-    return {
+    numerics = {
         "dtype": dtype,  # the target's: its hidden states (the drafter's features) and the probe
         "drafter_precision": drafter_precision,  # config.DRAFTER_PRECISIONS: cast vs autocast, and its dtype
         "tf32_matmul": bool(cuda.matmul.allow_tf32),
@@ -119,9 +119,10 @@ def _numerics(dtype: str, drafter_precision: str, resolution: linear_attn.Resolu
             "cudnn": cuda.cudnn_sdp_enabled(),
         },
         "attn_implementation": attn_implementation,
-        "linear_attention": resolution.to_dict(),
-        "linear_attention_path": resolution.path,
+        "linear_attention": None if resolution is None else resolution.to_dict(),
+        "linear_attention_path": None if resolution is None else resolution.path,
     }
+    return numerics if resolution is not None else {k: v for k, v in numerics.items() if k not in TARGET_NUMERICS}
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -199,7 +200,8 @@ def with_target_part(fp: dict, part: dict) -> dict:
 
 def capture(target=None, device: str | None = None, dtype: str | None = None, *,
             probe_layers: list[int] | None = None, with_probe: bool = True,
-            code_dir: str | os.PathLike | None = None, drafter_precision: str | None = None) -> dict:
+            code_dir: str | os.PathLike | None = None, drafter_precision: str | None = None,
+            with_kernels: bool = True) -> dict:
     """Fingerprint this process's environment, optionally with a loaded target model.
 
     With a target, its own modeling module is resolved (a non-hybrid target reports `n/a`) and a
@@ -211,6 +213,9 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
     `dtype` is the target's (what its features and the probe were computed in); the probe runs
     the target as loaded, so load it in that dtype. `drafter_precision` says how the drafter
     computed (config.DRAFTER_PRECISIONS; default: its weights cast to `dtype`, as an eval does).
+    `with_kernels=False` (no target) leaves the target's numerics (TARGET_NUMERICS) out, for a
+    caller that completes them with a cached `target_part`: resolving the Qwen3.5 module imports
+    transformers' modeling code, which such a caller would pay for nothing.
     """
     device = device or default_device()
     dtype = dtype or "fp32"
@@ -220,7 +225,7 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
     module = linear_attn.module_of(target) if target is not None else linear_attn.DEFAULT_MODULE
     probed = probe(target, probe_layers, device) if target is not None and with_probe else None
     # Resolved after the probe: transformers logs its fallback warnings at the first forward.
-    resolution = linear_attn.resolve(module)
+    resolution = linear_attn.resolve(module) if with_kernels or target is not None else None
     attn_impl = getattr(getattr(target, "config", None), "_attn_implementation", None)
     fp = {
         "schema": SCHEMA,

@@ -111,7 +111,7 @@ def run_worker(
     claims jobs for the free slots (unless the launcher reports it cannot take jobs now,
     e.g. its Ray cluster is unreachable). once=True returns as soon as no job is queued and
     none of this worker's jobs is running. launcher: where jobs run (default: a
-    LocalLauncher, subprocesses of this process). A cancel request stops a job (locally:
+    LocalLauncher, subprocesses of this process), closed when the worker stops. A cancel request stops a job (locally:
     SIGTERM to its process group, then SIGKILL after grace_s). When the worker stops
     (stop_event, SIGTERM in the main thread, Ctrl-C) its running jobs are stopped the same
     way and marked failed. watch_s: also scan the store's watched checkpoint folders
@@ -136,16 +136,19 @@ def run_worker(
     claimed = 0
     blocked: str | None = None  # why the launcher cannot take jobs, as last logged
     log.info("worker %s: %d slot(s) on %s, jobs run %s", worker_id, slots, queue.uri, launcher.describe())
-    devices = launcher_devices(launcher)
+    # torch answers which devices jobs can use, but importing it takes seconds: the first claim need not wait.
+    devices: list = []
+    probe = threading.Thread(target=lambda: devices.append(launcher.devices()), name="devices", daemon=True)
+    probe.start()
     next_register = time.monotonic()
     with _stop_on_sigterm(stop, wake):
         try:
             next_watch = time.monotonic()
             while not stop.is_set():
                 wake.clear()
-                if time.monotonic() >= next_register:  # so the Launch form knows what can run
+                if devices and time.monotonic() >= next_register:  # so the Launch form knows what can run
                     with contextlib.suppress(SQLAlchemyError):  # an outage is logged below, by the claim
-                        queue.register_worker(worker_id, devices, launcher.describe())
+                        queue.register_worker(worker_id, devices[0], launcher.describe())
                     next_register = time.monotonic() + heartbeat_s
                 if watch_s is not None and time.monotonic() >= next_watch:
                     _scan_watched(queue)
@@ -178,19 +181,10 @@ def run_worker(
                 runner.abort()
             for runner in runners:
                 runner.join()
+            launcher.close()
             with contextlib.suppress(SQLAlchemyError):
                 queue.unregister_worker(worker_id)
     return claimed
-
-
-def launcher_devices(launcher: Launcher) -> list[str] | None:
-    """The devices jobs of this launcher can use: the local torch's for local subprocesses (cpu,
-    plus cuda when torch sees a GPU); None when the jobs run elsewhere (a Ray cluster)."""
-    if not isinstance(launcher, LocalLauncher):
-        return None
-    import torch  # the eval subprocesses run this same torch
-
-    return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def _scan_watched(queue: JobQueue) -> None:

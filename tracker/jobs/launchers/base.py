@@ -175,6 +175,16 @@ class Launcher(ABC):
         """Why no job should be claimed now (e.g. the cluster is unreachable), or None."""
         return None
 
+    def devices(self) -> list[str] | None:
+        """The devices its jobs can use (`cpu`, `cuda`), for the Launch form; None: jobs run elsewhere."""
+        return None
+
+    def prepare(self) -> None:
+        """Get ready for the first job now, before one is claimed (the local one's warm process)."""
+
+    def close(self) -> None:
+        """Release what the launcher keeps between jobs (the local one's warm process)."""
+
     def header(self, argv: Sequence[str]) -> str:
         """The first line of the job's log: what runs (credentials hidden: `tracker.redact`)."""
         return redact.text(json.dumps(list(argv)))

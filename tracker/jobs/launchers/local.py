@@ -1,7 +1,9 @@
 """The local launcher: a job's argv runs as a subprocess of the worker, in its own session.
 
 Never through a shell. Stopping it is SIGTERM to its process group, then SIGKILL after the
-grace period; a job dies with its worker (PR_SET_PDEATHSIG on Linux).
+grace period; a job dies with its worker (PR_SET_PDEATHSIG on Linux). A job that runs
+draftboard's own CLI is forked from a warm process that imported the eval code once
+(`tracker.jobs.launchers.warm`; `DRAFTBOARD_WARM_EVALS=0` starts each as a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 from typing import IO
 
 from tracker import config
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, describe_exit
+from tracker.jobs.launchers.warm import WarmChild, WarmServer
 from tracker.jobs.queue import FAILED, SUCCEEDED, Job
 from tracker.lifecycle import die_with_parent_hook
 
@@ -22,12 +26,43 @@ from tracker.lifecycle import die_with_parent_hook
 class LocalLauncher(Launcher):
     """Runs the job's argv as a subprocess of the worker, in its own session, never via a shell.
 
-    entry: the command that runs draftboard's CLI (default: this interpreter's `-m tracker.cli`).
+    entry: the command that runs draftboard's CLI (default: this interpreter's `-m tracker.cli`,
+    forked from the warm process where the platform forks and `config.warm_evals()` allows).
     """
 
     name = "local"
 
+    def __init__(self, entry=None) -> None:
+        super().__init__(entry)
+        warm = entry is None and hasattr(os, "fork") and hasattr(socket, "send_fds") and config.warm_evals()
+        self._warm = WarmServer() if warm else None
+
+    def describe(self) -> str:
+        return "local (forked from a warm process)" if self._warm is not None else self.name
+
+    def devices(self) -> list[str]:
+        """The local torch's: cpu, plus cuda when torch sees a GPU (asked by the warm process, which
+        imported torch already)."""
+        if self._warm is not None:
+            return self._warm.devices()
+        import torch  # the eval subprocesses run this same torch
+
+        return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+    def prepare(self) -> None:
+        if self._warm is not None:
+            self._warm.prepare()
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
+
     def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
+        # The worker's own store, stated: a job names none (tracker/config.py); lines reach the log as printed.
+        env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1"}
+        if self._warm is not None and argv[:len(self.entry)] == self.entry:
+            pid, stream, child = self._warm.start(self.entry[2], argv[len(self.entry):], env)  # [python, -m, module]
+            return _WarmExecution(pid, stream, child, output, job.id)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -37,9 +72,7 @@ class LocalLauncher(Launcher):
                 encoding="utf-8",
                 errors="replace",
                 start_new_session=True,
-                # The worker's own store, stated: a job names none (tracker/config.py); lines reach
-                # the log as printed.
-                env={**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1"},
+                env=env,
                 preexec_fn=die_with_parent_hook(),  # a killed worker leaves no orphan eval
             )
         except (OSError, ValueError) as exc:
@@ -81,19 +114,19 @@ class _LocalExecution(Execution):
 
     def stop(self, grace_s: float) -> str:
         """SIGTERM the job's process group, SIGKILL it after grace_s."""
-        _signal_group(self._proc, signal.SIGTERM)
+        _signal_group(self._proc.pid, signal.SIGTERM)
         try:
             self._proc.wait(timeout=grace_s)
             return ""
         except subprocess.TimeoutExpired:
-            _signal_group(self._proc, signal.SIGKILL)
+            _signal_group(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
             return f"killed with SIGKILL after {grace_s:g} s grace"
 
     def drain(self) -> None:
         self._pump.join(DRAIN_S)
         if self._pump.is_alive():
-            _signal_group(self._proc, signal.SIGKILL)
+            _signal_group(self._proc.pid, signal.SIGKILL)
             self._pump.join(DRAIN_S)
 
     def outcome(self) -> tuple[str, str | None]:
@@ -101,7 +134,38 @@ class _LocalExecution(Execution):
         return (SUCCEEDED, None) if returncode == 0 else (FAILED, describe_exit(returncode))
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+class _WarmExecution(Execution):
+    """A job forked from the warm process: its own session, so signalled as a subprocess is; its
+    exit reported by the warm process, which is its parent."""
+
+    def __init__(self, pid: int, stream: IO[str], child: WarmChild, output: JobOutput, job_id: int) -> None:
+        self.pid, self._child = pid, child
+        self._pump = _OutputPump(stream, output, job_id)
+        self._pump.start()
+
+    def wait(self, timeout: float) -> bool:
+        return self._child.ended.wait(timeout)
+
+    def stop(self, grace_s: float) -> str:
+        _signal_group(self.pid, signal.SIGTERM)
+        if self._child.ended.wait(grace_s):
+            return ""
+        _signal_group(self.pid, signal.SIGKILL)
+        self._child.ended.wait()
+        return f"killed with SIGKILL after {grace_s:g} s grace"
+
+    def drain(self) -> None:
+        self._pump.join(DRAIN_S)
+        if self._pump.is_alive():
+            _signal_group(self.pid, signal.SIGKILL)
+            self._pump.join(DRAIN_S)
+
+    def outcome(self) -> tuple[str, str | None]:
+        returncode = self._child.returncode
+        return (SUCCEEDED, None) if returncode == 0 else (FAILED, describe_exit(returncode))
+
+
+def _signal_group(pid: int, sig: int) -> None:
     # The job leads its own session, so its process group id is its pid.
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+        os.killpg(pid, sig)
