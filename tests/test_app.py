@@ -1,5 +1,6 @@
 """The dashboard, page by page, with Streamlit's AppTest on a store of real runs (conftest `dashboard_store`)."""
 
+import json
 import os
 import re
 import subprocess
@@ -66,6 +67,11 @@ def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     assert any(url.startswith("http://mlflow.example:5000/#/experiments/") and url.endswith(app_env.ids["v4"])
                for url in links)
     assert "Critical environment difference" in page_text(at)
+    # Values read with 3 decimals, as everywhere else; the sidebar names the store in a word, its URI on hover.
+    metrics = next(d for d in at.dataframe if "definition" in d.value.columns)
+    assert json.loads(metrics.proto.columns)["value"]["type_config"]["format"] == "%.3f"
+    (store,) = [c for c in at.sidebar.caption if c.value.startswith("Store:")]
+    assert store.value.startswith("Store: `draftboard.db (sqlite)`") and app_env.uri in store.proto.help
 
 
 def test_run_detail_links_to_mlflow_ui_only_when_configured(app_env, monkeypatch):
@@ -309,6 +315,7 @@ def test_launch_cards_show_the_result_or_the_cause_and_a_clean_log_tail(app_env)
     assert "AssertionError: Torch not compiled with CUDA enabled" in text
     tails = [c.value for c in at.code]
     assert tails and all(PREFIX not in t and "50%|" not in t and "loading target" in t for t in tails)
+    assert all(c.proto.wrap_lines for c in at.code)  # a long argv line wraps instead of running off the card
     at.toggle(key=f"log_all_{done.id}").set_value(True).run()
     assert any(PREFIX in c.value and "50%|" in c.value for c in at.code)
 

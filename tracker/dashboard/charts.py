@@ -108,7 +108,7 @@ def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = 
             line=dict(color=series_color(colors, owner, fallback), dash="dash" if reason else "solid"),
             marker=dict(symbol=f"{symbol}-open" if reason else symbol, size=size, line=dict(width=2)),
             customdata=part[["env"]].map(html_text).to_numpy(),  # env badges come from tags
-            hovertemplate=(f"%{{fullData.name}}<br>checkpoint step %{{x}}<br>{key} %{{y:.4f}} {doc.unit}"
+            hovertemplate=(f"%{{fullData.name}}<br>checkpoint step %{{x}}<br>{key} %{{y:.3f}} {doc.unit}"
                            f"<br>env %{{customdata[0]}}{_reason_hover(reason)}<extra></extra>")))
     if reference_value is not None:
         fig.add_hline(y=reference_value, line=dict(color=REFERENCE_COLOR, dash="dot", width=2),

@@ -138,8 +138,15 @@ def run_worker(
     log.info("worker %s: %d slot(s) on %s, jobs run %s", worker_id, slots, queue.uri, launcher.describe())
     # torch answers which devices jobs can use, but importing it takes seconds: the first claim need not wait.
     devices: list = []
-    probe = threading.Thread(target=lambda: devices.append(launcher.devices()), name="devices", daemon=True)
-    probe.start()
+
+    def probe() -> None:
+        try:
+            devices.append(launcher.devices())
+        except DraftboardError as exc:  # registered without devices: the Launch form then checks none
+            log.warning("devices unknown: %s", exc)
+            devices.append(None)
+
+    threading.Thread(target=probe, name="devices", daemon=True).start()
     next_register = time.monotonic()
     with _stop_on_sigterm(stop, wake):
         try:
