@@ -71,9 +71,19 @@ LOCAL_DATASET_BUILDERS = frozenset({
 })
 
 
+def hf_dataset_name(spec: str) -> str | None:
+    """NAME of a dataset spec `hf:NAME[:CONFIG]:SPLIT` as written; None for anything else (a path)."""
+    return spec[len(HF_DATASET_PREFIX):].split(":")[0] if spec.startswith(HF_DATASET_PREFIX) else None
+
+
+def names_local_folder(name: str) -> bool:
+    """Whether a spec's NAME is a folder on this box (a path, or one that exists) rather than a hub id."""
+    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists()
+
+
 def local_builder_problem(spec: str) -> str | None:
     """Why `hf:NAME...` is not a hub dataset (NAME is one of datasets' local builders); None if it may be."""
-    name = spec[len(HF_DATASET_PREFIX):].split(":")[0].strip()
+    name = (hf_dataset_name(spec) or "").strip()
     if name.lower() in LOCAL_DATASET_BUILDERS:
         return (f"{spec}: {name!r} is the datasets library's local {name} builder, which reads files from the "
                 "working directory, not a dataset on the hub; give the file's own path instead")
@@ -88,11 +98,9 @@ def hub_dataset_problem(spec: str, env: Mapping[str, str] | None = None) -> str 
     offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or the hub does not answer within
     HUB_PROBE_TIMEOUT_S) and not in the local `datasets` cache. None when it can, or `spec` is no hub id."""
     env = os.environ if env is None else env
-    if not spec.startswith(HF_DATASET_PREFIX):
-        return None
-    name = spec[len(HF_DATASET_PREFIX):].split(":")[0].strip()
-    if name.startswith(("/", ".", "~")) or Path(name).expanduser().exists():
-        return None  # a local folder
+    name = (hf_dataset_name(spec) or "").strip()
+    if not name or names_local_folder(name):
+        return None  # no hub id, or a local folder
     cache = Path(env.get("HF_DATASETS_CACHE") or Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
                  / "datasets").expanduser()
     if (cache / name.replace("/", "___")).is_dir():

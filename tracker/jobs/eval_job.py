@@ -256,9 +256,9 @@ _WORDS: dict[str, Callable[[Any], str]] = {
 
 def hub_dataset_name(spec: str) -> str | None:
     """`gsm8k` for z-lab's benchmark sets, the hub id for other `hf:` specs; None for a path."""
-    if not spec.startswith(config.HF_DATASET_PREFIX):
+    hub_id = config.hf_dataset_name(spec)
+    if hub_id is None:
         return None
-    hub_id = spec[len(config.HF_DATASET_PREFIX):].split(":")[0]
     return next((name for name, (known, *_) in config.ZLAB_BENCHMARKS.items() if known == hub_id), hub_id)
 
 
@@ -333,8 +333,8 @@ def check_path(flag: str, value: str, roots: Sequence[Path]) -> Path | None:
         problem = config.local_builder_problem(value)
         if problem:
             raise DraftboardError(f"{flag} {problem}")
-        name = value[len(config.HF_DATASET_PREFIX):].split(":")[0]
-        if not (name.startswith(("/", ".", "~")) or Path(name).expanduser().exists()):
+        name = config.hf_dataset_name(value)
+        if not config.names_local_folder(name):
             return None
         value = name
     path = Path(value).expanduser().resolve()

@@ -99,59 +99,25 @@ class _OutputPump(threading.Thread):
             self._output.close()
 
 
-class _LocalExecution(Execution):
-    def __init__(self, proc: subprocess.Popen, output: JobOutput, job_id: int) -> None:
-        self._proc, self.pid = proc, proc.pid
-        self._pump = _OutputPump(proc.stdout, output, job_id)
-        self._pump.start()
+class _SessionExecution(Execution):
+    """A job that leads a session of its own on this machine, its output pumped into its log: stopped
+    through its process group. Subclasses say how its end is waited for and what it returned."""
 
-    def wait(self, timeout: float) -> bool:
-        try:
-            self._proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-
-    def stop(self, grace_s: float) -> str:
-        """SIGTERM the job's process group, SIGKILL it after grace_s."""
-        _signal_group(self._proc.pid, signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=grace_s)
-            return ""
-        except subprocess.TimeoutExpired:
-            _signal_group(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-            return f"killed with SIGKILL after {grace_s:g} s grace"
-
-    def drain(self) -> None:
-        self._pump.join(DRAIN_S)
-        if self._pump.is_alive():
-            _signal_group(self._proc.pid, signal.SIGKILL)
-            self._pump.join(DRAIN_S)
-
-    def outcome(self) -> tuple[str, str | None]:
-        returncode = self._proc.returncode
-        return (SUCCEEDED, None) if returncode == 0 else (FAILED, describe_exit(returncode))
-
-
-class _WarmExecution(Execution):
-    """A job forked from the warm process: its own session, so signalled as a subprocess is; its
-    exit reported by the warm process, which is its parent."""
-
-    def __init__(self, pid: int, stream: IO[str], child: WarmChild, output: JobOutput, job_id: int) -> None:
-        self.pid, self._child = pid, child
+    def __init__(self, pid: int, stream: IO[str], output: JobOutput, job_id: int) -> None:
+        self.pid = pid
         self._pump = _OutputPump(stream, output, job_id)
         self._pump.start()
 
-    def wait(self, timeout: float) -> bool:
-        return self._child.ended.wait(timeout)
+    def _returncode(self) -> int | None:
+        raise NotImplementedError
 
     def stop(self, grace_s: float) -> str:
+        """SIGTERM the job's process group, SIGKILL it after grace_s."""
         _signal_group(self.pid, signal.SIGTERM)
-        if self._child.ended.wait(grace_s):
+        if self.wait(grace_s):
             return ""
         _signal_group(self.pid, signal.SIGKILL)
-        self._child.ended.wait()
+        self.wait(None)
         return f"killed with SIGKILL after {grace_s:g} s grace"
 
     def drain(self) -> None:
@@ -161,8 +127,40 @@ class _WarmExecution(Execution):
             self._pump.join(DRAIN_S)
 
     def outcome(self) -> tuple[str, str | None]:
-        returncode = self._child.returncode
+        returncode = self._returncode()
         return (SUCCEEDED, None) if returncode == 0 else (FAILED, describe_exit(returncode))
+
+
+class _LocalExecution(_SessionExecution):
+    """A subprocess of the worker."""
+
+    def __init__(self, proc: subprocess.Popen, output: JobOutput, job_id: int) -> None:
+        self._proc = proc
+        super().__init__(proc.pid, proc.stdout, output, job_id)
+
+    def wait(self, timeout: float | None) -> bool:
+        try:
+            self._proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _returncode(self) -> int | None:
+        return self._proc.returncode
+
+
+class _WarmExecution(_SessionExecution):
+    """A job forked from the warm process: its exit reported by the warm process, which is its parent."""
+
+    def __init__(self, pid: int, stream: IO[str], child: WarmChild, output: JobOutput, job_id: int) -> None:
+        self._child = child
+        super().__init__(pid, stream, output, job_id)
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._child.ended.wait(timeout)
+
+    def _returncode(self) -> int | None:
+        return self._child.returncode
 
 
 def _signal_group(pid: int, sig: int) -> None:
