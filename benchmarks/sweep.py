@@ -5,8 +5,9 @@ DFlash drafter trained on its greedy completions); its drafter, perturbed with s
 the 10 checkpoints of one run. The target's work is made warm first (one eval fills the cache), as
 it is for every checkpoint after a run's first. Timed as a user waits, whole processes included:
 
-(a) the sweep through `draftboard worker --once` with evals forked from its warm process (the
-    default), from the worker's start until all 10 results are logged;
+(a) the sweep through `draftboard worker --once` with evals in its warm eval process (the default),
+    from the worker's start until all 10 results are logged; all 10 run in one process, and every
+    eval after the first uses the target heads the first read (`timing.heads_held`);
 (b) the same with DRAFTBOARD_WARM_EVALS=0: one fresh `draftboard eval` process per checkpoint;
 (c) z-lab's way: its script run once per checkpoint, 10 processes, each loading the target and the
     drafter and running `dflash_generate` (z-lab's own code, dflash==0.1.0 from DRAFTBOARD_ZLAB_SITE,
@@ -84,9 +85,12 @@ def eval_argv(pair: Path, drafter: Path, args, home: Path) -> list[str]:
             "--cache-dir", str(home / "cache")]
 
 
-def sweep(pair: Path, ckpts: list[Path], args, work: Path, warm: bool) -> tuple[float, dict[str, float]]:
-    """Seconds from the worker's start until it ran all jobs, and tau per checkpoint as logged."""
+def sweep(pair: Path, ckpts: list[Path], args, work: Path, warm: bool) -> tuple[float, dict[str, float], str]:
+    """Seconds from the worker's start until it ran all jobs, tau per checkpoint as logged, and in how
+    many processes the evals ran and how many used held heads."""
+    from tracker.dashboard.index import read_json_artifact
     from tracker.jobs.queue import SUCCEEDED, JobQueue
+    from tracker.store.names import EVAL_RESULTS_ARTIFACT
     from tracker.store.tracker import Tracker
 
     name = "warm" if warm else "fresh"
@@ -106,8 +110,11 @@ def sweep(pair: Path, ckpts: list[Path], args, work: Path, warm: bool) -> tuple[
     if failed:
         raise SystemExit(f"{name} sweep: jobs failed: {failed}")
     client = Tracker(store).client
-    return seconds, {client.get_run(j.mlflow_run_id).info.run_name: client.get_run(j.mlflow_run_id).data.metrics["tau"]
-                     for j in jobs}
+    runs = [client.get_run(j.mlflow_run_id) for j in jobs]
+    held = sum(read_json_artifact(client, r.info.run_id, r.info.artifact_uri, EVAL_RESULTS_ARTIFACT)["timing"]
+               ["heads_held"] for r in runs)
+    return (seconds, {r.info.run_name: r.data.metrics["tau"] for r in runs},
+            f"{len({j.pid for j in jobs})} process(es), {held} of {len(jobs)} evals used held heads")
 
 
 def zlab_process(site: str, pair: Path, drafter: Path, tokens: int) -> tuple[float, float]:
@@ -139,8 +146,8 @@ def main() -> int:
         subprocess.run([*eval_argv(pair, ckpts[0], args, work), "--no-log"], check=True, capture_output=True,
                        env={**os.environ, "DRAFTBOARD_HOME": str(work)})  # the target's work, warm
 
-        warm_s, warm_tau = sweep(pair, ckpts, args, work, warm=True)
-        fresh_s, fresh_tau = sweep(pair, ckpts, args, work, warm=False)
+        warm_s, warm_tau, warm_how = sweep(pair, ckpts, args, work, warm=True)
+        fresh_s, fresh_tau, fresh_how = sweep(pair, ckpts, args, work, warm=False)
         zlab = [zlab_process(site, pair, ck, args.tokens) for ck in ckpts]
         zlab_s = sum(s for s, _ in zlab)
         one_eval, one_zlab = [], []
@@ -153,8 +160,8 @@ def main() -> int:
 
     identical = warm_tau == fresh_tau and len(warm_tau) == args.checkpoints
     print(f"{args.checkpoints} checkpoints x {args.prompts} prompts x {args.tokens} tokens, target work warm:")
-    print(f"  (a) worker, evals forked from its warm process: {warm_s:.1f} s")
-    print(f"  (b) worker, one fresh process per eval:        {fresh_s:.1f} s")
+    print(f"  (a) worker, evals in its warm eval process:     {warm_s:.1f} s ({warm_how})")
+    print(f"  (b) worker, one fresh process per eval:        {fresh_s:.1f} s ({fresh_how})")
     print(f"  (c) z-lab's script, one process per checkpoint: {zlab_s:.1f} s")
     print(f"  (d) one warm eval process {statistics.median(one_eval):.2f} s vs one z-lab process "
           f"{statistics.median(one_zlab):.2f} s (median of 3)")

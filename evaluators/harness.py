@@ -37,7 +37,7 @@ from evaluators.sampling import ONLINE, Sampling, draw_seed
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
                                 score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
 from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
-                               deferred_tokenizer, greedy_continuations, layer_hidden_states_batch, load_heads,
+                               deferred_tokenizer, greedy_continuations, held_heads, layer_hidden_states_batch,
                                load_target, sampled_continuations)
 from tracker.uncertainty import draws_interval, results_uncertainty
 from tracker import fingerprint, linear_attn
@@ -501,9 +501,11 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     contexts, features_s = timed(lambda: _features(target, walked, layers, cache, env, digest, progress,
                                                    batch, pair.config.hidden_size))
     target_s += features_s
-    # With the target loaded for its work, its heads are at hand; else read them alone.
-    start = time.perf_counter()
-    heads = target.target or load_heads(s.target, pair.target.heads, pair.config, sorted(stops), device, s.dtype)
+    # With the target loaded for its work, its heads are at hand; else read them alone (or still held).
+    start, held = time.perf_counter(), False
+    heads = target.target
+    if heads is None:
+        heads, held = held_heads(s.target, digest, pair.target.heads, pair.config, sorted(stops), device, s.dtype)
     load_s += time.perf_counter() - start
 
     t_drafter = time.perf_counter()
@@ -548,7 +550,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         "fingerprint": fp,
         "timing": {"load_s": load_s + target.seconds, "target_s": target_s, "fingerprint_s": fingerprint_s,
                    "drafter_s": drafter_s, "total_s": time.perf_counter() - t0,
-                   "loaded": "model" if target.target is not None else "heads"},
+                   "loaded": "model" if target.target is not None else "heads", "heads_held": held},
         "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
                      "batch_size": batch, "anchor_chunk": chunk},  # as sized for this device
         "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,

@@ -350,6 +350,24 @@ def load_heads(path: str | Path, heads: HeadLocation, text_cfg, stop_ids: list[i
     return TargetHeads(Path(path), device, dtype, text_cfg, embed, head, list(stop_ids))
 
 
+# The heads this process read last, by (folder, content digest, device, dtype). A warm host takes one
+# eval after another (tracker/jobs/launchers/warm.py), so a sweep of checkpoints reads a target's heads
+# once. One entry: another target, device or dtype replaces it, so no process holds two targets' heads.
+_held: dict[tuple[str, str, str, str], TargetHeads] = {}
+
+
+def held_heads(path: str | Path, digest: str, heads: HeadLocation, text_cfg, stop_ids: list[int],
+               device: str = "cpu", dtype: str = "fp32") -> tuple[TargetHeads, bool]:
+    """`load_heads`, kept for this process's next eval of the same target: (heads, whether they were
+    held already). The digest covers the config and the weight files, so changed files are read again."""
+    key = (str(Path(path).resolve()), digest, device, dtype)
+    if key in _held:
+        return _held[key], True
+    _held.clear()  # before reading: the old heads' memory is free for the new ones
+    _held[key] = load_heads(path, heads, text_cfg, stop_ids, device, dtype)
+    return _held[key], False
+
+
 def stop_token_ids(path: str | Path, text_cfg) -> list[int]:
     """The target's stop tokens as a loaded model's generation config gives them, from the files alone."""
     from transformers import GenerationConfig

@@ -2,6 +2,10 @@
 
 import hashlib
 import json
+import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -306,3 +310,51 @@ def test_find_experiment_is_none_until_someone_writes(store_uri, machine_fp):
     assert fresh.find_experiment() is None and fresh.find_runs() == []
     created = fresh.experiment_id
     assert fresh.find_experiment() == created
+
+
+def _creating(uri: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import sys; from tracker.store.tracker import create_whole; "
+                             "create_whole(sys.argv[1])", uri], cwd=cwd)
+
+
+def test_a_store_whose_creator_was_killed_midway_is_created_whole_by_the_next(tmp_path, machine_fp):
+    # A cancelled eval that logs first to a new store used to leave it half-migrated, and every
+    # later process failed on it ("duplicate column name").
+    db = tmp_path / "store" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    creator = _creating(uri, tmp_path)
+    building = db.with_name(f".{db.name}.{creator.pid}.new")
+    deadline = time.monotonic() + 120
+    while not (building.exists() and building.stat().st_size) and creator.poll() is None:
+        assert time.monotonic() < deadline, "the creator never began building its store"
+        time.sleep(0.01)
+    creator.kill()
+    assert creator.wait() == -signal.SIGKILL, "it finished before the kill: nothing was tested"
+    assert not db.exists()
+
+    with Tracker(uri).training_run("after", {"lr": 1e-4}, "t", fingerprint=machine_fp) as run:
+        run.log_step(0, loss=1.0)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(run.run_id).data.params == {"lr": "0.0001"}
+    # What the killed one built stays where it was built, under its hidden name, and nothing else.
+    assert sorted(p.name for p in db.parent.iterdir() if not p.name.startswith(f".{db.name}.{creator.pid}.")) == [
+        "mlartifacts", "mlflow.db"]
+
+
+def test_processes_creating_one_store_at_once_all_get_it_whole(tmp_path, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    creators = [_creating(uri, tmp_path) for _ in range(3)]
+    assert [c.wait(timeout=300) for c in creators] == [0, 0, 0]
+    assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]  # no one's copy left behind
+    # As MLflow would have made it itself, in the same working directory: every table and migration,
+    # the Default experiment where MLflow puts it.
+    monkeypatch.chdir(tmp_path)
+    theirs = tmp_path / "theirs.db"
+    ours, made = (MlflowClient(tracking_uri=f"sqlite:///{path}") for path in (db, theirs))
+    assert ours.get_experiment("0").artifact_location == made.get_experiment("0").artifact_location
+    tables = "select name from sqlite_master where type='table' order by name"
+    with sqlite3.connect(db) as a, sqlite3.connect(theirs) as b:
+        assert a.execute(tables).fetchall() == b.execute(tables).fetchall()
+        version = "select version_num from alembic_version"
+        assert a.execute(version).fetchall() == b.execute(version).fetchall()

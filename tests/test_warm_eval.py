@@ -9,7 +9,8 @@ from transformers import PreTrainedModel, Qwen3_5ForCausalLM
 
 from evaluators.cache import EvalCache
 from evaluators.harness import EvalSettings, evaluate
-from evaluators.target import check_weights, load_heads, load_target, stop_token_ids, text_config
+from evaluators.target import (check_weights, content_digest, held_heads, load_heads, load_target,
+                               stop_token_ids, text_config)
 from tiny import hybrid_eval_files, qwen35_config, save_target
 
 
@@ -49,7 +50,12 @@ def test_warm_eval_equals_cold_and_never_builds_the_target(files, tmp_path, monk
     assert warm["timing"]["loaded"] == "heads"
     assert _comparable(warm) == _comparable(cold)
     assert {"target: continuations (cached)", "target: features (cached)"} <= set(stages)
-    assert set(warm["timing"]) == {"load_s", "target_s", "fingerprint_s", "drafter_s", "total_s", "loaded"}
+    assert set(warm["timing"]) == {"load_s", "target_s", "fingerprint_s", "drafter_s", "total_s", "loaded",
+                                   "heads_held"}
+    # The next eval in this process uses the heads this one read (a warm host's sweep), to the same numbers.
+    again = evaluate(_settings(files, tmp_path, dtype=dtype))
+    assert (warm["timing"]["heads_held"], again["timing"]["heads_held"]) == (False, True)
+    assert _comparable(again) == _comparable(cold)
     # features are stored in the dtype the target computed them in: bf16 halves the cache
     layer = next(tmp_path.glob("features/*/layer_1.safetensors"))
     header = json.loads(layer.read_bytes()[8:8 + int.from_bytes(layer.read_bytes()[:8], "little")])
@@ -128,6 +134,24 @@ def test_heads_from_a_sharded_checkpoint_equal_the_loaded_models(tmp_path, tied)
         assert torch.equal(heads.embed_weight, full.embed_weight)
         assert torch.equal(heads.lm_head_weight, full.lm_head_weight)
         assert heads.stop_token_ids() == full.stop_token_ids() and heads.num_layers == full.num_layers
+
+
+def test_a_process_holds_one_targets_heads_by_digest_device_and_dtype(files):
+    target = files / "target"
+    where, cfg = check_weights(target), text_config(target)
+    stops, digest = stop_token_ids(target, cfg), content_digest(target)
+
+    def held(digest: str, dtype: str):
+        return held_heads(target, digest, where, cfg, stops, "cpu", dtype)
+
+    first, _ = held(digest, "fp32")
+    assert held(digest, "fp32") == (first, True)  # the same object: nothing read
+    bf16, was_held = held(digest, "bf16")
+    assert not was_held and bf16.embed_weight.dtype == torch.bfloat16
+    assert not held("changed-files", "bf16")[1]  # changed files are a new digest: read again
+    again, was_held = held(digest, "fp32")
+    assert not was_held and again is not first  # one target's heads at a time: fp32's were let go
+    assert torch.equal(again.lm_head_weight, first.lm_head_weight)
 
 
 def test_warm_eval_on_a_sharded_tied_target(files, tmp_path, monkeypatch):

@@ -69,6 +69,34 @@ def access_problem(exc: BaseException) -> str | None:
     return None
 
 
+def create_whole(uri: str) -> None:
+    """Make a new SQLite store appear whole or not at all.
+
+    MLflow creates a store's tables and runs its ~50 migrations in place, so a process killed meanwhile
+    (an eval cancelled as it logs first to a new store) would leave a file that every later process
+    fails on ("duplicate column name"). The store is built beside it under a name of this process's
+    own and linked into place; a store another process linked first is kept, and this one's copy goes.
+    Other stores (an existing file, a server) are left to MLflow.
+    """
+    path = config.sqlite_path(uri)
+    if path is None or path.exists():
+        return
+    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store  # what MlflowClient builds
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    building = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        _get_sqlalchemy_store(f"sqlite:///{building}", None).engine.dispose()
+        os.link(building, path)
+    except FileExistsError:
+        pass  # another process's store came first: it is as whole as this one
+    except (OSError, MlflowException) as exc:
+        raise DraftboardError(f"cannot create tracking store {path}: {exc}") from exc
+    finally:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            building.with_name(building.name + suffix).unlink(missing_ok=True)
+
+
 class Tracker:
     """Runs, lineage, checkpoints and fingerprints in one MLflow experiment.
 
@@ -90,6 +118,7 @@ class Tracker:
         self.experiment_name = experiment
         self.retry = retry
         self._artifact_location = local_artifact_location(self.uri)
+        create_whole(self.uri)
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
         except MlflowException as exc:

@@ -2,8 +2,9 @@
 
 Never through a shell. Stopping it is SIGTERM to its process group, then SIGKILL after the
 grace period; a job dies with its worker (PR_SET_PDEATHSIG on Linux). A job that runs
-draftboard's own CLI is forked from a warm process that imported the eval code once
-(`tracker.jobs.launchers.warm`; `DRAFTBOARD_WARM_EVALS=0` starts each as a fresh interpreter).
+draftboard's own CLI runs in a warm eval process that imported the eval code once and takes one job
+after another (`tracker.jobs.launchers.warm`; `DRAFTBOARD_WARM_EVALS=0` starts each as a fresh
+interpreter).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class LocalLauncher(Launcher):
     """Runs the job's argv as a subprocess of the worker, in its own session, never via a shell.
 
     entry: the command that runs draftboard's CLI (default: this interpreter's `-m tracker.cli`,
-    forked from the warm process where the platform forks and `config.warm_evals()` allows).
+    run in a warm eval process where the platform forks and `config.warm_evals()` allows).
     """
 
     name = "local"
@@ -38,7 +39,7 @@ class LocalLauncher(Launcher):
         self._warm = WarmServer() if warm else None
 
     def describe(self) -> str:
-        return "local (forked from a warm process)" if self._warm is not None else self.name
+        return "local (warm eval processes)" if self._warm is not None else self.name
 
     def devices(self) -> list[str]:
         """The local torch's: cpu, plus cuda when torch sees a GPU (asked by the warm process, which
@@ -62,7 +63,7 @@ class LocalLauncher(Launcher):
         env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1"}
         if self._warm is not None and argv[:len(self.entry)] == self.entry:
             pid, stream, child = self._warm.start(self.entry[2], argv[len(self.entry):], env)  # [python, -m, module]
-            return _WarmExecution(pid, stream, child, output, job.id)
+            return _WarmExecution(self._warm, pid, stream, child, output, job.id)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -111,19 +112,22 @@ class _SessionExecution(Execution):
     def _returncode(self) -> int | None:
         raise NotImplementedError
 
+    def _signal(self, sig: int) -> None:
+        _signal_group(self.pid, sig)
+
     def stop(self, grace_s: float) -> str:
         """SIGTERM the job's process group, SIGKILL it after grace_s."""
-        _signal_group(self.pid, signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         if self.wait(grace_s):
             return ""
-        _signal_group(self.pid, signal.SIGKILL)
+        self._signal(signal.SIGKILL)
         self.wait(None)
         return f"killed with SIGKILL after {grace_s:g} s grace"
 
     def drain(self) -> None:
         self._pump.join(DRAIN_S)
         if self._pump.is_alive():
-            _signal_group(self.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self._pump.join(DRAIN_S)
 
     def outcome(self) -> tuple[str, str | None]:
@@ -150,11 +154,16 @@ class _LocalExecution(_SessionExecution):
 
 
 class _WarmExecution(_SessionExecution):
-    """A job forked from the warm process: its exit reported by the warm process, which is its parent."""
+    """A job run by a warm eval process (pid: the process's), which goes on to the next job: its exit
+    reported, and its signals sent, by the warm server, only while that process still runs it."""
 
-    def __init__(self, pid: int, stream: IO[str], child: WarmChild, output: JobOutput, job_id: int) -> None:
-        self._child = child
+    def __init__(self, server: WarmServer, pid: int, stream: IO[str], child: WarmChild, output: JobOutput,
+                 job_id: int) -> None:
+        self._server, self._child = server, child
         super().__init__(pid, stream, output, job_id)
+
+    def _signal(self, sig: int) -> None:
+        self._server.signal(self._child, sig)
 
     def wait(self, timeout: float | None) -> bool:
         return self._child.ended.wait(timeout)

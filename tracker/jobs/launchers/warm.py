@@ -1,31 +1,37 @@
-"""A warm process for local jobs: a fork server that imported draftboard's eval code once.
+"""Warm processes for local jobs: a fork server that imported draftboard's eval code once, and the
+eval processes it forks, each of which takes one job after another.
 
-`LocalLauncher` runs a job whose argv is draftboard's own CLI through it. The first such job
-starts the server (`warm.serve`, in a new interpreter), which imports torch, the harness
-and MLflow's client once (`PRELOAD`) and then forks one child per job, so a sweep of checkpoints
-pays the interpreter, the imports and the CLI's set-up once instead of once per checkpoint.
+`LocalLauncher` runs a job whose argv is draftboard's own CLI through it. The first such job starts
+the server (`warm.serve`, in a new interpreter), which imports torch, the harness and MLflow's
+client once (`PRELOAD`) and forks *hosts*. A host runs `tracker.cli.main(args)` for one job, then
+waits for the next: a sweep of checkpoints pays the interpreter and the imports once per worker,
+and a device's CUDA context and the target's heads (held by `evaluators.target.held_heads`, keyed
+by the target's content digest, device and dtype) once per host, not once per checkpoint.
 
-A child is the job, as a fresh `python -m tracker.cli` would be: it leads its own session (a
-cancel signals its process group), dies with the server (PR_SET_PDEATHSIG), which dies with the
-worker's thread that started it, gets the job's environment and argv, and writes its output to a
-pipe the worker reads as it reads a subprocess's. What outlives a job is only what the server
-imported: it never runs a job itself, reads no file a job names and never touches a device (a
-CUDA context must not exist before a fork), so a job that failed, was cancelled or was killed
-leaves the next one as a fresh process would find it. Drafter weights, the target's heads and the
-eval's caches live in the child and end with it; what a warm eval reuses across checkpoints is
-on disk (evaluators/cache.py), keyed by the target's content digest.
+Isolation: a host leads its own session, so a cancel signals exactly the job it runs (and ends the
+host); a job that exits with anything but 0, or raises, retires its host, so what a failing job
+may have left behind (a broken CUDA context, half-built state) never meets another job. Between
+two jobs a host restores what a job may change in its process (environment, argv, working
+directory, standard streams, signal handlers) and frees what the job held (drafter weights,
+allocator caches). Hosts die with the server (PR_SET_PDEATHSIG), which dies with the worker's
+thread that started it. The server itself never runs a job, reads no file a job names and never
+touches a device (a CUDA context must not exist before a fork). A worker's concurrent jobs run in
+different hosts; an idle host takes the next job, and only as many hosts exist as jobs ran at once.
 
 Worker and server talk over a SOCK_SEQPACKET socket pair, one JSON message per packet: once its
 imports are done the server says which devices its torch can use (`{"devices"}`, the worker's
-registration, so the worker itself never imports torch); a request
-`{"module", "args", "env"}` carries the write end of the job's output pipe (SCM_RIGHTS), answered by
-`{"started": pid}`; `{"exited": pid, "returncode": rc}` follows when the child ends. When the
-worker closes its end, the server kills whatever children are left and exits.
+registration, so the worker itself never imports torch); a request `{"job", "module", "args",
+"env"}` carries the write end of the job's output pipe (SCM_RIGHTS), answered by
+`{"started": job, "pid": host}`; `{"exited": job, "returncode": rc}` follows when the job ends
+(a host that died mid-job reports as a process would: minus the signal). Server and host talk alike
+over a pair of their own (`{"ended": rc}` after each job). When the worker closes its end, the server
+kills its hosts and exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -58,6 +64,7 @@ _SERVE = "import sys; from tracker.jobs.launchers.warm import serve; serve(int(s
 class WarmChild:
     """A started job as the worker sees it: set once the server reported its exit."""
 
+    job: int  # the request's number: how the server knows it
     ended: threading.Event = field(default_factory=threading.Event)
     returncode: int | None = None
 
@@ -70,21 +77,24 @@ class WarmServer:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
-        self._started: dict[str, object] = {}  # the server's last answer to a fork request
+        self._started: dict[str, object] = {}  # the server's answer to the job being started
         self._answer = threading.Condition()
-        self._children: dict[int, WarmChild] = {}
+        self._jobs = 0  # numbers the requests
+        self._children: dict[int, WarmChild] = {}  # by request number, until the job ended
         self._devices: list[str] | None = None  # what the server's torch can run on, once it said so
 
     def start(self, module: str, args: list[str], env: dict[str, str]) -> tuple[int, IO[str], WarmChild]:
-        """Fork a child that runs `module.main(args)` (as `python -m module args` would) with `env`:
-        (pid, its output, its exit)."""
+        """Run `module.main(args)` (as `python -m module args` would) with `env` in a warm host:
+        (the host's pid, the job's output, its exit)."""
         with self._lock:
             sock = self._running()
             read, write = os.pipe()
+            self._jobs += 1
+            request = {"job": self._jobs, "module": module, "args": args, "env": env}
             try:
                 with self._answer:
                     self._started.clear()
-                    socket.send_fds(sock, [json.dumps({"module": module, "args": args, "env": env}).encode()], [write])
+                    socket.send_fds(sock, [json.dumps(request).encode()], [write])
                     self._answer.wait_for(lambda: "pid" in self._started, START_TIMEOUT_S)
                     pid, child = self._started.get("pid"), self._started.get("child")
             except OSError as exc:
@@ -97,6 +107,14 @@ class WarmServer:
                 self._kill()  # a server that answers late must not start the job after it was failed
                 raise LaunchError(f"the warm eval process did not start the job ({pid or 'no answer'})")
             return pid, os.fdopen(read, encoding="utf-8", errors="replace"), child
+
+    def signal(self, child: WarmChild, sig: int) -> None:
+        """Send `sig` to the job's host while it runs that job; never to a host that moved on to another
+        (the server, which hands out hosts, decides, so a stop racing the job's end hits nothing)."""
+        sock = self._sock
+        if sock is not None and not child.ended.is_set():
+            with contextlib.suppress(OSError):  # a server gone took its hosts with it
+                sock.send(json.dumps({"signal": child.job, "number": int(sig)}).encode())
 
     def prepare(self) -> None:
         """Start the server now: it imports while the worker starts up and waits for a job."""
@@ -173,9 +191,10 @@ class WarmServer:
                         self._answer.notify_all()
                 elif "started" in message:
                     with self._answer:
-                        pid = message["started"]
+                        pid = message.get("pid", message.get("error"))
                         if isinstance(pid, int):
-                            self._children[pid] = self._started["child"] = WarmChild()
+                            job = message["started"]
+                            self._children[job] = self._started["child"] = WarmChild(job)
                         self._started["pid"] = pid
                         self._answer.notify_all()
                 elif message.get("exited") in self._children:
@@ -200,11 +219,26 @@ class WarmServer:
 # --------------------------------------------------------------------------- the server
 
 
+@dataclass
+class _Host:
+    """A forked eval process as the server sees it."""
+
+    pid: int
+    sock: socket.socket  # the server's end of their pair
+    job: int | None = None  # the worker's request it runs now
+    retiring: bool = False  # its last job failed: it exits instead of taking another
+
+
 def serve(fd: int) -> None:
-    """The server's loop (single-threaded: it forks): fork a child per request, report its exit."""
+    """The server's loop (single-threaded: it forks): hand each request to an idle host or a new one,
+    report each job's end."""
     sock = socket.socket(fileno=fd)
     for name in PRELOAD:
         importlib.import_module(name)
+    # What the imports made lives as long as the process: out of the collector's sight, a full
+    # collection between two jobs takes microseconds instead of ~0.25 s, and a host's collections
+    # leave these pages shared with the server.
+    gc.freeze()
     sock.send(json.dumps({"devices": _devices()}).encode())
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -213,8 +247,41 @@ def serve(fd: int) -> None:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
-    children: set[int] = set()
-    tie = die_with_parent_hook()  # made here: a child dies with this process, not with itself
+    hosts: dict[int, _Host] = {}
+    tie = die_with_parent_hook()  # made here: a host dies with this process, not with itself
+
+    def fork_host(pending: list[int]) -> _Host:
+        """A new host; `pending`: the request's descriptors, which reach it through its socket."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            for held in (selector, ours, sock, *(h.sock for h in hosts.values())):
+                held.close()
+            for fd in (wake_read, wake_write, *pending):  # a job's pipe held twice would never end
+                os.close(fd)
+            _host(theirs, tie)
+        theirs.close()
+        host = hosts[pid] = _Host(pid, ours)
+        selector.register(ours, selectors.EVENT_READ, host)
+        return host
+
+    def take(packet: bytes, fds: list[int]) -> _Host:
+        for host in [h for h in hosts.values() if h.job is None and not h.retiring]:
+            try:
+                socket.send_fds(host.sock, [packet], fds)
+                return host
+            except OSError:
+                host.retiring = True  # it died while idle: reaped when its SIGCHLD is read
+        host = fork_host(fds)
+        socket.send_fds(host.sock, [packet], fds)
+        return host
+
+    def ended(host: _Host, returncode: int) -> None:
+        if host.job is not None:
+            sock.send(json.dumps({"exited": host.job, "returncode": returncode}).encode())
+            host.job = None
+
     try:
         while True:
             for key, _ in selector.select():
@@ -223,18 +290,39 @@ def serve(fd: int) -> None:
                     if not packet:
                         return  # the worker closed its end, or died
                     request = json.loads(packet)
-                    pid = os.fork()
-                    if pid == 0:
-                        selector.close()
-                        _child(request, fds[0], [sock.fileno(), wake_read, wake_write], tie)
-                    os.close(fds[0])
-                    children.add(pid)
-                    sock.send(json.dumps({"started": pid}).encode())
-                else:
+                    if "signal" in request:
+                        for host in hosts.values():
+                            if host.job == request["signal"]:
+                                with contextlib.suppress(OSError):
+                                    os.killpg(host.pid, request["number"])
+                        continue
+                    job = request["job"]
+                    try:
+                        host = take(packet, fds)
+                        host.job = job
+                        sock.send(json.dumps({"started": job, "pid": host.pid}).encode())
+                    except OSError as exc:
+                        sock.send(json.dumps({"started": job, "error": str(exc)}).encode())
+                    finally:
+                        os.close(fds[0])
+                elif key.fileobj is wake_read:
                     os.read(wake_read, 4096)
-                    _reap(children, sock)
+                    _reap(hosts, selector, ended)
+                elif key.data.pid in hosts:  # (not reaped a moment ago)
+                    host = key.data
+                    try:
+                        message = json.loads(host.sock.recv(_PACKET) or b'{"gone": true}')
+                    except (OSError, ValueError):
+                        message = {"gone": True}
+                    if "ended" in message:
+                        host.retiring = message["ended"] != 0 or message.get("retiring", False)
+                        ended(host, message["ended"])
+                    elif "gone" in message:  # its exit follows as SIGCHLD; until then, no more reads
+                        host.retiring = True
+                        with contextlib.suppress(KeyError, ValueError):
+                            selector.unregister(host.sock)
     finally:
-        for pid in children:
+        for pid in hosts:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
         os._exit(0)  # nothing to tear down: the imports go with the process
@@ -252,31 +340,62 @@ def _devices() -> list[str]:
         del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
 
 
-def _reap(children: set[int], sock: socket.socket) -> None:
-    while children:
+def _reap(hosts: dict[int, _Host], selector: selectors.BaseSelector, ended) -> None:
+    while hosts:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             return
-        children.discard(pid)
-        sock.send(json.dumps({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+        host = hosts.pop(pid, None)
+        if host is not None:
+            ended(host, os.waitstatus_to_exitcode(status))  # a host that died mid-job: cancelled or crashed
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # what its jobs started and left in its session
+            with contextlib.suppress(KeyError, ValueError):
+                selector.unregister(host.sock)
+            host.sock.close()
 
 
-def _child(request: dict, output: int, inherited: list[int], tie) -> None:
-    """Become the job: a session of its own, tied to the server's life (`tie`, where the platform
-    has PR_SET_PDEATHSIG), the job's output, environment and argv; never returns."""
+# --------------------------------------------------------------------------- a host
+
+
+def _host(sock: socket.socket, tie) -> None:
+    """Become a host: a session of its own, tied to the server's life (`tie`, where the platform has
+    PR_SET_PDEATHSIG); run each job the server sends until one fails or the server goes; never returns."""
     code = 1
     try:
         os.setsid()
         if tie is not None:
             tie()
-        signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        for fd in inherited:
-            os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        home = _State.now()
+        while True:
+            packet, fds, _flags, _addr = socket.recv_fds(sock, _PACKET, 1)
+            if not packet:
+                code = 0  # the server went (the worker stops)
+                return
+            code = _job(json.loads(packet), fds[0], devnull)
+            home.restore()
+            # A failed job retires its host, and so does one that left processes running (the
+            # server kills the host's session once the host is gone, as a fresh process's would be).
+            retiring = code != 0 or _children_left()
+            sock.send(json.dumps({"ended": code, "retiring": retiring}).encode())
+            if retiring:
+                return
+    except BaseException:  # noqa: BLE001 - a host that cannot go on ends; the server reports its exit
+        code = code or 1
+    finally:
+        os._exit(code)
+
+
+def _job(request: dict, output: int, devnull: int) -> int:
+    """Run one job in this process as a fresh `python -m MODULE ARGS` would: its environment, argv and
+    output; its exit code (1 for an exception, whose traceback goes to its log), always in 0..255."""
+    code: object = 1
+    try:
         os.dup2(output, 1)
         os.dup2(output, 2)
         os.close(output)
@@ -296,4 +415,48 @@ def _child(request: dict, output: int, inherited: list[int], tie) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(code if isinstance(code, int) else 1)
+        os.dup2(devnull, 1)  # the job's output ends here: the worker reads its end of file
+        os.dup2(devnull, 2)
+    return code if isinstance(code, int) and 0 <= code <= 255 else 1
+
+
+def _children_left() -> bool:
+    """Whether a process this one started is still running (the ones that ended are reaped here)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        return False
+    return True
+
+
+@dataclass
+class _State:
+    """What a job may change in its process that the next job must find as a fresh process would."""
+
+    environ: dict[str, str]
+    argv: list[str]
+    cwd: str
+    handlers: dict[int, object]
+
+    @classmethod
+    def now(cls) -> "_State":
+        return cls(dict(os.environ), list(sys.argv), os.getcwd(), {sig: signal.getsignal(sig) for sig in _SIGNALS})
+
+    def restore(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        sys.argv = list(self.argv)
+        os.chdir(self.cwd)
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        # The job's objects (its drafter above all) go now, not when the next job allocates; what
+        # outlives it (modules it imported, held heads) joins the imports, out of the collector's sight.
+        gc.collect()
+        gc.freeze()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
