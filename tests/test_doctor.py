@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM
 from demo.target import make_prompts
 from evaluators.doctor import checkpoint, environment, layers, serving, tokens
 from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING
-from evaluators.doctor.run import DEFAULT_TEXTS
 from evaluators.drafter import open_drafter, save_zlab
 from evaluators.target import load_target, load_tokenizer
 from tiny import fit_drafter
@@ -29,6 +28,7 @@ from tracker.cli import main
 from tracker.errors import DraftboardError
 
 MASK = 258  # the byte tokenizer's <|mask|>
+N_PROMPTS = 32
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,11 @@ def pair(serving_pair, tmp_path_factory):
                                    head_dim=16, offset=offset)
         save_zlab(drafter, cfg, root / name)
     (root / "target").symlink_to(serving_pair / "target")
+    # The layer check's evidence for the right convention is a small gain (an embedding is most of
+    # tapped layer 0's output), so it is scored on the target's domain (held-out source text) and on
+    # enough prompts that the paired bootstrap's interval is clear of 0 on any machine's arithmetic.
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n" for i, p in
+                                                enumerate(make_prompts(N_PROMPTS, seed=3, length=24, split="eval"))))
     return root
 
 
@@ -56,8 +61,7 @@ def _copy(pair, tmp_path, name="zlab"):
 
 def test_a_drafter_trained_one_layer_off_is_caught_with_the_fix_and_a_correct_one_passes(pair):
     target = load_target(pair / "target")
-    tokenizer = load_tokenizer(pair / "target")
-    prompts = [tokenizer(text)["input_ids"] for text in DEFAULT_TEXTS]
+    prompts = [json.loads(line)["input_ids"] for line in (pair / "prompts.jsonl").read_text().splitlines()]
     bad = layers.check(target, open_drafter(pair / "off_by_one").load(), prompts)
     assert bad.name == "layer_offset" and bad.severity == CRITICAL, bad
     assert "hidden_states[layer_id]" in bad.verdict and "auxiliary layers [0], not [1]" in bad.fix
@@ -216,7 +220,8 @@ def test_doctor_on_a_run_attaches_its_report(pair, tmp_path, capsys):
         pass
     tracker.attach_fingerprint(run.run_id)
     assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--run", run.run_id,
-                 "--tracking-uri", uri, "--device", "cpu"]) == 0
+                 "--prompts", str(pair / "prompts.jsonl"), "--n-prompts", str(N_PROMPTS), "--tracking-uri", uri,
+                 "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "OK       layer_offset" in out and "evidence: " in out and out.strip().endswith("no critical finding")
     report = tracker.read_json(run.run_id, names.DOCTOR_ARTIFACT)

@@ -127,7 +127,7 @@ def test_sigkill_of_a_worker_running_an_eval_takes_the_eval_and_logs_no_run(mode
                              TARGET_STAGE in queue.log_tail(job.id, 50) and j, STARTUP_S,
                              what="eval in its target stage")
         eval_proc = psutil.Process(running.pid)
-        # The eval is forked from the worker's warm process (tracker/jobs/launchers/warm.py): both go.
+        # The eval runs in a host forked by the worker's warm server (tracker/jobs/launchers/warm.py): both go.
         family = psutil.Process(worker.pid).children(recursive=True)
         assert eval_proc in family and eval_proc.parent() in family
         worker.send_signal(signal.SIGKILL)

@@ -338,7 +338,7 @@ def readonly(env: Mapping[str, str] | None = None) -> bool:
     return _env(env).get(READONLY_VAR, "").strip().lower() in _TRUE
 
 
-# A local worker forks evals from a warm process (tracker/jobs/launchers/warm.py) unless this is 0.
+# A local worker runs evals in warm eval processes (tracker/jobs/launchers/warm.py) unless this is 0.
 WARM_EVALS_VAR = "DRAFTBOARD_WARM_EVALS"
 
 

@@ -329,8 +329,8 @@ def serve(fd: int) -> None:
 
 
 def _devices() -> list[str]:
-    """The devices a job forked from here can use: cpu, and cuda where this torch sees a GPU, asked
-    through NVML, which (unlike the CUDA runtime) leaves nothing behind that a fork would break."""
+    """The devices a job in a host forked from here can use: cpu, and cuda where this torch sees a GPU,
+    asked through NVML, which (unlike the CUDA runtime) leaves nothing behind that a fork would break."""
     import torch
 
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -393,8 +393,8 @@ def _host(sock: socket.socket, tie) -> None:
 
 def _job(request: dict, output: int, devnull: int) -> int:
     """Run one job in this process as a fresh `python -m MODULE ARGS` would: its environment, argv and
-    output; its exit code (1 for an exception, whose traceback goes to its log), always in 0..255."""
-    code: object = 1
+    output; its exit status as the process's would be (1 for an exception, whose traceback goes to its log)."""
+    code = 1
     try:
         os.dup2(output, 1)
         os.dup2(output, 2)
@@ -402,10 +402,14 @@ def _job(request: dict, output: int, devnull: int) -> int:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = [request["module"], *request["args"]]
-        # The entry is named, as `python -m MODULE` names it: the module the launcher's entry runs.
-        code = importlib.import_module(request["module"]).main(request["args"])
+        # The entry is named, as `python -m MODULE` names it: the module the launcher's entry runs,
+        # whose `__main__` block is `sys.exit(main())`.
+        raise SystemExit(importlib.import_module(request["module"]).main(request["args"]))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = 0 if exc.code is None else exc.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)  # as the interpreter reports a non-integer exit
+            code = 1
     except BaseException:  # noqa: BLE001 - the job's own traceback, in its log, as a fresh process prints it
         import traceback
 
@@ -417,7 +421,7 @@ def _job(request: dict, output: int, devnull: int) -> int:
                 stream.flush()
         os.dup2(devnull, 1)  # the job's output ends here: the worker reads its end of file
         os.dup2(devnull, 2)
-    return code if isinstance(code, int) and 0 <= code <= 255 else 1
+    return code & 0xFF
 
 
 def _children_left() -> bool:
