@@ -21,6 +21,7 @@ from tracker.store.checkpoints import Checkpoint, digest
 from tracker.errors import DraftboardError
 from tracker.store.retry import RetryPolicy
 from tracker.store.tracker import local_artifact_location
+from waiting import wait_until
 
 
 def _history(client, run_id, key):
@@ -324,10 +325,14 @@ def test_a_store_whose_creator_was_killed_midway_is_created_whole_by_the_next(tm
     uri = f"sqlite:///{db}"
     creator = _creating(uri, tmp_path)
     building = db.with_name(f".{db.name}.{creator.pid}.new")
-    deadline = time.monotonic() + 120
-    while not (building.exists() and building.stat().st_size) and creator.poll() is None:
-        assert time.monotonic() < deadline, "the creator never began building its store"
-        time.sleep(0.01)
+
+    def begun() -> bool:  # MLflow has begun writing its tables (or it finished, which fails the test below)
+        try:
+            return creator.poll() is not None or building.stat().st_size > 0
+        except FileNotFoundError:
+            return False
+
+    wait_until(begun, 120, interval=0.01, what="the creator building its store")
     creator.kill()
     assert creator.wait() == -signal.SIGKILL, "it finished before the kill: nothing was tested"
     assert not db.exists()

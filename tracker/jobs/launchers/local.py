@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import threading
+from abc import abstractmethod
 from typing import IO
 
 from tracker import config
@@ -109,8 +110,9 @@ class _SessionExecution(Execution):
         self._pump = _OutputPump(stream, output, job_id)
         self._pump.start()
 
+    @abstractmethod
     def _returncode(self) -> int | None:
-        raise NotImplementedError
+        """The exit status of the job once it ended (negative: the signal that ended it)."""
 
     def _signal(self, sig: int) -> None:
         _signal_group(self.pid, sig)

@@ -226,7 +226,7 @@ class _Host:
     pid: int
     sock: socket.socket  # the server's end of their pair
     job: int | None = None  # the worker's request it runs now
-    retiring: bool = False  # its last job failed: it exits instead of taking another
+    retiring: bool = False  # it exits (its last job failed or left a process, or it died): no more jobs
 
 
 def serve(fd: int) -> None:
