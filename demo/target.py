@@ -34,23 +34,39 @@ SPLITS = {"drafter": 6, "eval": 7}  # file index % 8 -> prompt split; every othe
 LOG_FILE = "demo_train_log.json"
 
 
-def target_config(family: str = "qwen3_5"):
-    """4 layers, hidden 64, byte vocabulary. `qwen3_5` (the demo's): 3 Gated DeltaNet layers, then one
-    full-attention layer. `qwen3`: all full attention, head_dim 32 (vLLM's CPU attention has no
-    kernel for 16), the target an engine can serve on these CPUs (tests/test_engines.py)."""
-    from transformers import Qwen3_5TextConfig, Qwen3Config
+FAMILIES = ("qwen3_5", "qwen3", "qwen3_next")
 
-    shared = dict(vocab_size=bytetok.VOCAB_SIZE, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
-                  num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=bytetok.BOS,
-                  eos_token_id=bytetok.EOS, pad_token_id=bytetok.PAD, tie_word_embeddings=False)
+
+def target_config(family: str = "qwen3_5"):
+    """4 layers, byte vocabulary. `qwen3_5` (the demo's): hidden 64, 3 Gated DeltaNet layers, then one
+    full-attention layer. `qwen3`: all full attention, head_dim 32 (vLLM's CPU attention has no kernel
+    for 16), the target an engine can serve on these CPUs. `qwen3_next`: the hybrid vLLM serves on
+    these CPUs (shared/research/engines-2026-12-04.md): the same 3 GDN + 1 full-attention layout, with
+    the sizes vLLM's CPU kernels take (GDN head dim 64, the chunk kernel's smallest; attention head
+    dim 64) and layer 3 a small MoE, since vLLM's Qwen3-Next finds no decoder layer in an all-dense
+    model (`qwen3_next.py`: "No Qwen3Next layer found")."""
+    from transformers import Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig
+
+    shared = dict(vocab_size=bytetok.VOCAB_SIZE, num_hidden_layers=4, max_position_embeddings=2048,
+                  bos_token_id=bytetok.BOS, eos_token_id=bytetok.EOS, pad_token_id=bytetok.PAD,
+                  tie_word_embeddings=False)
+    hybrid = ["linear_attention"] * 3 + ["full_attention"]
     if family == "qwen3":
-        return Qwen3Config(num_attention_heads=2, head_dim=32, **shared)
-    if family != "qwen3_5":
-        raise ValueError(f"unknown target family {family!r}: qwen3_5 or qwen3")
-    return Qwen3_5TextConfig(
-        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-        **shared)
+        return Qwen3Config(hidden_size=64, intermediate_size=192, num_key_value_heads=2, num_attention_heads=2,
+                           head_dim=32, **shared)
+    if family == "qwen3_5":
+        return Qwen3_5TextConfig(
+            hidden_size=64, intermediate_size=192, num_key_value_heads=2, layer_types=hybrid, num_attention_heads=4,
+            head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=16, **shared)
+    if family == "qwen3_next":
+        return Qwen3NextConfig(
+            hidden_size=128, intermediate_size=256, layer_types=hybrid, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=64, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=64,
+            linear_value_head_dim=64, linear_conv_kernel_dim=4, mlp_only_layers=[0, 1, 2], decoder_sparse_step=1,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+            **shared)
+    raise ValueError(f"unknown target family {family!r}: one of {', '.join(FAMILIES)}")
 
 
 def stdlib_files() -> list[Path]:

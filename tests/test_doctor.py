@@ -229,3 +229,43 @@ def test_doctor_on_a_run_attaches_its_report(pair, tmp_path, capsys):
     assert tracker.run(run.run_id).data.tags[names.DOCTOR] in (OK, INFO, WARNING)
     assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--run", "0" * 32,
                  "--tracking-uri", uri]) == 2
+
+
+@pytest.mark.parametrize("config, hybrid, expected", [
+    # vLLM before 0.28.0 on a GDN target with speculative decoding: not lossless (PR #51812)
+    ({"version": "0.27.1rc2+cu128"}, True, {"engine_version": CRITICAL}),
+    ({"version": "0.27.1"}, False, {"engine_version": OK}),  # no GDN layers: nothing misaligned
+    ({"vllm_version": "0.28.0"}, True, {"engine_version": OK}),
+    ({}, True, {"engine_version": WARNING, "model_runner": INFO, "prefix_cache": INFO}),
+    ({"env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}, False, {"model_runner": CRITICAL}),  # vLLM #49559
+    ({"env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}, True, {"model_runner": OK}),
+    ({"enable_prefix_caching": True}, True, {"prefix_cache": WARNING}),
+    ({"enable_prefix_caching": True}, False, {"prefix_cache": OK}),
+    ({"enable_prefix_caching": False}, True, {"prefix_cache": OK}),
+])
+def test_doctor_knows_the_vllm_serving_box(tmp_path, config, hybrid, expected):
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps({"speculative_config": {"method": "dflash", "num_speculative_tokens": 7}, **config}))
+    served = serving.read_serving_config(path)
+    got = {c.name: c.severity for c in (serving.engine_version(served, hybrid), serving.model_runner(served),
+                                         serving.prefix_cache(served, hybrid))}
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_doctor_reads_sglangs_radix_cache_and_an_engine_evals_box(tmp_path):
+    path = tmp_path / "sglang.json"
+    path.write_text(json.dumps({"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8,
+                                "disable_radix_cache": False, "sglang_version": "0.5.23"}))
+    served = serving.read_serving_config(path)
+    check = serving.prefix_cache(served, hybrid=True)
+    assert (served.prefix_cache, check.severity) == (True, WARNING) and "sglang #31850" in check.verdict
+    # An engine eval's results: the serving box it measured, its GDN record's settings included.
+    path.write_text(json.dumps({"protocol": {"scoring": "engine"}, "engine": {
+        "name": "vllm", "version": "0.32.0", "method": "dflash", "num_speculative_tokens": 7,
+        "linear_attention": {"settings": {"enable_prefix_caching": "False", "mamba_ssm_cache_dtype": "bfloat16",
+                                          "model_runner": "V1"}}}}))
+    served = serving.read_serving_config(path)
+    assert (served.engine, served.version, served.draft_tokens, served.prefix_cache, served.model_runner,
+            served.mamba_ssm_dtype) == ("vllm", "0.32.0", 7, False, "V1", "bfloat16")
+    assert serving.ssm_dtype(served).severity == WARNING  # narrower than the offline reference's float32
+    assert served.where == "the engine eval's vllm"

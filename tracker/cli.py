@@ -19,6 +19,7 @@ from tracker.jobs import eval_job  # the one declaration of the eval's flags (li
 
 EXIT_BAD_INPUT = 2
 EXIT_CRITICAL_DIFF = 1
+ENV_DIFF_MAX = 4  # fingerprints one env-diff compares (training, offline eval, serving and one more)
 
 
 def _add_env_flags(p: argparse.ArgumentParser) -> None:
@@ -99,23 +100,48 @@ def _print_diff(title: str, rows, same: str) -> None:
 
 
 def cmd_env_diff(args) -> int:
-    """Both sections, environment and protocol; exit 1 on a critical row in either."""
-    from tracker import fingerprint, protocol
+    """Environment and protocol of each ref against the one before it (training, offline eval,
+    serving: the order a number travels), and for hybrid targets every side's Gated DeltaNet code per
+    piece in one table; exit 1 on a critical row anywhere."""
+    from tracker import fingerprint, linear_attn, protocol
 
-    (fa, pa), (fb, pb) = (_load_measured(ref, args.tracking_uri) for ref in (args.a, args.b))
-    for ref, fp in ((args.a, fa), (args.b, fb)):
+    refs = [args.a, args.b, *args.more]
+    if len(refs) > ENV_DIFF_MAX:
+        raise DraftboardError(f"env-diff compares at most {ENV_DIFF_MAX} fingerprints, got {len(refs)}")
+    measured = [_load_measured(ref, args.tracking_uri) for ref in refs]
+    for ref, (fp, _) in zip(refs, measured):
         fingerprint.check(fp, ref)
-    env_rows = fingerprint.diff(fa, fb)
-    _print_diff("environment", env_rows, f"no differences (env.hash {fingerprint.env_hash(fa)})")
-    proto_rows = []
-    if pa is None or pb is None:
-        which = " and ".join(ref for ref, p in ((args.a, pa), (args.b, pb)) if p is None)
-        print(f"protocol:\n  not compared: {which} is not an eval (no protocol)")
-    else:
-        proto_rows = protocol.diff(pa, pb)
-        _print_diff("protocol", proto_rows, "no differences")
-    critical = fingerprint.has_critical(env_rows) or fingerprint.has_critical(proto_rows)
+    critical = False
+    for i in range(1, len(refs)):
+        (fa, pa), (fb, pb) = measured[i - 1], measured[i]
+        where = "" if len(refs) == 2 else f" ({refs[i - 1]} -> {refs[i]})"
+        env_rows = fingerprint.diff(fa, fb)
+        _print_diff(f"environment{where}", env_rows, f"no differences (env.hash {fingerprint.env_hash(fa)})")
+        proto_rows = []
+        if pa is None or pb is None:
+            which = " and ".join(ref for ref, p in ((refs[i - 1], pa), (refs[i], pb)) if p is None)
+            print(f"protocol{where}:\n  not compared: {which} is not an eval (no protocol)")
+        else:
+            proto_rows = protocol.diff(pa, pb)
+            _print_diff(f"protocol{where}", proto_rows, "no differences")
+        critical = critical or fingerprint.has_critical(env_rows) or fingerprint.has_critical(proto_rows)
+    pieces = linear_attn.side_by_side([fp for fp, _ in measured])
+    if pieces:
+        print("Gated DeltaNet, per piece (what each side ran):")
+        print(format_table(["piece", *(f"{chr(65 + i)}: {_side(fp, p)}" for i, (fp, p) in enumerate(measured)),
+                            "severity"], [(r.piece, *r.values, r.severity) for r in pieces], width=96))
+        critical = critical or any(r.severity == "critical" for r in pieces)
     return EXIT_CRITICAL_DIFF if critical else 0
+
+
+def _side(fp: dict, measured_protocol) -> str:
+    """What a fingerprint describes, in words: a serving engine, an eval, or a box (a training run's)."""
+    source = fp.get("source") or {}
+    if source.get("kind") == "engine":
+        return f"{source.get('engine') or 'engine'} serving"
+    if measured_protocol is not None:
+        return f"{measured_protocol.scoring} eval"
+    return "fingerprint" if source.get("kind") in (None, "captured") else str(source.get("kind"))
 
 
 def format_table(header: list[str], rows: list[tuple], width: int = 60) -> str:
@@ -442,6 +468,8 @@ def cmd_reconcile(args) -> int:
         if shown:
             print(f"{title} differs: " + "; ".join(f"{r['field']} {r['a_value']!r} vs {r['b_value']!r} ({r['severity']})"
                                                  for r in shown[:8]))
+    for note in (report.get("hybrid") or {}).get("notes", []):
+        print(f"hybrid: {note}")
     print(report["verdict"])
     return 0
 
@@ -723,9 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_fingerprint)
 
-    p = sub.add_parser("env-diff", help="compare two fingerprints; exit 1 on a critical difference")
-    p.add_argument("a", help="fingerprint JSON file or MLflow run id")
-    p.add_argument("b", help="fingerprint JSON file or MLflow run id")
+    p = sub.add_parser("env-diff", help="compare fingerprints (e.g. training, offline eval, serving); exit 1 on a "
+                                        "critical difference")
+    p.add_argument("a", help="fingerprint JSON file, results JSON or MLflow run id")
+    p.add_argument("b", help="fingerprint JSON file, results JSON or MLflow run id")
+    p.add_argument("more", nargs="*", metavar="C", help="more of them, each compared with the one before (at most "
+                                                        f"{ENV_DIFF_MAX} in all)")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_env_diff)
 

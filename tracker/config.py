@@ -133,6 +133,24 @@ ZLAB_BENCHMARKS = {
 EVAL_SCORINGS = ("offline", "online")
 ENGINE_SCORING = "engine"  # protocol.scoring of an eval measured by a serving engine (evaluators/engines/)
 ENGINES = ("vllm", "sglang")
+# The dtypes an engine's own Gated DeltaNet path takes on a device, where it does not take every one
+# (absent: any). vLLM 0.32's CPU GDN op asserts "CPU GDN attention requires BF16"
+# (model_executor/layers/mamba/ops/cpu/gdn_attention.py); SGLang has no CPU path for speculative
+# decoding on GDN targets (sglang #35835, #36782, #37717, #37851: open).
+ENGINE_HYBRID_DTYPES = {("vllm", "cpu"): ("bf16",), ("sglang", "cpu"): ()}
+
+
+def engine_hybrid_problem(engine: str, device: str, dtype: str) -> str | None:
+    """Why `engine` cannot serve a hybrid target on `device` in `dtype` (a --dtype flag value), in
+    one line; None when it can."""
+    allowed = ENGINE_HYBRID_DTYPES.get((engine, device.split(":")[0]))
+    if allowed is None or dtype in allowed:
+        return None
+    if not allowed:
+        return (f"{engine} has no {device} path for speculative decoding on a hybrid (Gated DeltaNet) target; "
+                "serve it on a GPU box")
+    return (f"{engine}'s {device} Gated DeltaNet kernels take {' or '.join(allowed)} only; this hybrid target was "
+            f"asked for in {dtype}: use --dtype {allowed[0]}")
 ENGINE_START_S = 600.0  # how long a managed engine may take to answer /health (a big target loads for minutes)
 DEFAULT_BUDGETS = (4, 8, 16, 32)
 # A DDTree budget is a node count per block; the search costs O(budget log budget) per block, so a

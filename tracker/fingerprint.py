@@ -285,10 +285,15 @@ print(json.dumps(out))
 """ % (ENGINE_PACKAGES,)
 
 
-def engine(report: dict | None, source: dict, dtype: str, linear_attention_path: str) -> dict:
+def engine(report: dict | None, source: dict, dtype: str, linear_attention_path: str,
+           linear_attention: dict | None = None) -> dict:
     """Fingerprint of a serving engine's environment: what its own Python reported (`ENGINE_PROBE`,
     None for an attached server on another box: then only what the server says), plus the engine's
-    name and version under `engine`, so `env-diff` compares a training run with a serving box."""
+    name and version under `engine`, so `env-diff` compares a training run with a serving box.
+    `linear_attention` (a hybrid target: evaluators.engines.gdn's record) puts the engine's own code
+    for each Gated DeltaNet piece under the names offline fingerprints use, so the diff and
+    `linear_attn.side_by_side` compare serving with training and the offline eval per piece; the
+    engine settings that change GDN results go under `engine.settings`."""
     fp = _unknown({"kind": "engine", **source})
     report = report or {}
     packages = report.get("packages") or {}
@@ -300,6 +305,9 @@ def engine(report: dict | None, source: dict, dtype: str, linear_attention_path:
                            "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
     fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
     fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or packages.get(source.get("engine"))}
+    if linear_attention is not None:
+        fp["numerics"]["linear_attention"] = {k: linear_attention.get(k) for k in ("functions", "summary", "platform")}
+        fp["engine"]["settings"] = dict(linear_attention.get("settings") or {})
     return fp
 
 

@@ -39,6 +39,7 @@ _KERNEL_SOURCES = {
     "torch_recurrent_gated_delta_rule": ("flash-linear-attention", "fla.ops.gated_delta_rule"),
 }
 GATED_NORM = "gated_norm"  # the Gated DeltaNet output norm: fla's FusedRMSNormGated, or torch
+SPEC_DECODE = "spec_decode"  # a serving engine's verify step over the draft (state kept per draft position)
 TORCH_ONLY = "torch (no kernel in this transformers)"  # a piece transformers runs in torch whatever is installed
 # What a reader calls each piece, in the order the layer runs them (the summary's words).
 ROLES = (("conv", ("causal_conv1d_fn", "causal_conv1d_update")), ("chunk rule", ("torch_chunk_gated_delta_rule",)),
@@ -50,6 +51,13 @@ HYBRID_MODULES = (
 )
 DEFAULT_MODULE = HYBRID_MODULES[0]
 MODES = ("auto", "fast", "fallback")
+# Every GDN piece a reader compares across training, offline eval and serving, with the function
+# name each side records it under (an engine records its own code under the same names).
+PIECES = (("conv prefill", "causal_conv1d_fn"), ("conv decode", "causal_conv1d_update"),
+          ("chunk rule (prefill)", "torch_chunk_gated_delta_rule"),
+          ("recurrent rule (decode)", "torch_recurrent_gated_delta_rule"),
+          ("spec-decode path", SPEC_DECODE), ("gated norm", GATED_NORM))
+NOT_RUN = "not run"  # a piece this side never runs (offline scoring is teacher-forced: no spec-decode step)
 
 # The module-level functions as transformers resolved them, kept so a forced fallback can be undone.
 _ORIGINALS: dict[tuple[str, str], object] = {}
@@ -294,6 +302,41 @@ def apply(mode: str = "auto", device: str = "cpu", module_name: str = DEFAULT_MO
 
 def _with_reason(res: Resolution, reason: str) -> Resolution:
     return Resolution(res.module, res.functions, res.path, reason, res.forced, res.warnings)
+
+
+@dataclass(frozen=True)
+class PieceRow:
+    piece: str
+    values: tuple  # one per side; None: unknown
+    severity: str  # critical | warning | ok
+
+
+def pieces(fp: dict) -> dict[str, str | None]:
+    """What ran each GDN piece (PIECES) in one fingerprint; None where it does not say, NOT_RUN where
+    it ran Gated DeltaNet layers without that piece, {} for a target without them."""
+    numerics = fp.get("numerics") or {}
+    la = numerics.get("linear_attention") or {}
+    functions = la.get("functions") if isinstance(la, dict) and isinstance(la.get("functions"), dict) else {}
+    if numerics.get("linear_attention_path") == "n/a":
+        return {}
+    return {label: (str(functions[name]) if name in functions else NOT_RUN if functions else None)
+            for label, name in PIECES}
+
+
+def side_by_side(fps: list[dict]) -> list[PieceRow]:
+    """One row per GDN piece, one value per fingerprint: `critical` where two sides ran different
+    code, `warning` where a side does not say, `ok` where all agree (a piece a side never runs
+    compares with nothing)."""
+    per_side = [pieces(fp) for fp in fps]
+    if all(v is None for side in per_side for v in side.values()):  # no side says it ran GDN layers
+        return []
+    rows = []
+    for label, _ in PIECES:
+        values = tuple(side.get(label) for side in per_side)
+        ran = {v for v in values if v not in (None, NOT_RUN)}
+        severity = "critical" if len(ran) > 1 else "warning" if None in values else "ok"
+        rows.append(PieceRow(label, values, severity))
+    return rows
 
 
 def module_of(model) -> str:

@@ -18,13 +18,19 @@ walks into the engine's one cause at a time:
 
 Each part is the change of the pooled mean that its swap causes, so the parts add up to the gap.
 `first_differences` compares the engine's walk with the offline walk as it was measured.
+
+On a hybrid target (Gated DeltaNet layers) `hybrid` names the causes that matter there, where the
+data shows them: the two sides' GDN code per piece, the dtype each ran (an fp32 offline eval against
+a bf16 engine is said in one line: not the same protocol), the engine counting its last step whole,
+state rollback after a rejection (the offline walk is teacher-forced and has none; an online offline
+eval through a cached loop does it wrong), and prefix caching.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tracker import fingerprint, protocol
+from tracker import fingerprint, linear_attn, protocol
 from tracker.errors import DraftboardError
 
 EXACT = 1e-9
@@ -184,8 +190,55 @@ def reconcile(engine: dict, offline: dict) -> dict:
                                                                       offline.get("fingerprint") or {})]
         if engine.get("fingerprint") and offline.get("fingerprint") else [],
     }
+    report["hybrid"] = hybrid(engine, offline, report)
     report["verdict"] = verdict(report)
     return report
+
+
+def _dtype(results: dict) -> str | None:
+    value = ((results.get("fingerprint") or {}).get("numerics") or {}).get("dtype")
+    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(value, value)
+
+
+def hybrid(engine: dict, offline: dict, r: dict) -> dict | None:
+    """The hybrid target's causes, named where the data shows them (None: no Gated DeltaNet layers)."""
+    fps = [engine.get("fingerprint") or {}, offline.get("fingerprint") or {}]
+    rows = linear_attn.side_by_side(fps)
+    record = (engine.get("engine") or {}).get("linear_attention")
+    if not rows and not isinstance(record, dict):
+        return None
+    settings = record.get("settings") if isinstance(record, dict) and isinstance(record.get("settings"), dict) else {}
+    notes = []
+    dtypes = [_dtype(engine), _dtype(offline)]
+    if None not in dtypes and dtypes[0] != dtypes[1]:
+        notes.append(f"dtype: the engine ran the target in {dtypes[0]}, the offline eval in {dtypes[1]}: not the same "
+                     f"protocol; evaluate offline with --dtype {dtypes[0]} to compare kernels alone")
+    differ = [row for row in rows if row.severity == "critical"]
+    if differ:
+        notes.append("Gated DeltaNet code differs: " + "; ".join(
+            f"{row.piece}: engine {row.values[0]}, offline {row.values[1]}" for row in differ))
+    if r["parts"].get("numerics"):
+        notes.append(f"numerics: {r['n_prompts'] - r['completions_equal']} completion(s) differ, so the target "
+                     f"decoded another token: {dtypes[0] or 'the same dtype'} arithmetic through "
+                     f"{'different' if differ else 'the same'} GDN code")
+    if r["parts"].get("end_of_generation"):
+        notes.append("end of generation: the engine counts its last step whole")
+    scoring = (offline.get("protocol") or {}).get("scoring")
+    if r["acceptance_differs_as_engine"]:
+        if scoring == "online":
+            cause = ("the offline walk came from a cached loop, which does not roll the GDN recurrent state back "
+                     "after a rejection (transformers #49036): it is not lossless on a hybrid")
+        else:
+            cause = ("the offline walk is teacher-forced (each block from the true prefix: no state to roll back), "
+                     "the engine rolls its GDN state back after each rejection; with equal completions the "
+                     "difference is in the drafter's features (kernels, dtype)")
+        notes.append(f"acceptance: {r['acceptance_differs_as_engine']} prompt(s) with equal completions; {cause}")
+    if str(settings.get("enable_prefix_caching")).lower() == "true" or \
+            str(settings.get("disable_radix_cache")).lower() == "false":
+        notes.append("prefix caching was on: a cached prefix resumes another request's recurrent state")
+    return {"gdn": [{"piece": row.piece, "engine": row.values[0], "offline": row.values[1],
+                     "severity": row.severity} for row in rows],
+            "dtypes": {"engine": dtypes[0], "offline": dtypes[1]}, "engine_settings": settings, "notes": notes}
 
 
 def verdict(r: dict) -> str:
@@ -208,4 +261,7 @@ def verdict(r: dict) -> str:
         tail += ("; " if tail else "") + ("the offline eval has no walk counted as the engine counts (an older or "
                                           "online eval): end of generation is not told apart")
     left = "nothing unexplained" if r["unexplained"] == 0.0 else f"{r['unexplained']:+.3f} unexplained"
-    return f"{head}; {tail}; {left}"
+    dtypes = (r.get("hybrid") or {}).get("dtypes") or {}
+    same = len(set(dtypes.values())) <= 1 or None in dtypes.values()
+    return f"{head}; {tail}; {left}" + ("" if same else f"; not the same protocol: the engine ran "
+                                        f"{dtypes['engine']}, the offline eval {dtypes['offline']}")

@@ -3,7 +3,11 @@
 Read as vLLM's `--speculative-config` JSON ({"method", "model", "num_speculative_tokens"}), a
 file holding it under `speculative_config`, or SGLang's launch arguments
 ({"speculative_algorithm", "speculative_num_draft_tokens"}, dashes or underscores); the same file
-may carry `mamba_ssm_dtype` and `chat_template_kwargs`. What the engines do with them was read
+may carry `mamba_ssm_dtype`, `chat_template_kwargs`, the engine's version (`version`,
+`vllm_version` or `sglang_version`), its cache switches (`enable_prefix_caching`,
+`disable_radix_cache`, `mamba_cache_mode`) and environment (`env`: `VLLM_USE_V2_MODEL_RUNNER`). An
+engine eval's results JSON (`draftboard eval --engine --out`) is read as the serving box it measured:
+its `engine` section and GDN record. What the engines do with them was read
 from their sources: vLLM 0.32 serves DFlash and DFlash2 under method `dflash` (its DFlash2
 speculator is chosen by the draft config's architectures); SGLang's algorithm is `DFLASH` for
 both. A DFlash block of B positions drafts B - 1 tokens: vLLM's num_speculative_tokens is B - 1,
@@ -22,6 +26,10 @@ from evaluators.weights import one_line
 from tracker.errors import DraftboardError
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
+ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "prefix_cache"
+# vLLM before 0.28.0 misaligned GDN gates with speculative tokens in mixed prefill/decode steps, so
+# speculative decoding on a GDN target was not lossless (fixed by vLLM PR #51812; diagnosis #54928).
+VLLM_LOSSLESS_GDN_SPEC = (0, 28, 0)
 VLLM_METHOD, SGLANG_ALGORITHM = "dflash", "DFLASH"
 
 
@@ -32,6 +40,10 @@ class ServingConfig:
     draft_tokens: int | None  # drafted tokens per step, anchor excluded
     mamba_ssm_dtype: str | None
     enable_thinking: bool | None  # chat_template_kwargs.enable_thinking
+    version: str | None = None  # the engine's
+    model_runner: str | None = None  # vLLM: V1 | V2
+    prefix_cache: bool | None = None  # vLLM prefix caching / SGLang radix cache; None: not said
+    where: str = "the serving config"
 
 
 def _get(raw: dict, name: str):
@@ -46,19 +58,53 @@ def read_serving_config(path: str | Path) -> ServingConfig:
         raise DraftboardError(f"--serving-config {path}: not a readable JSON file ({one_line(exc)})") from None
     if not isinstance(raw, dict):
         raise DraftboardError(f"--serving-config {path}: expected a JSON object")
+    if isinstance(raw.get("engine"), dict) and (raw.get("protocol") or {}).get("scoring") == "engine":
+        return _from_engine_eval(raw["engine"])
     kwargs = _get(raw, "chat_template_kwargs") or {}
     thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
     ssm = _get(raw, "mamba_ssm_dtype")
+    env = raw.get("env") if isinstance(raw.get("env"), dict) else {}
     if _get(raw, "speculative_algorithm") is not None:
         n = _get(raw, "speculative_num_draft_tokens")
+        radix_off = _get(raw, "disable_radix_cache")
         return ServingConfig("sglang", str(_get(raw, "speculative_algorithm")),
-                             int(n) - 1 if isinstance(n, int) else None, ssm, thinking)
+                             int(n) - 1 if isinstance(n, int) else None, ssm, thinking,
+                             _text(_get(raw, "version") or _get(raw, "sglang_version")),
+                             prefix_cache=None if radix_off is None else not _flag(radix_off))
     spec = _get(raw, "speculative_config") or raw
     if not isinstance(spec, dict) or "method" not in spec:
         raise DraftboardError(f"--serving-config {path}: no speculative config (vLLM: method, num_speculative_tokens;"
                               " SGLang: speculative_algorithm, speculative_num_draft_tokens)")
     n = spec.get("num_speculative_tokens")
-    return ServingConfig("vllm", str(spec["method"]), n if isinstance(n, int) else None, ssm, thinking)
+    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    prefix = _get(raw, "enable_prefix_caching")
+    return ServingConfig("vllm", str(spec["method"]), n if isinstance(n, int) else None, ssm, thinking,
+                         _text(_get(raw, "version") or _get(raw, "vllm_version")),
+                         None if v2 is None else ("V2" if _flag(v2) else "V1"),
+                         None if prefix is None else _flag(prefix))
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)[:64]
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _from_engine_eval(engine: dict) -> ServingConfig:
+    """The serving box an engine eval measured: its engine section and GDN record's settings."""
+    record = engine.get("linear_attention") if isinstance(engine.get("linear_attention"), dict) else {}
+    settings = {**engine, **(record.get("settings") if isinstance(record.get("settings"), dict) else {})}
+    name = str(engine.get("name") or "vllm")
+    n = engine.get("num_speculative_tokens")
+    prefix = settings.get("enable_prefix_caching") if name == "vllm" else settings.get("disable_radix_cache")
+    return ServingConfig(name, str(engine.get("method") or (VLLM_METHOD if name == "vllm" else SGLANG_ALGORITHM)),
+                         n if isinstance(n, int) else None,
+                         _text(settings.get("mamba_ssm_cache_dtype") or settings.get("mamba_ssm_dtype")), None,
+                         _text(engine.get("version")), _text(settings.get("model_runner")),
+                         None if prefix is None else (_flag(prefix) if name == "vllm" else not _flag(prefix)),
+                         where=f"the engine eval's {name}")
 
 
 def speculation_length(serving: ServingConfig, drafter: DrafterConfig) -> Check:
@@ -106,3 +152,62 @@ def ssm_dtype(serving: ServingConfig) -> Check:
                      "features drift with it over a long completion, and acceptance with them", evidence,
                      "serve with --mamba-ssm-dtype float32 (the published serving profiles pin it)")
     return Check(SSM_DTYPE, OK, "the served recurrent state is as wide as offline", evidence)
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """`0.27.1rc2.dev3+cu128` -> (0, 27, 1); None for a version that is not one."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) >= 2 else None
+
+
+def engine_version(serving: ServingConfig, hybrid: bool) -> Check:
+    evidence = f"{serving.where}: {serving.engine} {serving.version or 'version not stated'}; target " \
+               f"{'has' if hybrid else 'has no'} Gated DeltaNet layers"
+    if serving.engine != "vllm" or not hybrid:
+        return Check(ENGINE_VERSION, OK, "no engine version is known to break speculative decoding here", evidence)
+    release = _release(serving.version) if serving.version else None
+    if release is None:
+        return Check(ENGINE_VERSION, WARNING, "the vLLM version is not known: before 0.28.0 speculative decoding on a "
+                     "Gated DeltaNet target is not lossless", evidence, "state the version (\"version\": \"0.32.0\")")
+    if release < VLLM_LOSSLESS_GDN_SPEC:
+        return Check(ENGINE_VERSION, CRITICAL, "this vLLM misaligns the GDN gates with speculative tokens in mixed "
+                     "prefill/decode steps: speculative decoding on this hybrid target is not lossless (vLLM #54928)",
+                     evidence, "upgrade to vLLM 0.28.0 or later (PR #51812)")
+    return Check(ENGINE_VERSION, OK, "this vLLM keeps speculative decoding lossless on Gated DeltaNet targets", evidence)
+
+
+def model_runner(serving: ServingConfig) -> Check:
+    evidence = f"{serving.where}: model runner {serving.model_runner or 'not stated'}"
+    if serving.engine == "vllm" and serving.model_runner == "V2":
+        return Check(MODEL_RUNNER, CRITICAL, "vLLM's V2 model runner gets ~0% acceptance with a DFlash drafter "
+                     "(vLLM #49559, open)", evidence, "serve with VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner)")
+    return Check(MODEL_RUNNER, OK if serving.model_runner else INFO, "no model runner known to break DFlash"
+                 if serving.model_runner else "the model runner is not stated (VLLM_USE_V2_MODEL_RUNNER=1 breaks "
+                 "DFlash: vLLM #49559)", evidence)
+
+
+def prefix_cache(serving: ServingConfig, hybrid: bool) -> Check:
+    cache = "prefix caching" if serving.engine == "vllm" else "radix cache"
+    evidence = f"{serving.where}: {cache} {'on' if serving.prefix_cache else 'off' if serving.prefix_cache is False else 'not stated'}"
+    if not hybrid:
+        return Check(PREFIX_CACHE, OK, f"{cache} keeps no recurrent state on a target without Gated DeltaNet layers",
+                     evidence)
+    if serving.prefix_cache:
+        known = ("SGLang's radix cache has committed the wrong recurrent state on hybrid targets (sglang #31850)"
+                 if serving.engine == "sglang" else "vLLM resumes cached GDN states in mamba_cache_mode 'align' "
+                 "(a Triton kernel: it cannot run on CPU)")
+        return Check(PREFIX_CACHE, WARNING, f"{cache} is on for a hybrid target: a cached prefix resumes a recurrent "
+                     f"state another request committed; {known}", evidence,
+                     f"measure with it off ({'--no-enable-prefix-caching' if serving.engine == 'vllm' else '--disable-radix-cache'}) "
+                     "and compare, before quoting served numbers")
+    return Check(PREFIX_CACHE, OK if serving.prefix_cache is False else INFO,
+                 f"{cache} is off" if serving.prefix_cache is False else f"{cache} is not stated", evidence)

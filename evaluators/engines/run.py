@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,9 +21,9 @@ from urllib.parse import urlsplit
 from evaluators import metrics
 from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
-from evaluators.engines import sglang, vllm
+from evaluators.engines import gdn, sglang, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
-from evaluators.engines.server import ManagedServer, check_python, engine_environment
+from evaluators.engines.server import ManagedServer, check_python
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
@@ -34,7 +32,6 @@ from tracker.uncertainty import results_uncertainty
 
 ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang}  # each: a client class and its managed server's argv
 CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient}
-PROBE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -81,16 +78,6 @@ def check_settings(s: EvalSettings, e: EngineSettings) -> None:
                           "(at --temperature > 0, one sampled run per prompt)")
 
 
-def _engine_report(python: str) -> dict | None:
-    """ENGINE_PROBE run in the engine's Python (None if it fails: the fingerprint says unknown)."""
-    try:
-        done = subprocess.run([python, "-I", "-c", fingerprint.ENGINE_PROBE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=engine_environment())
-        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
-
-
 def _check_serves(info: EngineInfo, s: EvalSettings, n_spec: int) -> None:
     """Refuse a server that serves another target or drafter, or drafts another number of tokens."""
     def same(served: str | None, wanted: str) -> bool:
@@ -124,10 +111,15 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     if e.managed and not (Path(s.drafter).is_dir() and (Path(s.drafter) / "config.json").is_file()):
         raise EngineError(f"--drafter {s.drafter}: an engine loads a drafter folder (config.json + safetensors), "
                           "not a single checkpoint file")
+    hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
+    device = s.device or fingerprint.default_device()
+    engine = ENGINES[e.name]
+    problem = config.engine_hybrid_problem(e.name, device, s.dtype) if e.managed and hybrid else None
+    if problem:
+        raise EngineError(problem)
     stops = sorted(stop_token_ids(s.target, cfg))
     sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops), temperature=s.temperature,
                         top_p=s.top_p, top_k=s.top_k or -1)
-    device = s.device or fingerprint.default_device()
     longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
     max_model_len = min(getattr(cfg, "max_position_embeddings", longest) or longest, max(longest, 256))
     if longest > max_model_len:
@@ -135,8 +127,12 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                           f"context of {max_model_len}")
     progress("load", 1, 1)
 
-    engine, server = ENGINES[e.name], None
+    server, probes = None, {}
     if e.managed:
+        # The engine's own Python reports its versions and, for a hybrid, its GDN code, while the
+        # server starts (separate processes sharing nothing).
+        probes = {"report": gdn.start_probe(python, fingerprint.ENGINE_PROBE),
+                  "gdn": gdn.start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
         target, drafter_dir = str(Path(s.target).resolve()), str(Path(s.drafter).resolve())
         log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
         server = ManagedServer(
@@ -144,45 +140,31 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                                                     max_model_len, device),
             log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
     start = time.perf_counter()
-    with server or contextlib.nullcontext():
-        client = CLIENTS[e.name](server.url if server else url)
-        info = client.info()
-        started_s = time.perf_counter() - start
-        if server:
-            info.aux_layers = engine.aux_layers_from_log(server.log.read_text(errors="replace"))
-            info.draft_model = info.draft_model or drafter_dir
-            info.method = info.method or "dflash"
-            info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
-        _check_serves(info, s, n_spec)
-        info.num_speculative_tokens = info.num_speculative_tokens or n_spec
-        report = _engine_report(python) if python else None  # once it serves: the Python that really runs
-        replies: list[EngineReply] = []
-        t_requests = time.perf_counter()
-        for i, p in enumerate(prompts, 1):
-            try:
-                replies.append(client.generate(p.input_ids, sampling))
-            except EngineError:
-                if server and server.exited(within_s=3.0):  # a reset connection is often its last word
-                    raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "
-                                      f"{server.proc.returncode}); its log ({server.log}) ends: "
-                                      f"{server.log_tail()}") from None
-                raise
-            progress(f"{e.name}: requests", i, len(prompts))
-        requests_s = time.perf_counter() - t_requests
+    try:
+        with server or contextlib.nullcontext():
+            info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, sampling, engine,
+                                                                  hybrid, n_spec, device, progress, start)
+        report, gdn_probe = (gdn.finish_probe(probes.get(k)) for k in ("report", "gdn"))
+    finally:
+        for proc in probes.values():  # an eval that failed early leaves no probe behind
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    linear_attention = gdn.record(e.name, gdn_probe, logged, engine.gdn_functions_from_log(logged),
+                                  info.settings).to_dict() if hybrid else None
 
     results = _results(prompts, replies, block, stops, s)
-    results["engine"] = {**info.to_dict(), "managed": e.managed}
+    results["engine"] = {**info.to_dict(), "managed": e.managed, "linear_attention": linear_attention}
     # An engine counts its last step whole, as `full` does (it stops once the tokens are out, so it
     # never drafts at the last anchor `full` would also visit): a `cut` offline eval differs there,
     # and the protocol says so rather than claiming the eval's own rule.
     protocol = eval_protocol(s, prompts, tokenizer, block, stops, content_digest(s.target),
                              scoring=config.ENGINE_SCORING)
     results["protocol"] = dataclasses.replace(protocol, last_block="full").to_dict()
-    hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
     results.update({
         "fingerprint": fingerprint.engine(report, {"engine": e.name, "version": info.version, "url": info.url,
                                                    "python": python}, s.dtype,
-                                          f"{e.name}-native" if hybrid else "n/a"),
+                                          f"{e.name}-native" if hybrid else "n/a", linear_attention),
         "timing": {"engine_start_s": started_s, "requests_s": requests_s, "total_s": time.perf_counter() - t0},
         "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
                      "engine": e.name, "engine_url": info.url, "num_speculative_tokens": n_spec},
@@ -191,6 +173,42 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                     "mask_token_id": drafter.mask_token_id, "family": drafter.family},
     })
     return results
+
+
+def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: EvalSettings, prompts,
+           sampling: Sampling, engine, hybrid: bool, n_spec: int, device: str, progress: Progress, start: float):
+    """Inside the server's life: what it serves (checked), then one request per prompt."""
+    client = CLIENTS[e.name](server.url if server else url)
+    client.cross_check = server is not None  # managed: no other client moves its counters
+    info = client.info()
+    started_s = time.perf_counter() - start
+    logged: dict = {}
+    if server:
+        log = server.log.read_text(errors="replace")
+        info.aux_layers = engine.aux_layers_from_log(log)
+        logged = engine.settings_from_log(log)
+        info.draft_model = info.draft_model or str(Path(s.drafter).resolve())
+        info.method = info.method or "dflash"
+        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
+    _check_serves(info, s, n_spec)
+    if hybrid and engine.prefix_cache_on(info.settings):
+        raise EngineError(f"{e.name} at {info.url} caches prefixes on a hybrid target: a cached prefix resumes "
+                          "another request's Gated DeltaNet state, so one prompt's acceptance would depend on the one "
+                          f"before; restart it with {engine.PREFIX_CACHE_OFF}")
+    info.num_speculative_tokens = info.num_speculative_tokens or n_spec
+    replies: list[EngineReply] = []
+    t_requests = time.perf_counter()
+    for i, p in enumerate(prompts, 1):
+        try:
+            replies.append(client.generate(p.input_ids, sampling))
+        except EngineError:
+            if server and server.exited(within_s=3.0):  # a reset connection is often its last word
+                raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "
+                                  f"{server.proc.returncode}); its log ({server.log}) ends: "
+                                  f"{server.log_tail()}") from None
+            raise
+        progress(f"{e.name}: requests", i, len(prompts))
+    return info, replies, logged, started_s, time.perf_counter() - t_requests
 
 
 def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], s: EvalSettings) -> dict:

@@ -56,6 +56,27 @@ def aux_layers_from_log(text: str) -> list[int] | None:
     return None  # SGLang does not log the layers it taps
 
 
+PREFIX_CACHE_OFF = "--disable-radix-cache"
+
+
+def prefix_cache_on(settings: dict) -> bool:
+    """Whether the server (as it reports itself, EngineInfo.settings) resumes cached prefixes."""
+    return str(settings.get("disable_radix_cache")).lower() == "false"
+
+
+# SGLang's GDN kernels are chosen inside its attention backend at start and not logged in a form
+# read here yet: the record says unknown rather than guessing from the device.
+GDN_PROBE = None
+
+
+def settings_from_log(text: str) -> dict:
+    return {}
+
+
+def gdn_functions_from_log(settings: dict) -> dict[str, str]:
+    return {}
+
+
 def _first(meta: dict, names: tuple[str, ...]):
     return next((meta[n] for n in names if meta.get(n) is not None), None)
 

@@ -13,11 +13,18 @@ Read from vLLM's own sources (v0.32.0):
   counters around one request at concurrency 1 are that request's.
 - `entrypoints/serve/instrumentator/basic.py` `/version`; `entrypoints/openai/models/api_router.py`
   `/v1/models` (`id`, `root`, `max_model_len`).
+- Gated DeltaNet (hybrid targets), `model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`: the
+  layer picks `forward_cpu` on CPU (`ops/cpu/gdn_attention.py`, bf16 only: "CPU GDN attention
+  requires BF16"), else a prefill backend it logs ("Using {CPU|Triton/FLA|FlashInfer|CuteDSL} GDN
+  prefill kernel") and a spec-decode kernel ("GDN spec decode kernel: {CPU|triton|cuda}").
+  `platforms/cpu.py` resets the SSM state to float32 ("Reset SSM cache type to float32 ...");
+  `config/vllm.py` falls back to the V1 model runner without Triton.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
 from tracker import engine_metrics as em
@@ -63,6 +70,96 @@ def aux_layers_from_log(text: str) -> list[int] | None:
     return None
 
 
+PREFIX_CACHE_OFF = "--no-enable-prefix-caching"
+
+
+def prefix_cache_on(settings: dict) -> bool:
+    """Whether the server (as it reports itself, EngineInfo.settings) resumes cached prefixes."""
+    return str(settings.get("enable_prefix_caching")).lower() == "true"
+
+
+# What vLLM's own code runs for each Gated DeltaNet piece, read in the engine's Python (`python -c`):
+# the platform's forward, and on CPU the same capability tests `ops/cpu/gdn_attention.py` makes
+# (with speculative decoding the layer takes its spec-aware path: C++ conv only with AMX or Arm bf16,
+# else vLLM's torch conv; C++ chunk, recurrent and spec-decode rules; RMSNormGated's torch forward).
+# On GPUs the prefill and spec-decode kernels are chosen at start and logged (`settings_from_log`).
+# Prints one JSON object; keys as `tracker.linear_attn` names the pieces.
+GDN_PROBE = r"""
+import json, torch
+from vllm.platforms import current_platform as platform
+def name(fn):
+    return f"{fn.__module__}.{fn.__qualname__}"
+out = {"platform": platform.device_type, "functions": {}}
+if platform.is_cpu():
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as g
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+    def kernel(op):
+        registered = hasattr(torch.ops._C, op)
+        return f"vllm C++ kernel {name(getattr(ops, op))}" + ("" if registered else " (op not registered)")
+    native_conv = bool(torch.cpu._is_amx_tile_supported() or g.is_arm_bf16())
+    out["capabilities"] = {"amx": bool(torch.cpu._is_amx_tile_supported()), "avx512_bf16":
+                           bool(torch.cpu._is_avx512_bf16_supported()), "arm_bf16": bool(g.is_arm_bf16())}
+    out["functions"] = {
+        "causal_conv1d_fn": kernel("causal_conv1d_fwd_cpu") if native_conv else
+            f"vllm torch {name(g._spec_aware_nonspec)}",
+        "causal_conv1d_update": kernel("causal_conv1d_update_cpu") if native_conv else
+            f"vllm torch {name(g._spec_forward)}",
+        "torch_chunk_gated_delta_rule": kernel("chunk_gated_delta_rule_cpu"),
+        "torch_recurrent_gated_delta_rule": kernel("fused_sigmoid_gating_delta_rule_update_cpu"),
+        "spec_decode": kernel("fused_sigmoid_gating_delta_rule_update_spec_cpu"),
+        "gated_norm": f"vllm torch {name(RMSNormGated.forward_native)}",
+    }
+elif platform.is_cuda_alike():
+    from vllm.model_executor.layers.mamba.ops import causal_conv1d as conv
+    out["functions"] = {"causal_conv1d_fn": f"vllm triton {name(conv.causal_conv1d_fn)}",
+                        "causal_conv1d_update": f"vllm triton {name(conv.causal_conv1d_update)}"}
+print(json.dumps(out))
+"""
+
+# The lines vLLM logs at start that say what its GDN layers and caches run (see the module's docstring).
+_GDN_LOG = (
+    ("gdn_prefill_kernel", re.compile(r"Using (\S+(?: \S+)?) GDN prefill kernel")),
+    ("gdn_spec_decode_kernel", re.compile(r"GDN spec decode kernel: (\S+)")),
+    ("mamba_ssm_cache_dtype", re.compile(r"Reset SSM cache type to (\w+)")),
+    ("mamba_ssm_cache_dtype", re.compile(r"Using (\w+) SSM state storage")),
+    ("model_runner", re.compile(r"using the (V\d) model runner")),
+    ("engine_version", re.compile(r"Initializing a V\d LLM engine \(v([\w.+-]+)\)")),
+)
+_ENGINE_CONFIG = re.compile(r"\b(enable_prefix_caching|enforce_eager|dtype)=([\w.]+)")
+_PREFILL_KERNELS = {"CPU": "vllm C++ kernel", "Triton/FLA": "vllm triton (fla copy)", "FlashInfer": "flashinfer",
+                    "CuteDSL": "vllm CuTe DSL", "AITER FlyDSL": "aiter FlyDSL"}
+MAX_LOG_LINE = 4096  # the start lines are short; a longer line is not one of them
+
+
+def settings_from_log(text: str) -> dict:
+    """What the engine logged of its GDN kernels and the settings that change GDN results (first
+    mention wins: vLLM logs each once, from every process)."""
+    found: dict = {}
+    for line in text.splitlines():
+        line = line[:MAX_LOG_LINE]
+        for key, pattern in _GDN_LOG:
+            match = key not in found and pattern.search(line)
+            if match:
+                found[key] = match.group(1)
+        if "LLM engine" in line and "with config:" in line:
+            for key, value in _ENGINE_CONFIG.findall(line):
+                found.setdefault(f"config_{key}", value)
+    return found
+
+
+def gdn_functions_from_log(settings: dict) -> dict[str, str]:
+    """The GDN pieces a GPU box's log names (the chunk rule's backend and the spec-decode kernel)."""
+    out = {}
+    prefill = settings.get("gdn_prefill_kernel")
+    if prefill:
+        out["torch_chunk_gated_delta_rule"] = f"{_PREFILL_KERNELS.get(prefill, prefill)} (logged: {prefill})"
+    spec = settings.get("gdn_spec_decode_kernel")
+    if spec:
+        out["spec_decode"] = f"vllm {spec} spec-decode kernel (logged)"
+    return out
+
+
 class VLLMClient(EngineClient):
     name = NAME
 
@@ -85,14 +182,16 @@ class VLLMClient(EngineClient):
                               "start it with --speculative-config")
         n_spec = len(em.vllm_totals(samples).by_position) or None
         cache = {lab_k: lab_v for n, lab, _ in samples if n == "vllm:cache_config_info"
-                 for lab_k, lab_v in lab.items() if lab_k in ("enable_prefix_caching", "cache_dtype",
+                 for lab_k, lab_v in lab.items() if lab_k in ("enable_prefix_caching", "cache_dtype", "mamba_cache_mode",
                                                                 "mamba_ssm_cache_dtype", "mamba_cache_dtype")}
         return EngineInfo(name=NAME, version=version, url=self.url, model=served.get("root") or self._model,
                           draft_model=None, method=None, num_speculative_tokens=n_spec,
                           settings={"max_model_len": served.get("max_model_len"), **cache})
 
     def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
-        before = None if self._per_request else self._counters()
+        """With `cross_check` (managed: no other client), the request's own statistics must equal the
+        deltas of vLLM's Prometheus counters around it, or the reply is refused."""
+        before = None if self._per_request and not self.cross_check else self._counters()
         body = {"model": self._model, "prompt": input_ids, "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                 "stop_token_ids": list(sampling.stop_token_ids), "return_token_ids": True,
@@ -106,7 +205,8 @@ class VLLMClient(EngineClient):
         stats = ((reply.get("metrics") or {}).get("speculative_decoding")) if isinstance(reply, dict) else None
         if stats:
             self._per_request = True
-            return _from_request_stats(ids, stats)
+            reply = _from_request_stats(ids, stats)
+            return _checked(reply, _from_deltas(ids, before, self._counters())) if self.cross_check else reply
         self._per_request = False
         return _from_deltas(ids, before, self._counters())
 
@@ -122,6 +222,17 @@ def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
                        accepted_per_step=[int(a) for a in steps] if steps is not None else None,
                        source="vllm metrics.speculative_decoding",
                        reported_mean=stats.get("mean_acceptance_length"))
+
+
+def _checked(reply: EngineReply, counted: EngineReply) -> EngineReply:
+    """The request's own statistics, if vLLM's counters moved by exactly as much around it."""
+    own = (reply.drafts, reply.draft_tokens, reply.accepted, reply.accepted_by_position)
+    moved = (counted.drafts, counted.draft_tokens, counted.accepted, counted.accepted_by_position)
+    if own != moved:
+        raise EngineError(f"vllm's per-request statistics (drafts, draft tokens, accepted, by position) {own} disagree "
+                          f"with its /metrics counters' deltas around the request {moved}: refused, not averaged")
+    reply.source = "vllm metrics.speculative_decoding = /metrics deltas"
+    return reply
 
 
 def _from_deltas(ids: list[int], before: em.VLLMTotals | None, after: em.VLLMTotals) -> EngineReply:

@@ -203,7 +203,7 @@ PREVIOUS_COLUMNS = ["series", "step", "previous step", "dataset", "tau", "previo
 DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "ci low", "ci high", "scoring", "run_id"]
 ONLINE_COLUMNS = ["checkpoint", "offline tau", "online tau", "online - offline", "from"]
 SERVED_COLUMNS = ["checkpoint", "offline eval", "engine mean acceptance length", "offline tau", "gap", "pooling",
-                  "end of generation", "acceptance", "numerics", "unexplained", "verdict"]
+                  "end of generation", "acceptance", "numerics", "unexplained", "hybrid", "verdict"]
 
 
 def protocol_text(rows: Sequence, b_name: str = "reference") -> str:
@@ -375,5 +375,6 @@ def served_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoade
                              "engine mean acceptance length": r["engine_mean_acceptance_length"],
                              "offline tau": r["offline_tau"], "gap": r["gap"],
                              **{k.replace("_", " "): v for k, v in r["parts"].items()},
-                             "unexplained": r["unexplained"], "verdict": r["verdict"]})
+                             "unexplained": r["unexplained"], "hybrid": reconcile_view.hybrid_words(r),
+                             "verdict": r["verdict"]})
     return pd.DataFrame(rows, columns=SERVED_COLUMNS)

@@ -184,21 +184,36 @@ def measure_label(choice: tuple[str | None, str | None]) -> str:
 MAX_CONFIG_BYTES = 1 << 20  # a transformers config.json is a few KB
 
 
-def target_context(target: str) -> int | None:
-    """The target's context length (config.json's max_position_embeddings, or its text_config's, as a
-    multimodal checkpoint nests it); None where the folder holds no readable config (the worker says why)."""
+def _target_config(target: str) -> list[dict]:
+    """The target's config.json sections (the top level, and the text_config a multimodal checkpoint
+    nests); [] where the folder holds no readable config (the worker says why)."""
     file = Path(target) / "config.json"
     try:
         if file.stat().st_size > MAX_CONFIG_BYTES:
-            return None
+            return []
         cfg = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        return []
+    return [section for section in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None)
+            if isinstance(section, dict)]
+
+
+def target_context(target: str) -> int | None:
+    """The target's context length (config.json's max_position_embeddings, or its text_config's)."""
+    for section in _target_config(target):
+        value = section.get("max_position_embeddings")
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def target_is_hybrid(target: str) -> bool:
+    """Whether the target has Gated DeltaNet (linear-attention) layers, as its config.json says: in
+    `layer_types`, or as the Qwen3-Next / Qwen3.5 releases write it, `full_attention_interval` (every
+    Nth layer full attention, the others GDN; transformers derives layer_types from it)."""
+    return any((isinstance(section.get("layer_types"), list) and "linear_attention" in section["layer_types"])
+               or (section.get("layer_types") is None and isinstance(section.get("full_attention_interval"), int))
+               for section in _target_config(target))
 
 
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
@@ -253,6 +268,8 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         params["engine"] = engine
         if url:
             params["engine_url"] = url
+        elif target_is_hybrid(target) and (problem := config.engine_hybrid_problem(engine, form.device, form.dtype)):
+            raise DraftboardError(problem)  # the worker's engine could not run it: said now, not after a start
     if form.train_run_id:
         params["train_run_id"] = form.train_run_id
         if form.checkpoint_step is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracker import config
+from tracker import config, linear_attn
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.reconcile import reconcile
 from tracker.store import names
@@ -65,3 +65,32 @@ def prompts_frame(r: dict) -> pd.DataFrame:
         "blocks (offline)": p["offline_blocks"], "first differing block": p["first_block_difference"],
         "accepted there (engine)": p["engine_accepted"], "accepted there (offline)": p["offline_accepted"],
         "cause": p["cause"] or "every block agrees"} for p in r["prompts"]])
+
+
+def gdn_frame(index: RunIndex, engine_run: RunInfo, offline_run: RunInfo) -> pd.DataFrame | None:
+    """The hybrid target's Gated DeltaNet code per piece: training (where the eval names its training
+    run and that run has a fingerprint), the offline eval, the serving engine; None without GDN layers."""
+    train = index.train_of(engine_run)
+    engine = (engine_run.fingerprint or {}).get("engine") or {}
+    sides = [("training", train.fingerprint if train else None), ("offline eval", offline_run.fingerprint),
+             (f"{engine.get('name') or 'engine'} serving", engine_run.fingerprint)]
+    sides = [(label, fp) for label, fp in sides if fp]
+    rows = linear_attn.side_by_side([fp for _, fp in sides])
+    if not rows:
+        return None
+    return pd.DataFrame([{"piece": row.piece, **{label: "unknown" if value is None else value
+                                                  for (label, _), value in zip(sides, row.values)},
+                          "severity": row.severity} for row in rows])
+
+
+def hybrid_words(r: dict) -> str:
+    """One cell for Compare: the GDN pieces whose code differs, and the dtypes where they differ."""
+    hybrid = r.get("hybrid")
+    if not hybrid:
+        return "no GDN layers"
+    differ = [row["piece"] for row in hybrid["gdn"] if row["severity"] == "critical"]
+    words = f"GDN code differs: {', '.join(differ)}" if differ else "same GDN code"
+    dtypes = hybrid.get("dtypes") or {}
+    if None not in dtypes.values() and len(set(dtypes.values())) > 1:
+        words += f"; not the same protocol: engine {dtypes['engine']}, offline {dtypes['offline']}"
+    return words
