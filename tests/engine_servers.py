@@ -82,7 +82,11 @@ def _scripted_engine(mode: str, mark: str, argv: list[str]) -> None:
     """Run as a managed engine's "Python" (`python -m vllm... --port P ...`): `never-healthy` holds its
     port open without answering /health; `dies` is healthy and vLLM-shaped until the first completion,
     then exits. Either starts a child of its own, as vLLM's engine core is, to show the group dies too;
-    `mark` is in every one of their command lines, so a test can look for them."""
+    `mark` is in every one of their command lines, so a test can look for them. Asked to run code
+    (`-c`: the eval's probes of the engine's Python), it fails at once, as an interpreter without the
+    engine would: the probes then report nothing."""
+    if "-c" in argv:
+        sys.exit(1)
     port = int(argv[argv.index("--port") + 1])
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", mark])  # the "engine core"
     if mode == "never-healthy":

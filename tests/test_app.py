@@ -543,16 +543,27 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
 
 def test_launch_queues_an_engine_eval_managed_or_on_an_allowed_server(app_env, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_VLLM_PYTHON", "/opt/vllm-venv/bin/python")
+    for engine in ("SGLANG", "LLAMACPP"):
+        monkeypatch.delenv(f"DRAFTBOARD_{engine}_PYTHON", raising=False)
     monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://serving-box:30000")
     at = run_page("pages/launch.py")
     choices = at.selectbox(key="launch_measured_by").options
     assert choices == ["offline (teacher-forced, exact)", "vLLM (started by the worker)",
-                       "vLLM at http://serving-box:30000", "SGLang at http://serving-box:30000"]
+                       "vLLM at http://serving-box:30000", "SGLang at http://serving-box:30000",
+                       "llama.cpp at http://serving-box:30000"]
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()
     at.selectbox(key="launch_prompt_set").set_value(app_env.prompts)
     at.selectbox(key="launch_checkpoint").set_value(100)
+    # The demo's target is a hybrid: the worker's vLLM on CPU runs its GDN layers in bf16 only, and
+    # Launch says so in one line instead of queueing a job that cannot run.
+    at.selectbox(key="launch_measured_by").set_value(("vllm", None)).run()
+    at.button(key="launch_submit").click().run()
+    assert [shown(e.value) for e in at.error] == ["vllm's cpu Gated DeltaNet kernels take bf16 only; this hybrid "
+                                                  "target was asked for in fp32: use --dtype bf16"]
+    assert not JobQueue().list()
     for choice in [("vllm", None), ("sglang", "http://serving-box:30000")]:
         at.selectbox(key="launch_measured_by").set_value(choice).run()
+        at.selectbox(key="launch_dtype").set_value("bf16")  # a form's field: sent with the submit
         at.button(key="launch_submit").click().run()
         assert not at.exception and not at.error, page_text(at)
     managed, attached = JobQueue().list()[::-1]

@@ -39,6 +39,20 @@ def test_hf_tokenizer_saves_and_loads_with_autotokenizer(tmp_path):
     assert tok.convert_ids_to_tokens([256, 257, 258]) == ["<|bos|>", "<|eos|>", "<|mask|>"]
 
 
+def test_the_sentencepiece_face_has_the_same_ids(tmp_path):
+    """tokenizer.model (what llama.cpp's converter reads) encodes and decodes as the byte tokenizer does."""
+    import sentencepiece as spm
+
+    bytetok.save(tmp_path)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    assert sp.vocab_size() == bytetok.VOCAB_SIZE
+    assert sp.encode(TEXT) == bytetok.encode(TEXT) and sp.decode(bytetok.encode(TEXT)) == TEXT
+    assert (sp.bos_id(), sp.eos_id(), sp.unk_id()) == (bytetok.BOS, bytetok.EOS, bytetok.MASK)
+    assert [sp.id_to_piece(i) for i in (0, 10, 255, 256, 257, 258)] == \
+        ["<0x00>", "<0x0A>", "<0xFF>", "<|bos|>", "<|eos|>", "<|mask|>"]
+    assert all(sp.is_byte(i) for i in range(256)) and sp.is_control(256) and sp.is_control(257)
+
+
 # --------------------------------------------------------------------------- target
 
 

@@ -269,3 +269,35 @@ def test_doctor_reads_sglangs_radix_cache_and_an_engine_evals_box(tmp_path):
             served.mamba_ssm_dtype) == ("vllm", "0.32.0", 7, False, "V1", "bfloat16")
     assert serving.ssm_dtype(served).severity == WARNING  # narrower than the offline reference's float32
     assert served.where == "the engine eval's vllm"
+
+
+DRAFT_KV = serving.DRAFT_KV_CACHE
+
+
+@pytest.mark.parametrize("line, expected", [
+    # llama.cpp's default --spec-draft-n-max is 3: a block-8 drafter accepts at most 4 a step
+    ("llama-server -m t.gguf -md d.gguf --spec-type draft-dflash", {"speculation_length": WARNING, "serving_method": OK}),
+    ("llama-server -m t.gguf -md d.gguf --spec-type draft-dflash --spec-draft-n-max 7  # served as evaluated",
+     {"speculation_length": OK, DRAFT_KV: OK}),
+    ("llama-server -md d.gguf --spec-type=draft-simple --spec-draft-n-max 9", {"speculation_length": CRITICAL,
+                                                                              "serving_method": CRITICAL}),
+    ("llama-server -md d.gguf --spec-type draft-dflash --spec-draft-n-max 7 --cache-type-k-draft q8_0",
+     {DRAFT_KV: WARNING}),  # llama.cpp #25725
+    ("LLAMA_ATTN_ROT_DISABLE=1 llama-server --spec-type draft-dflash --spec-draft-n-max 7 -ctkd q8_0", {DRAFT_KV: OK}),
+])
+def test_doctor_reads_a_llama_server_command_line(tmp_path, line, expected):
+    from evaluators.drafter import DrafterConfig
+
+    path = tmp_path / "serve.sh"
+    path.write_text(line + "\n")
+    served = serving.read_serving_config(path)
+    drafter = DrafterConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=64, target_layer_ids=[1], block_size=8, mask_token_id=1,
+                            num_target_layers=4, vocab_size=64)
+    checks = {c.name: c for c in (serving.speculation_length(served, drafter), serving.method(served, drafter),
+                                  serving.draft_kv_cache(served))}
+    assert {k: checks[k].severity for k in expected} == expected
+    if served.defaulted:
+        assert "capped at 4" in checks["speculation_length"].verdict
+        assert "(not set: llamacpp's default)" in checks["speculation_length"].evidence
+        assert checks["speculation_length"].fix == "set --spec-draft-n-max=7 to serve what was evaluated"

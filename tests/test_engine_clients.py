@@ -161,12 +161,14 @@ def scripted_python(tmp_path: Path, mode: str, mark: str) -> Path:
     return script
 
 
-def processes_with(mark: str) -> list[int]:
+def processes_with(mark: str, *also: bytes) -> list[int]:
+    """Processes whose command line holds `mark` (and each of `also`)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if mark.encode() in (entry / "cmdline").read_bytes():
+                cmdline = (entry / "cmdline").read_bytes()
+                if mark.encode() in cmdline and all(a in cmdline for a in also):
                     found.append(int(entry.name))
             except OSError:
                 pass
@@ -214,7 +216,11 @@ def _worker_with_an_engine_job(files: Path, tmp_path: Path, mark: str):
     worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--poll", "0.1"], env=env,
                               cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(processes_with(mark)) < 2 and time.monotonic() < deadline:  # the engine and its child
+    # the engine (its command line has the port) and its child; the eval's probes of the engine's
+    # Python carry the mark too, but no port, and end at once
+    while len(processes_with(mark)) < 2 or not processes_with(mark, b"--port"):
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.2)
     return JobQueue(jobs), job, worker
 
@@ -254,3 +260,69 @@ def test_a_managed_engine_gets_none_of_the_workers_secrets(monkeypatch):
     env = engine_environment()
     assert "MLFLOW_TRACKING_PASSWORD" not in env and "HF_TOKEN" not in env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PATH"] == os.environ["PATH"]
+
+
+def llamacpp_server(drafted_per_request: int, accepted_per_request: int, reply_timings: tuple[int, int],
+                    spec_types: str = "draft-dflash"):
+    """A server answering as llama.cpp's does (tools/server: /props, /metrics counters, /completion
+    with `tokens`, `generation_settings` and `timings.draft_n` / `draft_n_accepted`), whose counters
+    move by the given amounts per request while its replies claim `reply_timings` (a LoopbackServer)."""
+    import http.server
+
+    from loopback import LoopbackServer
+
+    moved = {"n": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, body: str, kind: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            n = moved["n"]
+            if self.path == "/props":
+                self._send(json.dumps({"model_path": "/m/target.gguf", "build_info": "b0-unknown",
+                                       "default_generation_settings": {"n_ctx": 512, "params": {}}}))
+            else:
+                self._send("".join(f"llamacpp:{name}_total {value}\n" for name, value in (
+                    ("spec_decode_num_drafts", 2 * n), ("spec_decode_num_draft_tokens", drafted_per_request * n),
+                    ("spec_decode_num_accepted_tokens", accepted_per_request * n))) +
+                    f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {accepted_per_request * n}\n',
+                    "text/plain")
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            moved["n"] += 1
+            drafted, accepted = reply_timings
+            self._send(json.dumps({"tokens": [5, 6, 7], "generation_settings": {"speculative.types": spec_types},
+                                   "timings": {"draft_n": drafted, "draft_n_accepted": accepted}}))
+
+        def log_message(self, *args):
+            pass
+
+    return LoopbackServer(Handler)
+
+
+def test_a_llamacpp_reply_whose_counts_disagree_with_its_counters_is_refused():
+    from evaluators.engines.base import EngineError, Sampling
+    from evaluators.engines.llamacpp import LlamaCppClient
+
+    sampling = Sampling(max_tokens=3, stop_token_ids=(63,))
+    server = llamacpp_server(6, 2, (6, 2))  # 2 steps, 6 drafted, 2 accepted (both at position 0)
+    try:
+        reply = LlamaCppClient(server.url).generate([1, 2], sampling)
+        assert (reply.drafts, reply.draft_tokens, reply.accepted, reply.histogram) == (2, 6, 2, [0, 2])
+    finally:
+        server.close()
+    for timings, spec, message in (((6, 1), "draft-dflash", "its reply says 6 / 1: refused, not averaged"),
+                                   ((6, 2), "none", "runs no DFlash speculative decoding")):
+        server = llamacpp_server(6, 2, timings, spec)
+        try:
+            with pytest.raises(EngineError, match=message):
+                LlamaCppClient(server.url).generate([1, 2], sampling)
+        finally:
+            server.close()

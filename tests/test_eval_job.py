@@ -71,7 +71,7 @@ def test_cli_caps_budgets_like_the_queue(capsys):
         (eval_params(engine="vllm", engine_python="/tmp/evil/python"), "unknown eval param.* engine_python"),
         (eval_params(engine="vllm", engine_port=22), "unknown eval param.* engine_port"),
         (eval_params(engine="vllm", engine_url="http://127.0.0.1:8000"), "engine_url .* not one of the servers"),
-        (eval_params(engine="tgi"), "engine must be one of vllm, sglang"),
+        (eval_params(engine="tgi"), "engine must be one of vllm, sglang, llamacpp"),
         (eval_params(budgets="4,8"), "budgets must be a non-empty list"),
         (eval_params(budgets=[4, 10**6]), "each budget must be an integer from 1 to 4096"),
         (eval_params(budgets=[0]), "from 1 to 4096"),

@@ -147,3 +147,29 @@ def test_a_hybrid_names_its_causes_where_the_data_shows_them():
     assert any("cached loop" in n and "#49036" in n for n in online["hybrid"]["notes"])
     assert online["verdict"].endswith("not the same protocol: the engine ran bf16, the offline eval fp32")
     assert reconcile(*evals())["hybrid"] is None  # no GDN layers on either side: nothing to name
+
+
+def test_a_llamacpp_eval_is_counted_as_llamacpp_counts():
+    """llama.cpp drafts at most the tokens still to come less one and takes no step where that is none
+    (`last_block` cut): a `cut` offline walk run to the limit loses a last block anchored at N - 2.
+    Hand-worked, N = 10: a: [3, 4, 2] sums to 9 = N - 1, its last block starts at 7 = N - 3: kept;
+    b: [4, 4, 1] starts its last block at 8 = N - 2: llama.cpp took no step there, so [4, 4]."""
+    offline = {"tau": (3 + 3) / 2, "protocol": {"scoring": "offline", "last_block": "cut"},
+               "prompts": [{"id": "a", "completion_ids": list(range(10)), "acceptance_lengths": [3, 4, 2],
+                            "acceptance_lengths_as_engine": [3, 4, 5]},
+                           {"id": "b", "completion_ids": list(range(10)), "acceptance_lengths": [4, 4, 1],
+                            "acceptance_lengths_as_engine": [4, 4, 3]}]}
+    engine = {"engine_mean_acceptance_length": 1 + (2 + 3 + 1 + 3 + 3) / 5, "tau": 0.0,
+              "protocol": {"scoring": "engine", "last_block": "cut"},
+              "prompts": [{"id": "a", "completion_ids": list(range(10)), "acceptance_lengths": [3, 4, 2],
+                           "engine_steps_ordered": False},
+                          {"id": "b", "completion_ids": list(range(10)), "acceptance_lengths": [4, 4],
+                           "engine_steps_ordered": False}]}
+    report = reconcile(engine, offline)
+    assert report["offline_as_engine"] == pytest.approx(17 / 5) and report["offline_as_engine_exact"] is True
+    assert report["parts"]["end_of_generation"] == pytest.approx(17 / 5 - 18 / 6)
+    assert report["unexplained"] == 0.0 and report["acceptance_differs_as_engine"] == 0
+    assert "every block agrees, counted as the engine counts" in report["verdict"]
+    # a `full` offline eval has no `cut` walk to count from: the measured walk stands in, and says so
+    offline["protocol"]["last_block"] = "full"
+    assert reconcile(engine, offline)["offline_as_engine_exact"] is False

@@ -290,7 +290,7 @@ def cmd_eval(args) -> int:
     elif any(getattr(args, k) is not None for k in ("engine_python", "engine_url", "engine_port",
                                                      "num_speculative_tokens")):
         raise DraftboardError("--engine-python, --engine-url, --engine-port and --num-speculative-tokens need "
-                              "--engine vllm|sglang")
+                              "--engine vllm|sglang|llamacpp")
     else:
         results = _run_staged(evaluate, settings, args.out)
     run_id = None

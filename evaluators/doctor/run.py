@@ -93,6 +93,8 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
         hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
         checks += [serving.ssm_dtype(served), serving.engine_version(served, hybrid), serving.model_runner(served),
                    serving.prefix_cache(served, hybrid)]
+        if served.engine == "llamacpp":
+            checks.append(serving.draft_kv_cache(served))
     progress("doctor: fingerprint", 1, 3)
     here = fingerprint.capture(target.model, device, s.dtype, probe_layers=layer_ids or None)
     checks.append(environment.check(here, s.trained_fingerprint, s.trained_name))

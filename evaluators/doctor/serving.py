@@ -7,7 +7,10 @@ may carry `mamba_ssm_dtype`, `chat_template_kwargs`, the engine's version (`vers
 `vllm_version` or `sglang_version`), its cache switches (`enable_prefix_caching`,
 `disable_radix_cache`, `mamba_cache_mode`) and environment (`env`: `VLLM_USE_V2_MODEL_RUNNER`). An
 engine eval's results JSON (`draftboard eval --engine --out`) is read as the serving box it measured:
-its `engine` section and GDN record. What the engines do with them was read
+its `engine` section and GDN record. A text file holding a `llama-server` command line (environment
+assignments before it, `#` comments) is read as llama.cpp's: `--spec-type`, `--spec-draft-n-max`
+(llama.cpp's default 3 when absent), `--cache-type-k-draft` and `LLAMA_ATTN_ROT_DISABLE`. What the
+engines do with them was read
 from their sources: vLLM 0.32 serves DFlash and DFlash2 under method `dflash` (its DFlash2
 speculator is chosen by the draft config's architectures); SGLang's algorithm is `DFLASH` for
 both. A DFlash block of B positions drafts B - 1 tokens: vLLM's num_speculative_tokens is B - 1,
@@ -17,6 +20,7 @@ SGLang's speculative_num_draft_tokens counts the anchor too (B).
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +34,14 @@ ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "
 # vLLM before 0.28.0 misaligned GDN gates with speculative tokens in mixed prefill/decode steps, so
 # speculative decoding on a GDN target was not lossless (fixed by vLLM PR #51812; diagnosis #54928).
 VLLM_LOSSLESS_GDN_SPEC = (0, 28, 0)
-VLLM_METHOD, SGLANG_ALGORITHM = "dflash", "DFLASH"
+VLLM_METHOD, SGLANG_ALGORITHM, LLAMACPP_SPEC_TYPE = "dflash", "DFLASH", "draft-dflash"
+DRAFT_KV_CACHE = "draft_kv_cache"
+# llama.cpp (common/common.h): --spec-draft-n-max defaults to 3, which caps acceptance at 4; a quantized
+# draft KV cache collapses DFlash acceptance unless LLAMA_ATTN_ROT_DISABLE=1 (llama.cpp #25725).
+LLAMACPP_DEFAULT_N_MAX = 3
+LLAMACPP_FLAGS = {"--spec-type": "spec_type", "--spec-draft-n-max": "n_max", "--draft-max": "n_max",
+                  "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft"}
+MAX_COMMAND_LINE = 64 << 10  # a command line is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,9 @@ class ServingConfig:
     model_runner: str | None = None  # vLLM: V1 | V2
     prefix_cache: bool | None = None  # vLLM prefix caching / SGLang radix cache; None: not said
     where: str = "the serving config"
+    draft_cache_type: str | None = None  # llama.cpp --cache-type-k-draft
+    rotation_disabled: bool = False  # llama.cpp LLAMA_ATTN_ROT_DISABLE=1
+    defaulted: bool = False  # draft_tokens is the engine's default, not set
 
 
 def _get(raw: dict, name: str):
@@ -53,8 +67,13 @@ def _get(raw: dict, name: str):
 def read_serving_config(path: str | Path) -> ServingConfig:
     """DraftboardError in one line for a file that is not one of the shapes above."""
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        text = Path(path).read_text(errors="replace")[:MAX_COMMAND_LINE + 1]
+        raw = json.loads(text)
+    except OSError as exc:
+        raise DraftboardError(f"--serving-config {path}: not a readable file ({one_line(exc)})") from None
+    except ValueError as exc:
+        if "--spec-type" in text or "llama-server" in text:
+            return _from_llamacpp_command_line(text[:MAX_COMMAND_LINE], path)
         raise DraftboardError(f"--serving-config {path}: not a readable JSON file ({one_line(exc)})") from None
     if not isinstance(raw, dict):
         raise DraftboardError(f"--serving-config {path}: expected a JSON object")
@@ -92,6 +111,28 @@ def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
+def _from_llamacpp_command_line(text: str, path) -> ServingConfig:
+    """A `llama-server` command line (environment assignments before it) as llama.cpp's serving config."""
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise DraftboardError(f"--serving-config {path}: not a command line ({exc})") from None
+    env, values = {}, {}
+    for i, word in enumerate(words):
+        if "=" in word and not word.startswith("-") and not values and word.split("=", 1)[0].isupper():
+            env.update([word.split("=", 1)])
+        flag, _, inline = word.partition("=")
+        if flag in LLAMACPP_FLAGS:
+            values[LLAMACPP_FLAGS[flag]] = inline or (words[i + 1] if i + 1 < len(words) else "")
+    n = values.get("n_max")
+    if n is not None and not n.isdigit():
+        raise DraftboardError(f"--serving-config {path}: --spec-draft-n-max {n[:20]!r} is not a number")
+    return ServingConfig("llamacpp", values.get("spec_type"), int(n) if n is not None else LLAMACPP_DEFAULT_N_MAX,
+                         None, None, draft_cache_type=values.get("cache_type_k_draft"),
+                         rotation_disabled=_flag(env.get("LLAMA_ATTN_ROT_DISABLE", "0")), defaulted=n is None,
+                         where="the llama-server command line")
+
+
 def _from_engine_eval(engine: dict) -> ServingConfig:
     """The serving box an engine eval measured: its engine section and GDN record's settings."""
     record = engine.get("linear_attention") if isinstance(engine.get("linear_attention"), dict) else {}
@@ -99,21 +140,28 @@ def _from_engine_eval(engine: dict) -> ServingConfig:
     name = str(engine.get("name") or "vllm")
     n = engine.get("num_speculative_tokens")
     prefix = settings.get("enable_prefix_caching") if name == "vllm" else settings.get("disable_radix_cache")
-    return ServingConfig(name, str(engine.get("method") or (VLLM_METHOD if name == "vllm" else SGLANG_ALGORITHM)),
+    return ServingConfig(name, str(engine.get("method") or _METHODS.get(name, VLLM_METHOD)),
                          n if isinstance(n, int) else None,
                          _text(settings.get("mamba_ssm_cache_dtype") or settings.get("mamba_ssm_dtype")), None,
                          _text(engine.get("version")), _text(settings.get("model_runner")),
                          None if prefix is None else (_flag(prefix) if name == "vllm" else not _flag(prefix)),
-                         where=f"the engine eval's {name}")
+                         where=f"the engine eval's {name}",
+                         draft_cache_type=_text(settings.get("cache_type_k_draft")))
+
+
+_METHODS = {"vllm": VLLM_METHOD, "sglang": SGLANG_ALGORITHM, "llamacpp": LLAMACPP_SPEC_TYPE}
+_LENGTH_FLAGS = {"vllm": "num_speculative_tokens", "sglang": "speculative_num_draft_tokens",
+                 "llamacpp": "--spec-draft-n-max"}
 
 
 def speculation_length(serving: ServingConfig, drafter: DrafterConfig) -> Check:
     block = drafter.block_size
-    flag = "num_speculative_tokens" if serving.engine == "vllm" else "speculative_num_draft_tokens"
-    served = serving.draft_tokens if serving.engine == "vllm" or serving.draft_tokens is None \
-        else serving.draft_tokens + 1
-    right = block - 1 if serving.engine == "vllm" else block
-    evidence = f"{serving.engine} {flag}={served}; the drafter's block_size {block} drafts {block - 1} tokens"
+    flag = _LENGTH_FLAGS[serving.engine]
+    counts_anchor = serving.engine == "sglang"  # SGLang's number counts the anchor too
+    served = serving.draft_tokens + 1 if counts_anchor and serving.draft_tokens is not None else serving.draft_tokens
+    right = block if counts_anchor else block - 1
+    default = f" (not set: {serving.engine}'s default)" if serving.defaulted else ""
+    evidence = f"{serving.engine} {flag}={served}{default}; the drafter's block_size {block} drafts {block - 1} tokens"
     if serving.draft_tokens is None:
         return Check(SPECULATION, WARNING, f"the serving config does not set {flag}", evidence,
                      f"set {flag}={right}")
@@ -128,7 +176,7 @@ def speculation_length(serving: ServingConfig, drafter: DrafterConfig) -> Check:
 
 
 def method(serving: ServingConfig, drafter: DrafterConfig) -> Check:
-    expected = VLLM_METHOD if serving.engine == "vllm" else SGLANG_ALGORITHM
+    expected = _METHODS[serving.engine]
     evidence = f"{serving.engine} method {serving.method!r}; the drafter is {drafter.family}"
     if serving.method != expected:
         return Check(METHOD, CRITICAL, f"{serving.engine} serves DFlash and DFlash2 drafters as {expected!r}, not "
@@ -187,7 +235,9 @@ def engine_version(serving: ServingConfig, hybrid: bool) -> Check:
 
 def model_runner(serving: ServingConfig) -> Check:
     evidence = f"{serving.where}: model runner {serving.model_runner or 'not stated'}"
-    if serving.engine == "vllm" and serving.model_runner == "V2":
+    if serving.engine != "vllm":
+        return Check(MODEL_RUNNER, OK, f"{serving.engine} has no model runner switch known to break DFlash", evidence)
+    if serving.model_runner == "V2":
         return Check(MODEL_RUNNER, CRITICAL, "vLLM's V2 model runner gets ~0% acceptance with a DFlash drafter "
                      "(vLLM #49559, open)", evidence, "serve with VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner)")
     return Check(MODEL_RUNNER, OK if serving.model_runner else INFO, "no model runner known to break DFlash"
@@ -196,7 +246,7 @@ def model_runner(serving: ServingConfig) -> Check:
 
 
 def prefix_cache(serving: ServingConfig, hybrid: bool) -> Check:
-    cache = "prefix caching" if serving.engine == "vllm" else "radix cache"
+    cache = {"vllm": "prefix caching", "sglang": "radix cache"}.get(serving.engine, "the prompt cache")
     evidence = f"{serving.where}: {cache} {'on' if serving.prefix_cache else 'off' if serving.prefix_cache is False else 'not stated'}"
     if not hybrid:
         return Check(PREFIX_CACHE, OK, f"{cache} keeps no recurrent state on a target without Gated DeltaNet layers",
@@ -211,3 +261,15 @@ def prefix_cache(serving: ServingConfig, hybrid: bool) -> Check:
                      "and compare, before quoting served numbers")
     return Check(PREFIX_CACHE, OK if serving.prefix_cache is False else INFO,
                  f"{cache} is off" if serving.prefix_cache is False else f"{cache} is not stated", evidence)
+
+
+def draft_kv_cache(serving: ServingConfig) -> Check:
+    """llama.cpp: a quantized draft KV cache without the rotation switch collapses DFlash acceptance."""
+    kind = serving.draft_cache_type
+    evidence = f"{serving.where}: --cache-type-k-draft {kind or 'not set (f16)'}; LLAMA_ATTN_ROT_DISABLE " \
+               f"{'1' if serving.rotation_disabled else 'not set'}"
+    if kind and kind.lower().startswith(("q", "iq")) and not serving.rotation_disabled:
+        return Check(DRAFT_KV_CACHE, WARNING, "a quantized draft KV cache with attention rotation on collapses DFlash "
+                     "acceptance (llama.cpp #25725)", evidence,
+                     "serve the draft KV cache in f16, or set LLAMA_ATTN_ROT_DISABLE=1")
+    return Check(DRAFT_KV_CACHE, OK, "the draft KV cache keeps DFlash's acceptance", evidence)

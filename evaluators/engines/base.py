@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracker import engine_metrics as em
 from tracker.errors import DraftboardError
 
 REQUEST_TIMEOUT_S = 600.0  # one completion of a long prompt on a slow box
@@ -144,3 +145,16 @@ class EngineClient(ABC):
         if len(body) > MAX_RESPONSE_BYTES:
             raise EngineError(f"{self.name} at {self.url}{path}: a reply over {MAX_RESPONSE_BYTES >> 20} MiB")
         return body
+
+
+def reply_from_deltas(ids: list[int], before: em.SpecTotals | None, after: em.SpecTotals, source: str) -> EngineReply:
+    """One request's counts as the change of the server's spec-decode counters around it (exact at
+    concurrency 1, with no other client); the histogram follows from the per-position counts."""
+    n = max(after.by_position, default=-1) + 1
+    by_pos = [round(after.by_position.get(k, 0.0) - (before.by_position.get(k, 0.0) if before else 0.0))
+              for k in range(n)]
+    drafts = round(after.drafts - (before.drafts if before else 0.0))
+    return EngineReply(completion_ids=ids, drafts=drafts,
+                       draft_tokens=round(after.draft_tokens - (before.draft_tokens if before else 0.0)),
+                       accepted=round(after.accepted - (before.accepted if before else 0.0)),
+                       histogram=em.histogram_from_positions(drafts, by_pos), source=source)

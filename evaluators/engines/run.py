@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from evaluators import metrics
 from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
-from evaluators.engines import gdn, sglang, vllm
+from evaluators.engines import gdn, llamacpp, sglang, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
 from evaluators.engines.server import ManagedServer, check_python
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
@@ -30,8 +30,10 @@ from evaluators.target import content_digest, load_tokenizer, stop_token_ids, te
 from tracker import config, fingerprint
 from tracker.uncertainty import results_uncertainty
 
-ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang}  # each: a client class and its managed server's argv
-CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient}
+# Each engine's module: its client class, and what its managed server loads (`prepare`) and runs.
+ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang, llamacpp.NAME: llamacpp}
+CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient,
+                                          llamacpp.NAME: llamacpp.LlamaCppClient}
 
 
 @dataclass(frozen=True)
@@ -78,16 +80,17 @@ def check_settings(s: EvalSettings, e: EngineSettings) -> None:
                           "(at --temperature > 0, one sampled run per prompt)")
 
 
-def _check_serves(info: EngineInfo, s: EvalSettings, n_spec: int) -> None:
-    """Refuse a server that serves another target or drafter, or drafts another number of tokens."""
+def _check_serves(info: EngineInfo, target: str, drafter: str, n_spec: int) -> None:
+    """Refuse a server that serves another target or drafter than it was given (a managed server: what
+    `prepare` made of them, e.g. GGUF files), or drafts another number of tokens."""
     def same(served: str | None, wanted: str) -> bool:
         return served is None or Path(served).name == Path(wanted).name or \
             Path(served).expanduser().resolve() == Path(wanted).resolve()
 
-    if not same(info.model, s.target):
-        raise EngineError(f"{info.name} at {info.url} serves {info.model}, not the target {s.target}")
-    if not same(info.draft_model, s.drafter):
-        raise EngineError(f"{info.name} at {info.url} drafts with {info.draft_model}, not {s.drafter}")
+    if not same(info.model, target):
+        raise EngineError(f"{info.name} at {info.url} serves {info.model}, not the target {target}")
+    if not same(info.draft_model, drafter):
+        raise EngineError(f"{info.name} at {info.url} drafts with {info.draft_model}, not {drafter}")
     if info.num_speculative_tokens is not None and info.num_speculative_tokens != n_spec:
         raise EngineError(f"{info.name} at {info.url} drafts {info.num_speculative_tokens} tokens per step; "
                           f"this eval asks for {n_spec} (--num-speculative-tokens)")
@@ -127,23 +130,25 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                           f"context of {max_model_len}")
     progress("load", 1, 1)
 
-    server, probes = None, {}
+    server, probes, prepared, served = None, {}, {}, (s.target, s.drafter)
     if e.managed:
-        # The engine's own Python reports its versions and, for a hybrid, its GDN code, while the
-        # server starts (separate processes sharing nothing).
+        # What the server loads (llama.cpp: GGUF files converted here), then the server; the engine's
+        # own Python reports its versions and, for a hybrid, its GDN code while it starts.
+        *served, prepared = engine.prepare(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()),
+                                           s.dtype, progress)
         probes = {"report": gdn.start_probe(python, fingerprint.ENGINE_PROBE),
                   "gdn": gdn.start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
-        target, drafter_dir = str(Path(s.target).resolve()), str(Path(s.drafter).resolve())
         log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
         server = ManagedServer(
-            e.name, lambda port: engine.server_argv(python, target, drafter_dir, port, n_spec, config.DTYPES[s.dtype],
+            e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
                                                     max_model_len, device),
             log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
     start = time.perf_counter()
     try:
         with server or contextlib.nullcontext():
             info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, sampling, engine,
-                                                                  hybrid, n_spec, device, progress, start)
+                                                                  tuple(served), hybrid, n_spec, device, progress,
+                                                                  start)
         report, gdn_probe = (gdn.finish_probe(probes.get(k)) for k in ("report", "gdn"))
     finally:
         for proc in probes.values():  # an eval that failed early leaves no probe behind
@@ -154,13 +159,13 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                                   info.settings).to_dict() if hybrid else None
 
     results = _results(prompts, replies, block, stops, s)
-    results["engine"] = {**info.to_dict(), "managed": e.managed, "linear_attention": linear_attention}
-    # An engine counts its last step whole, as `full` does (it stops once the tokens are out, so it
-    # never drafts at the last anchor `full` would also visit): a `cut` offline eval differs there,
-    # and the protocol says so rather than claiming the eval's own rule.
+    results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
+    # The engine's own end-of-generation rule (vLLM and SGLang count their last step whole, as `full`
+    # does; llama.cpp drafts no further than `cut`): an offline eval under the other rule differs
+    # there, and the protocol says so rather than claiming the eval's own rule.
     protocol = eval_protocol(s, prompts, tokenizer, block, stops, content_digest(s.target),
                              scoring=config.ENGINE_SCORING)
-    results["protocol"] = dataclasses.replace(protocol, last_block="full").to_dict()
+    results["protocol"] = dataclasses.replace(protocol, last_block=engine.LAST_BLOCK).to_dict()
     results.update({
         "fingerprint": fingerprint.engine(report, {"engine": e.name, "version": info.version, "url": info.url,
                                                    "python": python}, s.dtype,
@@ -176,8 +181,10 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
 
 
 def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: EvalSettings, prompts,
-           sampling: Sampling, engine, hybrid: bool, n_spec: int, device: str, progress: Progress, start: float):
-    """Inside the server's life: what it serves (checked), then one request per prompt."""
+           sampling: Sampling, engine, served: tuple[str, str], hybrid: bool, n_spec: int, device: str,
+           progress: Progress, start: float):
+    """Inside the server's life: what it serves (checked against `served`: target, drafter), then one
+    request per prompt."""
     client = CLIENTS[e.name](server.url if server else url)
     client.cross_check = server is not None  # managed: no other client moves its counters
     info = client.info()
@@ -187,10 +194,10 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         log = server.log.read_text(errors="replace")
         info.aux_layers = engine.aux_layers_from_log(log)
         logged = engine.settings_from_log(log)
-        info.draft_model = info.draft_model or str(Path(s.drafter).resolve())
+        info.draft_model = info.draft_model or served[1]
         info.method = info.method or "dflash"
         info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
-    _check_serves(info, s, n_spec)
+    _check_serves(info, *served, n_spec)
     if hybrid and engine.prefix_cache_on(info.settings):
         raise EngineError(f"{e.name} at {info.url} caches prefixes on a hybrid target: a cached prefix resumes "
                           "another request's Gated DeltaNet state, so one prompt's acceptance would depend on the one "

@@ -30,6 +30,10 @@ PROPOSED = ("spec_num_proposed_drafts", "spec_draft_token_num")
 HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
+# How this engine ends a completion, as a protocol's `last_block` rule: SGLang counts its last step whole, as vLLM does.
+LAST_BLOCK = "full"
+
+
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
                 max_model_len: int, device: str) -> list[str]:
     """`sglang.launch_server` for a managed eval: DFLASH with the verify window of the drafter's block
@@ -45,6 +49,11 @@ def server_argv(python: str, target: str, drafter: str, port: int, num_speculati
 
 def server_env(device: str) -> dict[str, str]:
     return {}
+
+
+def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+    """What the managed server loads: SGLang loads the transformers folders as they are."""
+    return target, drafter, {}
 
 
 def managed_settings(device: str, dtype: str) -> dict:

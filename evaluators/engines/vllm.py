@@ -26,10 +26,14 @@ from __future__ import annotations
 import json
 import re
 
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling, reply_from_deltas
 from tracker import engine_metrics as em
 
 NAME = "vllm"
+
+
+# How this engine ends a completion, as a protocol's `last_block` rule: vLLM counts its last step whole (it drafts a whole block at every step and stops once the tokens are out).
+LAST_BLOCK = "full"
 
 
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
@@ -51,6 +55,11 @@ def server_argv(python: str, target: str, drafter: str, port: int, num_speculati
 
 def server_env(device: str) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1"} if device == "cpu" else {}  # GiB of KV cache
+
+
+def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+    """What the managed server loads: vLLM loads the transformers folders as they are."""
+    return target, drafter, {}
 
 
 def managed_settings(device: str, dtype: str) -> dict:
@@ -206,11 +215,13 @@ class VLLMClient(EngineClient):
         if stats:
             self._per_request = True
             reply = _from_request_stats(ids, stats)
-            return _checked(reply, _from_deltas(ids, before, self._counters())) if self.cross_check else reply
+            if not self.cross_check:
+                return reply
+            return _checked(reply, reply_from_deltas(ids, before, self._counters(), "vllm /metrics deltas"))
         self._per_request = False
-        return _from_deltas(ids, before, self._counters())
+        return reply_from_deltas(ids, before, self._counters(), "vllm /metrics deltas")
 
-    def _counters(self) -> em.VLLMTotals:
+    def _counters(self) -> em.SpecTotals:
         return em.vllm_totals(em.prometheus_samples(self.get_text("/metrics")))
 
 
@@ -233,14 +244,3 @@ def _checked(reply: EngineReply, counted: EngineReply) -> EngineReply:
                           f"with its /metrics counters' deltas around the request {moved}: refused, not averaged")
     reply.source = "vllm metrics.speculative_decoding = /metrics deltas"
     return reply
-
-
-def _from_deltas(ids: list[int], before: em.VLLMTotals | None, after: em.VLLMTotals) -> EngineReply:
-    n = max(after.by_position, default=-1) + 1
-    by_pos = [round(after.by_position.get(k, 0.0) - (before.by_position.get(k, 0.0) if before else 0.0))
-              for k in range(n)]
-    drafts = round(after.drafts - (before.drafts if before else 0.0))
-    return EngineReply(completion_ids=ids, drafts=drafts,
-                       draft_tokens=round(after.draft_tokens - (before.draft_tokens if before else 0.0)),
-                       accepted=round(after.accepted - (before.accepted if before else 0.0)),
-                       histogram=em.histogram_from_positions(drafts, by_pos), source="vllm /metrics deltas")

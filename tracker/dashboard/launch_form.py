@@ -177,7 +177,7 @@ def measure_label(choice: tuple[str | None, str | None]) -> str:
     engine, url = choice
     if engine is None:
         return "offline (teacher-forced, exact)"
-    name = {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+    name = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}.get(engine, engine)
     return f"{name} at {redact.shown_uri(url)}" if url else f"{name} (started by the worker)"
 
 

@@ -1,0 +1,227 @@
+"""llama.cpp's server: DFlash on GGUF files converted by llama.cpp's own converter, acceptance per request.
+
+Read from llama.cpp's own sources (the tree the llama-cpp-python 0.3.36 sdist ships; xllamacpp
+2026.10.11549 embeds the same server):
+- `tools/server/server-context.cpp`: `/props` (`model_path`, `build_info`, `n_ctx`, and the default
+  generation settings' `speculative.types`); `/completion` of token ids (`prompt` [ids], `n_predict`,
+  `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `return_tokens`, `cache_prompt`): the reply's
+  `tokens`, and `timings.draft_n` (drafted tokens) and `timings.draft_n_accepted` (accepted, no bonus
+  token) from `server-common.cpp`. No step count or per-step list is reported per request.
+- `tools/server/server-task.cpp` `/metrics` (`--metrics`): the counters `tracker.engine_metrics`
+  names (verify steps, draft tokens, accepted tokens, accepted per position). At concurrency 1 their
+  deltas around one request are that request's; they must equal the reply's timings, or the reply
+  is refused.
+- Flags: `-m TARGET -md DRAFTER --spec-type draft-dflash --spec-draft-n-max N` (default 3, which caps
+  the acceptance length at 4; DFlash only lowers it to block_size - 1), `--spec-draft-p-min` (default
+  0), `--cache-type-k-draft` (a quantized draft KV cache collapses DFlash acceptance unless
+  LLAMA_ATTN_ROT_DISABLE=1: llama.cpp #25725). xllamacpp sets the same fields on `CommonParams`.
+- `convert_hf_to_gguf.py` + `conversion/qwen.py` (`DFlashModel`): a drafter converts with
+  `--target-model-dir` (its vocabulary is the target's) and gets `dflash.target_layers` =
+  target_layer_ids + 1 (llama.cpp taps the input of layer i + 1: z-lab's hidden_states[i + 1]).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling, reply_from_deltas
+from evaluators.engines.server import engine_environment
+from tracker import config
+from tracker import engine_metrics as em
+
+NAME = "llamacpp"
+SPEC_TYPE = "draft-dflash"
+GGUF_TYPES = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # --dtype -> the converter's --outtype
+CONVERT_TIMEOUT_S = 1800.0
+THREADS = max(1, min(8, os.cpu_count() or 1))
+PREFIX_CACHE_OFF = '"cache_prompt": false in every request'
+
+# llama.cpp's server embedded by xllamacpp, run in the engine's Python: the fields `llama-server`'s
+# flags set (-m, -md, --spec-type draft-dflash, --spec-draft-n-max, --spec-draft-p-min, --metrics) on
+# xllamacpp's CommonParams; it serves on loopback until its launcher stops the process group.
+SERVE = r"""
+import json, signal, sys
+import xllamacpp as x
+a = json.loads(sys.argv[1])
+p = x.CommonParams()
+p.model.path = a["target"]
+p.speculative.draft.mparams.path = a["drafter"]
+p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH]
+p.speculative.draft.n_max = a["n_max"]
+p.speculative.draft.p_min = a["p_min"]
+p.n_ctx = a["n_ctx"]
+p.n_parallel = 1
+p.endpoint_metrics = True
+p.endpoint_props = True
+p.hostnames = ["127.0.0.1"]
+p.port = a["port"]
+p.cpuparams.n_threads = p.cpuparams_batch.n_threads = a["threads"]
+server = x.Server(p)
+print("draftboard: llama.cpp serving on", server.listening_address, flush=True)
+signal.pause()
+"""
+
+
+# How this engine ends a completion, as a protocol's `last_block` rule: llama.cpp drafts at most the tokens still to come less one (`get_n_draft_max`: min(n_max, n_remaining - 1)) and takes no step where that is 0: the offline `cut` walk, less a last block with no room to draft (tracker.reconcile).
+LAST_BLOCK = "cut"
+
+
+def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
+                max_model_len: int, device: str) -> list[str]:
+    """xllamacpp's embedded server for a managed eval: the GGUF pair `prepare` wrote, n_max = the
+    eval's draft length (block_size - 1 unless given, not llama.cpp's default 3), p_min 0, one slot."""
+    args = {"target": target, "drafter": drafter, "n_max": num_speculative_tokens, "p_min": 0.0,
+            "n_ctx": max_model_len, "port": port, "threads": THREADS}
+    return [python, "-c", SERVE, json.dumps(args)]
+
+
+def server_env(device: str) -> dict[str, str]:
+    return {}
+
+
+def managed_settings(device: str, dtype: str) -> dict:
+    """What `server_argv` runs the server with (the server reports less of it)."""
+    return {"dtype": dtype, "spec_draft_p_min": 0.0, "cache_type_k_draft": "f16 (llama.cpp's default)",
+            "threads": THREADS, "cache_prompt": False, "n_parallel": 1}
+
+
+def aux_layers_from_log(text: str) -> list[int] | None:
+    return None  # the drafter GGUF carries them (dflash.target_layers); the server does not log them
+
+
+def prefix_cache_on(settings: dict) -> bool:
+    return False  # every request asks for no prompt cache (`cache_prompt` false)
+
+
+GDN_PROBE = None  # llama.cpp's hybrid (GDN) serving is not read here yet: a hybrid's record says unknown
+
+
+def settings_from_log(text: str) -> dict:
+    return {}
+
+
+def gdn_functions_from_log(settings: dict) -> dict[str, str]:
+    return {}
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def converter_script(folder: str | None = None) -> Path:
+    """llama.cpp's own convert_hf_to_gguf.py, where the deployment says (DRAFTBOARD_LLAMACPP_CONVERTER)."""
+    folder = folder or config.llamacpp_converter()
+    if not folder:
+        raise EngineError("a managed llama.cpp eval converts the target and drafter with llama.cpp's own "
+                          "convert_hf_to_gguf.py: set DRAFTBOARD_LLAMACPP_CONVERTER to the llama.cpp folder that "
+                          "holds it (the llama-cpp-python sdist ships it under vendor/llama.cpp)")
+    script = Path(folder).expanduser() / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise EngineError(f"DRAFTBOARD_LLAMACPP_CONVERTER {folder}: no convert_hf_to_gguf.py there")
+    return script
+
+
+def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, target: Path | None) -> None:
+    """One conversion into `out`, written whole: the converter writes a file of this process's own,
+    renamed into place once it exits 0; a refusal is one line naming the converter's reason."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
+    argv = [python, str(script), str(source), "--outfile", str(tmp), "--outtype", outtype]
+    if target is not None:
+        argv += ["--target-model-dir", str(target)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S,
+                              env=engine_environment(), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        raise EngineError(f"llama.cpp's converter did not finish {source} within {CONVERT_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise EngineError(f"llama.cpp's converter could not start ({python}): {exc.strerror}") from None
+    if done.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines
+                      else f"exit code {done.returncode}")
+        raise EngineError(f"llama.cpp's converter refused {source}: {reason[:300]}")
+    os.replace(tmp, out)
+
+
+def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+    """The target and drafter as GGUF files, converted by llama.cpp's own converter in the engine's
+    Python and cached by content digest (the target cache's folder, `gguf/`), so a sweep of
+    checkpoints converts the target once. Returns (target GGUF, drafter GGUF, what was recorded)."""
+    from evaluators.target import content_digest
+
+    script = converter_script()
+    version = _file_digest(script)[:12]
+    outtype = GGUF_TYPES[dtype]
+    folder = config.cache_dir() / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    target_digest = content_digest(target)
+    paths = {"target": folder / f"target-{target_digest[:16]}-{outtype}-{version}.gguf",
+             "drafter": folder / f"drafter-{content_digest(drafter)[:16]}-{target_digest[:16]}-{outtype}-{version}.gguf"}
+    for i, (kind, out) in enumerate(paths.items()):
+        progress(f"{NAME}: converting to GGUF", i, len(paths))
+        if not out.is_file():
+            _convert(python, script, Path(drafter if kind == "drafter" else target).resolve(), out, outtype,
+                     Path(target).resolve() if kind == "drafter" else None)
+    progress(f"{NAME}: converting to GGUF", len(paths), len(paths))
+    return str(paths["target"]), str(paths["drafter"]), {
+        "converter": f"convert_hf_to_gguf.py sha256:{version}", "gguf_type": outtype,
+        "target_gguf": str(paths["target"]), "drafter_gguf": str(paths["drafter"])}
+
+
+# --------------------------------------------------------------------------- client
+
+
+class LlamaCppClient(EngineClient):
+    name = NAME
+
+    def info(self) -> EngineInfo:
+        props = self.get_json("/props") or {}
+        if not isinstance(props, dict):
+            raise EngineError(f"llamacpp at {self.url}: /props is not a JSON object")
+        generation = props.get("default_generation_settings") or {}
+        samples = em.prometheus_samples(self.get_text("/metrics"))
+        if em.counter(samples, em.LLAMACPP_DRAFTS) is None:
+            raise EngineError(f"llamacpp at {self.url}: /metrics has no {em.LLAMACPP_DRAFTS}; start it with --metrics")
+        build = props.get("build_info")
+        return EngineInfo(name=NAME, version=str(build)[:80] if build is not None else None, url=self.url,
+                          model=props.get("model_path") if isinstance(props.get("model_path"), str) else None,
+                          draft_model=None, method=SPEC_TYPE, num_speculative_tokens=None,
+                          settings={"n_ctx": generation.get("n_ctx") if isinstance(generation, dict) else None})
+
+    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+        before = self._counters()
+        greedy = sampling.temperature == 0
+        body = {"prompt": input_ids, "n_predict": sampling.max_tokens, "temperature": sampling.temperature,
+                "top_k": 1 if greedy else max(sampling.top_k, 0), "top_p": sampling.top_p, "min_p": 0.0,
+                "repeat_penalty": 1.0, "seed": 0, "return_tokens": True, "cache_prompt": False}
+        reply = self.post_json("/completion", body)
+        after = self._counters()
+        try:
+            ids = [int(t) for t in reply["tokens"]]
+            types = str(reply["generation_settings"].get("speculative.types"))
+            timings = reply["timings"]
+            drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise EngineError(f"llamacpp at {self.url}: a completion without tokens, settings and timings (a "
+                              "llama.cpp older than return_tokens?)") from None
+        if SPEC_TYPE not in types.split(","):  # /props shows the request defaults, a reply what ran
+            raise EngineError(f"llamacpp at {self.url} runs no DFlash speculative decoding (speculative.types "
+                              f"{types[:60]!r}); start it with -md DRAFTER.gguf --spec-type {SPEC_TYPE}")
+        counted = reply_from_deltas(ids, before, after, "llama.cpp /metrics deltas = timings.draft_n")
+        if (counted.draft_tokens, counted.accepted) != (drafted, accepted):
+            raise EngineError(f"llamacpp's counters moved by {counted.draft_tokens} drafted / {counted.accepted} "
+                              f"accepted around the request, but its reply says {drafted} / {accepted}: refused, "
+                              "not averaged (another client on this server?)")
+        return counted
+
+    def _counters(self) -> em.SpecTotals:
+        return em.spec_totals(em.prometheus_samples(self.get_text("/metrics")), em.LLAMACPP_COUNTERS)

@@ -1,0 +1,116 @@
+"""The real llama.cpp (xllamacpp's embedded server, scripts/test.sh) on the demo's Qwen3 pair: the GGUF
+files made by llama.cpp's own converter (from the llama-cpp-python sdist), a managed eval with default
+settings checked against the server's own counters and the offline eval of the same prompts, the
+draft length capped at 3, and engines that cannot be used.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from demo.serving_pair import MAX_NEW_TOKENS
+from test_engine_clients import processes_with
+from tracker.cli import main
+
+
+def _args(root: Path, *extra: str) -> list[str]:
+    return ["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"),
+            "--prompts", str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), *extra]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One draftboard home for the module: its cache holds the GGUF conversions, made once."""
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp("llamacpp-home")
+        mp.setenv("DRAFTBOARD_HOME", str(root))
+        mp.delenv("DRAFTBOARD_ENGINE_URLS", raising=False)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def served(serving_pair, llamacpp_python, home, tmp_path_factory) -> dict:
+    """A managed `draftboard eval --engine llamacpp` of the Qwen3 pair, with default settings."""
+    out = tmp_path_factory.mktemp("llamacpp-eval") / "engine.json"
+    assert main(_args(serving_pair, "--engine", "llamacpp", "--engine-python", llamacpp_python, "--no-log",
+                      "--out", str(out))) == 0
+    return {"path": out, "results": json.loads(out.read_text())}
+
+
+def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair, home, capsys):
+    assert processes_with(str(home)) == []  # the server (its GGUF files live under this home) is gone
+    results, offline = served["results"], json.loads((serving_pair / "offline.json").read_text())
+    engine = results["engine"]
+    assert (engine["name"], engine["method"], engine["num_speculative_tokens"]) == ("llamacpp", "draft-dflash", 7)
+    assert engine["gguf_type"] == "f32" and engine["converter"].startswith("convert_hf_to_gguf.py sha256:")
+    assert Path(engine["target_gguf"]).is_file() and Path(engine["drafter_gguf"]).is_relative_to(home)
+    assert engine["spec_draft_p_min"] == 0.0 and engine["cache_prompt"] is False
+    assert results["fingerprint"]["engine"]["packages"]["xllamacpp"] == "2026.10.11549"
+    for row in results["prompts"]:
+        # each request's drafted and accepted tokens equalled the deltas of llama.cpp's own counters
+        assert row["engine_source"] == "llama.cpp /metrics deltas = timings.draft_n"
+        assert row["engine_steps_ordered"] is False and len(row["acceptance_lengths"]) == row["engine_drafts"]
+        assert sum(a - 1 for a in row["acceptance_lengths"]) == row["engine_accepted"]
+    assert [p["completion_ids"] for p in results["prompts"]] == [p["completion_ids"] for p in offline["prompts"]]
+
+    capsys.readouterr()
+    assert main(["reconcile", str(served["path"]), str(serving_pair / "offline.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["completions_equal"] == 8 and report["unexplained"] == 0.0, report["verdict"]
+    assert report["gap"] == pytest.approx(sum(report["parts"].values()))
+
+
+def test_llamacpps_default_draft_length_caps_acceptance(served, serving_pair, llamacpp_python, home, tmp_path,
+                                                        capsys):
+    """llama.cpp's own default --spec-draft-n-max is 3: served so, the drafter's block of 8 accepts at
+    most 4 tokens a step, and the engine eval reports the lower number (the conversions are reused)."""
+    out = tmp_path / "n3.json"
+    assert main(_args(serving_pair, "--engine", "llamacpp", "--engine-python", llamacpp_python,
+                      "--num-speculative-tokens", "3", "--no-log", "--out", str(out))) == 0
+    capped = json.loads(out.read_text())
+    assert capped["engine"]["num_speculative_tokens"] == 3
+    assert max(a for p in capped["prompts"] for a in p["acceptance_lengths"]) <= 4
+    assert capped["engine_mean_acceptance_length"] < served["results"]["engine_mean_acceptance_length"]
+    assert capped["engine"]["target_gguf"] == served["results"]["engine"]["target_gguf"]
+    # doctor on that serving box says why, and how to serve what was evaluated
+    capsys.readouterr()
+    assert main(["doctor", "--target", str(serving_pair / "target"), "--drafter", str(serving_pair / "drafter"),
+                 "--serving-config", str(out), "--json", "--n-prompts", "2", "--max-new-tokens", "16"]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checks"]}
+    length = checks["speculation_length"]
+    assert length["severity"] == "warning" and "acceptance is capped at 4" in length["verdict"]
+    assert length["fix"] == "set --spec-draft-n-max=7 to serve what was evaluated"
+    assert checks["serving_method"]["severity"] == "ok" and checks["draft_kv_cache"]["severity"] == "ok"
+
+
+def test_engines_that_cannot_be_used_say_why_in_one_line(serving_pair, llamacpp_python, home, tmp_path, capsys,
+                                                          monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+
+    def error(*extra: str, root: Path = serving_pair) -> str:
+        capsys.readouterr()
+        assert main(_args(root, "--engine", "llamacpp", *extra)) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines and lines[-1].startswith("error: ")
+        return lines[-1]
+
+    assert "--engine-python /nonexistent/python: no such executable" in error("--engine-python", "/nonexistent/python")
+    monkeypatch.delenv("DRAFTBOARD_LLAMACPP_PYTHON", raising=False)
+    assert "DRAFTBOARD_LLAMACPP_PYTHON" in error()
+    # A target without the demo's tokenizer.model: the stock converter refuses its byte-level BPE
+    # (no merges, a pre-tokenizer it does not know), and says so in one line.
+    bare = tmp_path / "bare"
+    shutil.copytree(serving_pair / "target", bare / "target")
+    (bare / "target" / "tokenizer.model").unlink()
+    for name in ("drafter", "prompts.jsonl"):
+        (bare / name).symlink_to((serving_pair / name).resolve())
+    refused = error("--engine-python", llamacpp_python, root=bare)
+    assert refused.startswith(f"error: llama.cpp's converter refused {(bare / 'target').resolve()}: ")
+    monkeypatch.setenv("DRAFTBOARD_LLAMACPP_CONVERTER", str(tmp_path))
+    assert f"DRAFTBOARD_LLAMACPP_CONVERTER {tmp_path}: no convert_hf_to_gguf.py there" in error(
+        "--engine-python", llamacpp_python)
+    assert processes_with(str(serving_pair / "target")) == [] and not (tmp_path / "store.db").exists()
