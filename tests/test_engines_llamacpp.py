@@ -114,3 +114,21 @@ def test_engines_that_cannot_be_used_say_why_in_one_line(serving_pair, llamacpp_
     assert f"DRAFTBOARD_LLAMACPP_CONVERTER {tmp_path}: no convert_hf_to_gguf.py there" in error(
         "--engine-python", llamacpp_python)
     assert processes_with(str(serving_pair / "target")) == [] and not (tmp_path / "store.db").exists()
+
+
+def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tmp_path):
+    """llama.cpp's per-request log lines of the managed eval's server (`import-results --format
+    llamacpp-log`) give the pooled mean the eval computed from its counters, and the same draft rate."""
+    from mlflow import MlflowClient
+
+    log = min((home / "logs").glob("engine-llamacpp-*.log"), key=lambda p: p.stat().st_mtime)  # the first eval's
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    assert main(["import-results", str(log), "--format", "llamacpp-log", "--tracking-uri", store]) == 0
+    client = MlflowClient(store)
+    [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    results = served["results"]
+    assert run.data.metrics["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
+    rows = results["prompts"]
+    assert run.data.metrics["draft_acceptance_rate"] == pytest.approx(
+        sum(p["engine_accepted"] for p in rows) / sum(p["engine_draft_tokens"] for p in rows))
+    assert run.data.tags["protocol.backend"] == "llamacpp" and run.data.tags["protocol.window"] == "8 requests"

@@ -56,3 +56,60 @@ def test_a_sglang_gauge_scrape_and_files_with_nothing_served(tmp_path, capsys):
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith("error: ") and "empty.log" in line
     assert len(_runs(store)) == 1  # nothing half-imported
+
+
+def llamacpp_line(task: int, accepted: int, generated: int, steps: int) -> str:
+    """llama.cpp's line, as `tools/server/server-context.cpp` prints it: "draft acceptance = %0.5f (%5d
+    accepted / %5d generated), mean len = %5.2f", mean len = 1 + accepted / verify steps."""
+    return (f"0.01.117.626 I slot print_timing: id  0 | task {task} | draft acceptance = {accepted / generated:0.5f} "
+            f"({accepted:5d} accepted / {generated:5d} generated), mean len = {1 + accepted / steps:5.2f}\n")
+
+
+def test_llamacpp_log_lines_give_the_exact_rate_and_the_pooled_mean_where_steps_are_known(tmp_path):
+    from tracker.store.importers import served
+
+    log = tmp_path / "llama.log"
+    # hand-worked: 56 accepted in 39 steps (mean len 2.44: only 39 fits), 79 in 16 (5.94)
+    log.write_text("main: server is listening\n" + llamacpp_line(2, 56, 267, 39) + llamacpp_line(45, 79, 108, 16))
+    [record] = served.parse_llamacpp_log(log)
+    assert record.metrics == {"draft_acceptance_rate": pytest.approx(135 / 375),
+                              "engine_mean_acceptance_length": pytest.approx(1 + 135 / 55)}
+    assert record.details["steps"] == 55 and record.protocol["window"] == "2 requests"
+    # 9000 accepted: several step counts print the same mean len, so the pooled mean is not logged
+    log.write_text(llamacpp_line(3, 9000, 9100, 1333))
+    [record] = served.parse_llamacpp_log(log)
+    assert "engine_mean_acceptance_length" not in record.metrics and "two-decimal" in record.protocol["not_logged"]
+
+
+def test_llamacpp_counters_and_bad_llamacpp_input(tmp_path):
+    from tracker.errors import DraftboardError
+    from tracker.store.importers import served
+
+    scrape = tmp_path / "metrics.txt"  # names as tools/server/server-task.cpp writes them, two scrapes appended
+    scrape.write_text("".join(
+        f"llamacpp:spec_decode_num_drafts_total {d}\nllamacpp:spec_decode_num_draft_tokens_total {7 * d}\n"
+        f"llamacpp:spec_decode_num_accepted_tokens_total {a}\n"
+        f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {p0}\n'
+        for d, a, p0 in ((10, 20, 8), (30, 50, 25))))
+    [record] = served.parse_prometheus(scrape)
+    assert record.metrics["engine_mean_acceptance_length"] == pytest.approx(1 + 30 / 20)
+    assert record.metrics["accept_rate_pos1"] == pytest.approx(17 / 20) and record.protocol["backend"] == "llamacpp"
+    for text, message in (("nothing served here\n", "no 'draft acceptance = ...' line"),
+                          (llamacpp_line(1, 9, 5, 3), "9 accepted of 5 drafted tokens")):
+        scrape.write_text(text)
+        with pytest.raises(DraftboardError, match=message):
+            served.parse_llamacpp_log(scrape)
+
+
+def test_one_long_line_through_the_llamacpp_importer_stays_linear(tmp_path):
+    import time
+
+    from tracker.errors import DraftboardError
+    from tracker.store.importers import served
+
+    log = tmp_path / "long.log"
+    log.write_text("print_timing: " + "draft acceptance = 1 (" * 50_000 + "\n")  # ~1 MiB on one line
+    start = time.perf_counter()
+    with pytest.raises(DraftboardError, match="no 'draft acceptance"):
+        served.parse_llamacpp_log(log)
+    assert time.perf_counter() - start < 1.0

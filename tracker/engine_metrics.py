@@ -45,6 +45,11 @@ VLLM_LOG_LINE = re.compile(
     r"Avg Draft acceptance rate")
 SGLANG_LOG_LINE = re.compile(
     r"Decode batch(?: \[\d+\])?, .*?accept len: (?P<accept_len>[\d.]+), accept rate: (?P<rate>[\d.]+)")
+# llama.cpp, once per request: "slot print_timing: id  0 | task 2 | draft acceptance = 0.20974 (   56
+# accepted /   267 generated), mean len =  2.44" (mean len = 1 + accepted / verify steps).
+LLAMACPP_LOG_LINE = re.compile(
+    r"print_timing: [^\n]{0,200}?draft acceptance = (?P<ratio>[\d.]+) \(\s*(?P<accepted>\d+) accepted /\s*"
+    r"(?P<generated>\d+) generated\), mean len =\s*(?P<mean>[\d.]+)")
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 

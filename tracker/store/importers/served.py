@@ -1,7 +1,8 @@
 """Served numbers from production, imported as eval runs of protocol `imported` with the window they
 cover: vLLM's periodic `SpecDecoding metrics:` log lines, SGLang's `Decode batch, ... accept len:` lines,
-and a `/metrics` scrape (one, or several appended: then the counters' change between the first and
-the last). Formats and names: `tracker.engine_metrics`.
+llama.cpp's per-request `draft acceptance = ...` lines, and a `/metrics` scrape of vLLM or llama.cpp
+(one, or several appended: then the counters' change between the first and the last). Formats and
+names: `tracker.engine_metrics`.
 
 What each number is, and never is:
 - vLLM log lines and counters give accepted and drafted token counts. Each draft proposes
@@ -12,6 +13,10 @@ What each number is, and never is:
 - SGLang's `accept len` is tokens per verify step (bonus token included) averaged over one log
   interval, with no counts: the window's number is the mean over lines, `sglang_accept_len`, a
   definition of its own. Neither is draftboard's per-prompt `tau`, and neither is logged as it.
+- llama.cpp's lines give each request's accepted and drafted ("generated") tokens, so the draft
+  acceptance rate is exact, and `mean len` = 1 + accepted / verify steps to two decimals: the steps
+  are recovered where exactly one count fits every line, and only then is the pooled
+  `engine_mean_acceptance_length` logged; otherwise the protocol says why it is not.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
 
-VLLM_LOG, SGLANG_LOG, PROMETHEUS = "vllm-log", "sglang-log", "prometheus"
-FORMATS = (VLLM_LOG, SGLANG_LOG, PROMETHEUS)
+VLLM_LOG, SGLANG_LOG, LLAMACPP_LOG, PROMETHEUS = "vllm-log", "sglang-log", "llamacpp-log", "prometheus"
+FORMATS = (VLLM_LOG, SGLANG_LOG, LLAMACPP_LOG, PROMETHEUS)
+MAX_LINE = 64 << 10  # a server's log line is short; a longer one is cut before any pattern reads it
 DATASET = "served"  # production traffic: no prompt set of ours
 # vLLM: "INFO 12-02 14:37:37 [...]"; SGLang: "[2026-12-02 14:37:37 TP0] ..."
 _TIME = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}|\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
@@ -89,26 +95,69 @@ def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
                          {"lines": len(values)})]
 
 
+def _steps(accepted: int, mean: str) -> int | None:
+    """The one verify-step count s with 1 + accepted / s printed as `mean` (two decimals); None when
+    none or several fit."""
+    shown = float(mean)
+    if shown <= 1.0:
+        return None
+    # s lies within the rounding of mean - 1: accepted / (m - 1 +- 0.005), a handful of integers
+    low, high = accepted / (shown - 1 + 0.005), accepted / max(shown - 1 - 0.005, 1e-9)
+    fits = [s for s in range(max(1, int(low)), min(int(high) + 2, accepted + 1))
+            if f"{1 + accepted / s:.2f}" == f"{shown:.2f}"]
+    return fits[0] if len(fits) == 1 else None
+
+
+def parse_llamacpp_log(path: str | Path) -> list[ImportedEval]:
+    accepted = generated = steps = n = 0
+    exact = True
+    for lineno, line in _lines(path):
+        m = em.LLAMACPP_LOG_LINE.search(line[:MAX_LINE])
+        if not m:
+            continue
+        where = f"{path}:{lineno}"
+        a, g = int(m.group("accepted")), int(m.group("generated"))
+        if a > g:
+            raise DraftboardError(f"{where}: {a} accepted of {g} drafted tokens")
+        s = _steps(a, m.group("mean")) if a else None
+        exact = exact and (s is not None or a == 0)
+        accepted, generated, steps, n = accepted + a, generated + g, steps + (s or 0), n + 1
+    if not n or not generated:
+        raise DraftboardError(f"{path}: no 'draft acceptance = ...' line with drafted tokens (is it a llama.cpp server "
+                              "log with speculative decoding?)")
+    metrics = {"draft_acceptance_rate": accepted / generated}
+    protocol = {"backend": "llamacpp", "window": f"{n} requests"}
+    if exact and steps:
+        metrics[names.ENGINE_MEAN_AL] = 1 + accepted / steps
+    else:
+        protocol["not_logged"] = ("engine_mean_acceptance_length: a request's verify steps cannot be told from its "
+                                  "two-decimal mean len")
+    return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafted_tokens": generated,
+                                                      "requests": n, "steps": steps if exact else None})]
+
+
 def parse_prometheus(path: str | Path) -> list[ImportedEval]:
-    """vLLM counters (or SGLang gauges) of one scrape, or the change between the first and last of several."""
+    """vLLM or llama.cpp counters (or SGLang gauges) of one scrape, or the change between the first and
+    last of several."""
     text = "".join(line for _, line in _lines(path))
-    scrapes = [s for s in em.scrapes(text) if em.counter(s, em.VLLM_DRAFTS) is not None]
-    if scrapes:
-        return [_vllm_counters(scrapes, path)]
+    for counters, backend in ((em.VLLM_COUNTERS, "vllm"), (em.LLAMACPP_COUNTERS, "llamacpp")):
+        scrapes = [s for s in em.scrapes(text) if em.counter(s, counters[0]) is not None]
+        if scrapes:
+            return [_counters(scrapes, path, counters, backend)]
     samples = em.prometheus_samples(text)
     length = em.counter(samples, em.SGLANG_ACCEPT_LENGTH)
     if length is None:
-        raise DraftboardError(f"{path}: no {em.VLLM_DRAFTS} counter and no {em.SGLANG_ACCEPT_LENGTH} gauge: not a "
-                              "/metrics scrape of a speculative-decoding server")
+        raise DraftboardError(f"{path}: no {em.VLLM_DRAFTS} or {em.LLAMACPP_DRAFTS} counter and no "
+                              f"{em.SGLANG_ACCEPT_LENGTH} gauge: not a /metrics scrape of a speculative-decoding server")
     rate = em.counter(samples, em.SGLANG_ACCEPT_RATE)
     return [ImportedEval(DATASET, {"sglang_accept_len": length, **({"sglang_accept_rate": rate} if rate is not None
                                                                    else {})},
                          {"backend": "sglang", "window": "the gauge at the scrape"})]
 
 
-def _vllm_counters(scrapes: list[list], path) -> ImportedEval:
-    last = em.vllm_totals(scrapes[-1])
-    first = em.vllm_totals(scrapes[0]) if len(scrapes) > 1 else None
+def _counters(scrapes: list[list], path, counters: tuple[str, str, str, str], backend: str) -> ImportedEval:
+    last = em.spec_totals(scrapes[-1], counters)
+    first = em.spec_totals(scrapes[0], counters) if len(scrapes) > 1 else None
     drafts = last.drafts - (first.drafts if first else 0.0)
     accepted = last.accepted - (first.accepted if first else 0.0)
     if drafts <= 0:
@@ -118,8 +167,9 @@ def _vllm_counters(scrapes: list[list], path) -> ImportedEval:
                **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
     window = (f"between the first and last of {len(scrapes)} scrapes" if len(scrapes) > 1 else
               "since the counters were created" + (f" (unix {last.created:.0f})" if last.created else ""))
-    return ImportedEval(DATASET, metrics, {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)),
+    return ImportedEval(DATASET, metrics, {"backend": backend, "num_speculative_tokens": str(len(by_pos)),
                                            "window": window}, {"drafts": drafts, "accepted_tokens": accepted})
 
 
-PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, PROMETHEUS: parse_prometheus}
+PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, LLAMACPP_LOG: parse_llamacpp_log,
+           PROMETHEUS: parse_prometheus}
