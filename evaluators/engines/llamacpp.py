@@ -25,12 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling, reply_from_deltas
 from evaluators.engines.server import engine_environment
-from tracker import config
+from evaluators.target import content_digest
+from tracker import config, lifecycle
 from tracker import engine_metrics as em
 
 NAME = "llamacpp"
@@ -130,14 +132,16 @@ def converter_script(folder: str | None = None) -> Path:
 
 def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, target: Path | None) -> None:
     """One conversion into `out`, written whole: the converter writes a file of this process's own,
-    renamed into place once it exits 0; a refusal is one line naming the converter's reason."""
+    renamed into place once it exits 0; a refusal is one line naming the converter's reason. The
+    converter dies with the eval (SIGKILL on the parent's death): a killed eval leaves no converter."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
     argv = [python, str(script), str(source), "--outfile", str(tmp), "--outtype", outtype]
     if target is not None:
         argv += ["--target-model-dir", str(target)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S,
-                              env=engine_environment(), stdin=subprocess.DEVNULL)
+                              env=engine_environment(), stdin=subprocess.DEVNULL,
+                              **lifecycle.child_popen_kwargs(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
         raise EngineError(f"llama.cpp's converter did not finish {source} within {CONVERT_TIMEOUT_S:g} s") from None
@@ -152,16 +156,14 @@ def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, t
     os.replace(tmp, out)
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
     """The target and drafter as GGUF files, converted by llama.cpp's own converter in the engine's
-    Python and cached by content digest (the target cache's folder, `gguf/`), so a sweep of
-    checkpoints converts the target once. Returns (target GGUF, drafter GGUF, what was recorded)."""
-    from evaluators.target import content_digest
-
+    Python and cached by content digest (the eval's cache folder, `gguf/`), so a sweep of checkpoints
+    converts the target once. Returns (target GGUF, drafter GGUF, what was recorded)."""
     script = converter_script()
     version = _file_digest(script)[:12]
     outtype = GGUF_TYPES[dtype]
-    folder = config.cache_dir() / "gguf"
+    folder = cache / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
     target_digest = content_digest(target)
     paths = {"target": folder / f"target-{target_digest[:16]}-{outtype}-{version}.gguf",

@@ -135,7 +135,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
         # What the server loads (llama.cpp: GGUF files converted here), then the server; the engine's
         # own Python reports its versions and, for a hybrid, its GDN code while it starts.
         *served, prepared = engine.prepare(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()),
-                                           s.dtype, progress)
+                                           s.dtype, Path(s.cache_dir) if s.cache_dir else config.cache_dir(), progress)
         probes = {"report": gdn.start_probe(python, fingerprint.ENGINE_PROBE),
                   "gdn": gdn.start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
         log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"

@@ -19,6 +19,8 @@ Read from SGLang's own sources (v0.5.23 wheel):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
 
 NAME = "sglang"
@@ -51,7 +53,7 @@ def server_env(device: str) -> dict[str, str]:
     return {}
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
     """What the managed server loads: SGLang loads the transformers folders as they are."""
     return target, drafter, {}
 

@@ -23,6 +23,8 @@ Read from vLLM's own sources (v0.32.0):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import re
 
@@ -57,7 +59,7 @@ def server_env(device: str) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1"} if device == "cpu" else {}  # GiB of KV cache
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, progress) -> tuple[str, str, dict]:
+def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
     """What the managed server loads: vLLM loads the transformers folders as they are."""
     return target, drafter, {}
 
