@@ -374,6 +374,23 @@ def serving_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_served_pair(serving_pair, vllm_python, tmp_path_factory):
+    """A managed `draftboard eval --engine vllm` of serving_pair's prompts, logged to a store of its
+    own (its results JSON's path): run once, read by the vLLM tests and beside llama.cpp's eval."""
+    from demo.serving_pair import MAX_NEW_TOKENS
+    from tracker.cli import main
+
+    root = tmp_path_factory.mktemp("vllm-served")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'store.db'}")
+        mp.setenv("DRAFTBOARD_HOME", str(root / "home"))
+        assert main(["eval", "--target", str(serving_pair / "target"), "--drafter", str(serving_pair / "drafter"),
+                     "--prompts", str(serving_pair / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS),
+                     "--engine", "vllm", "--engine-python", vllm_python, "--out", str(root / "engine.json")]) == 0
+    return root / "engine.json"
+
+
+@pytest.fixture(scope="session")
 def hybrid_serving_pair(tmp_path_factory):
     """demo.serving_pair in the Qwen3-Next layout vLLM serves on these CPUs (3 Gated DeltaNet layers +
     1 full attention, a small MoE), its block-8 drafter, 8 held-out prompts, and the offline eval of

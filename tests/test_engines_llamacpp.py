@@ -132,3 +132,21 @@ def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tm
     assert run.data.metrics["draft_acceptance_rate"] == pytest.approx(
         sum(p["engine_accepted"] for p in rows) / sum(p["engine_draft_tokens"] for p in rows))
     assert run.data.tags["protocol.backend"] == "llamacpp" and run.data.tags["protocol.window"] == "8 requests"
+
+
+def test_llamacpp_and_vllm_on_one_checkpoint_come_apart_through_the_offline_eval(served, vllm_served_pair,
+                                                                                 serving_pair, capsys):
+    """The same checkpoint and prompts served by vLLM and by llama.cpp: every difference named (the end of
+    generation each engine counts, the settings each states), nothing unexplained where both report
+    their steps."""
+    capsys.readouterr()
+    assert main(["reconcile", str(vllm_served_pair), str(served["path"]), "--offline",
+                 str(serving_pair / "offline.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    vllm_mean = json.loads(vllm_served_pair.read_text())["engine_mean_acceptance_length"]
+    assert report["gap"] == pytest.approx(vllm_mean - served["results"]["engine_mean_acceptance_length"])
+    assert report["unexplained"] == 0.0 and report["completions_equal"] == 8
+    assert report["gap"] == pytest.approx(sum(report["parts"].values()))
+    diff = {d["field"]: (d["a_value"], d["b_value"]) for d in report["settings_diff"]}
+    assert diff["last_block"] == ("full", "cut") and "num_speculative_tokens" not in diff  # both 7
+    assert "end of generation" in report["verdict"] and report["verdict"].endswith("nothing unexplained")

@@ -50,11 +50,10 @@ def _engine_processes(root: Path) -> list[int]:
     return found
 
 
-def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_python, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_served_pair, tmp_path, monkeypatch,
+                                                                    capsys):
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
-    out = tmp_path / "engine.json"
-    assert main([*_args(pair), "--engine", "vllm", "--engine-python", vllm_python, "--out", str(out)]) == 0
+    out = vllm_served_pair  # the managed eval, run once for the session (conftest)
     assert _engine_processes(pair) == []  # stopped, engine core and all
     engine, offline = json.loads(out.read_text()), json.loads((pair / "offline.json").read_text())
     assert engine["engine"]["version"] == "0.32.0" and engine["engine"]["num_speculative_tokens"] == 7

@@ -173,3 +173,65 @@ def test_a_llamacpp_eval_is_counted_as_llamacpp_counts():
     # a `full` offline eval has no `cut` walk to count from: the measured walk stands in, and says so
     offline["protocol"]["last_block"] = "full"
     assert reconcile(engine, offline)["offline_as_engine_exact"] is False
+
+
+def _two_engines():
+    """One offline `cut` eval (N = 10) and two engines of the same prompts: vLLM counts its last step
+    whole (a: [3, 4, 5], b: [4, 4, 3]); llama.cpp takes no step without room to draft (a: [3, 4, 2],
+    b: [4, 4]). Pooled: offline 18/6 = 3, vLLM 23/6, llama.cpp 17/5."""
+    offline = {"tau": 3.0, "protocol": {"scoring": "offline", "last_block": "cut"},
+               "prompts": [{"id": k, "completion_ids": list(range(10)), "acceptance_lengths": cut,
+                            "acceptance_lengths_as_engine": full}
+                           for k, cut, full in (("a", [3, 4, 2], [3, 4, 5]), ("b", [4, 4, 1], [4, 4, 3]))]}
+
+    def engine(name, rule, walks, **settings):
+        return {"engine_mean_acceptance_length": sum(map(sum, walks)) / sum(map(len, walks)), "tau": 0.0,
+                "protocol": {"scoring": "engine", "last_block": rule}, "engine": {"name": name, **settings},
+                "prompts": [{"id": k, "completion_ids": list(range(10)), "acceptance_lengths": w,
+                             "engine_steps_ordered": name == "vllm"} for k, w in zip("ab", walks)]}
+
+    vllm = engine("vllm", "full", [[3, 4, 5], [4, 4, 3]], num_speculative_tokens=7, enable_prefix_caching="False")
+    llama = engine("llamacpp", "cut", [[3, 4, 2], [4, 4]], num_speculative_tokens=3, cache_prompt=False,
+                   spec_draft_p_min=0.0)
+    return vllm, llama, offline
+
+
+def test_two_engines_come_apart_through_their_common_offline_eval():
+    from tracker.reconcile import reconcile_engines
+
+    vllm, llama, offline = _two_engines()
+    report = reconcile_engines(vllm, llama, offline)
+    assert report["gap"] == pytest.approx(23 / 6 - 17 / 5)
+    # (vLLM - offline) - (llama.cpp - offline), part by part: pooling cancels, the rest is the last step
+    assert report["parts"] == {"end_of_generation": pytest.approx(23 / 6 - 17 / 5), "acceptance": 0.0,
+                               "numerics": 0.0}
+    assert report["unexplained"] == 0.0 and report["completions_equal"] == 2 and report["steps_agree"] == 0
+    diff = {d["field"]: (d["a_value"], d["b_value"]) for d in report["settings_diff"]}
+    assert diff["last_block"] == ("full", "cut") and diff["num_speculative_tokens"] == (7, 3)
+    assert "prefix_cache" not in diff  # off on both, whatever each engine calls it
+    assert diff["spec_draft_p_min"] == (None, 0.0)  # llama.cpp's own switch: in the table, not the verdict
+    assert report["verdict"] == ("vllm 3.833 vs llamacpp 3.400 (gap +0.433): end of generation +0.433; differs: "
+                                 "last_block full vs cut; num_speculative_tokens 7 vs 3; nothing unexplained")
+    alone = reconcile_engines(vllm, llama)
+    assert alone["parts"] == {} and alone["unexplained"] is None and "(--offline)" in alone["verdict"]
+    with pytest.raises(DraftboardError, match="the second eval is not an engine eval"):
+        reconcile_engines(vllm, offline)
+
+
+def test_the_cli_reconciles_two_engine_evals(tmp_path, capsys):
+    import json
+
+    from tracker.cli import main
+
+    files = {}
+    for name, results in zip(("vllm", "llama", "offline"), _two_engines()):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(results))
+    assert main(["reconcile", str(files["vllm"]), str(files["llama"]), "--offline", str(files["offline"]),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parts"]["end_of_generation"] == pytest.approx(23 / 6 - 17 / 5)
+    for argv, message in (([str(files["vllm"]), str(files["llama"]), "--margins"], "--margins reads an offline"),
+                          ([str(files["vllm"]), str(files["offline"]), "--offline", str(files["offline"])],
+                           "--offline is the common reference of two engine evals")):
+        assert main(["reconcile", *argv]) == 2
+        assert message in capsys.readouterr().err

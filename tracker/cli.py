@@ -443,9 +443,24 @@ def _add_margins(report: dict, offline: dict) -> None:
 
 
 def cmd_reconcile(args) -> int:
-    from tracker.reconcile import reconcile
+    from tracker.reconcile import reconcile, reconcile_engines
 
     engine, offline = _results_of(args.engine_eval, args.tracking_uri), _results_of(args.offline_eval, args.tracking_uri)
+    if isinstance(offline, dict) and (offline.get("protocol") or {}).get("scoring") == "engine":
+        if args.margins:
+            raise DraftboardError("--margins reads an offline eval's drafter: reconcile an engine eval with one")
+        report = reconcile_engines(engine, offline, _results_of(args.offline, args.tracking_uri) if args.offline
+                                   else None)
+        if args.json:
+            print(json.dumps(report))
+            return 0
+        print(format_table(["setting", report["a"]["engine"], report["b"]["engine"]],
+                           [(d["field"], d["a_value"], d["b_value"]) for d in report["settings_diff"]], width=72))
+        print(report["verdict"])
+        return 0
+    if args.offline:
+        raise DraftboardError("--offline is the common reference of two engine evals; here the second eval is "
+                              "already an offline eval")
     report = reconcile(engine, offline)
     if args.margins:
         _add_margins(report, offline)
@@ -768,9 +783,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("reconcile", help="the gap between an engine eval and an offline eval of the same prompts, "
-                                         "in parts: definitions, acceptance on equal completions, numerics")
+                                         "in parts: definitions, acceptance on equal completions, numerics; or "
+                                         "between two engine evals (--offline: their common reference)")
     p.add_argument("engine_eval", metavar="ENGINE_EVAL", help="results JSON file or MLflow run id of the engine eval")
-    p.add_argument("offline_eval", metavar="OFFLINE_EVAL", help="results JSON file or run id of the offline eval")
+    p.add_argument("offline_eval", metavar="OFFLINE_EVAL", help="results JSON file or run id of the offline eval, or "
+                                                               "of another engine eval of the same prompts")
+    p.add_argument("--offline", metavar="OFFLINE_EVAL", help="with two engine evals: the offline eval of the same "
+                                                            "prompts, through which the gap comes apart in parts")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--margins", action="store_true",
                    help="at each acceptance difference, the offline drafter's logit margin (reloads the offline "

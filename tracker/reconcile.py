@@ -283,3 +283,80 @@ def verdict(r: dict) -> str:
     same = len(set(dtypes.values())) <= 1 or None in dtypes.values()
     return f"{head}; {tail}; {left}" + ("" if same else f"; not the same protocol: the engine ran "
                                         f"{dtypes['engine']}, the offline eval {dtypes['offline']}")
+
+
+# --------------------------------------------------------------------------- two engines
+
+# What an engine eval records of its serving settings that can move its number, as `engine` keys.
+ENGINE_SETTINGS = ("version", "num_speculative_tokens", "dtype", "spec_draft_p_min", "cache_type_k_draft",
+                   "mamba_ssm_cache_dtype", "gguf_type")
+# One concept, three spellings: whether a request resumes a cached prefix (vLLM, SGLang, llama.cpp).
+PREFIX_CACHE = (("enable_prefix_caching", False), ("disable_radix_cache", True), ("cache_prompt", False))
+ENGINE_PARTS = ("end_of_generation", "acceptance", "numerics")
+
+
+def _engine_settings(results: dict) -> dict:
+    engine = results.get("engine") or {}
+    out = {k: engine.get(k) for k in ENGINE_SETTINGS if engine.get(k) is not None}
+    out["last_block"] = (results.get("protocol") or {}).get("last_block")
+    for key, inverted in PREFIX_CACHE:
+        if engine.get(key) is not None:
+            out["prefix_cache"] = (str(engine[key]).lower() == "true") != inverted
+    gdn = engine.get("linear_attention")
+    if isinstance(gdn, dict) and gdn.get("summary"):
+        out["linear_attention"] = gdn["summary"]
+    return out
+
+
+def reconcile_engines(a: dict, b: dict, offline: dict | None = None) -> dict:
+    """Two engine evals of the same prompts (`draftboard reconcile A B [--offline C]`): the settings and
+    definitions that differ, and, given the offline eval of the same prompts, the gap in parts. Each
+    engine is reconciled with that offline eval; both are measured against the same offline walks, so
+    pooling cancels and the gap between the engines is the difference of their parts, exactly:
+    A - B = (A - O) - (B - O), part by part, and unexplained = what either left unexplained."""
+    for what, results in (("the first eval", a), ("the second eval", b)):
+        if not isinstance(results, dict) or (results.get("protocol") or {}).get("scoring") != "engine":
+            raise DraftboardError(f"{what} is not an engine eval (protocol.scoring is not 'engine')")
+        _check(results, what, "engine_mean_acceptance_length")
+    ids_a, ids_b = ({str(p["id"]) for p in r["prompts"]} for r in (a, b))
+    if ids_a != ids_b:
+        raise DraftboardError("the two engine evals ran different prompts; reconcile needs the same prompts")
+    name = [str((r.get("engine") or {}).get("name") or "engine") for r in (a, b)]
+    mean = [float(r["engine_mean_acceptance_length"]) for r in (a, b)]
+    steps = {str(p["id"]): sorted(p["acceptance_lengths"]) for p in b["prompts"]}
+    tokens = {str(p["id"]): p["completion_ids"] for p in b["prompts"]}
+    sa, sb = _engine_settings(a), _engine_settings(b)
+    report = {
+        "a": {"engine": name[0], "engine_mean_acceptance_length": mean[0]},
+        "b": {"engine": name[1], "engine_mean_acceptance_length": mean[1]},
+        "gap": mean[0] - mean[1], "n_prompts": len(ids_a),
+        "completions_equal": sum(p["completion_ids"] == tokens[str(p["id"])] for p in a["prompts"]),
+        "steps_agree": sum(sorted(p["acceptance_lengths"]) == steps[str(p["id"])] for p in a["prompts"]),
+        "settings_diff": [{"field": k, "a_value": sa.get(k), "b_value": sb.get(k)}
+                          for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)],
+        "via_offline": offline is not None, "parts": {}, "unexplained": None,
+    }
+    if offline is not None:
+        ra, rb = reconcile(a, offline), reconcile(b, offline)
+        parts = {k: ra["parts"][k] - rb["parts"][k] for k in ENGINE_PARTS}
+        report["parts"] = {k: 0.0 if abs(v) < EXACT else v for k, v in parts.items()}
+        unexplained = ra["unexplained"] - rb["unexplained"]
+        report["unexplained"] = 0.0 if abs(unexplained) < EXACT else unexplained
+        report["offline_exact"] = ra["offline_as_engine_exact"] and rb["offline_as_engine_exact"]
+    report["verdict"] = engines_verdict(report)
+    return report
+
+
+def engines_verdict(r: dict) -> str:
+    a, b = r["a"], r["b"]
+    head = (f"{a['engine']} {a['engine_mean_acceptance_length']:.3f} vs {b['engine']} "
+            f"{b['engine_mean_acceptance_length']:.3f} (gap {r['gap']:+.3f})")
+    # what both engines state and set differently (one engine's own switches are in the table)
+    settings = "; ".join(f"{d['field']} {d['a_value']} vs {d['b_value']}" for d in r["settings_diff"]
+                         if d["a_value"] is not None and d["b_value"] is not None) or "same settings"
+    if not r["via_offline"]:
+        return (f"{head}; {r['completions_equal']}/{r['n_prompts']} completions equal, {r['steps_agree']} with the same "
+                f"steps; differs: {settings}; give the offline eval of the same prompts (--offline) to take the gap apart")
+    named = ", ".join(f"{k.replace('_', ' ')} {v:+.3f}" for k, v in r["parts"].items() if v) or "nothing to explain"
+    left = "nothing unexplained" if r["unexplained"] == 0.0 else f"{r['unexplained']:+.3f} unexplained"
+    return f"{head}: {named}; differs: {settings}; {left}"
