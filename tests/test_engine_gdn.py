@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from evaluators.engines import gdn, sglang, vllm
+from evaluators.engines import gdn, server, sglang, vllm
 from tracker import config, linear_attn
+from tracker import engine_metrics as em
 
 VLLM_START = """\
 (APIServer pid=6721) WARNING 12-04 08:22:45 [cpu.py:317] Reset SSM cache type to float32 for accelerated GDN mamba backend 'qwen3_next'.
@@ -72,11 +73,11 @@ def test_the_record_takes_the_probes_names_then_the_logs_and_the_servers_setting
 
 
 def test_a_probe_that_fails_or_lies_gives_an_unknown_record():
-    ok = gdn.start_probe(sys.executable, "print('noise'); import json; print(json.dumps({'platform': 'cpu'}))")
-    assert gdn.finish_probe(ok) == {"platform": "cpu"}
+    ok = server.start_probe(sys.executable, "print('noise'); import json; print(json.dumps({'platform': 'cpu'}))")
+    assert server.finish_probe(ok) == {"platform": "cpu"}
     for code in ("raise SystemExit(3)", "print('[1, 2]')", "print('not json')"):
-        assert gdn.finish_probe(gdn.start_probe(sys.executable, code)) is None, code
-    assert gdn.start_probe("/nonexistent/python", "pass") is None and gdn.finish_probe(None) is None
+        assert server.finish_probe(server.start_probe(sys.executable, code)) is None, code
+    assert server.start_probe("/nonexistent/python", "pass") is None and server.finish_probe(None) is None
 
 
 def test_hybrid_serving_problems_are_said_before_anything_starts():
@@ -86,8 +87,9 @@ def test_hybrid_serving_problems_are_said_before_anything_starts():
     assert config.engine_hybrid_problem("vllm", "cuda:1", "fp32") is None
     assert "no cpu path" in config.engine_hybrid_problem("sglang", "cpu", "bf16")
     assert config.engine_hybrid_problem("sglang", "cuda", "bf16") is None
-    assert vllm.prefix_cache_on({"enable_prefix_caching": "True"}) and not vllm.prefix_cache_on({})
-    assert sglang.prefix_cache_on({"disable_radix_cache": False}) and not sglang.prefix_cache_on({"disable_radix_cache": True})
+    assert em.prefix_cache({"enable_prefix_caching": "True"}) and em.prefix_cache({}) is None
+    assert em.prefix_cache({"disable_radix_cache": False}) and not em.prefix_cache({"disable_radix_cache": True})
+    assert em.prefix_cache({"cache_prompt": False}) is False
 
 
 def _fp(functions: dict | None, path: str = "fallback") -> dict:

@@ -121,6 +121,20 @@ class SpecTotals:
     created: float | None  # unix time the drafts counter was created (its `_created` sample)
 
 
+# Whether a request resumes a cached prefix: one concept, each engine's switch for it and whether the
+# switch says "off" when true (vLLM enable_prefix_caching, SGLang disable_radix_cache, llama.cpp's
+# per-request cache_prompt), as an engine eval records them (values True / False or their text).
+PREFIX_CACHE_SWITCHES = (("enable_prefix_caching", False), ("disable_radix_cache", True), ("cache_prompt", False))
+
+
+def prefix_cache(settings: dict) -> bool | None:
+    """Whether an engine's settings resume cached prefixes; None when none of the switches is stated."""
+    for key, inverted in PREFIX_CACHE_SWITCHES:
+        if settings.get(key) is not None:
+            return (str(settings[key]).lower() == "true") != inverted
+    return None
+
+
 # Each engine's names for (verify steps, draft tokens, accepted tokens, accepted per position).
 VLLM_COUNTERS = (VLLM_DRAFTS, VLLM_DRAFT_TOKENS, VLLM_ACCEPTED, VLLM_ACCEPTED_PER_POS)
 LLAMACPP_COUNTERS = (LLAMACPP_DRAFTS, LLAMACPP_DRAFT_TOKENS, LLAMACPP_ACCEPTED, LLAMACPP_ACCEPTED_PER_POS)

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tracker import fingerprint, linear_attn, protocol
+from tracker import config, fingerprint, linear_attn, protocol
+from tracker import engine_metrics as em
 from tracker.errors import DraftboardError
 
 EXACT = 1e-9
@@ -215,7 +216,7 @@ def reconcile(engine: dict, offline: dict) -> dict:
 
 def _dtype(results: dict) -> str | None:
     value = ((results.get("fingerprint") or {}).get("numerics") or {}).get("dtype")
-    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(value, value)
+    return {torch_name: flag for flag, torch_name in config.DTYPES.items()}.get(value, value)
 
 
 def hybrid(engine: dict, offline: dict, r: dict) -> dict | None:
@@ -251,8 +252,7 @@ def hybrid(engine: dict, offline: dict, r: dict) -> dict | None:
                      "the engine rolls its GDN state back after each rejection; with equal completions the "
                      "difference is in the drafter's features (kernels, dtype)")
         notes.append(f"acceptance: {r['acceptance_differs_as_engine']} prompt(s) with equal completions; {cause}")
-    if str(settings.get("enable_prefix_caching")).lower() == "true" or \
-            str(settings.get("disable_radix_cache")).lower() == "false":
+    if em.prefix_cache(settings):
         notes.append("prefix caching was on: a cached prefix resumes another request's recurrent state")
     return {"gdn": [{"piece": row.piece, "engine": row.values[0], "offline": row.values[1],
                      "severity": row.severity} for row in rows],
@@ -290,8 +290,6 @@ def verdict(r: dict) -> str:
 # What an engine eval records of its serving settings that can move its number, as `engine` keys.
 ENGINE_SETTINGS = ("version", "num_speculative_tokens", "dtype", "spec_draft_p_min", "cache_type_k_draft",
                    "mamba_ssm_cache_dtype", "gguf_type")
-# One concept, three spellings: whether a request resumes a cached prefix (vLLM, SGLang, llama.cpp).
-PREFIX_CACHE = (("enable_prefix_caching", False), ("disable_radix_cache", True), ("cache_prompt", False))
 ENGINE_PARTS = ("end_of_generation", "acceptance", "numerics")
 
 
@@ -299,9 +297,8 @@ def _engine_settings(results: dict) -> dict:
     engine = results.get("engine") or {}
     out = {k: engine.get(k) for k in ENGINE_SETTINGS if engine.get(k) is not None}
     out["last_block"] = (results.get("protocol") or {}).get("last_block")
-    for key, inverted in PREFIX_CACHE:
-        if engine.get(key) is not None:
-            out["prefix_cache"] = (str(engine[key]).lower() == "true") != inverted
+    if em.prefix_cache(engine) is not None:
+        out["prefix_cache"] = em.prefix_cache(engine)
     gdn = engine.get("linear_attention")
     if isinstance(gdn, dict) and gdn.get("summary"):
         out["linear_attention"] = gdn["summary"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING, Check
 from evaluators.drafter import DFLASH2, DrafterConfig
 from evaluators.weights import one_line
+from tracker import engine_metrics as em
 from tracker.errors import DraftboardError
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
@@ -139,12 +140,11 @@ def _from_engine_eval(engine: dict) -> ServingConfig:
     settings = {**engine, **(record.get("settings") if isinstance(record.get("settings"), dict) else {})}
     name = str(engine.get("name") or "vllm")
     n = engine.get("num_speculative_tokens")
-    prefix = settings.get("enable_prefix_caching") if name == "vllm" else settings.get("disable_radix_cache")
     return ServingConfig(name, str(engine.get("method") or _METHODS.get(name, VLLM_METHOD)),
                          n if isinstance(n, int) else None,
                          _text(settings.get("mamba_ssm_cache_dtype") or settings.get("mamba_ssm_dtype")), None,
                          _text(engine.get("version")), _text(settings.get("model_runner")),
-                         None if prefix is None else (_flag(prefix) if name == "vllm" else not _flag(prefix)),
+                         em.prefix_cache(settings),
                          where=f"the engine eval's {name}",
                          draft_cache_type=_text(settings.get("cache_type_k_draft")))
 

@@ -103,7 +103,7 @@ class EngineReply:
 class EngineClient(ABC):
     """One engine's HTTP API. Each engine's module (`vllm`, `sglang`) also holds what a managed server
     needs: `server_argv`, `server_env`, `managed_settings` and `aux_layers_from_log`; and, for hybrid
-    targets, `prefix_cache_on` / `PREFIX_CACHE_OFF` (a cached prefix resumes recurrent state), `GDN_PROBE` (Python
+    targets, `PREFIX_CACHE_OFF` (how to turn off what `engine_metrics.prefix_cache` reads), `GDN_PROBE` (Python
     run in the engine's own interpreter that names what its code runs for each Gated DeltaNet piece;
     None: unknown), `settings_from_log` and `gdn_functions_from_log` (what it logged at start)."""
 

@@ -15,15 +15,10 @@ the SSM / mamba state dtype, the model dtype, eager or graphs, the model runner.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
 from dataclasses import dataclass, field
 
-from evaluators.engines.server import engine_environment
-from tracker import lifecycle, linear_attn
+from tracker import linear_attn
 
-PROBE_TIMEOUT_S = 120.0
 # Settings that change what a GDN layer computes or which state it resumes from, as the record
 # names them, each with the engine's own names it is read from (server report, then start log).
 SETTINGS = {
@@ -72,34 +67,6 @@ def _kind(implementation: str) -> str:
             break
         head.append(word)
     return " ".join(head) or implementation
-
-
-def start_probe(python: str, code: str) -> subprocess.Popen | None:
-    """Run `code` in the engine's Python beside the server's start (they share nothing). It dies with
-    the eval (SIGKILL on the parent's death), so a killed eval leaves no probe behind."""
-    try:
-        return subprocess.Popen([python, "-I", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, text=True, env=engine_environment(),
-                                **lifecycle.child_popen_kwargs(signal.SIGKILL))
-    except OSError:
-        return None
-
-
-def finish_probe(proc: subprocess.Popen | None) -> dict | None:
-    """The probe's JSON object (its last stdout line), or None if it failed: the record says unknown."""
-    if proc is None:
-        return None
-    try:
-        out, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None
-    try:
-        report = json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0 else None
-    except (ValueError, IndexError):
-        return None
-    return report if isinstance(report, dict) else None
 
 
 def record(engine: str, probe: dict | None, logged: dict, logged_functions: dict[str, str],

@@ -95,10 +95,6 @@ def aux_layers_from_log(text: str) -> list[int] | None:
     return None  # the drafter GGUF carries them (dflash.target_layers); the server does not log them
 
 
-def prefix_cache_on(settings: dict) -> bool:
-    return False  # every request asks for no prompt cache (`cache_prompt` false)
-
-
 GDN_PROBE = None  # llama.cpp's hybrid (GDN) serving is not read here yet: a hybrid's record says unknown
 
 

@@ -23,11 +23,12 @@ from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
 from evaluators.engines import gdn, llamacpp, sglang, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
-from evaluators.engines.server import ManagedServer, check_python
+from evaluators.engines.server import ManagedServer, check_python, finish_probe, start_probe
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, fingerprint
+from tracker import engine_metrics as em
 from tracker.uncertainty import results_uncertainty
 
 # Each engine's module: its client class, and what its managed server loads (`prepare`) and runs.
@@ -136,8 +137,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
         # own Python reports its versions and, for a hybrid, its GDN code while it starts.
         *served, prepared = engine.prepare(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()),
                                            s.dtype, Path(s.cache_dir) if s.cache_dir else config.cache_dir(), progress)
-        probes = {"report": gdn.start_probe(python, fingerprint.ENGINE_PROBE),
-                  "gdn": gdn.start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
+        probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
+                  "gdn": start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
         log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
         server = ManagedServer(
             e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
@@ -149,7 +150,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, sampling, engine,
                                                                   tuple(served), hybrid, n_spec, device, progress,
                                                                   start)
-        report, gdn_probe = (gdn.finish_probe(probes.get(k)) for k in ("report", "gdn"))
+        report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
     finally:
         for proc in probes.values():  # an eval that failed early leaves no probe behind
             if proc is not None and proc.poll() is None:
@@ -198,7 +199,7 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         info.method = info.method or "dflash"
         info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
     _check_serves(info, *served, n_spec)
-    if hybrid and engine.prefix_cache_on(info.settings):
+    if hybrid and em.prefix_cache(info.settings):
         raise EngineError(f"{e.name} at {info.url} caches prefixes on a hybrid target: a cached prefix resumes "
                           "another request's Gated DeltaNet state, so one prompt's acceptance would depend on the one "
                           f"before; restart it with {engine.PREFIX_CACHE_OFF}")

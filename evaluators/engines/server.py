@@ -16,6 +16,7 @@ Exit paths and what stops the server:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from evaluators.engines.base import EngineError
 from tracker import lifecycle, redact
 
 STOP_GRACE_S = 15.0
+PROBE_TIMEOUT_S = 120.0
 HEALTH_POLL_S = 1.0
 LOG_TAIL_LINES = 15
 KEEPER_POLL_S = 0.2
@@ -46,6 +48,34 @@ def engine_environment() -> dict[str, str]:
     local folders on loopback and needs none of them (least privilege; tracker.redact says what a
     secret key looks like)."""
     return {k: v for k, v in os.environ.items() if not redact.is_secret_key(k)}
+
+
+def start_probe(python: str, code: str) -> subprocess.Popen | None:
+    """Run `code` in the engine's Python beside the server's start (they share nothing). It dies with
+    the eval (SIGKILL on the parent's death), so a killed eval leaves no probe behind."""
+    try:
+        return subprocess.Popen([python, "-I", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, text=True, env=engine_environment(),
+                                **lifecycle.child_popen_kwargs(signal.SIGKILL))
+    except OSError:
+        return None
+
+
+def finish_probe(proc: subprocess.Popen | None) -> dict | None:
+    """The probe's JSON object (its last stdout line), or None if it failed: the record says unknown."""
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    try:
+        report = json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def check_python(python: str | None, engine: str) -> str:

@@ -70,11 +70,6 @@ def aux_layers_from_log(text: str) -> list[int] | None:
 PREFIX_CACHE_OFF = "--disable-radix-cache"
 
 
-def prefix_cache_on(settings: dict) -> bool:
-    """Whether the server (as it reports itself, EngineInfo.settings) resumes cached prefixes."""
-    return str(settings.get("disable_radix_cache")).lower() == "false"
-
-
 # SGLang's GDN kernels are chosen inside its attention backend at start and not logged in a form
 # read here yet: the record says unknown rather than guessing from the device.
 GDN_PROBE = None

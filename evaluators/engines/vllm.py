@@ -84,11 +84,6 @@ def aux_layers_from_log(text: str) -> list[int] | None:
 PREFIX_CACHE_OFF = "--no-enable-prefix-caching"
 
 
-def prefix_cache_on(settings: dict) -> bool:
-    """Whether the server (as it reports itself, EngineInfo.settings) resumes cached prefixes."""
-    return str(settings.get("enable_prefix_caching")).lower() == "true"
-
-
 # What vLLM's own code runs for each Gated DeltaNet piece, read in the engine's Python (`python -c`):
 # the platform's forward, and on CPU the same capability tests `ops/cpu/gdn_attention.py` makes
 # (with speculative decoding the layer takes its spec-aware path: C++ conv only with AMX or Arm bf16,
