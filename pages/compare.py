@@ -16,6 +16,7 @@ from tracker.dashboard.compare import (
     common_budgets,
     compare_data,
     default_selection,
+    engines_views,
     env_key,
     ids_from_link,
     eval_tables,
@@ -272,8 +273,35 @@ def config_view() -> None:
                        key="compare_config_csv", on_click="ignore")
 
 
+@st.fragment
+def engines_view() -> None:
+    views = engines_views(index, data, results)
+    if not views:
+        st.info("No engine evals among these runs: measure a checkpoint as an engine serves it with "
+                "`draftboard eval --engine vllm|sglang|llamacpp` (or from the Launch page), then choose that eval here.")
+        return
+    st.caption("Each checkpoint and prompt set: the offline tau and each engine's own number (two definitions, "
+               "named in each row), and each pair of engines' gap in parts, measured through the offline eval of the "
+               "same prompts so that pooling cancels (`draftboard reconcile A B --offline C`, docs/DESIGN.md).")
+    for i, view in enumerate(views):
+        st.markdown(f"**{md(view.title)}**")
+        st.dataframe(view.numbers, hide_index=True, key=f"compare_engines_numbers_{i}",
+                     column_config={"definition": st.column_config.TextColumn(width="large")})
+        if view.gaps.empty:
+            st.caption("One engine eval of this checkpoint and prompt set: choose another engine's eval of the same "
+                       "prompts to see the gap between them.")
+            continue
+        if view.offline is None:
+            st.warning("No offline eval of this checkpoint on these prompts: the gap is not taken apart (evaluate it "
+                       "offline with the same prompts).", icon=":material/info:")
+        st.dataframe(view.gaps, hide_index=True, key=f"compare_engines_gaps_{i}", row_height=WRAP_ROW_HEIGHT,
+                     column_config={name: st.column_config.TextColumn(width="large")
+                                    for name in ("settings that differ", "verdict")})
+
+
 VIEWS = {
     "Eval by checkpoint": eval_view,
+    "Engines": engines_view,
     "Training curves": train_view,
     "Acceptance by position": position_view,
     "DDTree vs budget": ddtree_view,

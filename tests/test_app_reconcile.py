@@ -3,6 +3,7 @@ prompts: the hand-worked pair of tests/test_reconcile.py, logged as two eval run
 
 from __future__ import annotations
 
+import pytest
 from apptest import page_text, run_page, serve
 from test_reconcile import _hybrid, evals
 from tracker.store import names
@@ -89,3 +90,39 @@ def test_a_served_hybrid_shows_its_gdn_code_per_piece_and_its_causes(tmp_path, m
     [row] = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id)).to_dict("records")
     assert row["hybrid"] == ("GDN code differs: chunk rule (prefill), gated norm; not the same protocol: "
                              "engine bf16, offline fp32")
+
+
+def test_compare_draws_every_engine_of_one_checkpoint_side_by_side(tmp_path, monkeypatch):
+    """Compare's Engines view: the offline tau and each engine's own number, each row naming its
+    definition, and the gap between the engines in parts with the settings that differ (the hand-worked
+    pair of test_reconcile: vLLM counts a full last block, llama.cpp takes no step without room)."""
+    from test_reconcile import _two_engines
+
+    vllm, llama, offline = _two_engines()
+    vllm["prompts"][0]["id"] = llama["prompts"][0]["id"] = offline["prompts"][0]["id"] = "<b>a</b>"
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    (tmp_path / "drafter").mkdir()
+    tracker, ids = Tracker(uri), {}
+    for name, results in (("vllm", vllm), ("llamacpp", llama), ("offline", offline)):
+        tags = {names.protocol_tag("scoring"): results["protocol"]["scoring"],
+                names.protocol_tag("prompt_digest"): "abc123"}
+        with tracker.eval_run(name, target="t", checkpoint=str(tmp_path / "drafter"), tags=tags) as run:
+            run.log_metrics({"tau": results["tau"]}, step=0)
+            run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
+            ids[name] = run.run_id
+    serve(monkeypatch, uri, tmp_path / "home", tmp_path)
+    at = run_page("pages/compare.py", runs=f"{ids['vllm']},{ids['llamacpp']}", compare_view="Engines")
+    numbers, gaps = [df.value for df in at.dataframe if {"definition"} <= set(df.value.columns)
+                     or "A − B" in df.value.columns]
+    assert list(numbers["measured by"]) == ["offline", "vllm", "llamacpp"]
+    assert list(numbers["number"]) == ["tau", "engine mean acceptance length", "engine mean acceptance length"]
+    assert list(numbers["value"]) == [offline["tau"], 23 / 6, 17 / 5]
+    [row] = gaps.to_dict("records")
+    assert row["A − B"] == row["end of generation"] == pytest.approx(23 / 6 - 17 / 5)
+    assert row["acceptance"] == row["numerics"] == row["unexplained"] == 0.0
+    assert "last_block: full vs cut" in row["settings that differ"]
+    assert row["verdict"].endswith("nothing unexplained")
+    assert "<b>" not in "".join(el.value for el in at.markdown)
+
+    at = run_page("pages/compare.py", runs=ids["offline"], compare_view="Engines")  # no engine eval chosen
+    assert "No engine evals among these runs" in page_text(at)

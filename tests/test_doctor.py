@@ -301,3 +301,56 @@ def test_doctor_reads_a_llama_server_command_line(tmp_path, line, expected):
         assert "capped at 4" in checks["speculation_length"].verdict
         assert "(not set: llamacpp's default)" in checks["speculation_length"].evidence
         assert checks["speculation_length"].fix == "set --spec-draft-n-max=7 to serve what was evaluated"
+
+
+def _drafter_gguf(path, target_layers):
+    """A drafter GGUF's metadata as llama.cpp's own writer (the `gguf` package) writes it."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "dflash")
+    if target_layers is not None:
+        writer.add_array("dflash.target_layers", target_layers)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("layers_in_gguf, severity", [([2, 4], OK), ([1, 3], CRITICAL), (None, CRITICAL)])
+def test_doctor_checks_the_drafter_ggufs_target_layers(tmp_path, layers_in_gguf, severity):
+    """llama.cpp taps the layers `dflash.target_layers` names; the converter writes target_layer_ids + 1
+    (so [1, 3] is a drafter converted with the off-by-one convention)."""
+    _drafter_gguf(tmp_path / "drafter.gguf", layers_in_gguf)
+    (tmp_path / "serve.sh").write_text("llama-server -m t.gguf -md drafter.gguf --spec-type draft-dflash\n")
+    check = serving.gguf_target_layers(serving.read_serving_config(tmp_path / "serve.sh"), [1, 3])
+    assert check.severity == severity, check
+    assert "target_layer_ids [1, 3] + 1 = [2, 4]" in check.evidence
+    if severity == CRITICAL:
+        assert "--target-model-dir" in check.fix
+
+
+def test_doctor_refuses_a_gguf_header_claiming_billions_of_fields(tmp_path):
+    """The header's counts are checked before llama.cpp's reader allocates for them."""
+    import struct
+
+    (tmp_path / "d.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 1 << 40))
+    (tmp_path / "serve.sh").write_text("llama-server -md d.gguf --spec-type draft-dflash\n")
+    check = serving.gguf_target_layers(serving.read_serving_config(tmp_path / "serve.sh"), [1])
+    assert check.severity == WARNING and "is not a drafter GGUF" in check.verdict
+
+
+@pytest.mark.parametrize("version_line, family, severity", [
+    ("# version: 9836 (1a2b3c4)", "dflash", CRITICAL),  # DFlash landed in b9837 (PR #22105)
+    ("# version: 9837 (1a2b3c4)", "dflash", OK),
+    ("# version: 10645 (1a2b3c4)", "dflash2", CRITICAL),  # DFlash2 in b10662
+    ("# version: 10662 (1a2b3c4)", "dflash2", OK),
+    ("", "dflash", INFO),
+])
+def test_doctor_checks_the_llama_cpp_build(tmp_path, version_line, family, severity):
+    from types import SimpleNamespace
+
+    (tmp_path / "serve.sh").write_text(f"{version_line}\nllama-server -md d.gguf --spec-type draft-dflash\n")
+    served = serving.read_serving_config(tmp_path / "serve.sh")
+    check = serving.llamacpp_build(served, SimpleNamespace(family=family))
+    assert check.severity == severity, check
+    assert ("DFlash2 needs b10662" if family == "dflash2" else "DFlash needs b9837") in check.evidence

@@ -85,6 +85,9 @@ def test_llamacpps_default_draft_length_caps_acceptance(served, serving_pair, ll
     assert length["severity"] == "warning" and "acceptance is capped at 4" in length["verdict"]
     assert length["fix"] == "set --spec-draft-n-max=7 to serve what was evaluated"
     assert checks["serving_method"]["severity"] == "ok" and checks["draft_kv_cache"]["severity"] == "ok"
+    # the GGUF llama.cpp's converter wrote taps the checkpoint's layers; xllamacpp reports no build (b0)
+    assert checks["gguf_target_layers"]["severity"] == "ok", checks["gguf_target_layers"]
+    assert checks["llamacpp_build"]["severity"] == "info"
 
 
 def test_engines_that_cannot_be_used_say_why_in_one_line(serving_pair, llamacpp_python, home, tmp_path, capsys,

@@ -89,12 +89,14 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
                    tokens.mask_token(tokenizer, loaded.model.mask_token_id)]
         if served is not None:
             checks += [serving.speculation_length(served, loaded.config), serving.method(served, loaded.config)]
+            if served.engine == "llamacpp":
+                checks.append(serving.gguf_target_layers(served, layer_ids))
     if served is not None:
         hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
         checks += [serving.ssm_dtype(served), serving.engine_version(served, hybrid), serving.model_runner(served),
                    serving.prefix_cache(served, hybrid)]
         if served.engine == "llamacpp":
-            checks.append(serving.draft_kv_cache(served))
+            checks += [serving.draft_kv_cache(served), serving.llamacpp_build(served, loaded.config if loaded else None)]
     progress("doctor: fingerprint", 1, 3)
     here = fingerprint.capture(target.model, device, s.dtype, probe_layers=layer_ids or None)
     checks.append(environment.check(here, s.trained_fingerprint, s.trained_name))

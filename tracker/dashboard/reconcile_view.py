@@ -1,16 +1,21 @@
-"""Run detail's reconciliation: an engine eval beside the offline evals of the same checkpoint and
-prompts, its gap taken apart by `tracker.reconcile` (the same report `draftboard reconcile` prints)."""
+"""Reconciliation on the dashboard: Run detail's engine eval beside the offline evals of the same
+checkpoint and prompts, and Compare's Engines view (every engine eval of one checkpoint and prompt
+set side by side), their gaps taken apart by `tracker.reconcile` (the reports `draftboard reconcile`
+prints)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 
 import pandas as pd
 
 from tracker import config, linear_attn
 from tracker.dashboard.index import RunIndex, RunInfo
-from tracker.reconcile import reconcile
+from tracker.errors import DraftboardError
+from tracker.reconcile import ENGINE_PARTS, reconcile, reconcile_engines
 from tracker.store import names
 
 SCORING_TAG = names.protocol_tag("scoring")
@@ -25,6 +30,10 @@ PART_MEANINGS = {
 
 def is_engine_eval(run: RunInfo) -> bool:
     return run.tags.get(SCORING_TAG) == config.ENGINE_SCORING
+
+
+def _checkpoint_key(run: RunInfo) -> str | None:
+    return run.checkpoint_sha256 or (str(Path(run.checkpoint).resolve()) if run.checkpoint else None)
 
 
 def offline_partners(index: RunIndex, run: RunInfo) -> list[RunInfo]:
@@ -94,3 +103,66 @@ def hybrid_words(r: dict) -> str:
     if None not in dtypes.values() and len(set(dtypes.values())) > 1:
         words += f"; not the same protocol: engine {dtypes['engine']}, offline {dtypes['offline']}"
     return words
+
+
+ENGINE_NUMBER = "1 + accepted / verify steps, pooled over the engine's steps (its own counters)"
+OFFLINE_NUMBER = "tau: offline walk, mean per prompt, then over prompts"
+GAP_COLUMNS = ["A", "B", "A − B", *(p.replace("_", " ") for p in ENGINE_PARTS), "unexplained",
+               "settings that differ", "verdict"]
+
+
+@dataclass(frozen=True)
+class EnginesView:
+    """One checkpoint on one prompt set, as Compare's Engines view draws it."""
+
+    title: str
+    numbers: pd.DataFrame  # measured by, run, number, value, definition
+    gaps: pd.DataFrame  # GAP_COLUMNS: each pair of engine evals, through the offline eval where there is one
+    offline: str | None  # the offline eval the gaps go through; None: none of these prompts and checkpoint
+
+
+def engines_views(index: RunIndex, evals: Sequence[RunInfo], load: Callable[[RunInfo], dict | None]
+                  ) -> list[EnginesView]:
+    """The engine evals among `evals`, grouped by checkpoint and prompt set: each group's offline tau
+    and engine numbers (two definitions, each named), and each pair's gap in parts with the settings
+    that differ and one verdict (`tracker.reconcile.reconcile_engines`)."""
+    groups: dict[tuple, dict[str, RunInfo]] = {}
+    for ev in evals:
+        key = (_checkpoint_key(ev), ev.tags.get(names.protocol_tag("prompt_digest")))
+        if is_engine_eval(ev) and None not in key:
+            groups.setdefault(key, {})[ev.run_id] = ev
+    views = []
+    for runs in (list(g.values()) for g in groups.values()):
+        loaded = [(run, load(run)) for run in runs]
+        loaded = [(run, r) for run, r in loaded if r is not None]
+        if not loaded:
+            continue
+        partners = offline_partners(index, runs[0])
+        offline_run = partners[0] if partners else None
+        offline = load(offline_run) if offline_run is not None else None
+        numbers = ([{"measured by": "offline", "run": index.label(offline_run.run_id), "number": "tau",
+                     "value": offline.get("tau"), "definition": OFFLINE_NUMBER}] if offline else []) + [
+            {"measured by": _engine_name(r), "run": index.label(run.run_id), "number": "engine mean acceptance length",
+             "value": r.get("engine_mean_acceptance_length"), "definition": ENGINE_NUMBER} for run, r in loaded]
+        rows = []
+        for (run_a, a), (run_b, b) in combinations(loaded, 2):
+            try:
+                rep = reconcile_engines(a, b, offline)
+            except DraftboardError as exc:  # other prompts, or results another tool wrote: said, not drawn
+                rows.append({"A": index.label(run_a.run_id), "B": index.label(run_b.run_id), "verdict": str(exc)})
+                continue
+            rows.append({"A": f"{_engine_name(a)} · {index.label(run_a.run_id)}",
+                         "B": f"{_engine_name(b)} · {index.label(run_b.run_id)}", "A − B": rep["gap"],
+                         **{p.replace("_", " "): rep["parts"].get(p) for p in ENGINE_PARTS},
+                         "unexplained": rep["unexplained"],
+                         "settings that differ": "; ".join(f"{d['field']}: {d['a_value']} vs {d['b_value']}"
+                                                           for d in rep["settings_diff"]) or "none",
+                         "verdict": rep["verdict"]})
+        views.append(EnginesView(f"{index.eval_label(runs[0])}", pd.DataFrame(numbers),
+                                 pd.DataFrame(rows, columns=GAP_COLUMNS),
+                                 index.label(offline_run.run_id) if offline else None))
+    return views
+
+
+def _engine_name(results: dict) -> str:
+    return str((results.get("engine") or {}).get("name") or "engine")
