@@ -385,6 +385,7 @@ def check_lossless(s: EvalSettings, progress: Progress = quiet) -> dict:
     (every token it caches is kept); the online loop's cache is cropped after rejected drafts.
     """
     t0 = time.perf_counter()
+    linear_attn.FALLBACK_WARNINGS.start()
     device = s.device or fingerprint.default_device()
     pair = load_pair(s, device, progress)
     target = _OnDemand(s, device)()
@@ -452,6 +453,7 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     and drafter seconds; `timing.loaded` says what of the target was read ("model" or "heads").
     """
     t0 = time.perf_counter()
+    linear_attn.FALLBACK_WARNINGS.start()
     device = s.device or fingerprint.default_device()
     pair = load_pair(s, device, progress)
     prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision

@@ -272,7 +272,7 @@ def test_shell_metacharacters_in_cli_names_are_stored_literally(models, tmp_path
     prompts.write_text(json.dumps({"id": prompt_id, "input_ids": [5, 6, 7, 8, 9]}) + "\n")
     out = tmp_path / "results.json"
     assert main(_eval_args(root, "--tracking-uri", uri, "--name", eval_name, "--out", str(out), prompts=prompts)) == 0
-    run_id = json.loads(capsys.readouterr().out.split("@@draftboard ")[-1])["run_id"]
+    run_id = capsys.readouterr().out.split("  run: ")[-1].split()[0]  # the summary line names the run
 
     client = MlflowClient(uri)
     assert client.get_run(imported).info.run_name == log_name

@@ -73,7 +73,7 @@ def test_a_drafter_trained_one_layer_off_is_caught_with_the_fix_and_a_correct_on
 def test_the_cli_exits_1_on_a_critical_finding_and_prints_the_checks_as_json(pair, capsys):
     assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "off_by_one"), "--device",
                  "cpu", "--json"]) == 1
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads(capsys.readouterr().out)
     by_name = {c["name"]: c for c in report["checks"]}
     assert report["critical"] and by_name["layer_offset"]["severity"] == CRITICAL
     assert set(by_name) == {"layer_offset", "architecture", "tapped_layers", "mask_token", "stop_tokens", "thinking",

@@ -257,13 +257,26 @@ def test_a_managed_engine_gets_none_of_the_workers_secrets(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # passwords inside URI values too (issue 37, finding 2): the store's and the compose queue's
+    monkeypatch.setenv("DATABASE_URL", "postgresql://board:pw@db/mlflow")
+    monkeypatch.setenv("DRAFTBOARD_JOBS_URI", "postgresql+psycopg://jobs:s3cret@db/jobs")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:p'w@mlflow.internal/")
+    monkeypatch.setenv("DRAFTBOARD_LOG_NOTE", "retry with password=hunter3")
     env = engine_environment()
-    assert "MLFLOW_TRACKING_PASSWORD" not in env and "HF_TOKEN" not in env
+    for name in ("MLFLOW_TRACKING_PASSWORD", "HF_TOKEN", "DATABASE_URL", "DRAFTBOARD_JOBS_URI", "MLFLOW_TRACKING_URI",
+                 "DRAFTBOARD_LOG_NOTE"):
+        assert name not in env, name
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PATH"] == os.environ["PATH"]
+    # what the engine's own process sees (a probe runs with the same environment)
+    from evaluators.engines.server import finish_probe, start_probe
+
+    seen = finish_probe(start_probe(sys.executable, "import json, os; print(json.dumps({'env': dict(os.environ)}))"))
+    leaked = [s for s in ("hunter2", "pw@", "s3cret", "hunter3", "p'w") for v in seen["env"].values() if s in v]
+    assert leaked == []
 
 
 def llamacpp_server(drafted_per_request: int, accepted_per_request: int, reply_timings: tuple[int, int],
-                    spec_types: str = "draft-dflash"):
+                    spec_types: str = "draft-dflash", steps_per_request: int = 2):
     """A server answering as llama.cpp's does (tools/server: /props, /metrics counters, /completion
     with `tokens`, `generation_settings` and `timings.draft_n` / `draft_n_accepted`), whose counters
     move by the given amounts per request while its replies claim `reply_timings` (a LoopbackServer)."""
@@ -289,7 +302,7 @@ def llamacpp_server(drafted_per_request: int, accepted_per_request: int, reply_t
                                        "default_generation_settings": {"n_ctx": 512, "params": {}}}))
             else:
                 self._send("".join(f"llamacpp:{name}_total {value}\n" for name, value in (
-                    ("spec_decode_num_drafts", 2 * n), ("spec_decode_num_draft_tokens", drafted_per_request * n),
+                    ("spec_decode_num_drafts", steps_per_request * n), ("spec_decode_num_draft_tokens", drafted_per_request * n),
                     ("spec_decode_num_accepted_tokens", accepted_per_request * n))) +
                     f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {accepted_per_request * n}\n',
                     "text/plain")
@@ -326,3 +339,21 @@ def test_a_llamacpp_reply_whose_counts_disagree_with_its_counters_is_refused():
                 LlamaCppClient(server.url).generate([1, 2], sampling)
         finally:
             server.close()
+
+
+def test_counts_larger_than_the_completion_allows_are_refused_before_anything_is_built():
+    """Issue 37, finding 4: a small, self-consistent reply claiming 10^9 verify steps for 3 tokens (each
+    step adds at least one) is refused in one line, not expanded into 10^9 per-step entries."""
+    from evaluators.engines.base import EngineError, EngineReply, Sampling
+    from evaluators.engines.llamacpp import LlamaCppClient
+
+    server = llamacpp_server(7 * 10**9, 0, (7 * 10**9, 0), steps_per_request=10**9)
+    try:
+        with pytest.raises(EngineError, match="1000000000 verify steps and 0 accepted tokens for 3 tokens generated"):
+            LlamaCppClient(server.url).generate([1, 2], Sampling(max_tokens=3, stop_token_ids=(63,)))
+    finally:
+        server.close()
+    for counts in ({"drafts": 1, "accepted": 4, "histogram": [0, 0, 0, 0, 1]}, {"drafts": -1, "accepted": 0,
+                                                                                 "histogram": None}):
+        with pytest.raises(EngineError, match="more than its completion allows"):
+            EngineReply(completion_ids=[5, 6, 7], draft_tokens=7, **counts)

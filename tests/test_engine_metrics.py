@@ -18,7 +18,7 @@ def test_a_chains_per_position_counts_give_its_histogram():
     reply = EngineReply([1] * 9, drafts=5, draft_tokens=15, accepted=4 + 2 + 1, histogram=[1, 2, 1, 1])
     assert reply.accepted_by_position == [4, 2, 1] and reply.steps_multiset == [0, 1, 1, 2, 3]
     with pytest.raises(EngineError, match="disagree"):
-        EngineReply([1], drafts=5, draft_tokens=15, accepted=6, histogram=[1, 2, 1, 1])
+        EngineReply([1] * 9, drafts=5, draft_tokens=15, accepted=6, histogram=[1, 2, 1, 1])
 
 
 def test_prometheus_counters_with_or_without_the_total_suffix():

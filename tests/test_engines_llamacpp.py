@@ -59,7 +59,7 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
 
     capsys.readouterr()
     assert main(["reconcile", str(served["path"]), str(serving_pair / "offline.json"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads(capsys.readouterr().out)
     assert report["completions_equal"] == 8 and report["unexplained"] == 0.0, report["verdict"]
     assert report["gap"] == pytest.approx(sum(report["parts"].values()))
 
@@ -80,7 +80,7 @@ def test_llamacpps_default_draft_length_caps_acceptance(served, serving_pair, ll
     capsys.readouterr()
     assert main(["doctor", "--target", str(serving_pair / "target"), "--drafter", str(serving_pair / "drafter"),
                  "--serving-config", str(out), "--json", "--n-prompts", "2", "--max-new-tokens", "16"]) == 0
-    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checks"]}
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     length = checks["speculation_length"]
     assert length["severity"] == "warning" and "acceptance is capped at 4" in length["verdict"]
     assert length["fix"] == "set --spec-draft-n-max=7 to serve what was evaluated"
@@ -145,7 +145,7 @@ def test_llamacpp_and_vllm_on_one_checkpoint_come_apart_through_the_offline_eval
     capsys.readouterr()
     assert main(["reconcile", str(vllm_served_pair), str(served["path"]), "--offline",
                  str(serving_pair / "offline.json"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads(capsys.readouterr().out)
     vllm_mean = json.loads(vllm_served_pair.read_text())["engine_mean_acceptance_length"]
     assert report["gap"] == pytest.approx(vllm_mean - served["results"]["engine_mean_acceptance_length"])
     assert report["unexplained"] == 0.0 and report["completions_equal"] == 8

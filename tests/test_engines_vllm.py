@@ -96,7 +96,7 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_s
     assert main([*_args(pair), "--drafter-precision", "bf16", "--no-log", "--out", str(bf16)]) == 0
     capsys.readouterr()
     assert main(["reconcile", str(out), str(bf16), "--json", "--margins"]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads(capsys.readouterr().out)
     assert report["completions_equal"] == 8 and report["unexplained"] == 0.0
     parted = [d for d in report["first_differences"] if d["cause"] == "acceptance"]
     assert all(isinstance(d["margin"], float) and d["margin"] >= 0 for d in parted)
@@ -156,7 +156,7 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
     while True:
         log.write_text(served.log.read_text(errors="replace"))
         logged = sum(float(m["drafted"]) / len(m["positions"].split(","))
-                     for m in map(em.VLLM_LOG_LINE.search, log.read_text().splitlines()) if m)
+                     for m in map(em.VLLM_LOG_LINE.match, log.read_text().splitlines()) if m)
         if logged >= drafts or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -11,7 +11,7 @@ from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.scoring import completion_bounds
 from evaluators.target import cache_key
-from tracker import fingerprint
+from tracker import events, fingerprint
 from tracker.cli import main
 from tiny import VOCAB, qwen35_config, save_target
 
@@ -46,7 +46,8 @@ def _eval_args(root, *extra):
             "--device", "cpu", "--cache-dir", str(root / "cache"), *extra]
 
 
-def test_eval_cli_writes_results_and_logs_a_linked_run(hybrid, tracker, store_uri, tmp_path, capsys):
+def test_eval_cli_writes_results_and_logs_a_linked_run(hybrid, tracker, store_uri, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(events.ASKED, "1")  # run as a worker's job: it reports on the protocol's lines
     with tracker.training_run("train-for-eval", {"lr": 1e-3}, str(hybrid / "target")) as train:
         train.log_step(0, loss=1.0)
     out = tmp_path / "results.json"

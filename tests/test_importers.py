@@ -187,6 +187,58 @@ def test_ddtree_file_that_would_run_code_is_refused_and_nothing_runs(tmp_path, t
     assert not marker.exists()
 
 
+def test_spec_acceptance_is_linear_in_num_spec_tokens_and_bounded(tmp_path):
+    """Issue 37, finding 9: the per-position rates were a sum over the histogram's tail for every position
+    (quadratic in num_spec_tokens, minutes at 4096 drafts); now suffix sums, and a num_spec_tokens no
+    drafter drafts is refused before its histogram is read."""
+    k = 4096
+    requests = [(100, evalformats.vllm_request_metrics([i % (k + 1), k], k)) for i in range(300)]
+    evalformats.spec_acceptance(tmp_path / "long", requests)
+    (record,) = spec_acceptance.parse_folder(tmp_path / "long")
+    # 600 steps: every second accepted all k drafts, the others i % (k + 1) of them
+    assert record.metrics[names.accept_rate_metric(k)] == pytest.approx(300 / 600)
+    assert record.metrics[names.accept_rate_metric(1)] == pytest.approx((300 + 299) / 600)
+    assert record.metrics[names.accept_rate_metric(300)] == pytest.approx((300 + 0) / 600)
+    assert record.metrics[names.accept_rate_metric(299)] == pytest.approx((300 + 1) / 600)
+    evalformats.spec_acceptance(tmp_path / "huge", [(100, evalformats.vllm_request_metrics([0], 10**6))])
+    with pytest.raises(DraftboardError, match="num_spec_tokens 1000000 is more than any drafter drafts"):
+        spec_acceptance.parse_folder(tmp_path / "huge")
+
+
+def _deflated(path):
+    """The same archive with its records deflated: what a zip bomb is (torch.save stores records)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        records = [(m.filename, archive.read(m)) for m in archive.infolist()]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in records:
+            archive.writestr(name, data)
+
+
+def test_ddtree_files_that_would_burn_cpu_or_memory_are_refused_before_they_are_walked(tmp_path):
+    """Issue 37, finding 7: inside torch's allowlist a file could still inflate a record to gigabytes,
+    hand an allowlisted codec call a huge string, or share one list across a million responses (10^8
+    rounds to walk from a file of a few MB). Each is refused in one line."""
+    path = tmp_path / "r.pt"
+    one = {"dflash": _generate([2, 1], 0.02)}
+    torch.save({"responses": [one], "block_size": 4, "args": {}}, path)
+    _deflated(path)
+    with pytest.raises(DraftboardError, match="is compressed; torch.save stores its records uncompressed"):
+        ddtree_benchmark.parse_ddtree_results(path)
+    torch.save({"responses": [one], "block_size": 4, "args": {"note": "x" * (2 << 20)}}, path)
+    with pytest.raises(DraftboardError, match="refused: a string of 2048 KiB in its pickle"):
+        ddtree_benchmark.parse_ddtree_results(path)
+    shared = {"dflash": _generate([1] * 100, 0.02)}
+    torch.save({"responses": [shared] * 1_000_000, "block_size": 4, "args": {}}, path)
+    assert path.stat().st_size < 16 << 20
+    with pytest.raises(DraftboardError, match="refused: more than 20000000 decode rounds"):  # counted, not walked
+        ddtree_benchmark.parse_ddtree_results(path)
+    torch.save({"responses": [one], "block_size": 10**9, "args": {}}, path)
+    with pytest.raises(DraftboardError, match="block_size must be an integer in 2..4096"):
+        ddtree_benchmark.parse_ddtree_results(path)
+
+
 def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, store_uri):
     from torch.utils.tensorboard import SummaryWriter
 

@@ -162,7 +162,7 @@ def test_an_eval_whose_parent_vanished_stops_by_the_liveness_fallback_and_logs_n
             "--max-new-tokens", "490", "--budgets", "4,8,16,32,64,128", "--device", "cpu", "--linear-attn",
             "fallback", "--tracking-uri", models["store"], "--name", params["name"]]
     out = tmp_path / "eval.out"
-    env = {**os.environ, "DRAFTBOARD_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "DRAFTBOARD_HOME": str(tmp_path / "home"), events.ASKED: "1"}  # as a launcher's job
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(FALLBACK_PARENT), str(out), *argv],
                               stdout=subprocess.PIPE, text=True, env=env)
     eval_proc = psutil.Process(int(parent.stdout.readline()))

@@ -139,3 +139,28 @@ def test_an_evals_fallback_warnings_cover_the_whole_run_decoding_included(tmp_pa
     for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
         assert any(f"`{name}`" in w for w in warned[0]), (name, warned[0])
     assert warned[1] == warned[0]
+
+
+def test_a_warm_process_records_each_evals_own_fallback_warnings(tmp_path):
+    """Issue 37, finding 5: a warm host runs one job after another in one process. A warning an earlier
+    job logged is not the next one's (nor its on-disk fingerprint cache's), and the next job's own
+    fallbacks warn again although transformers warns once per process."""
+    import json
+
+    from tiny import hybrid_eval_files
+    from tracker.cli import main
+    from transformers.utils import logging as hf_logging
+
+    root = hybrid_eval_files(tmp_path)
+    earlier = "falling back to torch for `an_earlier_jobs_function` (the previous job's)"
+    hf_logging.get_logger("transformers.models.qwen3_next.modeling_qwen3_next").warning_once(earlier)
+    out = tmp_path / "next.json"
+    assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
+                 str(root / "prompts.jsonl"), "--max-new-tokens", "8", "--device", "cpu", "--no-log",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    warned = json.loads(out.read_text())["fingerprint"]["numerics"]["linear_attention"]["fallback_warnings"]
+    assert earlier not in warned
+    for name in ("causal_conv1d_fn", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        assert any(f"`{name}`" in w for w in warned), (name, warned)
+    cached = "".join(p.read_text(errors="replace") for p in (tmp_path / "cache").rglob("*.json"))
+    assert "an_earlier_jobs_function" not in cached

@@ -196,7 +196,8 @@ def test_gpu_request_and_passed_environment():
                    "DRAFTBOARD_JOBS_URI": "postgresql://u:secret@db/jobs", "AWS_REGION": "eu", "HOME": "/root"},
                   extra=["AWS_REGION", "UNSET"])
     assert env == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_S3_ENDPOINT_URL": "http://s3",
-                   "DRAFTBOARD_HOME": "/h", "AWS_REGION": "eu", "PYTHONUNBUFFERED": "1"}  # no token: a secret
+                   "DRAFTBOARD_HOME": "/h", "AWS_REGION": "eu", "PYTHONUNBUFFERED": "1",
+                   "DRAFTBOARD_JOB_EVENTS": "1"}  # no token: a secret
     assert isinstance(make_launcher("local"), LocalLauncher)
     with pytest.raises(DraftboardError, match="unknown launcher"):
         make_launcher("slurm")

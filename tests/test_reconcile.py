@@ -218,6 +218,21 @@ def test_two_engines_come_apart_through_their_common_offline_eval():
         reconcile_engines(vllm, offline)
 
 
+def test_a_stored_number_its_own_steps_contradict_is_refused():
+    """Issue 37, finding 12: the engine number is recomputed from the per-step counts the eval holds; a
+    summary that disagrees with them (edited, or another tool's) is refused in one line, never reconciled."""
+    from tracker.reconcile import reconcile_engines
+
+    engine, offline = evals()
+    engine["engine_mean_acceptance_length"] = 5.0  # its steps give 3.3
+    with pytest.raises(DraftboardError, match=r"engine_mean_acceptance_length 5 is not what its own steps give \(3\.3"):
+        reconcile(engine, offline)
+    vllm, llama, offline = _two_engines()
+    llama["engine_mean_acceptance_length"] += 1e-3
+    with pytest.raises(DraftboardError, match="the second eval: engine_mean_acceptance_length"):
+        reconcile_engines(vllm, llama, offline)
+
+
 def test_the_cli_reconciles_two_engine_evals(tmp_path, capsys):
     import json
 

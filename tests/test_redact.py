@@ -28,6 +28,8 @@ def test_secrets_inside_a_text_are_hidden_wherever_they_stand():
             '["--tracking-uri", "https://u:p4ss@h/"] max_new_tokens=64 mask_token_id=5')
     shown = redact.text(said)
     assert redact.text("mysql://u:p@ss@w0rd@db:3306/x") == "mysql://db:3306/x"  # a raw '@' in the password
+    # a quote in the password (issue 37, finding 10: the shower hid it, the text redactor did not)
+    assert redact.text("store postgresql://u:pa'ss@db/x failed") == "store postgresql://db/x failed"
     for secret in ("S3CRET", "admin", "board:pw", "hunter2", "abc123", "k-9", "p4ss"):
         assert secret not in shown, secret
     assert "http://mlflow.internal:5000" in shown and "postgresql://db/x?sslmode=require" in shown

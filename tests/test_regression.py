@@ -98,6 +98,18 @@ def test_an_unreachable_webhook_warns_and_never_fails_the_eval(capsys):
                                                     "prompts)"}
 
 
+def test_a_run_name_reaches_slack_as_text_not_as_a_ping_or_a_link(receiver):
+    """Issue 37, finding 6: a run name is the user's; Slack's mrkdwn would turn `<!channel>` into a ping
+    of everyone and `<url|text>` into a link that reads as something else."""
+    name = "<!channel> v2 <https://evil.example/x|see the fix> & <@U0123>"
+    alert = regression.Alert("r", name, regression.REFERENCE, "ref", "z-lab <b>", -0.5, -0.8, -0.2, 16)
+    assert regression.post(receiver.url + "/hooks/T000/B000", [alert]) is True
+    (body,) = receiver.bodies
+    assert "<" not in body["text"] and ">" not in body["text"]
+    assert body["text"].startswith("draftboard regression: &lt;!channel&gt; v2 &lt;https://evil.example/x|see the "
+                                   "fix&gt; &amp; &lt;@U0123&gt; is worse than the reference z-lab &lt;b&gt;")
+
+
 def _results(lengths: dict[str, list[int]], device: str = "cpu") -> dict:
     return {"prompts": [{"id": pid, "input_ids": [1, 2, len(pid)], "acceptance_lengths": walk}
                         for pid, walk in lengths.items()],

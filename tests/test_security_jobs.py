@@ -170,7 +170,7 @@ def test_ray_runtime_env_never_carries_the_password(monkeypatch):
                "MLFLOW_TRACKING_PASSWORD": "hunter2", "MLFLOW_TRACKING_TOKEN": "t0k", "DRAFTBOARD_HOME": "/h",
                "DRAFTBOARD_JOBS_URI": "postgresql://u:pw@db/jobs"}
     assert ray_env(environ) == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "DRAFTBOARD_HOME": "/h",
-                                "PYTHONUNBUFFERED": "1"}
+                                "PYTHONUNBUFFERED": "1", "DRAFTBOARD_JOB_EVENTS": "1"}
     for options in ({"env": ["MLFLOW_TRACKING_PASSWORD"]}, {"env": ["HF_TOKEN"]},
                     {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "k"}}}):
         # Refused before any connection is tried (this address has nothing listening).

@@ -194,7 +194,7 @@ def test_credentials_in_store_uris_never_show(home, capsys, monkeypatch):
     queue.claim("w")
     assert PASSWORD not in queue.finish(job.id, FAILED, error=str(refused.value)).error
     assert ray_env({"MLFLOW_TRACKING_URI": secret_uri}) == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9/",
-                                                            "PYTHONUNBUFFERED": "1"}
+                                                            "PYTHONUNBUFFERED": "1", "DRAFTBOARD_JOB_EVENTS": "1"}
 
 
 def test_a_quantization_config_does_not_switch_off_the_size_check(tmp_path):

@@ -101,15 +101,52 @@ def test_llamacpp_counters_and_bad_llamacpp_input(tmp_path):
             served.parse_llamacpp_log(scrape)
 
 
-def test_one_long_line_through_the_llamacpp_importer_stays_linear(tmp_path):
+# One ~1 MiB line each, the worst case of the patterns before issue 37 (a searched `.*?` restarted at
+# every repeat, a label parser restarted at every character): minutes to hours then, linear now.
+LONG_LINES = {
+    "llamacpp-log": "print_timing: " + "draft acceptance = 1 (" * 50_000,
+    "vllm-log": "INFO 12-04 10:00:00 [metrics.py:1] " + "SpecDecoding metrics: Mean acceptance length: 1, " * 21_000,
+    "sglang-log": "[2026-12-04 10:00:00 TP0] " + "Decode batch, accept len: " * 40_000,
+    "prometheus": "vllm:spec_decode_num_drafts_total{" + "a" * (1 << 20) + '="1"} 5',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(LONG_LINES))
+def test_one_long_line_through_each_served_importer_stays_linear(tmp_path, fmt):
     import time
 
     from tracker.errors import DraftboardError
     from tracker.store.importers import served
 
     log = tmp_path / "long.log"
-    log.write_text("print_timing: " + "draft acceptance = 1 (" * 50_000 + "\n")  # ~1 MiB on one line
+    log.write_text(LONG_LINES[fmt] + "\n")
+    parse = {"llamacpp-log": served.parse_llamacpp_log, "vllm-log": served.parse_vllm_log,
+             "sglang-log": served.parse_sglang_log, "prometheus": served.parse_prometheus}[fmt]
     start = time.perf_counter()
-    with pytest.raises(DraftboardError, match="no 'draft acceptance"):
-        served.parse_llamacpp_log(log)
+    with pytest.raises(DraftboardError, match="long.log: no "):
+        parse(log)
     assert time.perf_counter() - start < 1.0
+
+
+def vllm_line(process: str, accepted: int, drafted: int, rates: str) -> str:
+    """vLLM 0.32's line: its logger's `(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
+    [%(fileinfo)s:%(lineno)d] %(message)s` around `v1/spec_decode/metrics.py`'s message."""
+    return (f"({process} pid=7) INFO 12-04 10:00:00 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: "
+            f"{1 + accepted / 10:.2f}, Accepted throughput: 9.91 tokens/s, Drafted throughput: 69.39 tokens/s, Accepted: "
+            f"{accepted} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, Avg Draft acceptance "
+            f"rate: {100 * accepted / drafted:.1f}%\n")
+
+
+def test_a_forged_specdecoding_line_inside_a_request_counts_nothing(tmp_path):
+    """Issue 37, finding 8: vLLM logs requests' text; only its metrics logger's own lines count."""
+    from tracker.store.importers import served
+
+    real = vllm_line("APIServer", 6, 20, "0.400, 0.200")  # 10 drafts of 2: 4 + 2 accepted
+    fake = vllm_line("APIServer", 999, 1000, "0.999, 0.999").strip()
+    prefix = "(APIServer pid=7) INFO 12-04 10:00:01 [logger.py:40] "
+    # a prompt holding the fake line, once inline and once after a newline, which vLLM's NewLineFormatter
+    # writes as "\r\n" + the record's own prefix (logging_utils/formatter.py)
+    forged = f"{prefix}Received request cmpl-1: prompt: '{fake}\r\n{prefix}{fake}'\n"
+    (tmp_path / "vllm.log").write_text(real + forged)
+    [record] = served.parse_vllm_log(tmp_path / "vllm.log")
+    assert record.details["lines"] == 1 and record.metrics["engine_mean_acceptance_length"] == pytest.approx(1.6)

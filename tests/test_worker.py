@@ -277,7 +277,10 @@ def test_worker_refuses_a_heartbeat_slower_than_the_stale_timeout(queue):
         run_worker(queue.uri, heartbeat_s=60, stale_s=30, once=True)
 
 
-def test_emit_and_parse_event_round_trip(capsys):
+def test_emit_and_parse_event_round_trip(capsys, monkeypatch):
+    events.emit(events.PROGRESS, stage="target", done=3, total=16)  # not asked for: a user's own stdout
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv(events.ASKED, "1")  # what a launcher sets for its job
     events.emit(events.PROGRESS, stage="target", done=3, total=16)
     printed = capsys.readouterr().out
     assert printed == '@@draftboard {"event": "progress", "stage": "target", "done": 3, "total": 16}\n'

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from tracker import config, redact
+from tracker.escape import say
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 
@@ -382,7 +383,7 @@ def _regression_alerts(tracker, run_id: str) -> None:
         print(f"warning: regression check skipped: {exc}", file=sys.stderr)
         return
     for alert in alerts:
-        print(f"regression: {alert.text}", file=sys.stderr)
+        say(f"regression: {alert.text}", file=sys.stderr)
     if url and alerts:
         regression.post(url, alerts)
 
@@ -452,11 +453,11 @@ def cmd_reconcile(args) -> int:
         report = reconcile_engines(engine, offline, _results_of(args.offline, args.tracking_uri) if args.offline
                                    else None)
         if args.json:
-            print(json.dumps(report))
+            say(json.dumps(report))
             return 0
-        print(format_table(["setting", report["a"]["engine"], report["b"]["engine"]],
+        say(format_table(["setting", report["a"]["engine"], report["b"]["engine"]],
                            [(d["field"], d["a_value"], d["b_value"]) for d in report["settings_diff"]], width=72))
-        print(report["verdict"])
+        say(report["verdict"])
         return 0
     if args.offline:
         raise DraftboardError("--offline is the common reference of two engine evals; here the second eval is "
@@ -465,7 +466,7 @@ def cmd_reconcile(args) -> int:
     if args.margins:
         _add_margins(report, offline)
     if args.json:
-        print(json.dumps(report))
+        say(json.dumps(report))
         return 0
     rows = [(p["id"], "yes" if p["completions_equal"] else f"no (token {p['first_token_difference']})",
              f"{p['engine_blocks']}/{p['offline_blocks']}",
@@ -473,19 +474,19 @@ def cmd_reconcile(args) -> int:
              f"{p['first_block_difference']} ({p['engine_accepted']} vs {p['offline_accepted']})",
              p["cause"] or "agree", "-" if p.get("margin") is None else f"{p['margin']:.3f}")
             for p in report["prompts"]]
-    print(format_table(["prompt", "completions equal", "blocks engine/offline",
+    say(format_table(["prompt", "completions equal", "blocks engine/offline",
                         "first differing block (accepted: engine vs offline)", "cause",
                         "offline margin there (logits)"], rows))
-    print("parts of the gap (pooled mean acceptance length): " + ", ".join(
+    say("parts of the gap (pooled mean acceptance length): " + ", ".join(
         f"{k.replace('_', ' ')} {v:+.3f}" for k, v in report["parts"].items()) + f", unexplained {report['unexplained']:+.3f}")
     for title, key in (("protocol", "protocol_diff"), ("environment", "environment_diff")):
         shown = [r for r in report[key] if r["severity"] != "info"]
         if shown:
-            print(f"{title} differs: " + "; ".join(f"{r['field']} {r['a_value']!r} vs {r['b_value']!r} ({r['severity']})"
+            say(f"{title} differs: " + "; ".join(f"{r['field']} {r['a_value']!r} vs {r['b_value']!r} ({r['severity']})"
                                                  for r in shown[:8]))
     for note in (report.get("hybrid") or {}).get("notes", []):
-        print(f"hybrid: {note}")
-    print(report["verdict"])
+        say(f"hybrid: {note}")
+    say(report["verdict"])
     return 0
 
 
@@ -501,7 +502,7 @@ def cmd_compare(args) -> int:
     scores = [{pid: prompt_score(r) for pid, r in ids.items()} for ids in by_id]
     for label, run_id, res, per_prompt in zip("AB", (args.run_a, args.run_b), results, scores):
         own = tau_intervals(list(per_prompt.values())).tau
-        print(f"{label} {run_id}: tau {own.value:.3f}  95% CI [{own.low:.3f}, {own.high:.3f}]  "
+        say(f"{label} {run_id}: tau {own.value:.3f}  95% CI [{own.low:.3f}, {own.high:.3f}]  "
               f"{protocol.sampling_text(protocol.Protocol.from_results(res))}")
     d = paired.delta
     shared = [pid for pid in by_id[0] if pid in by_id[1]]
@@ -510,9 +511,9 @@ def cmd_compare(args) -> int:
         same = _same_draws({p: by_id[0][p] for p in shared}, {p: by_id[1][p] for p in shared})
         draws = (", both scored on the same sampled continuations" if same else
                  ", on different sampled continuations (the same --seed and --samples on one target pair them)")
-    print(f"delta tau (B - A) {d.value:+.3f}  95% CI [{d.low:+.3f}, {d.high:+.3f}]  "
+    say(f"delta tau (B - A) {d.value:+.3f}  95% CI [{d.low:+.3f}, {d.high:+.3f}]  "
           f"paired bootstrap over {paired.n_prompts} prompts{draws}")
-    print(f"verdict: {paired.verdict}" if paired.verdict == NO_DIFFERENCE else f"verdict: B is {paired.verdict}")
+    say(f"verdict: {paired.verdict}" if paired.verdict == NO_DIFFERENCE else f"verdict: B is {paired.verdict}")
     return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
 
 
@@ -546,7 +547,7 @@ def cmd_report(args) -> int:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the report appears whole or not at all
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out)
-    print(f"wrote {out} ({len(page.encode()) / 1e3:.0f} kB): {len(args.runs)} run(s), reference "
+    say(f"wrote {out} ({len(page.encode()) / 1e3:.0f} kB): {len(args.runs)} run(s), reference "
           f"{index.label(reference) if reference else 'none'}")
     return 0
 
@@ -954,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DraftboardError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)  # store text in it reaches a terminal inert
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

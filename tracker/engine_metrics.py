@@ -39,12 +39,22 @@ LLAMACPP_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens"
 LLAMACPP_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens"
 LLAMACPP_ACCEPTED_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
 VLLM_AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
+# vLLM's logger (`vllm/logger.py`): "(APIServer pid=28989) INFO 12-04 09:36:37 [metrics.py:120] " before the
+# message, the process part absent in older versions and the fields wrapped in colour codes by its
+# ColoredFormatter. Anchored there, so a request's text that merely contains "SpecDecoding metrics:"
+# counts nothing; every repeat is bounded, so one long line costs linear time.
+_COLOUR = r"(?:\x1b\[[0-9;]{0,12}m){0,2}"
 VLLM_LOG_LINE = re.compile(
-    r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]+), .*?Accepted: (?P<accepted>\d+) tokens, "
-    r"Drafted: (?P<drafted>\d+) tokens, Per-position acceptance rate: (?P<positions>[\d., ]*?), "
+    rf"{_COLOUR}(?:\([\w.:-]{{1,64}} pid=\d{{1,10}}\){_COLOUR} )?{_COLOUR}INFO{_COLOUR} {_COLOUR}"
+    rf"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,6}})?{_COLOUR} {_COLOUR}\[[\w./-]{{1,120}}:\d{{1,7}}\]{_COLOUR} "
+    r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]{1,24}|nan), Accepted throughput: [\d.]{1,24} "
+    r"tokens/s, Drafted throughput: [\d.]{1,24} tokens/s, Accepted: (?P<accepted>\d{1,18}) tokens, "
+    r"Drafted: (?P<drafted>\d{1,18}) tokens, Per-position acceptance rate: (?P<positions>[\d., ]{0,8192}?), "
     r"Avg Draft acceptance rate")
+# SGLang's logger (`srt/utils`' configure_logger): "[2026-12-02 14:37:37 TP0] " before the message.
 SGLANG_LOG_LINE = re.compile(
-    r"Decode batch(?: \[\d+\])?, .*?accept len: (?P<accept_len>[\d.]+), accept rate: (?P<rate>[\d.]+)")
+    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]{1,64})?\] Decode batch(?: \[\d{1,18}\])?, "
+    r"[^\n]{0,2048}?accept len: (?P<accept_len>[\d.]{1,24}), accept rate: (?P<rate>[\d.]{1,24})")
 # llama.cpp, once per request: "slot print_timing: id  0 | task 2 | draft acceptance = 0.20974 (   56
 # accepted /   267 generated), mean len =  2.44" (mean len = 1 + accepted / verify steps).
 LLAMACPP_LOG_LINE = re.compile(
@@ -66,25 +76,53 @@ def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
 
 # --------------------------------------------------------------------------- Prometheus text
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# One sample line: `name{label="value",...} value [timestamp]`. Read left to right, each piece matched
+# where the last one ended (bounded repeats), so a line costs time linear in its length; a line past
+# MAX_SAMPLE_LINE or with more than MAX_LABELS labels is not a sample any engine writes, and is skipped.
+MAX_SAMPLE_LINE, MAX_LABELS = 64 << 10, 64
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,255}")
+_LABEL = re.compile(r'\s{0,8}([a-zA-Z_][a-zA-Z0-9_]{0,255})\s{0,8}=\s{0,8}"((?:[^"\\]|\\.){0,4096})"\s{0,8}(,|\})')
+_CLOSE = re.compile(r"\s{0,8}\}")
+_VALUE = re.compile(r"\s{1,64}(\S{1,64})(?:\s|$)")
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
+    name = _NAME.match(line)
+    if not name:
+        return None
+    at, labels = name.end(), {}
+    if line.startswith("{", at):
+        at += 1
+        while True:
+            close = _CLOSE.match(line, at)  # `{}`, or a trailing comma before `}`
+            if close:
+                at = close.end()
+                break
+            label = _LABEL.match(line, at)
+            if label is None or len(labels) >= MAX_LABELS:
+                return None
+            labels[label.group(1)] = label.group(2)
+            at = label.end()
+            if label.group(3) == "}":
+                break
+    value = _VALUE.match(line, at)
+    if value is None:
+        return None
+    try:
+        number = float(value.group(1))
+    except ValueError:
+        return None
+    return (name.group(0), labels, number) if math.isfinite(number) else None
 
 
 def prometheus_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     """(name, labels, value) for every sample line of a Prometheus text exposition."""
     out = []
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+        if line and not line.startswith("#") and len(line) <= MAX_SAMPLE_LINE:
+            sample = _sample(line)
+            if sample is not None:
+                out.append(sample)
     return out
 
 

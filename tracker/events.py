@@ -6,22 +6,28 @@ JSON object instead:
     @@draftboard {"event": "progress", "stage": "target", "done": 3, "total": 16}
     @@draftboard {"event": "result", "run_id": "<mlflow run id or null>", "out": "<path or null>"}
 
-Standard library only, so the eval harness can import it without pulling in the queue.
+Only a job writes them: the launcher that starts it sets `DRAFTBOARD_JOB_EVENTS=1` (`ASKED`), so
+a user's own `draftboard eval` or `doctor --json > file` gets its output and nothing of the worker's
+channel. Standard library only, so the eval harness can import it without pulling in the queue.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 PREFIX = "@@draftboard "
+ASKED = "DRAFTBOARD_JOB_EVENTS"  # "1" in a job's environment: its launcher reads the protocol lines
 PROGRESS = "progress"
 RESULT = "result"
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Print one protocol line on stdout, flushed at once so the worker sees it live."""
-    print(PREFIX + json.dumps({"event": event, **fields}), flush=True)
+    """Print one protocol line on stdout, flushed at once so the worker sees it live; nothing unless
+    a launcher asked for them."""
+    if os.environ.get(ASKED) == "1":
+        print(PREFIX + json.dumps({"event": event, **fields}), flush=True)
 
 
 def parse_event(line: str) -> dict | None:

@@ -74,6 +74,15 @@ class _FallbackWarnings(logging.Handler):
         super().__init__(level=logging.WARNING)
         self.messages: list[str] = []
 
+    def start(self) -> None:
+        """A new eval in this process (a warm host runs one job after another): what earlier evals logged
+        is not this one's, and transformers' `warning_once` (an lru_cache for the process) forgets what
+        it said, so this eval's own fallbacks warn again and are recorded as its own."""
+        self.messages.clear()
+        once = getattr(logging.Logger, "warning_once", None)
+        if hasattr(once, "cache_clear"):
+            once.cache_clear()
+
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         lowered = message.lower()

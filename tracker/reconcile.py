@@ -87,6 +87,11 @@ def _check(results: dict, what: str, number: str) -> None:
         if walk is not None and not _ints(walk, 1):
             raise DraftboardError(f"{what}: prompt {str(p['id'])[:40]!r}: acceptance_lengths_as_engine must be a "
                                   "list of positive integers")
+    if number == "engine_mean_acceptance_length":  # a summary its own steps contradict is not believed
+        own = _pooled([p["acceptance_lengths"] for p in results["prompts"]])
+        if abs(own - value) > 1e-9 * max(1.0, abs(value)):
+            raise DraftboardError(f"{what}: engine_mean_acceptance_length {value:.6g} is not what its own steps give "
+                                  f"({own:.6g}: 1 + accepted / steps over its prompts' acceptance_lengths); refused")
 
 
 def _roomless_end_dropped(walk: list[int], n_completion: int) -> list[int]:

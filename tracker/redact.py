@@ -25,8 +25,9 @@ _SECRET_WORDS = {"password", "passwd", "secret", "secrets", "credential", "crede
 _SECRET_LAST = {"token", "key", "pwd", "pass", "auth", "authorization", "cookie"}
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
 
-# scheme://userinfo@ : the userinfo is everything up to the last '@' before the host ends.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>]*@)")
+# scheme://userinfo@ : the userinfo is everything up to the last '@' before the host ends (a password
+# may hold a quote: `postgresql://u:pa'ss@db`).
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#\"<>]*@)")
 # key=value (a query string, a DSN, a command line); the key is judged by is_secret_key.
 _PAIR = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,'\"]+)")
 
@@ -87,6 +88,17 @@ def text(value: object) -> str:
     """`value` as text with every URL's user and password and every secret `key=value` hidden."""
     shown = _URL_USERINFO.sub(lambda m: m.group("scheme"), str(value))
     return _PAIR.sub(lambda m: f"{m.group('key')}={HIDDEN}" if is_secret_key(m.group("key")) else m.group(0), shown)
+
+
+def holds_secret(key: str, value: str) -> bool:
+    """An environment variable that carries a secret: by its name, or inside its value (a URL with a
+    user and password, `password=...`), as `DATABASE_URL=postgresql://user:pw@db/x` does."""
+    return is_secret_key(key) or text(value) != value
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """An environment to hand a process that needs no credentials: every variable holding one left out."""
+    return {k: v for k, v in environ.items() if not holds_secret(k, v)}
 
 
 def mask_params(params: Mapping[str, object]) -> dict[str, object]:

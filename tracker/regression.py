@@ -25,7 +25,7 @@ import sys
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from tracker import fingerprint, protocol, redact
+from tracker import escape, fingerprint, outgoing, protocol, redact
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.uncertainty import WORSE, PairedComparison, paired_comparison, prompt_score
@@ -130,8 +130,9 @@ def record(tracker, run_id: str, alerts: list[Alert]) -> None:
 
 
 def message(alerts: list[Alert]) -> dict:
-    """The webhook's body: Slack's incoming-webhook shape, `{"text": ...}`."""
-    return {"text": "draftboard regression: " + "\n".join(a.text for a in alerts)}
+    """The webhook's body: Slack's incoming-webhook shape, `{"text": ...}`, run names escaped as Slack's
+    mrkdwn asks (no `<!channel>` ping, no disguised link)."""
+    return {"text": "draftboard regression: " + "\n".join(escape.slack(a.text) for a in alerts)}
 
 
 def post(url: str, alerts: list[Alert]) -> bool:
@@ -141,7 +142,7 @@ def post(url: str, alerts: list[Alert]) -> bool:
     request = urllib.request.Request(url, data=json.dumps(message(alerts)).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:  # noqa: S310 (the deployment's URL)
+        with outgoing.open_url(request, POST_TIMEOUT_S) as response:  # the deployment's URL
             response.read()
         return True
     except OSError as exc:

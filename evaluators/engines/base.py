@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracker import engine_metrics as em
+from tracker import outgoing
 from tracker.errors import DraftboardError
 
 REQUEST_TIMEOUT_S = 600.0  # one completion of a long prompt on a slow box
@@ -73,6 +74,15 @@ class EngineReply:
     reported_mean: float | None = None  # the engine's own per-request number, under its own definition
 
     def __post_init__(self):
+        # Each verify step adds at least one token to the completion: counts past its length are not an
+        # engine's, and are refused before anything is built from them (a list of 10^9 steps).
+        n = len(self.completion_ids)
+        if (min(self.drafts, self.draft_tokens, self.accepted) < 0 or max(self.drafts, self.accepted) > n
+                or self.histogram is not None and (len(self.histogram) > n + 1 or min(self.histogram, default=0) < 0)
+                or self.accepted_per_step is not None and len(self.accepted_per_step) > n):
+            raise EngineError(f"the engine's counts ({self.source}) are more than its completion allows: "
+                              f"{self.drafts} verify steps and {self.accepted} accepted tokens for {n} tokens "
+                              "generated; refused")
         if self.accepted_per_step is not None and (len(self.accepted_per_step) != self.drafts
                                                    or sum(self.accepted_per_step) != self.accepted):
             raise EngineError(f"the engine's counts disagree ({self.source}): {self.drafts} drafts and "
@@ -134,7 +144,7 @@ class EngineClient(ABC):
         request = urllib.request.Request(self.url + path, data=data, method="POST" if data else "GET",
                                          headers={"Content-Type": "application/json"} if data else {})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http(s) only: run.py)
+            with outgoing.open_url(request, timeout) as response:  # http(s) only: run.py
                 body = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
             detail = exc.read(2000).decode("utf-8", "replace").strip().replace("\n", " ")

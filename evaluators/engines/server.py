@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evaluators.engines.base import EngineError
-from tracker import lifecycle, redact
+from tracker import lifecycle, outgoing, redact
 
 STOP_GRACE_S = 15.0
 PROBE_TIMEOUT_S = 120.0
@@ -44,10 +44,10 @@ def free_port() -> int:
 
 
 def engine_environment() -> dict[str, str]:
-    """This process's environment without its secrets (MLflow's password, tokens): the engine serves
-    local folders on loopback and needs none of them (least privilege; tracker.redact says what a
-    secret key looks like)."""
-    return {k: v for k, v in os.environ.items() if not redact.is_secret_key(k)}
+    """This process's environment without its secrets (MLflow's password, tokens, a store or queue URL
+    with a password in it): the engine serves local folders on loopback and needs none of them (least
+    privilege; tracker.redact says what a secret looks like)."""
+    return redact.without_secrets(os.environ)
 
 
 def start_probe(python: str, code: str) -> subprocess.Popen | None:
@@ -133,7 +133,6 @@ class ManagedServer:
 
     def _wait_healthy(self) -> None:
         import urllib.error
-        import urllib.request
 
         deadline, started = time.monotonic() + self.start_s, time.monotonic()
         while True:
@@ -141,7 +140,7 @@ class ManagedServer:
                 raise EngineError(f"{self.engine} server exited with code {self.proc.returncode} before it was "
                                   f"healthy; its log ({self.log}) ends: {self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:  # noqa: S310 (loopback)
+                with outgoing.open_url(self.url + "/health", 5) as response:  # loopback
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):

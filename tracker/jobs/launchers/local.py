@@ -18,7 +18,7 @@ import threading
 from abc import abstractmethod
 from typing import IO
 
-from tracker import config
+from tracker import config, events
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, describe_exit
 from tracker.jobs.launchers.warm import WarmChild, WarmServer
 from tracker.jobs.queue import FAILED, SUCCEEDED, Job
@@ -61,7 +61,7 @@ class LocalLauncher(Launcher):
 
     def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
         # The worker's own store, stated: a job names none (tracker/config.py); lines reach the log as printed.
-        env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1", events.ASKED: "1"}
         if self._warm is not None and argv[:len(self.entry)] == self.entry:
             pid, stream, child = self._warm.start(self.entry[2], argv[len(self.entry):], env)  # [python, -m, module]
             return _WarmExecution(self._warm, pid, stream, child, output, job.id)

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from tracker import redact
+from tracker import events, redact
 from tracker.errors import DraftboardError
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, cli_entry, describe_exit
 from tracker.jobs.queue import CANCELLED, FAILED, SUCCEEDED, Job
@@ -70,6 +70,7 @@ def ray_env(environ: Mapping[str, str] | None = None, extra: Sequence[str] = ())
            if k.startswith(RAY_ENV_PREFIXES) and k not in _RAY_ENV_EXCLUDED and not redact.is_secret_key(k)}
     env.update({k: redact.text(environ[k]) for k in extra if k in environ})
     env["PYTHONUNBUFFERED"] = "1"
+    env[events.ASKED] = "1"  # the job reports progress and its result in the log this launcher follows
     return env
 
 

@@ -6,7 +6,10 @@ The file is `torch.save` of
 response per turn, each `r` a `types.SimpleNamespace` from `dflash_generate` / `ddtree_generate`
 (`acceptance_lengths` per decode round, `time_per_output_token`, `output_ids`, ...). It is read
 with `weights_only=True`, allowing `SimpleNamespace` and nothing else, so a file that smuggles in
-code is refused.
+code is refused. Before torch reads it, the file is checked as a `torch.save` archive should be: a
+zip of stored (never deflated) records of bounded size, its pickle's opcodes counted and each string
+in it bounded, so no record inflates to gigabytes and no allowlisted call gets a huge argument; after
+it, the rounds to walk are counted (a pickle can share one list a million times) before any is.
 
 Metrics, as draftboard defines them (DESIGN.md): `tau` = mean over responses of each response's
 mean acceptance length (z-lab's macro average), `tau_pooled`, `streak`, `accept_rate_pos{k}` and
@@ -16,7 +19,10 @@ the per-length histogram from the `dflash` rounds; `ddtree_tau_b{B}` / `dds{B}` 
 
 from __future__ import annotations
 
+import pickletools
 import re
+import zipfile
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +33,13 @@ from tracker.store.importers.results import ImportedEval, finite
 FORMAT = "ddtree"
 _TREE = re.compile(r"^ddtree_tb(\d+)$")
 _REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")  # torch's two wordings
+MAX_FILE_BYTES = 2 << 30  # responses with their output ids: megabytes, not gigabytes
+MAX_PICKLE_OPS = 20_000_000
+MAX_PICKLED_TEXT = 1 << 20  # a string inside the pickle (method names, args); a tensor's bytes are records
+MAX_ROUNDS = 20_000_000  # decode rounds over every response and method, a shared list counted each time
+MAX_BLOCK_SIZE = 4096
+_TEXT_OPS = {"BINUNICODE", "BINUNICODE8", "SHORT_BINUNICODE", "UNICODE", "BINBYTES", "BINBYTES8", "SHORT_BINBYTES",
+             "BYTEARRAY8", "STRING", "BINSTRING", "SHORT_BINSTRING"}
 _STATED_ARGS = {"dataset": "dataset", "temperature": "temperature", "max_new_tokens": "max_new_tokens",
                 "max_samples": "max_samples", "model_name_or_path": "target", "draft_name_or_path": "drafter"}
 
@@ -38,6 +51,7 @@ def load_results(path: str | Path) -> dict:
     file = Path(path)
     if not file.is_file():
         raise DraftboardError(f"{file}: no such file")
+    _check_archive(file)
     try:
         with torch.serialization.safe_globals([SimpleNamespace]):
             data = torch.load(file, map_location="cpu", weights_only=True)
@@ -55,6 +69,50 @@ def load_results(path: str | Path) -> dict:
     if missing:
         raise DraftboardError(f"{file}: not a DDTree results file: missing {', '.join(sorted(missing))}")
     return data
+
+
+def _check_archive(file: Path) -> None:
+    """The limits above, on the archive and its pickle, before torch allocates anything from them."""
+    size = file.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise DraftboardError(f"{file}: {size >> 20} MiB is more than a DDTree results file holds "
+                              f"({MAX_FILE_BYTES >> 20} MiB at most)")
+    try:
+        with zipfile.ZipFile(file) as archive:
+            members = archive.infolist()
+            packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]
+            if packed:
+                raise DraftboardError(f"{file}: refused: record {packed[0]!r} is compressed; torch.save stores its "
+                                      "records uncompressed")
+            if sum(m.file_size for m in members) > MAX_FILE_BYTES:
+                raise DraftboardError(f"{file}: refused: its records claim more than {MAX_FILE_BYTES >> 20} MiB")
+            pickles = [m for m in members if m.filename.endswith("/data.pkl") or m.filename == "data.pkl"]
+            if len(pickles) != 1:
+                raise DraftboardError(f"{file}: not a torch.save archive (no single data.pkl record)")
+            pickled = archive.read(pickles[0])
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DraftboardError(f"{file}: not a torch.save zip archive ({exc})") from None
+    try:
+        for n, (op, arg, _) in enumerate(pickletools.genops(pickled)):
+            if n >= MAX_PICKLE_OPS:
+                raise DraftboardError(f"{file}: refused: more than {MAX_PICKLE_OPS} pickle operations")
+            if op.name in _TEXT_OPS and len(arg) > MAX_PICKLED_TEXT:
+                raise DraftboardError(f"{file}: refused: a string of {len(arg) >> 10} KiB in its pickle (a DDTree "
+                                      f"results file holds names and arguments, at most {MAX_PICKLED_TEXT >> 10} KiB)")
+    except ValueError as exc:
+        raise DraftboardError(f"{file}: not a readable pickle ({exc})") from None
+
+
+def _rounds(responses: list, methods: list[str], where: str) -> None:
+    """Refuse a file whose rounds (shared lists counted each time they are referenced) exceed MAX_ROUNDS."""
+    total = 0
+    for response in responses:
+        for method in methods:
+            lengths = getattr(response.get(method) if isinstance(response, dict) else None, "acceptance_lengths", None)
+            total += len(lengths) if isinstance(lengths, list) else 0
+        if total > MAX_ROUNDS:
+            raise DraftboardError(f"{where}: refused: more than {MAX_ROUNDS} decode rounds to read (a list shared "
+                                  "across responses counts once per response)")
 
 
 def _lengths(responses: list, method: str, block_size: int, where: str) -> list[list[int]]:
@@ -83,17 +141,20 @@ def parse_ddtree_results(path: str | Path) -> list[ImportedEval]:
     where = str(path)
     data = load_results(path)
     responses, block_size, args = data["responses"], data["block_size"], data["args"]
-    if not isinstance(block_size, int) or block_size < 2:
-        raise DraftboardError(f"{where}: block_size must be an integer >= 2, got {block_size!r}")
-    if not isinstance(responses, list) or not responses or not isinstance(args, dict):
+    if not isinstance(block_size, int) or not 2 <= block_size <= MAX_BLOCK_SIZE:
+        raise DraftboardError(f"{where}: block_size must be an integer in 2..{MAX_BLOCK_SIZE}, got {block_size!r}")
+    if not isinstance(responses, list) or not responses or not isinstance(responses[0], dict) \
+            or not isinstance(args, dict):
         raise DraftboardError(f"{where}: no responses to import")
+    budgets = sorted(int(m.group(1)) for m in map(_TREE.match, responses[0]) if m)
+    _rounds(responses, ["dflash", *(f"ddtree_tb{b}" for b in budgets)], where)
     chain = _lengths(responses, "dflash", block_size, where)
     blocks = [n for w in chain for n in w]
     tau = _macro(chain)
-    counts = [blocks.count(length) for length in range(1, block_size + 1)]
+    by_length = Counter(blocks)
+    counts = [by_length[length] for length in range(1, block_size + 1)]
     metrics = {"tau": tau, "streak": tau - 1, "tau_pooled": sum(blocks) / len(blocks)}
     metrics.update({names.accept_rate_metric(k): sum(counts[k:]) / len(blocks) for k in range(1, block_size)})
-    budgets = sorted(int(m.group(1)) for m in map(_TREE.match, responses[0]) if m)
     for budget in budgets:
         tree_tau = _macro(_lengths(responses, f"ddtree_tb{budget}", block_size, where))
         metrics[names.ddtree_tau_metric(budget)] = tree_tau

@@ -55,7 +55,7 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     first = last = None
     n = 0
     for lineno, line in _lines(path):
-        m = em.VLLM_LOG_LINE.search(line)
+        m = em.VLLM_LOG_LINE.match(line[:MAX_LINE])
         if not m:
             continue
         where = f"{path}:{lineno}"
@@ -81,7 +81,7 @@ def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
     values, rates = [], []
     first = last = None
     for lineno, line in _lines(path):
-        m = em.SGLANG_LOG_LINE.search(line)
+        m = em.SGLANG_LOG_LINE.match(line[:MAX_LINE])
         if m:
             values.append(finite(m.group("accept_len"), f"{path}:{lineno}"))
             rates.append(finite(m.group("rate"), f"{path}:{lineno}"))

@@ -25,6 +25,7 @@ import csv
 import json
 from pathlib import Path
 
+from tracker import config
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
@@ -56,8 +57,12 @@ def parse_folder(path: str | Path) -> list[ImportedEval]:
         if steps == 0:
             raise DraftboardError(f"{raw}: no verify steps in any request; nothing was measured")
         metrics = {"engine_mean_acceptance_length": 1 + accepted / steps}
-        for j in range(1, k + 1):  # a step accepted draft j when it accepted at least j drafts
-            metrics[names.accept_rate_metric(j)] = sum(sum(r["acceptance_histogram"][j:]) for r in requests) / steps
+        # a step accepted draft j when it accepted at least j drafts: suffix sums of the pooled histogram
+        pooled = [sum(counts) for counts in zip(*(r["acceptance_histogram"] for r in requests))]
+        at_least = [0] * (k + 2)
+        for j in range(k, 0, -1):
+            at_least[j] = at_least[j + 1] + pooled[j]
+        metrics.update({names.accept_rate_metric(j): at_least[j] / steps for j in range(1, k + 1)})
         totals = {c: sum(r[c] for r in requests) for c in _COUNTS}
         _agree(tables.get("by_start_length"), totals, by_start)
         stepped = [r for r in requests if r.get("per_step_accepted")]
@@ -108,6 +113,9 @@ def _request(metrics: dict, where: str) -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise DraftboardError(f"{where}: {key} must be a whole number >= 0, got {value!r:.40}")
         out[key] = value
+    if out["num_spec_tokens"] > config.MAX_BUDGET:  # checked before the histogram is read
+        raise DraftboardError(f"{where}: num_spec_tokens {out['num_spec_tokens']} is more than any drafter drafts "
+                              f"({config.MAX_BUDGET} at most)")
     histogram = metrics.get("acceptance_histogram")
     if (not isinstance(histogram, list) or len(histogram) != out["num_spec_tokens"] + 1
             or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in histogram)):
