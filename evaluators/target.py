@@ -121,6 +121,8 @@ def content_digest(path: str | Path) -> str:
     start). Retraining changes every tensor, so sampled bytes change too.
     """
     path = Path(path)
+    if not path.exists():  # a mistyped --target or --drafter: one line, before anything else reads it
+        raise DraftboardError(f"{path}: no such model folder or file")
     files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:

@@ -83,6 +83,9 @@ else:
             SAMPLING_PRESETS))]):
         st.session_state.setdefault(key, value)
 
+    if st.session_state.get("launch_edited") is not None:
+        st.info(f"The form holds job #{st.session_state['launch_edited']}'s settings: change what you need and "
+                "queue it.", icon=":material/edit:")
     # What shapes the form (and pre-fills it) sits above it; the form holds the values, so a submit
     # queues exactly what is shown, and every number is checked then, not clamped by the field.
     c1, c2 = st.columns(2)
@@ -202,6 +205,7 @@ else:
                     st.page_link(ui.RUN_DETAIL_PAGE, label="Open the existing result",
                                  query_params={"run": job.mlflow_run_id}, icon=":material/science:")
             else:
+                st.session_state.pop("launch_edited", None)
                 st.success(f"Queued job #{job.id}.", icon=":material/check:")
 
 # ------------------------------------------------------------------ queue
@@ -223,9 +227,13 @@ def _retry(params: dict) -> None:
         st.toast(f"Already {job.state}: job #{job.id}." if job.existing else f"Queued job #{job.id}.")
 
 
-def _edit(params: dict) -> None:
-    """The form above, filled in with a job's settings, to change and queue again."""
+def _edit(job_id: int, params: dict) -> None:
+    """The form above, filled in with a job's settings, to change and queue again. The button sits in
+    the queue's fragment, whose click reruns only the fragment: the whole page reruns next
+    (`job_list`), so the form shows what was filled in, with a line saying whose settings they are."""
     state = st.session_state
+    state["launch_edit_pending"] = True
+    state["launch_edited"] = job_id
     for key, field in (("launch_target", "target"), ("launch_max_new", "max_new_tokens"),
                        ("launch_device", "device"), ("launch_dtype", "dtype"),
                        ("launch_precision", "drafter_precision"), ("launch_linear", "linear_attn"),
@@ -244,6 +252,8 @@ def _edit(params: dict) -> None:
 
 @st.fragment(run_every=2 if active else 10)
 def job_list() -> None:
+    if st.session_state.pop("launch_edit_pending", False):
+        st.rerun(scope="app")  # the form above is outside this fragment
     jobs = queue.list(limit=25)
     if not jobs:
         st.info("No jobs yet. Queued evals appear here with their progress.")
@@ -287,7 +297,7 @@ def job_list() -> None:
                 side.button("Retry", key=f"retry_{job.id}", icon=":material/replay:", on_click=_retry,
                             args=(job.params,), help="queue the same eval again")
                 side.button("Edit", key=f"edit_{job.id}", icon=":material/edit:", on_click=_edit,
-                            args=(job.params,), help="fill the form above with this job's settings")
+                            args=(job.id, job.params), help="fill the form above with this job's settings")
             tail = queue.log_tail(job, 200) if job.log_path else ""
             if tail:
                 with st.expander("Log tail"):

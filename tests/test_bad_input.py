@@ -139,6 +139,15 @@ def test_an_index_naming_a_missing_shard_says_which_shard(models, capsys):
                                    f"in {sharded}")
 
 
+def test_a_mistyped_target_or_drafter_is_one_error_line(models, capsys):
+    """Issue 39: a mistyped --target printed a traceback and exited 1; every bad path is one line, exit 2."""
+    root, _, _ = models
+    assert main(_eval_args(root, "--no-log", target="targte")) == 2
+    assert _error_line(capsys) == f"error: {root / 'targte'}: no such model folder or file"
+    assert main(_eval_args(root, "--no-log", drafter=root / "drafterr")) == 2
+    assert "drafterr" in _error_line(capsys)
+
+
 @pytest.mark.parametrize("drafter, needles", [
     ("truncated", ["truncated or corrupt", "model.safetensors"]),
     ("hidden48", ["hidden_size 48", "32"]),

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tracker import protocol, uncertainty
-from tracker.dashboard import comparisons, lineage
+from tracker.dashboard import comparisons, lineage, tables
 from tracker.dashboard.compare import closest_reference, compare_data, eval_series
 from tracker.dashboard.comparisons import Estimate
 from tracker.dashboard.index import RunIndex, RunInfo
@@ -226,10 +226,10 @@ def test_runs_table_protocol_column():
     b = eval_run("b", {"mbpp": 8}, 2.5, train="t", step=200, proto={"prompt_digest": "bbbb", "scoring": "online"})
     old = make("old", "eval", metrics={"tau": 2.0})
     index = RunIndex([train, a, b, old])
-    assert protocol_reason(index, train) == ("🔴 @ 100: dataset, prompt set ≠ @ 200", 1)
-    text, count = protocol_reason(index, a)
-    assert count == 1 and text.startswith("🔴 dataset gsm8k (8) vs @ 200: mbpp (8)")
-    assert protocol_reason(index, b)[0].endswith("· T=0 · 🔵 online") and protocol_reason(index, b)[1] == 1
+    # other prompts, scored online: drawn as lines apart (issue 39: never compared, never red)
+    assert protocol_reason(index, train) == ("🟢 2 evals on 2 lines by protocol (drawn apart)", 0)
+    assert protocol_reason(index, a) == ("a line of its own · T=0", 0)
+    assert protocol_reason(index, b) == ("a line of its own · T=0 · 🔵 online", 0)
     assert protocol_reason(index, old) == ("⚪ no protocol (evaluated before protocols were recorded)", 0)
     # Nothing to flag still says what was measured: every row of a project reads filled.
     same = eval_run("s", {"gsm8k": 8}, 2.1, train="t", step=300)
@@ -240,6 +240,24 @@ def test_runs_table_protocol_column():
     assert protocol_reason(RunIndex([train]), train) == ("no evals yet", 0)
     sampled = eval_run("x", {"gsm8k": 8}, 2.1, proto={"temperature": 1.0, "top_p": 0.95, "samples": 4})
     assert protocol_reason(RunIndex([sampled]), sampled) == ("🎲 T=1 top_p=0.95 x4", 0)
+
+
+def test_a_sampled_or_two_prompt_eval_turns_no_greedy_eval_red():
+    """Issue 39: Runs compared each eval's protocol with its training run's latest eval, so one sampled
+    (or 2-prompt) eval made every greedy eval of the run a critical mismatch. A protocol is compared
+    with the evals drawn on its line only."""
+    train = make("t", "train")
+    greedy = [eval_run(f"g{step}", {"gsm8k": 8}, 2.0, train="t", step=step, start=step) for step in (100, 200, 300)]
+    sampled = eval_run("s", {"gsm8k": 8}, 2.4, train="t", step=400, start=400,
+                       proto={"temperature": 1.0, "top_p": 0.95, "samples": 4})
+    two = eval_run("two", {"gsm8k": 2}, 2.4, train="t", step=500, start=500, proto={"prompt_digest": "cccc"})
+    index = RunIndex([train, *greedy, sampled, two])
+    for ev in greedy[1:]:
+        assert protocol_reason(index, ev)[1] == 0 and protocol_reason(index, ev)[0].startswith("🟢 as @ ")
+    assert protocol_reason(index, greedy[0]) == ("🟢 as @ 300 · T=0", 0)
+    assert protocol_reason(index, sampled) == ("a line of its own · 🎲 T=1 top_p=0.95 x4", 0)
+    assert protocol_reason(index, train) == ("🟢 5 evals on 3 lines by protocol (drawn apart)", 0)
+    assert sum(tables.runs_table(index, list(index.runs.values()))["critical"]) == 0
 
 
 def test_launch_offers_the_named_benchmark_sets_and_the_projects_files():

@@ -6,6 +6,8 @@ written by its own f-string (`srt/managers/scheduler_components/metrics_reporter
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mlflow import MlflowClient
 
@@ -150,3 +152,59 @@ def test_a_forged_specdecoding_line_inside_a_request_counts_nothing(tmp_path):
     (tmp_path / "vllm.log").write_text(real + forged)
     [record] = served.parse_vllm_log(tmp_path / "vllm.log")
     assert record.details["lines"] == 1 and record.metrics["engine_mean_acceptance_length"] == pytest.approx(1.6)
+
+
+def aiperf_line(engine: str, accepted_per_step: list[int], k: int, request: int) -> str:
+    """One line of AIPerf's profile_export.jsonl (--export-level records): a MetricRecordInfo with its
+    `spec_decode_acceptance`, AIPerf's SpecDecodeAcceptanceRecord (aiperf 0.13,
+    common/models/spec_decode_models.py): a sparse histogram {accepted: steps} keyed as JSON writes it."""
+    histogram: dict[str, int] = {}
+    for a in accepted_per_step:
+        histogram[str(a)] = histogram.get(str(a), 0) + 1
+    steps, accepted = len(accepted_per_step), sum(accepted_per_step)
+    record = {"engine": engine, "mean_acceptance_length": 1 + accepted / steps,
+              "draft_acceptance_rate": accepted / (k * steps), "acceptance_histogram": histogram,
+              "num_accepted_draft_tokens": accepted, "num_draft_tokens": k * steps, "num_spec_steps": steps,
+              "num_spec_tokens": k, "completion_tokens": steps + accepted,
+              "per_step_accepted": accepted_per_step, "per_step_drafted": [k] * steps}
+    return json.dumps({"metadata": {"session_num": request, "x_request_id": f"r{request}"},
+                       "metrics": {"request_latency": {"value": 812.5, "unit": "ms"}},
+                       "spec_decode_acceptance": record, "error": None}) + "\n"
+
+
+def test_aiperf_records_pool_into_the_engines_number(tmp_path, capsys):
+    """Issue 39: AIPerf's engine-neutral per-request records, pooled over requests: 1 + accepted / steps,
+    and per position the steps that accepted at least k (hand-worked: 3 + 1 + 0 and 2 + 2 in 5 steps)."""
+    log = tmp_path / "profile_export.jsonl"
+    failed = json.dumps({"metadata": {"session_num": 2}, "metrics": {}, "spec_decode_acceptance": None,
+                         "error": {"code": 500}}) + "\n"
+    log.write_text(aiperf_line("vllm", [3, 1, 0], 3, 0) + failed + aiperf_line("vllm", [2, 2], 3, 1))
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    assert main(["import-results", str(log), "--format", "aiperf", "--tracking-uri", store]) == 0
+    [run] = _runs(store)
+    m = run.data.metrics
+    assert m["engine_mean_acceptance_length"] == pytest.approx(1 + 8 / 5)
+    assert m["draft_acceptance_rate"] == pytest.approx(8 / 15)
+    assert [m[f"accept_rate_pos{k}"] for k in (1, 2, 3)] == pytest.approx([4 / 5, 3 / 5, 1 / 5])
+    assert "tau" not in m and run.data.tags["protocol.backend"] == "vllm"
+    assert run.data.tags["protocol.window"] == "2 requests"
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"acceptance_histogram": {"2": 1}, "num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_draft_tokens": 6},
+     "contradict each other"),
+    ({"acceptance_histogram": {"5": 1}, "num_spec_steps": 1, "num_accepted_draft_tokens": 5, "num_draft_tokens": 3},
+     "contradict each other"),  # more accepted than drafted
+    ({"acceptance_histogram": {"99999": 1}, "num_spec_steps": 1, "num_accepted_draft_tokens": 99999,
+      "num_draft_tokens": 99999}, "is not a draft count"),
+    ({"acceptance_histogram": {"1": 2}, "num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_draft_tokens": 6,
+      "per_step_accepted": [2, 0, 0]}, "per_step_accepted is not one count per verify step"),
+])
+def test_aiperf_records_aiperf_itself_would_reject_are_refused(tmp_path, capsys, record, message):
+    log = tmp_path / "profile_export.jsonl"
+    log.write_text(json.dumps({"metadata": {}, "metrics": {}, "spec_decode_acceptance": record}) + "\n")
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    assert main(["import-results", str(log), "--format", "aiperf", "--tracking-uri", store]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and message in line and "profile_export.jsonl:1" in line
+    assert _runs(store) == []

@@ -861,8 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True,
                    choices=["zlab-benchmark", "speculators-acceptance", "speculators-spec-acceptance", "ddtree",
                             "specforge-eval", "tensorboard", *served.FORMATS],
-                   help="vllm-log / sglang-log / prometheus: served numbers from production (a server log, a "
-                        "/metrics scrape), imported with the window they cover; specforge-eval: a `specforge "
+                   help="vllm-log / sglang-log / llamacpp-log / prometheus: served numbers from production (a "
+                        "server log, a /metrics scrape), imported with the window they cover; aiperf: AIPerf's "
+                        "per-request records (profile_export.jsonl); specforge-eval: a `specforge "
                         "evaluate-checkpoint` report (teacher-forced diagnostics, not tau)")
     p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
     p.add_argument("--name", default=None, help="run name (default: the file's name)")

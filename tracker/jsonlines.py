@@ -1,8 +1,10 @@
-"""One JSON-lines record, parsed with an error message a user can act on."""
+"""JSON-lines records, parsed with an error message a user can act on."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 from tracker.errors import DraftboardError
 
@@ -16,3 +18,19 @@ def json_object(text: str) -> dict:
     if not isinstance(obj, dict):
         raise DraftboardError(f"expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def records(file: Path, max_bytes: int, what: str) -> Iterator[tuple[str, object]]:
+    """(`file:line`, the parsed value) of each non-empty line, read one bounded line at a time: a line
+    over max_bytes or not JSON is a DraftboardError naming it (`what`: the file a user should give)."""
+    with file.open("rb") as handle:
+        for number, line in enumerate(iter(lambda: handle.readline(max_bytes + 1), b""), 1):
+            where = f"{file}:{number}"
+            if len(line) > max_bytes:
+                raise DraftboardError(f"{where}: line longer than {max_bytes} bytes")
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise DraftboardError(f"{where}: not a JSON line ({what}?)") from None

@@ -286,3 +286,27 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     series = page.locator("g.legend g.traces").filter(has=page.locator("text", has_text="bf16-autocast")).first
     assert series.locator("path.js-line").first.evaluate("e => getComputedStyle(e).strokeDasharray") in ("", "none")
     print(f"screenshots: {tmp_path}")
+
+
+def test_edit_on_a_cancelled_job_fills_the_form_above(dashboard, page, tmp_path):
+    """Issue 39: Launch's Edit sits in the queue's fragment, whose click reruns only the fragment, so the
+    form above never showed the job's settings. It does now, and says whose they are."""
+    from tracker.jobs.queue import JobQueue
+
+    url, home = dashboard
+    queue = JobQueue(f"sqlite:///{home / 'jobs.db'}")
+    job = queue.submit("eval", {"target": str(home / "no-such-target"), "drafter": str(home / "ck"),
+                                "prompts": str(home / "p.jsonl"),
+                                "max_new_tokens": 17, "budgets": [4, 8], "dtype": "bf16", "device": "cpu"})
+    if queue.get(job.id).state == "queued":
+        queue.request_cancel(job.id)
+    wait_until(lambda: queue.get(job.id).state in ("cancelled", "failed"), 60, 0.2, "the job to end")
+    page.goto(f"{url}/launch")
+    page.get_by_text("Queue eval").wait_for()
+    _settled(page)
+    max_new = page.locator("input[aria-label='Max new tokens']")
+    assert max_new.input_value() != "17"
+    page.get_by_role("button", name="Edit").first.click()
+    expect(max_new).to_have_value("17")
+    expect(page.get_by_text(f"The form holds job #{job.id}'s settings")).to_be_visible()
+    page.screenshot(path=tmp_path / "edit.png", full_page=True)

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tracker import protocol
 from tracker.dashboard import comparisons, lineage, metric_docs, recipe, reconcile_view
 from tracker.dashboard.index import RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
@@ -240,22 +239,9 @@ def env_key(run: RunInfo) -> str:
     return f"{run.linear_attn}/{run.device}/{run.dtype}{drafter}"
 
 
-def _protocol_key(run: RunInfo) -> tuple[str, ...]:
-    """What splits a training run's evals into separate lines besides the environment, each part
-    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1 top_p=0.95 top_k=20`,
-    `block 8`, `online`): greedy and sampled evals, or two samplings, are never one line."""
-    proto = lineage.protocol_of(run)
-    if proto is None:
-        return ()
-    datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
-    thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
-    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, protocol.sampling_text(proto, draws=False),
-            f"block {proto.block_size}", str(proto.scoring))
-
-
 def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]]:
     """Eval series of a chosen run: (label, evals by step). A training run's evals split by
-    environment and by the protocol fields that make taus incomparable (`_protocol_key`); the
+    environment and by the protocol fields that make taus incomparable (`lineage.series_key`); the
     label names only the parts that differ between its series."""
     if run.kind != "train":
         return [(index.eval_label(run) + comparisons.scoring_note(run), [run])]
@@ -264,11 +250,11 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
         return []
     groups: dict[tuple, list[RunInfo]] = {}
     for ev in evals:
-        groups.setdefault((ev.env_hash or env_key(ev), *_protocol_key(ev)), []).append(ev)
+        groups.setdefault((ev.env_hash or env_key(ev), *lineage.series_key(ev)), []).append(ev)
     label = index.label(run.run_id)
     if len(groups) == 1:
         return [(label + comparisons.scoring_note(evals[0]), evals)]
-    keys = [(env_key(g[0]), *_protocol_key(g[0])) for g in groups.values()]
+    keys = [(env_key(g[0]), *lineage.series_key(g[0])) for g in groups.values()]
     width = max(map(len, keys))
     keys = [k + ("",) * (width - len(k)) for k in keys]
     # Environments with one summary but different hashes (a kernel, a library version) still say so.

@@ -261,8 +261,9 @@ FingerprintLoader = Callable[[str, str], "dict | None"]  # (run_id, artifact_uri
 class RunIndex:
     """All runs of the experiment, newest first, with lineage lookups."""
 
-    def __init__(self, runs: Iterable[RunInfo]) -> None:
+    def __init__(self, runs: Iterable[RunInfo], lasting: dict | None = None) -> None:
         self.runs: dict[str, RunInfo] = {r.run_id: r for r in runs}
+        self._lasting = {} if lasting is None else lasting
         self._evals: dict[str, list[RunInfo]] = {}
         for r in self.runs.values():
             if r.kind in ("eval", "reference") and r.train_run_id:
@@ -273,6 +274,25 @@ class RunIndex:
         for r in self.runs.values():
             counts[r.name] = counts.get(r.name, 0) + 1
         self._dupes = {n for n, c in counts.items() if c > 1}
+        self._memo: dict = {}
+
+    def memo(self, key: tuple, compute: Callable[[], object]):
+        """What `compute` derives from this index, computed once per index (one store state): the index
+        is shared by every page and session until it is read again, so derived lineage costs once, not
+        once per page and row. Two threads may compute the same key; both get an equal value."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            return self._memo.setdefault(key, compute())
+
+    def lasting(self, key: tuple, compute: Callable[[], object]):
+        """`memo` for what only logged-once artifacts decide (two fingerprints' diff): kept beyond this
+        index in the store's own cache (`load_run_index(lasting=...)`, the dashboard's per store), so the
+        next read of the store diffs only the runs that are new."""
+        try:
+            return self._lasting[key]
+        except KeyError:
+            return self._lasting.setdefault(key, compute())
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -321,15 +341,15 @@ class RunIndex:
         return sorted(out)
 
 
-def load_run_index(tracker, fingerprints: FingerprintLoader | None = None) -> RunIndex:
+def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasting: dict | None = None) -> RunIndex:
     """Every run of the tracker's experiment, and the training runs other tools wrote elsewhere in
     the store (listed as `train` with their tool's badge), with fingerprints (via `fingerprints`,
-    default: read now)."""
+    default: read now); `lasting` keeps what logged-once artifacts decide across reads (`RunIndex.lasting`)."""
     runs = tracker.find_runs(foreign=True)
     experiments = tracker.experiment_names()
     if fingerprints is None:
         def fingerprints(run_id: str, artifact_uri: str) -> dict | None:
             return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
 
-    return RunIndex(_listed(r, experiments.get(r.info.experiment_id, ""),
-                            fingerprints(r.info.run_id, r.info.artifact_uri or "")) for r in runs)
+    return RunIndex((_listed(r, experiments.get(r.info.experiment_id, ""),
+                             fingerprints(r.info.run_id, r.info.artifact_uri or "")) for r in runs), lasting)

@@ -117,6 +117,30 @@ def protocol_of(run: RunInfo) -> protocol.Protocol | None:
         return protocol.Protocol()
 
 
+def series_key(run: RunInfo) -> tuple[str, ...]:
+    """What splits a training run's evals into separate lines besides the environment, each part
+    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1 top_p=0.95 top_k=20`,
+    `block 8`, `online`): greedy and sampled evals, or two samplings, are never one line, so their
+    protocols are never compared with each other either."""
+    proto = protocol_of(run)
+    if proto is None:
+        return ()
+    datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
+    thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
+    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, protocol.sampling_text(proto, draws=False),
+            f"block {proto.block_size}", str(proto.scoring))
+
+
+def drawn_with(index: RunIndex, run: RunInfo) -> list[RunInfo]:
+    """The other evals of run's training run on its line (the same `series_key`), by step: the evals its
+    number is drawn and quoted against."""
+    train = index.train_of(run)
+    if train is None:
+        return []
+    key = series_key(run)
+    return [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id and series_key(e) == key]
+
+
 def protocol_diff(a: RunInfo, b: RunInfo) -> tuple:
     """`protocol.diff` rows of run a against run b; () when either measures nothing (a training run)."""
     pa, pb = protocol_of(a), protocol_of(b)
@@ -299,15 +323,25 @@ class Lineage:
 
 
 def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:
-    """An eval or reference against its training run; None for other runs and unknown training runs."""
+    """An eval or reference against its training run; None for other runs and unknown training runs.
+    Diffed once per index (`RunIndex.memo`): every page and row after the first reads it."""
     train = index.train_of(run) if run.kind in ("eval", "reference") else None
-    return None if train is None else Lineage(run, train, env_diff(run, train))
+    if train is None:
+        return None
+
+    def pair() -> Lineage:
+        if run.fingerprint is None or train.fingerprint is None:  # may be read later: not kept
+            return Lineage(run, train, None)
+        # fingerprint.json is logged once: their diff outlives this index (the next read diffs new runs only)
+        return Lineage(run, train, index.lasting(("env_diff", run.run_id, train.run_id), lambda: env_diff(run, train)))
+
+    return index.memo(("vs_training", run.run_id), pair)
 
 
 def lineage(index: RunIndex, run: RunInfo) -> list[Lineage]:
     """A training run: each of its evals and references against it; an eval: itself against its training run."""
     if run.kind == "train":
-        return [Lineage(ev, run, env_diff(ev, run)) for ev in index.evals_of(run.run_id, ("eval", "reference"))]
+        return [vs_training(index, ev) for ev in index.evals_of(run.run_id, ("eval", "reference"))]
     own = vs_training(index, run)
     return [own] if own is not None else []
 
@@ -323,6 +357,28 @@ def resolutions(index: RunIndex, run: RunInfo) -> list[tuple[Lineage, RunInfo]]:
     return [(p, by) for p in lineage(index, run) if p.critical and (by := resolved_by(index, p.eval)) is not None]
 
 
+def _same_measurement(run: RunInfo) -> tuple:
+    """What two evals share when one repeats the other's measurement: training run, checkpoint step,
+    the settings of SAME_SETTINGS and the protocol tags (the environment aside)."""
+    settings = eval_settings_of(run)
+    return (run.train_run_id, run.checkpoint_step,
+            tuple(tuple(v) if isinstance(v, list) else v for v in (settings[k] for k in SAME_SETTINGS)),
+            tuple(sorted(protocol_tags(run).items())))
+
+
+def _repeats(index: RunIndex) -> dict[tuple, list[RunInfo]]:
+    """The evals grouped by `_same_measurement`, each group in `evals_of` order: built once per index,
+    so finding an eval's re-evaluation reads its group, never every eval of its training run."""
+    def build() -> dict[tuple, list[RunInfo]]:
+        groups: dict[tuple, list[RunInfo]] = {}
+        for train_id in {r.train_run_id for r in index.of_kind("eval") if r.train_run_id}:
+            for ev in index.evals_of(train_id):
+                groups.setdefault(_same_measurement(ev), []).append(ev)
+        return groups
+
+    return index.memo(("repeats",), build)
+
+
 def resolved_by(index: RunIndex, run: RunInfo) -> RunInfo | None:
     """The re-evaluation that answers `run`'s critical difference from its training run: an eval of the
     same checkpoint of the same training run, with the same settings and protocol, started no earlier,
@@ -332,15 +388,10 @@ def resolved_by(index: RunIndex, run: RunInfo) -> RunInfo | None:
     own = vs_training(index, run)
     if own is None or not own.critical:
         return None
-    settings, proto = eval_settings_of(run), protocol_tags(run)
-    for other in reversed(index.evals_of(own.train.run_id)):
-        if other.run_id == run.run_id or other.checkpoint_step != run.checkpoint_step:
+    for other in reversed(_repeats(index).get(_same_measurement(run), [])):
+        if other.run_id == run.run_id or (other.start_time or 0) < (run.start_time or 0):
             continue
-        if (other.start_time or 0) < (run.start_time or 0):
-            continue
-        if not same_settings(other, settings) or protocol_tags(other) != proto:
-            continue
-        rows = env_diff(other, own.train)
+        rows = vs_training(index, other).rows
         if rows is not None and not of_severity(rows, "critical"):
             return other
     return None

@@ -132,23 +132,30 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
 
 def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
     """The protocol cell and its count of critical mismatches; never empty where there is a protocol
-    to speak of. A training run's evals measure one curve only under one protocol: its row names the
-    steps whose protocol differs critically from its latest eval's (🟢 when none does); an eval's
-    row, how its tokens were drawn (T=0: greedy; 🎲 sampled), 🔵 online where z-lab's cached loop
-    scored it, and how it differs from the latest other eval of its training run (🟢 when it does
-    not). ⚪: an eval from before protocols were recorded."""
+    to speak of. A protocol is compared only with the evals it is drawn and quoted against: those on
+    its line (`lineage.drawn_with`: a greedy eval is never compared with a sampled one, which is drawn
+    apart). A training run's row names the steps whose protocol differs critically from the latest
+    eval on their line (🟢 when none does), and how many lines its protocols make; an eval's row, how
+    its tokens were drawn (T=0: greedy; 🎲 sampled), 🔵 online where z-lab's cached loop scored it, and
+    how it differs from the latest other eval on its line (🟢 when it does not). ⚪: an eval from
+    before protocols were recorded."""
     if run.kind == "train":
         evals = index.evals_of(run.run_id)
         if len(evals) < 2:
             return ("1 eval" if evals else "no evals yet"), 0
-        latest = evals[-1]
-        found = [(ev, lineage.of_severity(lineage.protocol_diff(ev, latest), "critical")) for ev in evals[:-1]]
-        found = [(ev, crit) for ev, crit in found if crit]
+        lines: dict[tuple, list[RunInfo]] = {}
+        for ev in evals:
+            lines.setdefault(lineage.series_key(ev), []).append(ev)
+        found = [(ev, line[-1], lineage.of_severity(lineage.protocol_diff(ev, line[-1]), "critical"))
+                 for line in lines.values() for ev in line[:-1]]
+        found = [(ev, latest, crit) for ev, latest, crit in found if crit]
         if not found:
-            return f"🟢 {len(evals)} evals, one protocol", 0
-        parts = [f"@ {_step(ev)}: " + ", ".join(lineage.field_name(r.field) for r in crit) for ev, crit in found[:2]]
+            return (f"🟢 {len(evals)} evals, one protocol" if len(lines) == 1 else
+                    f"🟢 {len(evals)} evals on {len(lines)} lines by protocol (drawn apart)"), 0
+        parts = [f"@ {_step(ev)}: " + ", ".join(lineage.field_name(r.field) for r in crit) + f" ≠ @ {_step(latest)}"
+                 for ev, latest, crit in found[:2]]
         more = f" | {len(found) - 2} more" if len(found) > 2 else ""
-        return "🔴 " + " | ".join(parts) + more + f" ≠ @ {_step(latest)}", len(found)
+        return "🔴 " + " | ".join(parts) + more, len(found)
     proto = lineage.protocol_of(run)
     if proto is None:
         return "", 0
@@ -158,13 +165,14 @@ def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
              else "🎲 " + protocol.sampling_text(proto)]
     if proto.scoring == "online":
         notes.append("🔵 online")
-    train = index.train_of(run)
-    others = [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id] if train is not None else []
+    others = lineage.drawn_with(index, run)
     crit = lineage.of_severity(lineage.protocol_diff(run, others[-1]), "critical") if others else []
     if crit:
         notes.insert(0, "🔴 " + summarize_rows(crit, "", f"@ {_step(others[-1])}", limit=2))
     elif others:
         notes.insert(0, f"🟢 as @ {_step(others[-1])}")
+    elif index.train_of(run) is not None and len(index.evals_of(run.train_run_id)) > 1:
+        notes.insert(0, "a line of its own")
     return " · ".join(notes), int(bool(crit))
 
 

@@ -108,10 +108,16 @@ def _fingerprint_loader(uri: str):
     return load
 
 
+_lasting: dict[str, dict] = {}  # per store: what logged-once artifacts decide (RunIndex.lasting)
+
+
 @st.cache_resource(ttl=INDEX_TTL_S, show_spinner="Reading runs…")
 def run_index(uri: str) -> RunIndex:
-    """Every run with its fingerprint; shared by all sessions, re-read after INDEX_TTL_S."""
-    return load_run_index(tracker_for(uri), _fingerprint_loader(uri))
+    """Every run with its fingerprint; shared by all sessions, re-read after INDEX_TTL_S (diffs of
+    fingerprints already read are kept across reads)."""
+    with _fp_lock:
+        lasting = _lasting.setdefault(uri, {})
+    return load_run_index(tracker_for(uri), _fingerprint_loader(uri), lasting)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)

@@ -75,7 +75,8 @@ def readonly_engine(uri: str) -> sa.Engine | None:
         return engine
 
 
-def _connect(engine: sa.Engine) -> sa.Connection:
+def readonly_connection(engine: sa.Engine) -> sa.Connection:
+    """A connection of `readonly_engine` (PostgreSQL: a READ ONLY transaction)."""
     conn = engine.connect()
     if engine.dialect.name == "postgresql":
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
@@ -102,7 +103,7 @@ def history_signature(uri: str, run_ids: Sequence[str], client=None) -> tuple:
         rows: list[tuple] = []
         stmt = sa.text("SELECT run_uuid, key, step, timestamp FROM latest_metrics WHERE run_uuid IN :ids")
         stmt = stmt.bindparams(sa.bindparam("ids", expanding=True))
-        with _connect(engine) as conn:
+        with readonly_connection(engine) as conn:
             for chunk in _chunks(run_ids):
                 rows.extend(tuple(r) for r in conn.execute(stmt, {"ids": list(chunk)}))
         return tuple(sorted(rows))
@@ -190,7 +191,7 @@ _ALL = sa.text(
 def _sql_histories(engine: sa.Engine, run_ids: list[str], keys: Sequence[str] | None) -> list[Block]:
     wanted = None if keys is None else set(keys)
     blocks: list[Block] = []
-    with _connect(engine) as conn:
+    with readonly_connection(engine) as conn:
         # latest_metrics has one row per (run, key): which histories exist.
         pairs = []
         for chunk in _chunks(run_ids):

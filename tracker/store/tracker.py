@@ -270,14 +270,20 @@ class Tracker:
         if kind is not None and kind not in names.KINDS:
             raise DraftboardError(f"kind must be one of {', '.join(names.KINDS)}, got {kind!r}")
         experiment_id = self.find_experiment()
+        mine = [experiment_id] if experiment_id is not None else []
+        others = [e for e in self.experiment_names() if e != experiment_id] if foreign else []
         clauses = [f"tags.`{names.KIND}` = '{kind}'"] if kind else []
         if filter:
             clauses.append(filter)
-        runs = self._search([experiment_id], clauses) if experiment_id is not None else []
+        # Every run (the dashboard's listing) from a database store: read in bulk (store/listing.py)
+        from tracker.store import listing
+
+        listed = listing.list_runs(self.uri, mine) if not clauses else None
+        runs = listed if listed is not None else self._search(mine, clauses)
         if foreign:
-            others = [e for e in self.experiment_names() if e != experiment_id]
-            runs += [r for r in self._search(others, clauses)
-                     if names.KIND not in r.data.tags or names.TOOL in r.data.tags]
+            theirs = listing.list_runs(self.uri, others) if listed is not None else None
+            theirs = theirs if theirs is not None else self._search(others, clauses)
+            runs += [r for r in theirs if names.KIND not in r.data.tags or names.TOOL in r.data.tags]
             runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
         return runs
 

@@ -17,20 +17,35 @@ What each number is, and never is:
   acceptance rate is exact, and `mean len` = 1 + accepted / verify steps to two decimals: the steps
   are recovered where exactly one count fits every line, and only then is the pooled
   `engine_mean_acceptance_length` logged; otherwise the protocol says why it is not.
+- AIPerf's `profile_export.jsonl` (`--export-level records`): each line a `MetricRecordInfo` whose
+  `spec_decode_acceptance` is AIPerf's engine-neutral per-request record (aiperf 0.13,
+  `common/models/spec_decode_models.py`: `engine`, a sparse `acceptance_histogram` {accepted drafts:
+  steps} without the bonus token, `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`,
+  optional `per_step_accepted` / `per_step_drafted`), checked with AIPerf's own invariants (the
+  histogram sums to the steps and its weighted sum to the accepted tokens; no more accepted than
+  drafted; per-step arrays one entry per step) and pooled over the requests:
+  `engine_mean_acceptance_length` = 1 + accepted / steps (vLLM's definition; AIPerf's
+  `mean_acceptance_length`, pooled), `draft_acceptance_rate`, `accept_rate_pos{k}` from the pooled
+  histogram.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
+from tracker import config
 from tracker import engine_metrics as em
 from tracker.errors import DraftboardError
+from tracker.jsonlines import records
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
 
 VLLM_LOG, SGLANG_LOG, LLAMACPP_LOG, PROMETHEUS = "vllm-log", "sglang-log", "llamacpp-log", "prometheus"
-FORMATS = (VLLM_LOG, SGLANG_LOG, LLAMACPP_LOG, PROMETHEUS)
+AIPERF = "aiperf"
+FORMATS = (VLLM_LOG, SGLANG_LOG, LLAMACPP_LOG, PROMETHEUS, AIPERF)
+MAX_RECORD = 16 << 20  # one request's AIPerf record, per-step arrays of a long completion included
 MAX_LINE = 64 << 10  # a server's log line is short; a longer one is cut before any pattern reads it
 DATASET = "served"  # production traffic: no prompt set of ours
 # vLLM: "INFO 12-02 14:37:37 [...]"; SGLang: "[2026-12-02 14:37:37 TP0] ..."
@@ -171,5 +186,66 @@ def _counters(scrapes: list[list], path, counters: tuple[str, str, str, str], ba
                                            "window": window}, {"drafts": drafts, "accepted_tokens": accepted})
 
 
+def _count(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DraftboardError(f"{what} must be a whole number >= 0, got {str(value)[:40]!r}")
+    return value
+
+
+def _aiperf_record(sd: dict, where: str) -> tuple[Counter, int, int, int, str]:
+    """(histogram, steps, accepted, drafted, engine) of one record, with AIPerf's own invariants."""
+    if not isinstance(sd, dict) or not isinstance(sd.get("acceptance_histogram"), dict):
+        raise DraftboardError(f"{where}: spec_decode_acceptance has no acceptance_histogram object")
+    histogram: Counter = Counter()
+    for key, value in sd["acceptance_histogram"].items():
+        if not str(key).isdigit() or int(key) > config.MAX_BUDGET:
+            raise DraftboardError(f"{where}: acceptance_histogram key {str(key)[:20]!r} is not a draft count "
+                                  f"(0..{config.MAX_BUDGET})")
+        histogram[int(key)] += _count(value, f"{where}: acceptance_histogram[{key}]")
+    steps, accepted, drafted = (_count(sd.get(k), f"{where}: {k}") for k in
+                                ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"))
+    if sum(histogram.values()) != steps or sum(j * c for j, c in histogram.items()) != accepted or accepted > drafted:
+        raise DraftboardError(f"{where}: the record's counts contradict each other (histogram {dict(histogram)}, "
+                              f"{steps} steps, {accepted} accepted of {drafted} drafted)")
+    for key, total in (("per_step_accepted", accepted), ("per_step_drafted", drafted)):
+        per_step = sd.get(key)
+        if per_step is not None and (not isinstance(per_step, list) or len(per_step) != steps
+                                     or sum(_count(v, f"{where}: {key}") for v in per_step) != total):
+            raise DraftboardError(f"{where}: {key} is not one count per verify step summing to {total}")
+    return histogram, steps, accepted, drafted, str(sd.get("engine") or "unknown")[:40]
+
+
+def parse_aiperf(path: str | Path) -> list[ImportedEval]:
+    file = Path(path)
+    if not file.is_file():
+        raise DraftboardError(f"{file}: no such file")
+    pooled: Counter = Counter()
+    steps = accepted = drafted = requests = 0
+    engines: set[str] = set()
+    for where, record in records(file, MAX_RECORD, "AIPerf's profile_export.jsonl"):
+        sd = record.get("spec_decode_acceptance") if isinstance(record, dict) else None
+        if sd is None:
+            continue  # a failed request, or one with no verify step: AIPerf records none
+        histogram, n_steps, n_accepted, n_drafted, engine = _aiperf_record(sd, where)
+        pooled.update(histogram)
+        steps, accepted, drafted = steps + n_steps, accepted + n_accepted, drafted + n_drafted
+        requests += 1
+        engines.add(engine)
+    if not steps:
+        raise DraftboardError(f"{file}: no spec_decode_acceptance record with verify steps (AIPerf writes them at "
+                              "--export-level records, for a server that reports speculative decoding)")
+    longest = max(pooled)
+    at_least = [0] * (longest + 2)
+    for k in range(longest, 0, -1):  # drafts whose token k was accepted: the steps that accepted at least k
+        at_least[k] = at_least[k + 1] + pooled[k]
+    metrics = {names.ENGINE_MEAN_AL: 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+               **{names.accept_rate_metric(k): at_least[k] / steps for k in range(1, longest + 1)}}
+    protocol = {"backend": ",".join(sorted(engines)), "source": "AIPerf per-request records",
+                "window": f"{requests} requests"}
+    return [ImportedEval(DATASET, metrics, protocol, {"requests": requests, "steps": steps, "accepted_tokens": accepted,
+                                                      "drafted_tokens": drafted,
+                                                      "accept_len_histogram": [pooled[j] for j in range(longest + 1)]})]
+
+
 PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, LLAMACPP_LOG: parse_llamacpp_log,
-           PROMETHEUS: parse_prometheus}
+           PROMETHEUS: parse_prometheus, AIPERF: parse_aiperf}

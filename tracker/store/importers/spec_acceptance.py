@@ -22,10 +22,10 @@ requests' sampling is the server's default (the harness sends none): unknown her
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from tracker import config
+from tracker.jsonlines import records
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
@@ -80,26 +80,16 @@ def parse_folder(path: str | Path) -> list[ImportedEval]:
 def _raw(file: Path) -> tuple[list[dict], int]:
     """The requests' metrics, checked line by line, and the one num_spec_tokens they share."""
     requests, k = [], None
-    with file.open("rb") as handle:
-        for number, line in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), 1):
-            where = f"{file}:{number}"
-            if len(line) > MAX_LINE_BYTES:
-                raise DraftboardError(f"{where}: line longer than {MAX_LINE_BYTES} bytes")
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise DraftboardError(f"{where}: not a JSON line") from None
-            metrics = obj.get("metrics") if isinstance(obj, dict) else None
-            if not isinstance(metrics, dict) or not isinstance(obj.get("prompt_tokens"), int):
-                raise DraftboardError(f"{where}: expected {{\"prompt_tokens\": N, \"metrics\": {{...}}}}")
-            request = _request(metrics, where)
-            if k is not None and request["num_spec_tokens"] != k:
-                raise DraftboardError(f"{where}: num_spec_tokens {request['num_spec_tokens']} differs from the "
-                                      f"earlier requests' {k}: one server config per import")
-            k = request["num_spec_tokens"]
-            requests.append(request)
+    for where, obj in records(file, MAX_LINE_BYTES, "spec_acceptance.py's raw_requests.jsonl"):
+        metrics = obj.get("metrics") if isinstance(obj, dict) else None
+        if not isinstance(metrics, dict) or not isinstance(obj.get("prompt_tokens"), int):
+            raise DraftboardError(f"{where}: expected {{\"prompt_tokens\": N, \"metrics\": {{...}}}}")
+        request = _request(metrics, where)
+        if k is not None and request["num_spec_tokens"] != k:
+            raise DraftboardError(f"{where}: num_spec_tokens {request['num_spec_tokens']} differs from the "
+                                  f"earlier requests' {k}: one server config per import")
+        k = request["num_spec_tokens"]
+        requests.append(request)
     if not requests:
         raise DraftboardError(f"{file}: no requests")
     return requests, k

@@ -1,0 +1,84 @@
+"""tracker/dashboard/lineage.py at scale (issue 38): what a page load diffs grows linearly with the
+evals, and the re-evaluation each mismatch finds is the one the definition names."""
+
+from __future__ import annotations
+
+from test_views import fp, run
+from tracker import fingerprint
+from tracker.dashboard import lineage, tables
+from tracker.dashboard.index import RunIndex
+
+TRAINED = dict(path="fast", dtype="bf16", device="cuda", gpu="H100")  # the training run's environment
+
+
+def _store(n_evals: int) -> RunIndex:
+    """One training run and 2 x n_evals evals of its checkpoints. n_evals two per step: the first on a CPU
+    box (the torch fallback: critically different), the second a re-evaluation in the training
+    environment, every fifth step's on other prompts (not a repeat of the first). And n_evals copies of
+    one eval on the CPU box, as a sweep that re-ran it leaves them: nothing answers them."""
+    runs = [run("t", "train", fp(**TRAINED))]
+    for i in range(n_evals):
+        step = 100 * (i // 2)
+        prompts = "other.jsonl" if i % 2 and step % 500 == 0 else "p.jsonl"
+        runs.append(run(f"e{i}", "eval", fp(**TRAINED) if i % 2 else fp(), train="t", step=step, start=i,
+                        params={"drafter": f"/ck/{step}", "prompts": prompts, "max_new_tokens": "64"}))
+    for i in range(n_evals):
+        runs.append(run(f"c{i}", "eval", fp(), train="t", step=10**6, start=i,
+                        params={"drafter": "/ck/last", "prompts": "p.jsonl", "max_new_tokens": "64"}))
+    return RunIndex(runs)
+
+
+def _resolver_by_definition(index: RunIndex, ev) -> str | None:
+    """`resolved_by` as its docstring defines it, by brute force over every eval of the training run."""
+    own = lineage.Lineage(ev, index.runs["t"], lineage.env_diff(ev, index.runs["t"]))
+    if not own.critical:
+        return None
+    for other in reversed(index.evals_of("t")):
+        if (other.run_id != ev.run_id and other.checkpoint_step == ev.checkpoint_step
+                and (other.start_time or 0) >= (ev.start_time or 0)
+                and lineage.same_settings(other, lineage.eval_settings_of(ev))
+                and lineage.protocol_tags(other) == lineage.protocol_tags(ev)
+                and not lineage.of_severity(lineage.env_diff(other, index.runs["t"]), "critical")):
+            return other.run_id
+    return None
+
+
+def test_a_page_loads_lineage_in_linear_work_and_finds_the_same_re_evaluations(monkeypatch):
+    calls = []
+    real = fingerprint.diff
+    monkeypatch.setattr(fingerprint, "diff", lambda a, b: calls.append(1) or real(a, b))
+    counted = {}
+    for n in (100, 200):
+        index = _store(n)
+        expected = {ev.run_id: _resolver_by_definition(index, ev) for ev in index.of_kind("eval")}
+        calls.clear()
+        frame = tables.runs_table(index, list(index.runs.values()))  # the Runs page, then the landing page's count
+        open_evals = [ev.run_id for ev in index.of_kind("eval") if lineage.mismatches(index, ev)]
+        counted[n] = len(calls)
+        found = {ev.run_id: getattr(lineage.resolved_by(index, ev), "run_id", None) for ev in index.of_kind("eval")}
+        assert found == expected
+        assert sorted(open_evals) == sorted(e for e, by in expected.items() if by is None and
+                                           (e.startswith("c") or int(e[1:]) % 2 == 0))
+        assert len(open_evals) == n + n // 10  # the copies, and the steps re-evaluated on other prompts
+        assert frame.set_index("run_id").loc["e2", "env check"] == "🟢 re-evaluated as e3"
+    # each eval diffed against its training run once per index; before, every eval against every other
+    assert counted[200] <= 2 * counted[100] + 2, counted
+
+
+def test_the_next_read_of_the_store_diffs_only_new_runs(monkeypatch):
+    """The dashboard re-reads the store every few seconds; fingerprints are logged once, so their diffs
+    outlive an index (`RunIndex.lasting`) and the next read diffs only what is new."""
+    calls = []
+    real = fingerprint.diff
+    monkeypatch.setattr(fingerprint, "diff", lambda a, b: calls.append(1) or real(a, b))
+    lasting: dict = {}
+    first = RunIndex(_store(50).runs.values(), lasting)
+    before = tables.runs_table(first, list(first.runs.values()))
+    assert calls
+    calls.clear()
+    grown = [*first.runs.values(), run("new", "eval", fp(), train="t", step=10**7, start=999, params={})]
+    again = RunIndex(grown, lasting)
+    after = tables.runs_table(again, list(again.runs.values()))
+    assert len(calls) == 1  # the new eval against its training run
+    evals = before["run_id"] != "t"  # the training run's row counts the new eval's mismatch too
+    assert list(after[after["run_id"].isin(before["run_id"][evals])]["env check"]) == list(before[evals]["env check"])

@@ -1,0 +1,55 @@
+"""Every run of some experiments at once, read straight from the MLflow database.
+
+`MlflowClient.search_runs` builds one ORM object per run, tag, param and metric and pages by 1,000:
+at 10,000 runs it took ~8 s here, most of the dashboard's wait on a team's store. When the
+tracking URI is a database this module reads the same rows MLflow's SQL store reads for a run
+(`runs`, `tags`, `params`, `latest_metrics`: what `SqlRun.to_mlflow_entity` turns into a `Run`)
+with four plain, read-only SELECTs (`history.readonly_engine`: sqlite `mode=ro`, PostgreSQL READ
+ONLY) and builds the same `mlflow.entities.Run` objects, so everything downstream reads them as
+search results. For an http store it returns None and the caller searches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from mlflow.entities import Metric, Param, Run, RunData, RunInfo, RunTag
+
+from tracker.store.history import readonly_connection, readonly_engine
+
+_OF_RUNS = "run_uuid IN (SELECT run_uuid FROM runs WHERE lifecycle_stage = 'active' AND experiment_id IN :ids)"
+
+
+def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
+    """The active runs of the experiments, newest first (as search_runs orders them); None when the
+    store is not a database this process can read directly."""
+    engine = readonly_engine(uri)
+    if engine is None:
+        return None
+    if not experiment_ids:
+        return []
+    ids = {"ids": [int(e) for e in experiment_ids]}
+
+    def select(sql: str) -> list:
+        stmt = sa.text(sql).bindparams(sa.bindparam("ids", expanding=True))
+        return conn.execute(stmt, ids).all()
+
+    with readonly_connection(engine) as conn:
+        rows = select("SELECT run_uuid, name, experiment_id, user_id, status, start_time, end_time, lifecycle_stage, "
+                      "artifact_uri FROM runs WHERE lifecycle_stage = 'active' AND experiment_id IN :ids")
+        tags, params, metrics = ({} for _ in range(3))
+        for run_id, key, value in select(f"SELECT run_uuid, key, value FROM tags WHERE {_OF_RUNS}"):
+            tags.setdefault(run_id, []).append(RunTag(key, value))
+        for run_id, key, value in select(f"SELECT run_uuid, key, value FROM params WHERE {_OF_RUNS}"):
+            params.setdefault(run_id, []).append(Param(key, value))
+        for run_id, key, value, timestamp, step, is_nan in select(
+                f"SELECT run_uuid, key, value, timestamp, step, is_nan FROM latest_metrics WHERE {_OF_RUNS}"):
+            metrics.setdefault(run_id, []).append(Metric(key, math.nan if is_nan else value, timestamp or 0, step))
+    runs = [Run(RunInfo(run_id, str(experiment_id), user_id or "", status, start_time, end_time, stage, artifact_uri,
+                        name),
+                RunData(metrics=metrics.get(run_id, []), params=params.get(run_id, []), tags=tags.get(run_id, [])))
+            for run_id, name, experiment_id, user_id, status, start_time, end_time, stage, artifact_uri in rows]
+    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+    return runs
