@@ -25,6 +25,7 @@ from tracker.dashboard.launch_form import (
     shown_log,
     submit_eval,
     training_linear_attn,
+    unused_settings,
     workers_caption,
 )
 
@@ -173,8 +174,8 @@ else:
         temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
-        samples = c4.number_input("Samples", value=8, step=1, key="launch_samples",
-                                  disabled=fixed and SAMPLING_PRESETS[preset][0] == 0,
+        samples_off = fixed and SAMPLING_PRESETS[preset][0] == 0  # a greedy preset: one continuation
+        samples = c4.number_input("Samples", value=8, step=1, key="launch_samples", disabled=samples_off,
                                   help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
                                        "interval over draws; an engine eval sends each prompt once")
         ref_name = (st.text_input("Reference name", key="launch_reference_name", placeholder="e.g. z-lab v1")
@@ -193,7 +194,7 @@ else:
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
-            temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), samples=int(samples),
+            temperature=float(temperature), top_p=float(top_p), top_k=top_k, samples=1 if samples_off else samples,
         )
         with ui.reported(lambda text: st.error(text, icon=":material/block:")):
             params = eval_params(form, cfg.allowed_roots)
@@ -207,6 +208,9 @@ else:
             else:
                 st.session_state.pop("launch_edited", None)
                 st.success(f"Queued job #{job.id}.", icon=":material/check:")
+            unused = unused_settings(form)
+            if unused:
+                st.info("Not part of this eval: " + md("; ".join(unused)) + ".", icon=":material/info:")
 
 # ------------------------------------------------------------------ queue
 st.subheader("Queue", help="evals run by `draftboard worker` (started by `draftboard ui`)")

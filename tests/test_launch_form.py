@@ -154,3 +154,29 @@ def test_a_hybrid_served_by_the_workers_engine_asks_for_a_dtype_it_runs(tmp_path
                                 ("hybrid", (None, None))):
         assert eval_params(LaunchForm(target=str(tmp_path / target), measured_by=measured_by, **common),
                            [tmp_path])["dtype"] == "fp32"
+
+
+def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_fractions(tmp_path):
+    """Issue 39: DDTree budgets of a sampled eval and Samples at T=0 were dropped in silence, and
+    fractions rounded; now each unused setting is named with why, and a fraction is refused."""
+    import pytest
+
+    from tracker.dashboard.launch_form import LaunchForm, eval_params, unused_settings
+    from tracker.errors import DraftboardError
+
+    for name in ("target", "ck"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "p.jsonl").write_text("")
+    common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"))
+    assert unused_settings(LaunchForm(**common)) == []
+    assert unused_settings(LaunchForm(**common, samples=16)) == [
+        "Samples 16 (T = 0 draws one greedy continuation per prompt)"]
+    assert unused_settings(LaunchForm(**common, temperature=1.0, samples=16)) == [
+        "DDTree budgets (DDTree verifies greedily: a sampled eval runs none)"]
+    assert unused_settings(LaunchForm(**common, temperature=1.0, samples=16, budgets="", measured_by=("vllm", None))) \
+        == ["Samples 16 (an engine eval sends each prompt once)"]
+    for field, value, label in (("samples", 2.5, "samples"), ("top_k", 20.7, "top_k"),
+                                ("limit_per_dataset", 3.5, "prompts per dataset")):
+        with pytest.raises(DraftboardError, match=f"{label} must be a whole number"):
+            eval_params(LaunchForm(**common, temperature=1.0, **{field: value}), [tmp_path])
+    assert eval_params(LaunchForm(**common, temperature=1.0, samples=16.0), [tmp_path])["samples"] == 16

@@ -216,6 +216,28 @@ def target_is_hybrid(target: str) -> bool:
                for section in _target_config(target))
 
 
+def _whole(value, label: str) -> int:
+    """A form's count as an int; a fraction is refused, never rounded."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise DraftboardError(f"{label} must be a whole number, got {value!r:.20}")
+    return int(value)
+
+
+def unused_settings(form: LaunchForm) -> list[str]:
+    """What the form holds that the eval it queues will not use, each with why (said on Launch when
+    queued, never dropped in silence)."""
+    sampled, engine = form.temperature != 0, form.measured_by[0]
+    out = []
+    if (sampled or engine) and form.budgets.strip():
+        out.append("DDTree budgets (" + ("an engine drafts one chain" if engine else
+                                          "DDTree verifies greedily: a sampled eval runs none") + ")")
+    if not sampled and form.samples not in (0, 1):
+        out.append(f"Samples {form.samples:g} (T = 0 draws one greedy continuation per prompt)")
+    elif sampled and engine and form.samples not in (0, 1):
+        out.append(f"Samples {form.samples:g} (an engine eval sends each prompt once)")
+    return out
+
+
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     """Validated eval job params (`tracker.jobs.eval_job.validate`); DraftboardError says what is wrong."""
     if form.checkpoint_path:
@@ -253,12 +275,12 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         "linear_attn": linear,
     }
     if form.limit_per_dataset is not None:
-        params["limit_per_dataset"] = int(form.limit_per_dataset)
+        params["limit_per_dataset"] = _whole(form.limit_per_dataset, "prompts per dataset")
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
-        params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=int(form.top_k))
-        params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none
+        params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=_whole(form.top_k, "top_k"))
+        params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none (unused_settings says so)
         if not form.measured_by[0]:
-            params["samples"] = int(form.samples)
+            params["samples"] = _whole(form.samples, "samples")
     engine, url = form.measured_by
     if engine:
         # The engine runs its own kernels and drafts one chain: DDTree budgets, the drafter's precision
