@@ -1,7 +1,7 @@
 """Re-evaluation plans (tracker.dashboard.envmatrix): which flags reproduce a training run's numerics,
 and when a re-evaluation is pointless (same environment) or already done (an identical eval exists)."""
 
-import copy
+import dataclasses
 
 from test_views import fp, run
 from tracker.dashboard.envmatrix import reeval_plan, training_environment
@@ -63,9 +63,9 @@ def test_a_done_reevaluation_is_linked_instead_of_queued_again(tmp_path):
     # Not the same measurement: another protocol, other settings, another step, another environment.
     for change in ({"tags": {"protocol.last_block": "full"}}, {"params": {"max_new_tokens": "32"}},
                    {"step": 100}, {"fingerprint": fp()}):
-        other = copy.deepcopy(done)
-        other.tags.update(change.get("tags", {}))
-        other.params.update(change.get("params", {}))
+        # a run as the store would give it (a RunInfo is read once: its protocol tags are kept)
+        other = dataclasses.replace(done, tags={**done.tags, **change.get("tags", {})},
+                                    params={**done.params, **change.get("params", {})})
         if "step" in change:
             other.tags["draftboard.checkpoint_step"] = str(change["step"])
         if "fingerprint" in change:

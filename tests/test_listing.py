@@ -9,24 +9,27 @@ from mlflow import MlflowClient
 
 from tracker.store import listing, names
 from tracker.store.history import latest_metric_steps
+from tracker.store.tracker import Tracker
 
 
 def _as_search_returns(run) -> tuple:
     info = run.info
     metrics = {k: ("nan" if math.isnan(v) else v) for k, v in run.data.metrics.items()}
-    return (info.run_id, info.run_name, info.experiment_id, info.status, info.start_time, info.end_time,
-            info.lifecycle_stage, info.artifact_uri, dict(run.data.tags), dict(run.data.params), metrics,
-            latest_metric_steps(run.data))
+    return (info.run_id, info.run_name, info.experiment_id, info.user_id, info.status, info.start_time,
+            info.end_time, info.lifecycle_stage, info.artifact_uri, dict(run.data.tags), dict(run.data.params),
+            metrics, latest_metric_steps(run.data))
 
 
-def test_runs_read_in_bulk_are_the_runs_mlflow_searches(tracker, store_uri):
+def test_runs_read_in_bulk_are_the_runs_mlflow_searches(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
     with tracker.training_run("v1", {"lr": 1e-3, "block_size": 16}, "/models/t") as train:
         train.log_step(10, loss=2.0, acc=0.1)
         train.log_step(20, loss=float("nan"), acc=0.2)
     with tracker.eval_run("v1 @ 20", target="/models/t", train_run_id=train.run_id, checkpoint_step=20,
                           params={"prompts": "p.jsonl"}) as ev:
         ev.log_metrics({"tau": 3.25}, step=0)
-    client = MlflowClient(store_uri)
+    client = MlflowClient(uri)
     foreign = client.create_experiment("specforge")
     other = client.create_run(foreign, run_name="specforge run")
     client.log_metric(other.info.run_id, "train/loss", 1.5, step=7)
@@ -34,14 +37,12 @@ def test_runs_read_in_bulk_are_the_runs_mlflow_searches(tracker, store_uri):
     client.delete_run(gone.info.run_id)
 
     experiments = [tracker.find_experiment(), foreign]
-    listed = listing.list_runs(store_uri, experiments)
-    if not store_uri.startswith("sqlite"):
-        assert listed is None  # an http store: MLflow's search answers
-        return
+    listed = listing.list_runs(uri, experiments)
     searched = client.search_runs(experiments, order_by=["attributes.start_time DESC"])
     assert [_as_search_returns(r) for r in listed] == [_as_search_returns(r) for r in searched]
-    assert gone.info.run_id not in {r.info.run_id for r in listed}
+    assert len(listed) == 3 and gone.info.run_id not in {r.info.run_id for r in listed}
     # what the dashboard lists: draftboard's runs and the foreign training run, the same either way
     ids = [r.info.run_id for r in tracker.find_runs(foreign=True)]
     assert ids == [r.info.run_id for r in searched if names.KIND in r.data.tags or r.info.experiment_id == foreign]
-    assert len(tracker.find_runs(kind="eval")) == 1  # a filter still searches
+    assert [r.info.run_id for r in tracker.find_runs(kind="eval")] == [ev.run_id]  # a filter still searches
+    assert listing.list_runs("http://127.0.0.1:9", experiments) is None  # an http store: MLflow's search answers

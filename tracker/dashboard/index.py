@@ -13,11 +13,13 @@ import math
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tracker import config
+from tracker import config, protocol
+from tracker.errors import DraftboardError
 from tracker.store import adoption, names
 from tracker.store.history import latest_metric_steps
 
@@ -170,6 +172,23 @@ class RunInfo:
         if self.kind == "train" and self.tags.get(names.TOOL):
             return f"train · {adoption.tool_label(self.tags[names.TOOL])}"
         return self.kind or "other"
+
+    @cached_property
+    def protocol_tags(self) -> dict[str, str]:
+        """The run's `protocol.*` tags as logged (read once per run: every lineage question asks)."""
+        return {k: v for k, v in self.tags.items() if names.parse_protocol_tag(k)}
+
+    @cached_property
+    def protocol(self) -> protocol.Protocol | None:
+        """How an eval or reference was measured (its `protocol.*` tags; `unknown` where a run has none
+        or a tag cannot be read: a hand-edited tag proves nothing either way); None for other runs,
+        which measure nothing. Parsed once per run."""
+        if self.kind not in ("eval", "reference"):
+            return None
+        try:
+            return protocol.Protocol.from_tags(self.tags)
+        except DraftboardError:
+            return protocol.Protocol()
 
     @property
     def started(self) -> datetime | None:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from tracker import fingerprint, protocol
 from tracker.dashboard.index import RunIndex, RunInfo
-from tracker.errors import DraftboardError
 from tracker.store import names
 
 # How a severity reads: its icon in text (`🔴 critical`), its background in a coloured table.
@@ -107,14 +106,8 @@ def env_diff(a: RunInfo, b: RunInfo) -> tuple | None:
 
 
 def protocol_of(run: RunInfo) -> protocol.Protocol | None:
-    """How an eval or reference was measured (its `protocol.*` tags; `unknown` where a run has none
-    or a tag cannot be read); None for other runs, which measure nothing."""
-    if run.kind not in ("eval", "reference"):
-        return None
-    try:
-        return protocol.Protocol.from_tags(run.tags)
-    except DraftboardError:  # a hand-edited tag proves nothing either way: unknown, a warning
-        return protocol.Protocol()
+    """How an eval or reference was measured (`RunInfo.protocol`); None for other runs."""
+    return run.protocol
 
 
 def series_key(run: RunInfo) -> tuple[str, ...]:
@@ -285,8 +278,8 @@ def same_settings(run: RunInfo, settings: dict) -> bool:
 
 
 def protocol_tags(run: RunInfo) -> dict[str, str]:
-    """The run's `protocol.*` tags as logged: equal tags, the same protocol."""
-    return {k: v for k, v in run.tags.items() if names.parse_protocol_tag(k)}
+    """The run's `protocol.*` tags as logged: equal tags, the same protocol (`RunInfo.protocol_tags`)."""
+    return run.protocol_tags
 
 
 # --------------------------------------------------------------------------- lineage

@@ -47,7 +47,7 @@ def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
         for run_id, key, value, timestamp, step, is_nan in select(
                 f"SELECT run_uuid, key, value, timestamp, step, is_nan FROM latest_metrics WHERE {_OF_RUNS}"):
             metrics.setdefault(run_id, []).append(Metric(key, math.nan if is_nan else value, timestamp or 0, step))
-    runs = [Run(RunInfo(run_id, str(experiment_id), user_id or "", status, start_time, end_time, stage, artifact_uri,
+    runs = [Run(RunInfo(run_id, str(experiment_id), user_id, status, start_time, end_time, stage, artifact_uri,
                         name),
                 RunData(metrics=metrics.get(run_id, []), params=params.get(run_id, []), tags=tags.get(run_id, [])))
             for run_id, name, experiment_id, user_id, status, start_time, end_time, stage, artifact_uri in rows]
