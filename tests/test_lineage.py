@@ -4,11 +4,20 @@ evals, and the re-evaluation each mismatch finds is the one the definition names
 from __future__ import annotations
 
 from test_views import fp, run
-from tracker import fingerprint
+from tracker import fingerprint, protocol
 from tracker.dashboard import lineage, tables
 from tracker.dashboard.index import RunIndex
 
 TRAINED = dict(path="fast", dtype="bf16", device="cuda", gpu="H100")  # the training run's environment
+# every eval's protocol (greedy, 8 gsm8k prompts), as `draftboard eval` tags it
+PROTOCOL = protocol.Protocol(datasets={"gsm8k": 8}, prompt_digest="aaaa", temperature=0.0, block_size=16,
+                             max_new_tokens=64, scoring="offline").to_tags()
+
+
+def _eval(*args, **kwargs):
+    ev = run(*args, **kwargs)
+    ev.tags.update(PROTOCOL)
+    return ev
 
 
 def _store(n_evals: int) -> RunIndex:
@@ -20,10 +29,10 @@ def _store(n_evals: int) -> RunIndex:
     for i in range(n_evals):
         step = 100 * (i // 2)
         prompts = "other.jsonl" if i % 2 and step % 500 == 0 else "p.jsonl"
-        runs.append(run(f"e{i}", "eval", fp(**TRAINED) if i % 2 else fp(), train="t", step=step, start=i,
+        runs.append(_eval(f"e{i}", "eval", fp(**TRAINED) if i % 2 else fp(), train="t", step=step, start=i,
                         params={"drafter": f"/ck/{step}", "prompts": prompts, "max_new_tokens": "64"}))
     for i in range(n_evals):
-        runs.append(run(f"c{i}", "eval", fp(), train="t", step=10**6, start=i,
+        runs.append(_eval(f"c{i}", "eval", fp(), train="t", step=10**6, start=i,
                         params={"drafter": "/ck/last", "prompts": "p.jsonl", "max_new_tokens": "64"}))
     return RunIndex(runs)
 
@@ -44,17 +53,19 @@ def _resolver_by_definition(index: RunIndex, ev) -> str | None:
 
 
 def test_a_page_loads_lineage_in_linear_work_and_finds_the_same_re_evaluations(monkeypatch):
-    calls = []
-    real = fingerprint.diff
+    calls, keyed = [], []
+    real, real_key = fingerprint.diff, lineage.series_key
     monkeypatch.setattr(fingerprint, "diff", lambda a, b: calls.append(1) or real(a, b))
-    counted = {}
+    monkeypatch.setattr(lineage, "series_key", lambda run: keyed.append(1) or real_key(run))
+    counted, lines = {}, {}
     for n in (100, 200):
         index = _store(n)
         expected = {ev.run_id: _resolver_by_definition(index, ev) for ev in index.of_kind("eval")}
         calls.clear()
+        keyed.clear()
         frame = tables.runs_table(index, list(index.runs.values()))  # the Runs page, then the landing page's count
         open_evals = [ev.run_id for ev in index.of_kind("eval") if lineage.mismatches(index, ev)]
-        counted[n] = len(calls)
+        counted[n], lines[n] = len(calls), len(keyed)
         found = {ev.run_id: getattr(lineage.resolved_by(index, ev), "run_id", None) for ev in index.of_kind("eval")}
         assert found == expected
         assert sorted(open_evals) == sorted(e for e, by in expected.items() if by is None and
@@ -63,6 +74,8 @@ def test_a_page_loads_lineage_in_linear_work_and_finds_the_same_re_evaluations(m
         assert frame.set_index("run_id").loc["e2", "env check"] == "🟢 re-evaluated as e3"
     # each eval diffed against its training run once per index; before, every eval against every other
     assert counted[200] <= 2 * counted[100] + 2, counted
+    # and each eval's protocol line is keyed a bounded number of times, not once per other eval of its run
+    assert lines[200] <= 2 * lines[100] + 2, lines
 
 
 def test_the_next_read_of_the_store_diffs_only_new_runs(monkeypatch):

@@ -124,14 +124,23 @@ def series_key(run: RunInfo) -> tuple[str, ...]:
             f"block {proto.block_size}", str(proto.scoring))
 
 
+def lines_of(index: RunIndex, train_run_id: str) -> dict[tuple, list[RunInfo]]:
+    """A training run's evals by `series_key`, each line by step: built once per index."""
+    def build() -> dict[tuple, list[RunInfo]]:
+        lines: dict[tuple, list[RunInfo]] = {}
+        for ev in index.evals_of(train_run_id):
+            lines.setdefault(series_key(ev), []).append(ev)
+        return lines
+
+    return index.memo(("lines", train_run_id), build)
+
+
 def drawn_with(index: RunIndex, run: RunInfo) -> list[RunInfo]:
     """The other evals of run's training run on its line (the same `series_key`), by step: the evals its
     number is drawn and quoted against."""
-    train = index.train_of(run)
-    if train is None:
+    if index.train_of(run) is None:
         return []
-    key = series_key(run)
-    return [e for e in index.evals_of(train.run_id) if e.run_id != run.run_id and series_key(e) == key]
+    return [e for e in lines_of(index, run.train_run_id).get(series_key(run), []) if e.run_id != run.run_id]
 
 
 def protocol_diff(a: RunInfo, b: RunInfo) -> tuple:

@@ -143,9 +143,7 @@ def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
         evals = index.evals_of(run.run_id)
         if len(evals) < 2:
             return ("1 eval" if evals else "no evals yet"), 0
-        lines: dict[tuple, list[RunInfo]] = {}
-        for ev in evals:
-            lines.setdefault(lineage.series_key(ev), []).append(ev)
+        lines = lineage.lines_of(index, run.run_id)
         found = [(ev, line[-1], lineage.of_severity(lineage.protocol_diff(ev, line[-1]), "critical"))
                  for line in lines.values() for ev in line[:-1]]
         found = [(ev, latest, crit) for ev, latest, crit in found if crit]
