@@ -74,6 +74,16 @@ def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
     return hist
 
 
+def positions_from_histogram(histogram: list[int]) -> list[int]:
+    """The inverse: c[k] = steps that accepted draft position k (at least k+1 accepted) = the sum of
+    h[k+1:], as suffix sums (linear in the positions)."""
+    out, at_least = [0] * max(0, len(histogram) - 1), 0
+    for k in range(len(histogram) - 1, 0, -1):
+        at_least += histogram[k]
+        out[k - 1] = at_least
+    return out
+
+
 # --------------------------------------------------------------------------- Prometheus text
 
 # One sample line: `name{label="value",...} value [timestamp]`. Read left to right, each piece matched

@@ -97,7 +97,7 @@ class EngineReply:
         """accepted_by_position[k]: steps whose draft token k+1 was accepted (a chain accepts a prefix)."""
         if self.histogram is None:
             return None
-        return [sum(self.histogram[j + 1:]) for j in range(max(0, len(self.histogram) - 1))]
+        return em.positions_from_histogram(self.histogram)
 
     @property
     def steps_multiset(self) -> list[int] | None:

@@ -234,17 +234,15 @@ def parse_aiperf(path: str | Path) -> list[ImportedEval]:
     if not steps:
         raise DraftboardError(f"{file}: no spec_decode_acceptance record with verify steps (AIPerf writes them at "
                               "--export-level records, for a server that reports speculative decoding)")
-    longest = max(pooled)
-    at_least = [0] * (longest + 2)
-    for k in range(longest, 0, -1):  # drafts whose token k was accepted: the steps that accepted at least k
-        at_least[k] = at_least[k + 1] + pooled[k]
+    histogram = [pooled[j] for j in range(max(pooled) + 1)]
     metrics = {names.ENGINE_MEAN_AL: 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
-               **{names.accept_rate_metric(k): at_least[k] / steps for k in range(1, longest + 1)}}
+               **{names.accept_rate_metric(k + 1): c / steps
+                  for k, c in enumerate(em.positions_from_histogram(histogram))}}
     protocol = {"backend": ",".join(sorted(engines)), "source": "AIPerf per-request records",
                 "window": f"{requests} requests"}
     return [ImportedEval(DATASET, metrics, protocol, {"requests": requests, "steps": steps, "accepted_tokens": accepted,
                                                       "drafted_tokens": drafted,
-                                                      "accept_len_histogram": [pooled[j] for j in range(longest + 1)]})]
+                                                      "accept_len_histogram": histogram})]
 
 
 PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, LLAMACPP_LOG: parse_llamacpp_log,

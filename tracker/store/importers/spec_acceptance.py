@@ -25,6 +25,7 @@ import csv
 from pathlib import Path
 
 from tracker import config
+from tracker import engine_metrics as em
 from tracker.jsonlines import records
 from tracker.errors import DraftboardError
 from tracker.store import names
@@ -57,12 +58,10 @@ def parse_folder(path: str | Path) -> list[ImportedEval]:
         if steps == 0:
             raise DraftboardError(f"{raw}: no verify steps in any request; nothing was measured")
         metrics = {"engine_mean_acceptance_length": 1 + accepted / steps}
-        # a step accepted draft j when it accepted at least j drafts: suffix sums of the pooled histogram
+        # a step accepted draft j when it accepted at least j drafts (the pooled histogram's suffix sums)
         pooled = [sum(counts) for counts in zip(*(r["acceptance_histogram"] for r in requests))]
-        at_least = [0] * (k + 2)
-        for j in range(k, 0, -1):
-            at_least[j] = at_least[j + 1] + pooled[j]
-        metrics.update({names.accept_rate_metric(j): at_least[j] / steps for j in range(1, k + 1)})
+        metrics.update({names.accept_rate_metric(j + 1): c / steps
+                        for j, c in enumerate(em.positions_from_histogram(pooled))})
         totals = {c: sum(r[c] for r in requests) for c in _COUNTS}
         _agree(tables.get("by_start_length"), totals, by_start)
         stepped = [r for r in requests if r.get("per_step_accepted")]
