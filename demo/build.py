@@ -22,6 +22,7 @@ from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.logging import log_eval
+from tracker import redact
 from tracker.demo_progress import ProgressWriter
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
@@ -94,29 +95,40 @@ def stage_work(plan: Plan) -> list[float]:
 Report = Callable[[str], None]
 
 
-def build_demo(home: str | Path, *, quick: bool = False, force: bool = False, resume: bool = False,
-               report: Report = print) -> dict:
+def build_demo(home: str | Path, *, store: str | None = None, quick: bool = False, force: bool = False,
+               resume: bool = False, report: Report = print) -> dict:
     """Build the demo store under `home` (cached: returns the manifest at once when present).
 
-    The demo's files go to `<home>/draftboard-demo/`, its runs to the store `<home>/draftboard.db`
-    (shared with anything else there). `force` first removes what a previous build's manifest
-    lists, and only that; a folder the demo did not create is never written to or removed.
-    `resume` does the same for a build that did not finish (killed with the dashboard that started
-    it), and keeps a finished one. Progress goes to `<home>/demo-progress.json` (tracker/demo_progress.py).
+    The demo's files go to `<home>/draftboard-demo/`, its runs to `store` (default `<home>/draftboard.db`;
+    the CLI passes the configured store, so that the dashboard and every command share one), shared
+    with anything else there. `force` first removes what a previous build's manifest lists, and only
+    that; a folder the demo did not create is never written to or removed. `resume` does the same for
+    a build that did not finish (killed with the dashboard that started it), and keeps a finished
+    one. A build finished into another store is built again into this one (the runs it left in the
+    other store stay: the demo opens only the store it is given). Progress goes to
+    `<home>/demo-progress.json` (tracker/demo_progress.py).
     """
     home = Path(home).resolve()
+    store = store or f"sqlite:///{home / 'draftboard.db'}"
+    if not store.startswith("sqlite:///"):
+        raise DraftboardError(f"the demo builds into a local SQLite store, not {redact.shown_uri(store)}: "
+                              "unset MLFLOW_TRACKING_URI or pass --tracking-uri sqlite:///demo.db")
     previous = read_manifest(home / DEMO_DIR)  # first: a folder that is not the demo's stops everything
-    progress = ProgressWriter(home, store=f"sqlite:///{home / 'draftboard.db'}")
+    progress = ProgressWriter(home, store=store)
     try:
-        return _build(home, previous, quick, force, resume, report, progress)
+        return _build(home, store, previous, quick, force, resume, report, progress)
     except BaseException as exc:  # Ctrl-C included: the page says the build stopped, and why
         progress.failed(str(exc) or type(exc).__name__)
         raise
 
 
-def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: bool, report: Report,
+def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bool, resume: bool, report: Report,
            progress: ProgressWriter) -> dict:
     root = home / DEMO_DIR
+    built_into = previous.get("store", f"sqlite:///{home / 'draftboard.db'}") if previous is not None else None
+    if previous is not None and previous["complete"] and built_into != store:
+        report(f"the demo was built into {redact.shown_uri(built_into)}; building it into {redact.shown_uri(store)}")
+        force = True
     if previous is not None and previous["complete"] and not force:
         report(f"demo store already built in {home} ({previous['seconds']:.0f} s, "
                f"{len(previous['train_runs'])} training runs); --force rebuilds it")
@@ -125,13 +137,14 @@ def _build(home: Path, previous: dict | None, quick: bool, force: bool, resume: 
     if previous is not None and not (force or resume):
         raise DraftboardError(f"the demo build in {root} did not finish; `draftboard demo --force` "
                               "removes what it made and builds again")
-    tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
+    tracker = Tracker(store)
     tracker.find_experiment(create=True)  # creates the store's tables now, before the dashboard may open it
     progress.update(store_ready=True)
     if previous is not None:
         remove_demo(home, tracker, report)
     plan = QUICK if quick else FULL
     record = _Record(home, root, quick, on_run=lambda n: progress.update(runs=n))
+    record.data["store"] = store
     t0 = time.perf_counter()
     progress.plan(stage_work(plan))
     stage = _Stages(report, record.save, progress)

@@ -35,7 +35,8 @@ else:
     # -------------------------------------------------------------- re-evaluate
     if not cfg.readonly:
         # An eval a re-evaluation already answered is not offered again (its row says *re-evaluated as*).
-        eval_ids = [p.eval.run_id for p in pairs if p.eval.run_id not in set(table.loc[redone, "eval_run_id"])]
+        answered = set(table.loc[redone, "eval_run_id"])
+        eval_ids = [p.eval.run_id for p in pairs if p.eval.run_id not in answered]
         if eval_ids:
             pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
                                 format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",

@@ -4,13 +4,13 @@ import streamlit as st
 
 from tracker.dashboard import lineage, metric_docs, ui
 from tracker.dashboard.escape import csv_bytes
-from tracker.dashboard.tables import WRAP_ROW_HEIGHT, filter_runs, runs_display, runs_table
+from tracker.dashboard.tables import RUNS_PAGE_ROWS, WRAP_ROW_HEIGHT, filter_runs, runs_display, runs_table
 
 index = ui.shared().index
 st.title("Runs")
 st.caption("draftboard tracks DFlash drafters: their training runs, evals and references, each number with the "
            "environment, protocol and sample size that make it comparable with another, or say why not.")
-open_evals = [ev for ev in index.of_kind("eval") if lineage.mismatches(index, ev)]
+open_evals = lineage.open_evals(index)
 if open_evals:
     with st.container(horizontal=True, vertical_alignment="center"):
         st.warning(f"{len(open_evals)} eval(s) ran in a different environment than trained: their numbers are not "
@@ -50,9 +50,17 @@ tau_help = (metric_docs.help_text("tau") + " Shown with its 95% interval over pr
 # Widths add up to 1100 px: with the selection column, what a 1600 px screen leaves beside the sidebar (the
 # e2e test measures it). Rows taller than 4rem let the grid wrap text, so names and reasons read whole in
 # three lines instead of being cut; the env and protocol reasons get the most room.
+# A page of rows at a time: what the browser is sent and draws stays bounded by what it shows, however
+# large the store (the counts above and the CSV are over every matching run).
+pages = max(1, -(-len(table) // RUNS_PAGE_ROWS))
+page = 1
+if pages > 1:
+    page = st.number_input(f"Page (of {pages:,}, {RUNS_PAGE_ROWS} runs each)", min_value=1, max_value=pages,
+                           value=1, step=1, key="runs_page")
+shown = table.iloc[(page - 1) * RUNS_PAGE_ROWS:page * RUNS_PAGE_ROWS]
 event = st.dataframe(
-    runs_display(table),
-    key="runs_table",
+    runs_display(shown),
+    key=f"runs_table_{page}",  # a selection belongs to the page it was made on
     hide_index=True,
     row_height=WRAP_ROW_HEIGHT,
     on_select="rerun",
@@ -94,7 +102,7 @@ event = st.dataframe(
                                             help="the run's detail page"),
     },
 )
-selected = [table.iloc[i]["run_id"] for i in event.selection.rows] if event and event.selection else []
+selected = [shown.iloc[i]["run_id"] for i in event.selection.rows] if event and event.selection else []
 with st.container(horizontal=True):
     if st.button("Open run detail", key="runs_open", disabled=len(selected) != 1,
                  help="select one row in the table"):

@@ -54,6 +54,27 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     assert "No run matches" in page_text(at)
 
 
+def test_runs_page_shows_a_page_of_rows_and_counts_every_run(app_env, monkeypatch):
+    """Issue 38: the Runs table sends a page of rows at a time (bounded by what it shows, whatever the
+    store's size); the counts cover every run, the pages together every run once, and a selection
+    opens the run shown on that page."""
+    from tracker.dashboard import tables
+
+    whole = _frames(run_page("pages/runs.py"))[0]
+    monkeypatch.setattr(tables, "RUNS_PAGE_ROWS", 3)
+    at = run_page("pages/runs.py")
+    pages = -(-len(whole) // 3)
+    assert pages > 1 and at.number_input(key="runs_page").max == pages
+    assert [m.value for m in at.metric if m.label == "Critical mismatches"] == ["2"]  # over every run
+    seen = []
+    for page in range(1, pages + 1):
+        at.number_input(key="runs_page").set_value(page).run()
+        frame = _frames(at)[0]
+        assert len(frame) == (3 if page < pages else len(whole) - 3 * (pages - 1))
+        seen += list(frame["run_id"])
+    assert seen == list(whole["run_id"])  # the same rows, in the same order, each once
+
+
 def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     at = run_page("pages/run_detail.py", run=app_env.ids["v4"])
     assert at.title[0].value == "v4"
@@ -506,6 +527,33 @@ def test_full_histories_kept_for_zooms_are_bounded(app_env, monkeypatch):
     again = ui._full_history(app_env.uri, first, ("v",), None)
     assert again.equals(history.load_histories(app_env.uri, [first]))
     assert [run for uri, run in ui._full if uri == app_env.uri] == [first]
+    ui.refresh()
+
+
+def test_a_slow_store_is_read_again_in_the_background_and_only_when_it_changed(tmp_path, monkeypatch):
+    """Issue 38: an unchanged store is never read again for a visitor; a changed store whose read is
+    slow (here: every read, BACKGROUND_READ_S < 0) is read again in the background while visitors get
+    the previous read at once, and the next visit after it gets the new runs."""
+    import time
+
+    from tracker import Tracker
+    from tracker.dashboard import ui
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("first", {}, "/models/t"):
+        pass
+    ui.refresh()
+    first = ui.run_index(uri)
+    assert ui.run_index(uri) is first and ui.index_age_s(uri) is None  # unchanged: the same read
+    monkeypatch.setattr(ui, "BACKGROUND_READ_S", -1.0)
+    with tracker.training_run("second", {}, "/models/t") as second:
+        pass
+    assert ui.run_index(uri) is first  # the previous read, at once, while the new one is made
+    deadline = time.monotonic() + 60
+    while second.run_id not in ui.run_index(uri).runs or ui.index_age_s(uri) is not None:
+        assert time.monotonic() < deadline, "the background read never landed"
+        time.sleep(0.05)
     ui.refresh()
 
 

@@ -213,3 +213,43 @@ def test_ui_serves_within_10_s_while_the_demo_builds_and_a_second_start_resumes(
         assert "did not finish" not in (home / "logs" / "demo.log").read_text()
     finally:
         ui.kill()
+
+
+def test_run_sh_serves_the_store_every_command_in_its_folder_uses(tmp_path):
+    """Issue 39 (one store): `./scripts/run.sh` serves and builds the demo into the configured default
+    store (./draftboard.db beside it), not a store of the home's; so `draftboard eval` or `report` from
+    a fresh shell in that folder reads and writes the dashboard's store. Another store is refused for
+    the demo in one line, exit 2 (it builds into a local SQLite store only)."""
+    import os
+
+    from uiprocess import free_port, healthy
+    from waiting import wait_until
+
+    from tracker.demo_progress import read_progress
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "run.sh").read_text()
+    assert "exec draftboard ui --demo" in script
+    assert not [line for line in script.splitlines() if line.lstrip().startswith("export")]  # moves no store
+
+    shell = {k: v for k, v in os.environ.items() if k not in ("DRAFTBOARD_HOME", "MLFLOW_TRACKING_URI")}
+    fresh = subprocess.run([sys.executable, "-c", "from tracker import config; print(config.store_uri())"],
+                           cwd=tmp_path, env=shell, capture_output=True, text=True, check=True).stdout.strip()
+    assert fresh == f"sqlite:///{tmp_path / 'draftboard.db'}"
+    port = free_port()
+    log = tmp_path / "ui.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tracker.cli", "ui", "--demo", "--no-worker", "--port", str(port)],
+                                cwd=tmp_path, env=shell, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: healthy(port) and read_progress(tmp_path / ".draftboard") is not None, 60, interval=0.2,
+                   what="the dashboard answering with the demo building")
+        assert f"store: {fresh}\n" in log.read_text()
+        assert read_progress(tmp_path / ".draftboard").store == fresh  # the demo builds into it too
+    finally:
+        proc.kill()
+        proc.wait()
+    other = subprocess.run([sys.executable, "-m", "tracker.cli", "ui", "--demo", "--port", str(free_port())],
+                           cwd=tmp_path, env={**shell, "MLFLOW_TRACKING_URI": "postgresql://db/mlflow"},
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+    assert "--demo builds into a local SQLite store" in other.stderr

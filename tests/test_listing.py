@@ -46,3 +46,30 @@ def test_runs_read_in_bulk_are_the_runs_mlflow_searches(tmp_path):
     assert ids == [r.info.run_id for r in searched if names.KIND in r.data.tags or r.info.experiment_id == foreign]
     assert [r.info.run_id for r in tracker.find_runs(kind="eval")] == [ev.run_id]  # a filter still searches
     assert listing.list_runs("http://127.0.0.1:9", experiments) is None  # an http store: MLflow's search answers
+
+
+def test_the_store_version_changes_with_every_write_a_listing_reads(tmp_path):
+    """The dashboard re-reads its run index only when `store_version` changes: a run added or ended,
+    a tag, param or metric written, a run deleted; reading changes nothing."""
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("v1", {"lr": 1e-3}, "/models/t") as train:
+        train.log_step(10, loss=2.0)
+    client = MlflowClient(uri)
+    seen = [listing.store_version(uri)]
+    assert listing.store_version(uri) == seen[-1]
+    listing.list_runs(uri, [tracker.find_experiment()])
+    assert listing.store_version(uri) == seen[-1]
+    writes = [
+        lambda: client.set_tag(train.run_id, "note", "hello"),
+        lambda: client.set_tag(train.run_id, "note", "hello again"),
+        lambda: client.log_param(train.run_id, "seed", "7"),
+        lambda: client.log_metric(train.run_id, "loss", 1.0, step=20),
+        lambda: client.create_run(tracker.find_experiment(), run_name="new"),
+        lambda: client.delete_run(train.run_id),
+    ]
+    for write in writes:
+        write()
+        assert listing.store_version(uri) not in seen
+        seen.append(listing.store_version(uri))
+    assert listing.store_version("http://127.0.0.1:1") is None  # an http store can't say: re-read on a timer

@@ -592,8 +592,9 @@ def cmd_doctor(args) -> int:
 def cmd_demo(args) -> int:
     from demo.build import build_demo
 
-    manifest = build_demo(config.home_dir(), quick=args.quick, force=args.force, resume=args.resume)
-    print(f"raw runs: mlflow ui --backend-store-uri sqlite:///{Path(manifest['home']) / 'draftboard.db'}")
+    store = config.store_uri(args.tracking_uri)
+    build_demo(config.home_dir(), store=store, quick=args.quick, force=args.force, resume=args.resume)
+    print(f"raw runs: mlflow ui --backend-store-uri {redact.shown_uri(store)}")
     return 0
 
 
@@ -685,10 +686,9 @@ def cmd_ui(args) -> int:
         raise DraftboardError(taken)
     # The store's URI as configured, without opening it: a read-only dashboard writes nothing.
     env[config.STORE_VAR] = config.store_uri(args.tracking_uri, env)
-    demo_store = f"sqlite:///{config.home_dir(env) / config.STORE_DB}"
-    if args.demo and env[config.STORE_VAR] != demo_store:
-        raise DraftboardError(f"--demo builds into {demo_store}, but this dashboard would show "
-                              f"{redact.shown_uri(env[config.STORE_VAR])}: set --home (DRAFTBOARD_HOME) and no other store")
+    if args.demo and not env[config.STORE_VAR].startswith("sqlite:///"):  # the demo builds into the store shown
+        raise DraftboardError(f"--demo builds into a local SQLite store, not {redact.shown_uri(env[config.STORE_VAR])}: "
+                              "unset MLFLOW_TRACKING_URI or pass --tracking-uri sqlite:///demo.db")
     # The dashboard process reads its settings from the environment (tracker/dashboard/ui.py).
     for flag, var in (("readonly", config.READONLY_VAR), ("mlflow_ui", config.MLFLOW_UI_VAR),
                       ("jobs_uri", config.JOBS_VAR), ("allowed_roots", config.ROOTS_VAR)):
@@ -901,6 +901,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="build the demo store: a tiny hybrid target, real drafter runs and evals")
     p.add_argument("--home", default=None, help="home directory (DRAFTBOARD_HOME; default: ./.draftboard)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="the local SQLite store to build into (default: the configured store, as `ui` shows)")
     p.add_argument("--quick", action="store_true", help="a smaller demo (about a minute on 2 cores)")
     p.add_argument("--force", action="store_true", help="remove the demo runs and rebuild them")
     p.add_argument("--resume", action="store_true",

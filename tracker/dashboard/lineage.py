@@ -354,6 +354,12 @@ def mismatches(index: RunIndex, run: RunInfo) -> list[Lineage]:
     return [p for p in lineage(index, run) if p.critical and resolved_by(index, p.eval) is None]
 
 
+def open_evals(index: RunIndex) -> list[RunInfo]:
+    """The evals with a critical environment mismatch no re-evaluation answered (`mismatches`), found once
+    per index: the count every Runs visit shows."""
+    return index.memo(("open_evals",), lambda: [ev for ev in index.of_kind("eval") if mismatches(index, ev)])
+
+
 def resolutions(index: RunIndex, run: RunInfo) -> list[tuple[Lineage, RunInfo]]:
     """The run's critically differing lineage pairs that a re-evaluation answered, with that re-evaluation."""
     return [(p, by) for p in lineage(index, run) if p.critical and (by := resolved_by(index, p.eval)) is not None]

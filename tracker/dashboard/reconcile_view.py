@@ -37,18 +37,40 @@ def _checkpoint_key(run: RunInfo) -> str | None:
 
 
 def offline_partners(index: RunIndex, run: RunInfo) -> list[RunInfo]:
-    """Offline evals (measured here, not imported) of the same checkpoint on the same prompts."""
+    """Offline evals (measured here, not imported) of the same checkpoint on the same prompts: the same
+    checkpoint sha256 where both runs know theirs, else the same resolved checkpoint path. Read from
+    `_offline_by_checkpoint`, built once per index (not a scan of every eval per engine eval)."""
     digest = run.tags.get(names.protocol_tag("prompt_digest"))
+    if not digest:
+        return []
+    by_sha, by_path, order = _offline_by_checkpoint(index)
+    found = list(by_sha.get((digest, run.checkpoint_sha256), [])) if run.checkpoint_sha256 else []
+    if run.checkpoint:
+        found += [r for r in by_path.get((digest, str(Path(run.checkpoint).resolve())), [])
+                  if not (run.checkpoint_sha256 and r.checkpoint_sha256)]
+    unique = {r.run_id: r for r in found if r.run_id != run.run_id}
+    return sorted(unique.values(), key=lambda r: order[r.run_id])
 
-    def same_checkpoint(other: RunInfo) -> bool:
-        if run.checkpoint_sha256 and other.checkpoint_sha256:
-            return run.checkpoint_sha256 == other.checkpoint_sha256
-        return bool(run.checkpoint) and other.checkpoint is not None and \
-            Path(other.checkpoint).resolve() == Path(run.checkpoint).resolve()
 
-    return [r for r in index.of_kind("eval", "reference")
-            if r.run_id != run.run_id and r.tags.get(SCORING_TAG) in config.EVAL_SCORINGS
-            and digest and r.tags.get(names.protocol_tag("prompt_digest")) == digest and same_checkpoint(r)]
+def _offline_by_checkpoint(index: RunIndex) -> tuple[dict, dict, dict]:
+    """The offline evals by (prompt digest, checkpoint sha256) and by (digest, resolved checkpoint path),
+    and each one's place in the index's order."""
+    def build() -> tuple[dict, dict, dict]:
+        by_sha: dict[tuple, list[RunInfo]] = {}
+        by_path: dict[tuple, list[RunInfo]] = {}
+        order: dict[str, int] = {}
+        for place, r in enumerate(index.of_kind("eval", "reference")):
+            digest = r.tags.get(names.protocol_tag("prompt_digest"))
+            if r.tags.get(SCORING_TAG) not in config.EVAL_SCORINGS or not digest:
+                continue
+            order[r.run_id] = place
+            if r.checkpoint_sha256:
+                by_sha.setdefault((digest, r.checkpoint_sha256), []).append(r)
+            if r.checkpoint is not None:
+                by_path.setdefault((digest, str(Path(r.checkpoint).resolve())), []).append(r)
+        return by_sha, by_path, order
+
+    return index.memo(("offline_by_checkpoint",), build)
 
 
 def report(engine_run: RunInfo, offline_run: RunInfo, load: Callable[[RunInfo], dict | None]) -> dict | None:

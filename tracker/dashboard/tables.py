@@ -94,6 +94,7 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
 # st.dataframe wraps a cell's text only in rows taller than 4rem (64 px; Streamlit 1.67's grid): 68 px holds
 # three lines, so a long run name, reason or verdict reads whole in a narrow column.
 WRAP_ROW_HEIGHT = 68
+RUNS_PAGE_ROWS = 500  # the Runs page shows this many rows at a time
 NOT_SET = "— (not set: the default)"  # a param logged as Python's None
 RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau",
                       "tau latest", "tau best",
@@ -182,39 +183,44 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
     """One row per run, the team's first; `critical` counts the run's critical lineage mismatches
     and protocol mismatches (`protocol_reason`), `env check` and `protocol check` name their fields.
     Missing text reads MISSING; missing numbers stay NaN (sortable), shown as MISSING by `runs_display`."""
-    rows = []
-    for run in team_first(runs):
-        found = lineage.mismatches(index, run)
-        proto_text, proto_critical = protocol_reason(index, run)
-        latest, best = tau_of(index, run)
-        gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
-        device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
-        rows.append({
-            "env check": env_reason(index, run, found),
-            "protocol check": proto_text,
-            "name": run.name,
-            "kind": run.kind_label + recipe.step_unit_note(run),
-            "drafter": run.drafter_family or "",
-            "status": ("📉 " if run.alert else "") + (run.status or MISSING),
-            "target": run.target_name,
-            "steps": run.steps,
-            "tau": tau_text(index, run),
-            "tau latest": latest,
-            "tau best": best,
-            "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
-            "device": device,
-            "dtype": run.dtype,
-            "started": run.started,
-            "detail": f"run?run={run.run_id}",
-            "critical": len(found) + proto_critical,
-            "run_id": run.run_id,
-        })
+    # Each row is derived once per index (one store state) and shared by every filter, page and visitor:
+    # a page's filters then cost a lookup per run, not the lineage of every run again.
+    rows = [index.memo(("runs_row", run.run_id), lambda run=run: _runs_row(index, run)) for run in team_first(runs)]
     frame = pd.DataFrame(rows, columns=RUNS_TABLE_COLUMNS)
     frame["steps"] = frame["steps"].astype("Int64")
     frame["critical"] = frame["critical"].astype("int64")
     frame["tau latest"] = frame["tau latest"].astype("float64")
     frame["tau best"] = frame["tau best"].astype("float64")
     return frame
+
+
+def _runs_row(index: RunIndex, run: RunInfo) -> dict:
+    """One row of `runs_table` (see there)."""
+    found = lineage.mismatches(index, run)
+    proto_text, proto_critical = protocol_reason(index, run)
+    latest, best = tau_of(index, run)
+    gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
+    device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
+    return {
+        "env check": env_reason(index, run, found),
+        "protocol check": proto_text,
+        "name": run.name,
+        "kind": run.kind_label + recipe.step_unit_note(run),
+        "drafter": run.drafter_family or "",
+        "status": ("📉 " if run.alert else "") + (run.status or MISSING),
+        "target": run.target_name,
+        "steps": run.steps,
+        "tau": tau_text(index, run),
+        "tau latest": latest,
+        "tau best": best,
+        "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
+        "device": device,
+        "dtype": run.dtype,
+        "started": run.started,
+        "detail": f"run?run={run.run_id}",
+        "critical": len(found) + proto_critical,
+        "run_id": run.run_id,
+    }
 
 
 def runs_display(frame: pd.DataFrame) -> pd.DataFrame:

@@ -29,13 +29,13 @@ import pandas as pd
 import streamlit as st
 
 from tracker import config, demo_progress, redact
-from tracker.dashboard import curve_chart
+from tracker.dashboard import curve_chart, lineage, tables
 from tracker.dashboard.envmatrix import reeval_plan
 from tracker.dashboard.escape import md, md_badge, md_code
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
 from tracker.dashboard.launch_form import submit_eval
 from tracker.errors import DraftboardError
-from tracker.store import history
+from tracker.store import history, listing
 from tracker.store.names import DOCTOR, DOCTOR_ARTIFACT, EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
@@ -109,15 +109,72 @@ def _fingerprint_loader(uri: str):
 
 
 _lasting: dict[str, dict] = {}  # per store: what logged-once artifacts decide (RunIndex.lasting)
+BACKGROUND_READ_S = 1.0  # a store whose last read took longer is read again in the background
 
 
-@st.cache_resource(ttl=INDEX_TTL_S, show_spinner="Reading runs…")
+class _Read(NamedTuple):
+    version: tuple
+    index: RunIndex
+    took_s: float
+    at: float  # time.time() when the read began
+
+
+_index_lock = threading.Lock()
+_indexes: dict[str, _Read] = {}  # per store: the latest read
+_reading: set[str] = set()  # stores being read again in the background
+
+
 def run_index(uri: str) -> RunIndex:
-    """Every run with its fingerprint; shared by all sessions, re-read after INDEX_TTL_S (diffs of
-    fingerprints already read are kept across reads)."""
-    with _fp_lock:
-        lasting = _lasting.setdefault(uri, {})
-    return load_run_index(tracker_for(uri), _fingerprint_loader(uri), lasting)
+    """Every run with its fingerprint; shared by all sessions and pages. Read again only when the
+    store changed (`listing.store_version`, a few ms on a database store) or, where the store can't
+    say (an http store), after INDEX_TTL_S; diffs of fingerprints already read are kept across
+    reads. A store whose last read took longer than BACKGROUND_READ_S (thousands of runs) is read
+    again in the background while visitors see the previous read (`index_age_s` says how old), so a
+    store that changes while a team works never makes a visitor wait for the whole store again."""
+    version = _version(uri)
+    with _index_lock:
+        latest = _indexes.get(uri)
+        if latest is not None and latest.version == version:
+            return latest.index
+        if latest is not None and latest.took_s > BACKGROUND_READ_S:
+            if uri not in _reading:
+                _reading.add(uri)
+                threading.Thread(target=_read_index, args=(uri,), name="draftboard-index", daemon=True).start()
+            return latest.index
+    return _read_index(uri)
+
+
+def index_age_s(uri: str) -> float | None:
+    """How old (s) the runs shown are while a newer read of the store is under way; None otherwise."""
+    with _index_lock:
+        latest = _indexes.get(uri)
+        if latest is None or uri not in _reading:
+            return None
+    return time.time() - latest.at
+
+
+def _version(uri: str) -> tuple:
+    version = listing.store_version(uri)
+    return version if version is not None else ("every", int(time.monotonic() // INDEX_TTL_S))
+
+
+def _read_index(uri: str) -> RunIndex:
+    try:
+        version, at, start = _version(uri), time.time(), time.perf_counter()
+        with _fp_lock:
+            lasting = _lasting.setdefault(uri, {})
+        index = load_run_index(tracker_for(uri), _fingerprint_loader(uri), lasting)
+        with _index_lock:
+            _indexes[uri] = _Read(version, index, time.perf_counter() - start, at)
+        return index
+    finally:
+        with _index_lock:
+            _reading.discard(uri)
+
+
+def _forget_indexes() -> None:
+    with _index_lock:
+        _indexes.clear()
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
@@ -297,10 +354,12 @@ def warm(uri: str) -> str:
     try:
         index = run_index(uri)
         if not index.runs:
-            run_index.clear()
+            _forget_indexes()
             return "warm: the store has no runs yet"
         chosen = train_runs_for_histories(index, default_selection(index))
         shown = curves(uri, chosen, index=index)
+        tables.runs_table(index, list(index.runs.values()))  # the landing page's rows, derived once per index
+        lineage.open_evals(index)
     except Exception as exc:  # noqa: BLE001 - a cache warm-up: the page reports the same error itself
         return f"warm: skipped ({type(exc).__name__}: {exc})"
     return (f"warm: {len(index.runs)} runs, the histories of {len(chosen)} training runs ({len(shown):,} points "
@@ -309,7 +368,7 @@ def warm(uri: str) -> str:
 
 def refresh() -> None:
     """Forget cached runs and histories (after a change made from the dashboard, or on request)."""
-    run_index.clear()
+    _forget_indexes()
     _curves.clear()
     with _full_lock:
         _full.clear()
@@ -346,7 +405,8 @@ def setup(title: str | None, needs_runs: bool) -> Shared:
                 icon=":material/lock:")
         st.stop()
     try:
-        index = run_index(cfg.store_uri)
+        with st.spinner("Reading runs…"):
+            index = run_index(cfg.store_uri)
     except DraftboardError as exc:
         st.error(f"Cannot read the store: {md(exc)}")
         st.stop()
@@ -385,6 +445,10 @@ def store_sidebar(cfg: Settings, index: RunIndex) -> None:
                      help="DRAFTBOARD_READONLY=1: launch, cancel, re-evaluate and promote are hidden")
         st.caption(f"Store: {md_code(redact.short_uri(cfg.store_uri))} · {len(index)} runs",
                    help=f"the store's URI: {md_code(redact.shown_uri(cfg.store_uri))}")
+        age = index_age_s(cfg.store_uri)
+        if age is not None:
+            st.caption(f"Runs as read {age:.0f} s ago: the store changed and is being read again in the "
+                       "background (a large store); the next visit shows the new runs, or Refresh waits for them.")
 
 
 DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds

@@ -53,3 +53,27 @@ def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
             for run_id, name, experiment_id, user_id, status, start_time, end_time, stage, artifact_uri in rows]
     runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     return runs
+
+
+# What changes when anything a listing reads changes: a run added, ended, deleted or restored, a tag,
+# param or metric written. Counts and maxima over MLflow's own tables (a few ms at 10,000 runs), so a
+# cache keyed by it re-reads the store only when the store changed. A tag overwritten with a value of
+# the same length is the one write it misses; the dashboard's own writes refresh its caches directly.
+_VERSION_SQL = (
+    "SELECT (SELECT COUNT(*) FROM runs), (SELECT MAX(start_time) FROM runs), (SELECT MAX(end_time) FROM runs), "
+    "(SELECT COUNT(*) FROM runs WHERE lifecycle_stage = 'active'), "
+    "(SELECT COUNT(*) FROM tags), (SELECT SUM(LENGTH(key) + LENGTH(value)) FROM tags), "
+    "(SELECT COUNT(*) FROM params), "
+    "(SELECT COUNT(*) FROM latest_metrics), (SELECT MAX(timestamp) FROM latest_metrics), "
+    "(SELECT SUM(step) FROM latest_metrics)"
+)
+
+
+def store_version(uri: str) -> tuple | None:
+    """A value that changes when the runs a listing reads change (see _VERSION_SQL); None when the
+    store is not a database this process can read directly (the caller re-reads on a timer)."""
+    engine = readonly_engine(uri)
+    if engine is None:
+        return None
+    with readonly_connection(engine) as conn:
+        return tuple(conn.execute(sa.text(_VERSION_SQL)).one())
