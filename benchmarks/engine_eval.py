@@ -57,7 +57,7 @@ def _pair(family: str, root: Path, args, env: dict) -> dict:
     from evaluators.engines import vllm
     from evaluators.harness import EvalSettings, evaluate
     from evaluators.target import stop_token_ids, text_config
-    from tracker.reconcile import reconcile
+    from tracker.measurement.reconcile import reconcile
 
     t0 = time.perf_counter()
     build_serving_pair(root, n_prompts=args.prompts, family=family)

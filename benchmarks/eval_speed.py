@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from demo import target as demo_target  # noqa: E402
 from demo.train_dflash import TrainConfig, prepare_data, train  # noqa: E402
 from evaluators import harness, metrics, scoring  # noqa: E402
-from tracker.uncertainty import paired_comparison, prompt_score, results_uncertainty  # noqa: E402
+from tracker.measurement.uncertainty import paired_comparison, prompt_score, results_uncertainty  # noqa: E402
 from evaluators.cache import EvalCache  # noqa: E402
 from evaluators.ddtree import ddtree_acceptance  # noqa: E402
 from evaluators.online import online_generate  # noqa: E402
@@ -124,7 +124,7 @@ def sampled_section(root: Path, args) -> tuple[dict, dict]:
     """(g): ten checkpoints' sampled tau, offline from shared draws vs z-lab's online runs."""
     from evaluators.drafter import open_drafter
     from evaluators.sampling import ONLINE, Sampling, draw_seed
-    from tracker.uncertainty import draws_interval
+    from tracker.measurement.uncertainty import draws_interval
 
     target_dir = demo_target.build_target(root / "qwen3-target", steps=150, family="qwen3")
     data = prepare_data(target_dir, demo_target.make_prompts(48, seed=1, length=24, split="drafter"), 96)

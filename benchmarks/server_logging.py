@@ -120,7 +120,8 @@ def main() -> int:
     parser.add_argument("--naive-steps", type=int, default=200)
     args = parser.parse_args()
 
-    from tracker import Tracker, fingerprint
+    from tracker import Tracker
+    from tracker.environment import fingerprint
 
     fp = fingerprint.capture()
     with services() as env, tempfile.TemporaryDirectory(prefix="draftboard-bench-") as home:

@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # ui_time_to_chart's s
 
 from tqdm import tqdm
 
-from tracker import Tracker, fingerprint
+from tracker import Tracker
+from tracker.environment import fingerprint
 from tracker.dashboard import lineage, tables
 from tracker.dashboard.index import load_run_index, read_json_artifact
 

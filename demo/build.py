@@ -23,7 +23,7 @@ from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.logging import log_eval
 from tracker import redact
-from tracker.demo_progress import ProgressWriter
+from tracker.jobs.demo_progress import ProgressWriter
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
 from tracker.store import names
@@ -106,7 +106,7 @@ def build_demo(home: str | Path, *, store: str | None = None, quick: bool = Fals
     a build that did not finish (killed with the dashboard that started it), and keeps a finished
     one. A build finished into another store is built again into this one (the runs it left in the
     other store stay: the demo opens only the store it is given). Progress goes to
-    `<home>/demo-progress.json` (tracker/demo_progress.py).
+    `<home>/demo-progress.json` (tracker/jobs/demo_progress.py).
     """
     home = Path(home).resolve()
     store = store or f"sqlite:///{home / 'draftboard.db'}"

@@ -112,7 +112,7 @@ def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0,
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from tracker import linear_attn
+    from tracker.environment import linear_attn
 
     use_cpu_threads()
     torch.manual_seed(seed)

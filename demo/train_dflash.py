@@ -97,7 +97,7 @@ def prepare_data(target_dir: str | Path, prompts: list[list[int]], max_new_token
     """
     from transformers import AutoModelForCausalLM
 
-    from tracker import linear_attn
+    from tracker.environment import linear_attn
 
     use_cpu_threads()
     target_dir = Path(target_dir)
@@ -251,7 +251,7 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     Checkpoints (z-lab format) go to `<out_dir>/step_<N>/` every `ckpt_every` steps and at the
     last step. `progress(step, steps, loss)` is called after every step.
     """
-    from tracker import fingerprint, linear_attn
+    from tracker.environment import fingerprint, linear_attn
 
     if cfg.dtype not in EVAL_DTYPES:
         raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(EVAL_DTYPES)}")

@@ -39,10 +39,10 @@ from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_
 from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
                                deferred_tokenizer, greedy_continuations, held_heads, layer_hidden_states_batch,
                                load_target, sampled_continuations)
-from tracker.uncertainty import draws_interval, results_uncertainty
-from tracker import fingerprint, linear_attn
+from tracker.measurement.uncertainty import draws_interval, results_uncertainty
+from tracker.environment import fingerprint, linear_attn
 from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
-from tracker.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
+from tracker.measurement.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
 from tracker.errors import DraftboardError
 
 SCHEMA = "draftboard.eval/1"
@@ -289,7 +289,7 @@ def _monte_carlo(rows: list[dict], draws: int) -> dict:
 
 def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int, stops: list[int],
                   target_digest: str, scoring: str | None = None) -> Protocol:
-    """What this eval asked of the target and drafter (tracker.protocol; DESIGN.md); scoring: the
+    """What this eval asked of the target and drafter (tracker.measurement.protocol; DESIGN.md); scoring: the
     settings' unless the eval scores another way (an engine's)."""
     datasets: dict[str, int] = {}
     for p in prompts:

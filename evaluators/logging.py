@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from evaluators.harness import EvalSettings
-from tracker.uncertainty import ci_metrics, prompt_score
-from tracker.protocol import Protocol
+from tracker.measurement.uncertainty import ci_metrics, prompt_score
+from tracker.measurement.protocol import Protocol
 from evaluators.weights import one_line
 from tracker.errors import DraftboardError
 from tracker.store import names

@@ -25,7 +25,7 @@ import torch
 
 from evaluators.harness import EvalSettings, Progress, load_pair, quiet
 from evaluators.target import layer_hidden_states_batch, load_target
-from tracker import fingerprint
+from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tracker import config
 from tracker.errors import DraftboardError
-from tracker.jsonlines import json_object
+from tracker.untrusted.jsonlines import json_object
 
 
 @dataclass

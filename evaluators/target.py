@@ -23,7 +23,7 @@ from evaluators.limits import check_sizes
 from evaluators.sampling import Sampling, sampling_probs
 from evaluators.weights import (SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line,
                                 read_safetensors, safetensors_shapes)
-from tracker import linear_attn
+from tracker.environment import linear_attn
 from tracker.config import DTYPES
 from tracker.errors import DraftboardError
 

@@ -155,7 +155,7 @@ def postgres_schema(base_uri: str):
 @pytest.fixture(scope="session")
 def machine_fp() -> dict:
     """This machine's fingerprint, captured once (the first capture imports the modeling code)."""
-    from tracker import fingerprint, linear_attn
+    from tracker.environment import fingerprint, linear_attn
 
     # capture() only reads: set the kernel path first, as every caller that loads a model does, so
     # a path forced by an earlier test does not leak into this one.
@@ -192,7 +192,7 @@ def dashboard_store(tmp_path_factory):
     from evaluators.logging import log_eval
     from tiny import VOCAB, qwen35_config, save_target
     from tracker import Tracker
-    from tracker import fingerprint
+    from tracker.environment import fingerprint
 
     home = tmp_path_factory.mktemp("dashboard")
     root = home / "models"

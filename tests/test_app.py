@@ -561,7 +561,8 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
     """`ui.warm` (run beside the server by `draftboard ui`) reads the fingerprints and every point of
     the default Compare selection's histories into the caches the pages use; an empty store stays
     uncached, so runs logged next show at once."""
-    from tracker import Tracker, demo_progress
+    from tracker import Tracker
+    from tracker.jobs import demo_progress
     from tracker.dashboard import ui
     from tracker.dashboard.compare import default_selection, train_runs_for_histories
 

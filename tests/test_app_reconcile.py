@@ -51,7 +51,7 @@ def test_run_detail_reconciles_an_engine_eval_with_its_offline_twin(tmp_path, mo
 
 
 def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch):
-    from tracker.dashboard.comparisons import served_gaps
+    from tracker.dashboard.compare_deltas import served_gaps
     from tracker.dashboard.index import load_run_index
 
     engine, offline = evals()
@@ -66,7 +66,7 @@ def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch
 
 
 def test_a_served_hybrid_shows_its_gdn_code_per_piece_and_its_causes(tmp_path, monkeypatch):
-    from tracker.dashboard.comparisons import served_gaps
+    from tracker.dashboard.compare_deltas import served_gaps
     from tracker.dashboard.index import load_run_index
 
     engine, offline = _hybrid(*evals(), engine_dtype="bf16", offline_dtype="fp32")

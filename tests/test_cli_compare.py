@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tracker.cli import main
-from tracker.protocol import Protocol
+from tracker.measurement.protocol import Protocol
 
 
 def results(lengths: dict[str, list[int]], protocol: Protocol | None = None, shift: int = 0) -> dict:

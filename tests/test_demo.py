@@ -88,7 +88,7 @@ def test_store_stays_small(demo_home):
 
 
 def test_a_built_demo_reads_as_done_and_resume_reuses_it(demo_home):
-    from tracker.demo_progress import DONE, read_progress
+    from tracker.jobs.demo_progress import DONE, read_progress
 
     progress = read_progress(demo_home)
     manifest = json.loads((demo_home / "draftboard-demo" / "manifest.json").read_text())
@@ -102,7 +102,7 @@ def test_a_built_demo_reads_as_done_and_resume_reuses_it(demo_home):
 def test_progress_fractions_and_a_dead_builder(tmp_path):
     from dataclasses import replace
 
-    from tracker.demo_progress import RUNNING, STOPPED, ProgressWriter, read_progress
+    from tracker.jobs.demo_progress import RUNNING, STOPPED, ProgressWriter, read_progress
 
     writer = ProgressWriter(tmp_path, "sqlite:///x.db")
     writer.plan([60, 10, 10, 20])  # the first stage (the target's training) is most of the work
@@ -137,7 +137,7 @@ def building_home(tmp_path, monkeypatch):
 
 def test_banner_while_the_store_is_not_created_yet(building_home):
     from apptest import page_text, run_page
-    from tracker.demo_progress import ProgressWriter
+    from tracker.jobs.demo_progress import ProgressWriter
 
     # This test's process stands in for the build: alive, and it has not created the store.
     writer = ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}")
@@ -153,7 +153,7 @@ def test_banner_while_the_store_is_not_created_yet(building_home):
 
 def test_banner_counts_runs_and_says_when_the_build_stopped(building_home):
     from apptest import page_text, run_page
-    from tracker.demo_progress import ProgressWriter
+    from tracker.jobs.demo_progress import ProgressWriter
 
     writer = ProgressWriter(building_home, f"sqlite:///{building_home / 'draftboard.db'}")
     writer.update(store_ready=True)
@@ -181,7 +181,7 @@ def test_ui_serves_within_10_s_while_the_demo_builds_and_a_second_start_resumes(
     from uiprocess import Ui, free_port, gone, healthy
     from waiting import wait_until
 
-    from tracker.demo_progress import STOPPED, read_progress
+    from tracker.jobs.demo_progress import STOPPED, read_progress
 
     home, env = tmp_path / "home", {"MLFLOW_TRACKING_URI": ""}
     t0 = time.monotonic()
@@ -225,7 +225,7 @@ def test_run_sh_serves_the_store_every_command_in_its_folder_uses(tmp_path):
     from uiprocess import free_port, healthy
     from waiting import wait_until
 
-    from tracker.demo_progress import read_progress
+    from tracker.jobs.demo_progress import read_progress
 
     script = (Path(__file__).resolve().parents[1] / "scripts" / "run.sh").read_text()
     assert "exec draftboard ui --demo" in script

@@ -146,7 +146,7 @@ def test_bf16_run_records_the_numerics_it_used_and_its_reevaluation_matches(targ
     """The headline flow: a bf16-autocast training run, re-evaluated with the flags its
     fingerprint calls for, gives an eval with no critical difference from it."""
     from evaluators.harness import EvalSettings, evaluate
-    from tracker import fingerprint
+    from tracker.environment import fingerprint
     from tracker.dashboard.envmatrix import training_environment
 
     cfg = train_dflash.TrainConfig(name="demo-bf16", dtype="bf16", gamma=None, steps=4, ckpt_every=4)

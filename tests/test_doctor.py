@@ -23,7 +23,7 @@ from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING
 from evaluators.drafter import open_drafter, save_zlab
 from evaluators.target import load_target, load_tokenizer
 from tiny import fit_drafter
-from tracker import fingerprint, linear_attn
+from tracker.environment import fingerprint, linear_attn
 from tracker.cli import main
 from tracker.errors import DraftboardError
 

@@ -321,10 +321,10 @@ def llamacpp_server(drafted_per_request: int, accepted_per_request: int, reply_t
 
 
 def test_a_llamacpp_reply_whose_counts_disagree_with_its_counters_is_refused():
-    from evaluators.engines.base import EngineError, Sampling
+    from evaluators.engines.base import EngineError, EngineRequest
     from evaluators.engines.llamacpp import LlamaCppClient
 
-    sampling = Sampling(max_tokens=3, stop_token_ids=(63,))
+    sampling = EngineRequest(max_tokens=3, stop_token_ids=(63,))
     server = llamacpp_server(6, 2, (6, 2))  # 2 steps, 6 drafted, 2 accepted (both at position 0)
     try:
         reply = LlamaCppClient(server.url).generate([1, 2], sampling)
@@ -344,13 +344,13 @@ def test_a_llamacpp_reply_whose_counts_disagree_with_its_counters_is_refused():
 def test_counts_larger_than_the_completion_allows_are_refused_before_anything_is_built():
     """Issue 37, finding 4: a small, self-consistent reply claiming 10^9 verify steps for 3 tokens (each
     step adds at least one) is refused in one line, not expanded into 10^9 per-step entries."""
-    from evaluators.engines.base import EngineError, EngineReply, Sampling
+    from evaluators.engines.base import EngineError, EngineReply, EngineRequest
     from evaluators.engines.llamacpp import LlamaCppClient
 
     server = llamacpp_server(7 * 10**9, 0, (7 * 10**9, 0), steps_per_request=10**9)
     try:
         with pytest.raises(EngineError, match="1000000000 verify steps and 0 accepted tokens for 3 tokens generated"):
-            LlamaCppClient(server.url).generate([1, 2], Sampling(max_tokens=3, stop_token_ids=(63,)))
+            LlamaCppClient(server.url).generate([1, 2], EngineRequest(max_tokens=3, stop_token_ids=(63,)))
     finally:
         server.close()
     for counts in ({"drafts": 1, "accepted": 4, "histogram": [0, 0, 0, 0, 1]}, {"drafts": -1, "accepted": 0,

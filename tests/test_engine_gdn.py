@@ -1,5 +1,5 @@
 """The engine's GDN record (evaluators/engines/gdn.py), what vLLM's start log says of its GDN layers
-(evaluators/engines/vllm.py) and the per-piece comparison of sides (tracker/linear_attn.py), on
+(evaluators/engines/vllm.py) and the per-piece comparison of sides (tracker/environment/linear_attn.py), on
 hand-worked inputs. The log lines are vLLM 0.32.0's own, as it printed them serving the demo's
 Qwen3-Next pair on this CPU (tests/test_engines_vllm_hybrid.py drives that engine)."""
 
@@ -11,8 +11,9 @@ import time
 import pytest
 
 from evaluators.engines import gdn, server, sglang, vllm
-from tracker import config, linear_attn
-from tracker import engine_metrics as em
+from tracker import config
+from tracker.environment import linear_attn
+from tracker.measurement import engine_metrics as em
 
 VLLM_START = """\
 (APIServer pid=6721) WARNING 12-04 08:22:45 [cpu.py:317] Reset SSM cache type to float32 for accelerated GDN mamba backend 'qwen3_next'.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evaluators.engines.base import EngineError, EngineReply
-from tracker.engine_metrics import counter, histogram_from_positions, prometheus_samples, scrapes
+from tracker.measurement.engine_metrics import counter, histogram_from_positions, prometheus_samples, scrapes
 from tracker.errors import DraftboardError
 
 

@@ -19,9 +19,9 @@ from mlflow import MlflowClient
 from demo import bytetok
 from demo.serving_pair import MAX_NEW_TOKENS
 from evaluators.engines import vllm
-from evaluators.engines.base import Sampling
+from evaluators.engines.base import EngineRequest
 from evaluators.engines.server import ManagedServer
-from tracker import engine_metrics as em
+from tracker.measurement import engine_metrics as em
 from tracker.cli import main
 
 MAX_NEW = MAX_NEW_TOKENS  # the completion length its drafter trained on
@@ -120,7 +120,7 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
     info = client.info()
     assert info.version == "0.32.0" and info.num_speculative_tokens == 7 and info.model == str(pair / "target")
     prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()]
-    sampling = Sampling(max_tokens=MAX_NEW, stop_token_ids=(bytetok.EOS,))
+    sampling = EngineRequest(max_tokens=MAX_NEW, stop_token_ids=(bytetok.EOS,))
     for p in prompts[:4]:
         before = client._counters()
         reply = client.generate(p["input_ids"], sampling)

@@ -1,4 +1,4 @@
-"""tracker/escape.py: store text made inert in a terminal and in Slack's mrkdwn (issue 37, finding 11:
+"""tracker/untrusted/escape.py: store text made inert in a terminal and in Slack's mrkdwn (issue 37, finding 11:
 `draftboard report` and `reconcile` printed store text raw, so a run name or prompt id could set the
 window title, write the clipboard or erase the line it stood on)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from test_reconcile import evals
-from tracker import escape
+from tracker.untrusted import escape
 from tracker.cli import main
 
 HOSTILE = "a\x1b]0;owned\x07b\x1b]52;c;ZWNobyBoaQ==\x07\x1b[2K\rc\u202eX"

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
-from tracker import fingerprint, linear_attn
-from tracker.fingerprint import DiffRow
+from tracker.environment import fingerprint, linear_attn
+from tracker.environment.fingerprint import DiffRow
 from tiny import qwen3_config, qwen35_config
 
 SOFTWARE_KEYS = {"python", "torch", "cuda", "cudnn", "transformers", "flash-linear-attention", "fla-core",

@@ -11,7 +11,8 @@ from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.scoring import completion_bounds
 from evaluators.target import cache_key
-from tracker import events, fingerprint
+from tracker import events
+from tracker.environment import fingerprint
 from tracker.cli import main
 from tiny import VOCAB, qwen35_config, save_target
 

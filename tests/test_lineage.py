@@ -4,7 +4,8 @@ evals, and the re-evaluation each mismatch finds is the one the definition names
 from __future__ import annotations
 
 from test_views import fp, run
-from tracker import fingerprint, protocol
+from tracker.environment import fingerprint
+from tracker.measurement import protocol
 from tracker.dashboard import lineage, tables
 from tracker.dashboard.index import RunIndex
 

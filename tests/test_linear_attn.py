@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
-from tracker import linear_attn
+from tracker.environment import linear_attn
 from tracker.errors import DraftboardError
 from tiny import qwen3_config, qwen35_config
 
@@ -70,7 +70,7 @@ def test_with_triton_on_a_cpu_box_fla_is_picked_and_auto_forces_the_fallback():
     script = textwrap.dedent("""
         import torch
         from transformers import Qwen3_5ForCausalLM
-        from tracker import linear_attn
+        from tracker.environment import linear_attn
         from tiny import qwen35_config
 
         chosen = linear_attn.resolve()

@@ -1,4 +1,4 @@
-"""tracker/outgoing.py: every outgoing request refuses redirects. An allowed engine (or the alert
+"""tracker/untrusted/outgoing.py: every outgoing request refuses redirects. An allowed engine (or the alert
 webhook) answering 3xx must not send the worker to another URL, and what that URL would answer must
 not reach a job's error (issue 37, finding 1: urllib's default opener followed them)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from evaluators.engines.base import EngineError
 from evaluators.engines.vllm import VLLMClient
-from tracker import regression
+from tracker.measurement import regression
 
 
 def _serve(handler) -> http.server.ThreadingHTTPServer:

@@ -1,4 +1,4 @@
-"""tracker/protocol.py: the record, its JSON and MLflow tag forms, digests, and the severity diff."""
+"""tracker/measurement/protocol.py: the record, its JSON and MLflow tag forms, digests, and the severity diff."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tracker import fingerprint
+from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
-from tracker.protocol import UNKNOWN, Protocol, diff, file_digest, prompt_digest, text_digest
+from tracker.measurement.protocol import UNKNOWN, Protocol, diff, file_digest, prompt_digest, text_digest
 
 FULL = Protocol(
     datasets={"gsm8k": 80, "mbpp": 40}, prompt_digest=prompt_digest([[1, 2, 3], [4, 5]]), completions="generated",
@@ -117,7 +117,7 @@ def test_sampling_fields_are_critical_where_a_side_sampled_and_silent_when_both_
 
 
 def test_sampling_text():
-    from tracker.protocol import sampling_text
+    from tracker.measurement.protocol import sampling_text
 
     assert sampling_text(FULL) == "T=0" and sampling_text(Protocol()) == "T=?"
     assert sampling_text(SAMPLED) == "T=1 top_p=0.95 top_k=20 x16"

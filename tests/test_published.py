@@ -1,6 +1,6 @@
 import mlflow
 
-from tracker import fingerprint
+from tracker.environment import fingerprint
 from tracker.store.importers.published import import_published, load_tables
 
 
@@ -33,9 +33,9 @@ def test_imported_reference_runs_are_published_and_other_targets(tracker, store_
 
 
 def test_published_references_carry_their_datasets_and_the_stated_protocol(tracker):
-    from tracker.dashboard.comparisons import Estimate, dataset_estimates
+    from tracker.dashboard.compare_deltas import Estimate, dataset_estimates
     from tracker.dashboard.index import run_info
-    from tracker.protocol import Protocol
+    from tracker.measurement.protocol import Protocol
 
     tables = load_tables()
     for t in tables:  # every column but the average names its dataset as --prompts calls it
@@ -62,9 +62,9 @@ def test_the_dflash2_model_card_is_a_sampled_reference_with_its_reproduction_int
     """The DFlash2 numbers are sampled (T=1, top_p 0.95, top_k 20): their protocol says so, so a greedy
     eval meets them only as a critical protocol difference; the independent reproduction carries its
     95% interval, and the card's own number lies inside it."""
-    from tracker.dashboard.comparisons import Estimate, dataset_estimates
+    from tracker.dashboard.compare_deltas import Estimate, dataset_estimates
     from tracker.dashboard.index import run_info
-    from tracker.protocol import Protocol, diff
+    from tracker.measurement.protocol import Protocol, diff
     from tracker.store import names
 
     runs = {tracker.run(r).info.run_name: tracker.run(r) for r in import_published(tracker)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracker.reconcile import reconcile
+from tracker.measurement.reconcile import reconcile
 from tracker.errors import DraftboardError
 
 # max_new_tokens 10, `cut`. Offline walks and the engine's, per prompt:
@@ -197,7 +197,7 @@ def _two_engines():
 
 
 def test_two_engines_come_apart_through_their_common_offline_eval():
-    from tracker.reconcile import reconcile_engines
+    from tracker.measurement.reconcile import reconcile_engines
 
     vllm, llama, offline = _two_engines()
     report = reconcile_engines(vllm, llama, offline)
@@ -221,7 +221,7 @@ def test_two_engines_come_apart_through_their_common_offline_eval():
 def test_a_stored_number_its_own_steps_contradict_is_refused():
     """Issue 37, finding 12: the engine number is recomputed from the per-step counts the eval holds; a
     summary that disagrees with them (edited, or another tool's) is refused in one line, never reconciled."""
-    from tracker.reconcile import reconcile_engines
+    from tracker.measurement.reconcile import reconcile_engines
 
     engine, offline = evals()
     engine["engine_mean_acceptance_length"] = 5.0  # its steps give 3.3

@@ -1,4 +1,4 @@
-"""Regression alerts (tracker/regression.py): a real eval worse than its run's previous checkpoint, by the
+"""Regression alerts (tracker/measurement/regression.py): a real eval worse than its run's previous checkpoint, by the
 paired bootstrap, is recorded on the run and POSTed once to the deployment's webhook (a loopback receiver
 here); an eval that is not worse, or not comparable, raises none."""
 
@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from demo.serving_pair import MAX_NEW_TOKENS
 from loopback import LoopbackServer
-from tracker import Tracker, regression
+from tracker import Tracker
+from tracker.measurement import regression
 from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.store import names

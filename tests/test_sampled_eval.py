@@ -1,5 +1,5 @@
 """Sampled evals (T > 0) end to end: continuations drawn once and shared, the exact offline expectation,
-the online Monte Carlo check, paired comparisons on the same draws, and the flags' limits.
+the online Monte Carlo check, paired compare_deltas on the same draws, and the flags' limits.
 
 On a tiny Qwen3 target (pure attention: z-lab's cached loop is lossless there) with a fitted DFlash
 drafter and a DFlash2 drafter built on it (tests/tiny.py).
@@ -20,10 +20,10 @@ from evaluators.prompts import Prompt
 from evaluators.sampling import Sampling, draft_probability, expected_walk, sampling_probs
 from evaluators.target import greedy_continuations, layer_hidden_states, load_target
 from tiny import dflash2_from, fit_drafter, greedy_sequences, qwen3_config, save_target
-from tracker import protocol
+from tracker.measurement import protocol
 from tracker.cli import main
 from tracker.errors import DraftboardError
-from tracker.uncertainty import paired_comparison, prompt_score
+from tracker.measurement.uncertainty import paired_comparison, prompt_score
 from zlab import zlab_model
 
 MAX_NEW = 24
@@ -283,7 +283,7 @@ def test_bad_sampling_flags_are_one_error_line_before_anything_runs(pair, tmp_pa
 
 
 def test_a_sampled_eval_is_refused_by_reconcile(pair, tmp_path):
-    from tracker.reconcile import reconcile
+    from tracker.measurement.reconcile import reconcile
 
     res = evaluate(settings(pair, "dflash", tmp_path, **CARD, samples=2))
     engine = {**res, "protocol": {**res["protocol"], "scoring": "engine"}, "engine_mean_acceptance_length": 1.5}

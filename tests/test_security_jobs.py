@@ -19,7 +19,8 @@ import pytest
 from tracker.cli import main
 from tracker.dashboard.launch_form import LaunchForm, check_path, eval_params, parse_budgets
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import FAILED, JobQueue, upgrade_schema
+from tracker.jobs.queue import FAILED, JobQueue
+from tracker.jobs.schema import upgrade_schema
 from tracker.jobs.worker import run_worker
 from conftest import FAST_WORKER, insert_job_row
 

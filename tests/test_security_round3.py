@@ -24,7 +24,8 @@ from tracker import config
 from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
-from tracker.jobs.queue import FAILED, JobQueue, upgrade_schema
+from tracker.jobs.queue import FAILED, JobQueue
+from tracker.jobs.schema import upgrade_schema
 from tracker.jobs.worker import run_worker
 from tracker.store import names
 from conftest import FAST_WORKER, insert_job_row

@@ -21,16 +21,8 @@ import sqlalchemy as sa
 from apptest import serve, shown
 from tracker import Tracker
 from tracker.errors import DraftboardError
-from tracker.jobs.queue import (
-    FIRST_REVISION,
-    SUCCEEDED,
-    VERSION_TABLE,
-    JobQueue,
-    metadata,
-    schema_head,
-    schema_revision,
-    upgrade_schema,
-)
+from tracker.jobs.queue import SUCCEEDED, JobQueue
+from tracker.jobs.schema import FIRST_REVISION, VERSION_TABLE, metadata, schema_head, schema_revision, upgrade_schema
 from tracker.dashboard.launch_form import WRITE_CHECK_TAG, check_can_write, submit_eval
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -245,7 +237,7 @@ def _schema_diff(uri: str) -> list:
 
 
 def _engine(uri: str) -> sa.Engine:
-    from tracker.jobs.queue import engine_url
+    from tracker.jobs.schema import engine_url
 
     return sa.create_engine(engine_url(uri))
 
@@ -265,7 +257,7 @@ def test_an_old_revision_is_upgraded_on_open(jobs_uri, start):
     from alembic import command
     from alembic.script import ScriptDirectory
 
-    from tracker.jobs.queue import _alembic_config
+    from tracker.jobs.schema import _alembic_config
 
     revisions = [r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()]
     assert FIRST_REVISION in revisions and schema_head() == revisions[0]

@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from tracker import Tracker
-from tracker import fingerprint
+from tracker.environment import fingerprint
 from tracker.store.checkpoints import Checkpoint, digest
 from tracker.errors import DraftboardError
 from tracker.store.retry import RetryPolicy
@@ -187,7 +187,7 @@ def test_find_runs_filters_by_kind_and_mlflow_filter(tracker, machine_fp):
 
 
 def test_unknown_run_id_is_a_draftboard_error(tracker):
-    for call in (tracker.run, tracker.fingerprint, tracker.checkpoints):
+    for call in (tracker.run, tracker.environment.fingerprint, tracker.checkpoints):
         with pytest.raises(DraftboardError, match="no run with id"):
             call("0" * 32)
 

@@ -1,4 +1,4 @@
-"""tracker/uncertainty.py: bootstrap intervals against exactly computed ones, paired verdicts."""
+"""tracker/measurement/uncertainty.py: bootstrap intervals against exactly computed ones, paired verdicts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from tracker.uncertainty import (
+from tracker.measurement.uncertainty import (
     BETTER,
     NO_DIFFERENCE,
     RESAMPLES,

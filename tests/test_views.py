@@ -219,7 +219,7 @@ def test_runs_table_puts_the_teams_runs_first_and_published_references_last():
 
 
 def test_summaries_name_the_headline_field_first():
-    from tracker import fingerprint as fpm
+    from tracker.environment import fingerprint as fpm
 
     rows = fpm.diff(fp(path="fallback", dtype="fp32"), fp(path="fast", dtype="bf16"))
     assert summarize_rows(rows, "e", "ref") == "e: linear-attn fallback vs ref: fast; dtype fp32 vs ref: bf16"
@@ -358,7 +358,7 @@ def test_every_run_keeps_one_colour_and_evals_take_their_training_runs():
 
 
 def test_probe_differences_read_in_plain_words():
-    from tracker import fingerprint as fpm
+    from tracker.environment import fingerprint as fpm
 
     def probed(absmax2):
         out = fp()

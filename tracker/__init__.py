@@ -1,7 +1,7 @@
 """draftboard's tracker package: MLflow-backed runs, checkpoints and fingerprints.
 
 `Tracker` and `attach_fingerprint` (a fingerprint for `mlflow.active_run()`, for runs another
-tool started) are exported lazily (PEP 562) so that `tracker.fingerprint` and the CLI do not pay
+tool started) are exported lazily (PEP 562) so that `tracker.environment.fingerprint` and the CLI do not pay
 for importing MLflow when they do not use the store.
 """
 

@@ -2,7 +2,7 @@
 
 A random mid-size Qwen3.5-style target (hidden 2048, 8 layers, 3 linear : 1 full) in bf16:
 the same weights and inputs run once on the kernels transformers resolved and once with the
-torch reference forced (tracker.linear_attn swaps the module globals, so both paths run in
+torch reference forced (tracker.environment.linear_attn swaps the module globals, so both paths run in
 one process). Reported: relative difference of the tapped features, the fraction of greedy
 tokens that differ, the tau difference of one drafter evaluated on each path's features, and
 the timing of both paths. Ends with one JSON line (DESIGN.md's benchmark format).

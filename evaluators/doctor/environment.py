@@ -1,6 +1,6 @@
 """This machine against the training run's fingerprint, per Gated DeltaNet function, in plain words.
 
-`tracker.fingerprint.diff` gives every differing field with its severity; the doctor reads it the
+`tracker.environment.fingerprint.diff` gives every differing field with its severity; the doctor reads it the
 way the linear-attention path makes it matter. On the torch fallback the transformers version is
 what moves the numbers (its reference changed in transformers PR #47625: normalisation in fp32),
 while fla's and causal-conv1d's versions do not run; on the kernels it is the other way round.
@@ -11,7 +11,7 @@ the probe's drift (the same fixed input through both targets) is put in words.
 from __future__ import annotations
 
 from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING, Check
-from tracker import fingerprint, linear_attn
+from tracker.environment import fingerprint, linear_attn
 
 ENVIRONMENT = "environment"
 _LINEAR_ATTENTION = ("numerics.linear_attention", "software.flash-linear-attention", "software.fla-core",

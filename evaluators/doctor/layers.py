@@ -19,7 +19,7 @@ from evaluators.drafter import LoadedDrafter
 from evaluators.prompts import Prompt
 from evaluators.scoring import Walked, completion_bounds, score_anchors
 from evaluators.target import Target, greedy_continuations
-from tracker.uncertainty import BETTER, WORSE, paired_comparison
+from tracker.measurement.uncertainty import BETTER, WORSE, paired_comparison
 
 NAME = "layer_offset"
 ZLAB, OFF_BY_ONE = 1, 0  # the index offset into output_hidden_states of tapped layer i

@@ -18,7 +18,7 @@ from evaluators.doctor import checkpoint, environment, layers, serving, tokens
 from evaluators.doctor.report import INFO, Check, Report
 from evaluators.drafter import TargetDims, open_drafter
 from evaluators.target import load_target, load_tokenizer, text_config
-from tracker import fingerprint
+from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
 
 # What the layer check drafts on when no --prompts are given: plain text through the target's

@@ -30,7 +30,7 @@ from evaluators.drafter import DFLASH2, DrafterConfig
 from evaluators.engines import llamacpp
 from evaluators.engines.base import EngineError
 from evaluators.weights import one_line
-from tracker import engine_metrics as em
+from tracker.measurement import engine_metrics as em
 from tracker.errors import DraftboardError
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"

@@ -6,6 +6,6 @@ as vLLM's `spec_decode/` has one proposer per method.
 - `server`: a managed engine server (started from its own Python, stopped on every exit path).
 - `run`: `draftboard eval --engine`: the offline eval's prompts and protocol, measured by an engine.
 
-What engines name their counters and log lines is `tracker.engine_metrics`'s; the gap between an
-engine eval and an offline one is `tracker.reconcile`'s (the dashboard draws it too).
+What engines name their counters and log lines is `tracker.measurement.engine_metrics`'s; the gap between an
+engine eval and an offline one is `tracker.measurement.reconcile`'s (the dashboard draws it too).
 """

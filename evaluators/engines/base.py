@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracker import engine_metrics as em
-from tracker import outgoing
+from tracker.measurement import engine_metrics as em
+from tracker.untrusted import outgoing
 from tracker.errors import DraftboardError
 
 REQUEST_TIMEOUT_S = 600.0  # one completion of a long prompt on a slow box
@@ -28,14 +28,22 @@ class EngineError(DraftboardError):
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """What every request asks for: the protocol's decoding settings."""
+class EngineRequest:
+    """What every request asks an engine for: the protocol's decoding settings, in the engines' own
+    convention (top_k -1: off, as vLLM and SGLang spell it). The eval's `evaluators.sampling.Sampling`
+    says 0 for off; `of` converts at this boundary, the one place the two conventions meet."""
 
     max_tokens: int
     stop_token_ids: tuple[int, ...]
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = -1  # -1: off (vLLM's and SGLang's spelling)
+
+    @classmethod
+    def of(cls, sampling, max_tokens: int, stop_token_ids) -> EngineRequest:
+        """From an `evaluators.sampling.Sampling` (top_k 0: all) and the protocol's lengths and stops."""
+        return cls(max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids), temperature=sampling.temperature,
+                   top_p=sampling.top_p, top_k=sampling.top_k or -1)
 
 
 @dataclass
@@ -128,7 +136,7 @@ class EngineClient(ABC):
         """What the server serves; EngineError if it is not up or has no speculative decoding."""
 
     @abstractmethod
-    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
         """One completion of token ids, with the engine's counts for exactly this request."""
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:

@@ -1,8 +1,8 @@
 """What a serving engine runs for a hybrid target's Gated DeltaNet layers: results `engine.linear_attention`.
 
 Offline, transformers picks fla / causal-conv1d or its torch reference per function
-(`tracker.linear_attn`); on the serving box the engine runs a third implementation, its own. This
-record names it per piece (the same function names `tracker.linear_attn.PIECES` compares), from
+(`tracker.environment.linear_attn`); on the serving box the engine runs a third implementation, its own. This
+record names it per piece (the same function names `tracker.environment.linear_attn.PIECES` compares), from
 two sources, never from the device name alone:
 - the engine module's `GDN_PROBE`, run in the engine's own Python: what its code calls on this
   platform (on CPU, the same capability tests vLLM's GDN op makes);
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracker import linear_attn
+from tracker.environment import linear_attn
 
 # Settings that change what a GDN layer computes or which state it resumes from, as the record
 # names them, each with the engine's own names it is read from (server report, then start log).
@@ -40,7 +40,7 @@ SETTINGS = {
 class EngineGDN:
     engine: str
     platform: str | None  # the engine's own platform name (cpu, cuda, rocm, xpu); None: not probed
-    functions: dict[str, str]  # tracker.linear_attn.PIECES' function names -> what the engine runs
+    functions: dict[str, str]  # tracker.environment.linear_attn.PIECES' function names -> what the engine runs
     settings: dict = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # what the record was read from
     capabilities: dict = field(default_factory=dict)  # what the probe's choice rested on (CPU: AMX, AVX-512 bf16)

@@ -7,7 +7,7 @@ Read from llama.cpp's own sources (the tree the llama-cpp-python 0.3.36 sdist sh
   `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `return_tokens`, `cache_prompt`): the reply's
   `tokens`, and `timings.draft_n` (drafted tokens) and `timings.draft_n_accepted` (accepted, no bonus
   token) from `server-common.cpp`. No step count or per-step list is reported per request.
-- `tools/server/server-task.cpp` `/metrics` (`--metrics`): the counters `tracker.engine_metrics`
+- `tools/server/server-task.cpp` `/metrics` (`--metrics`): the counters `tracker.measurement.engine_metrics`
   names (verify steps, draft tokens, accepted tokens, accepted per position). At concurrency 1 their
   deltas around one request are that request's; they must equal the reply's timings, or the reply
   is refused.
@@ -31,11 +31,11 @@ import struct
 import subprocess
 from pathlib import Path
 
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling, reply_from_deltas
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
 from evaluators.engines.server import engine_environment
 from evaluators.target import content_digest
 from tracker import config, lifecycle
-from tracker import engine_metrics as em
+from tracker.measurement import engine_metrics as em
 
 NAME = "llamacpp"
 SPEC_TYPE = "draft-dflash"
@@ -74,7 +74,7 @@ signal.pause()
 """
 
 
-# How this engine ends a completion, as a protocol's `last_block` rule: llama.cpp drafts at most the tokens still to come less one (`get_n_draft_max`: min(n_max, n_remaining - 1)) and takes no step where that is 0: the offline `cut` walk, less a last block with no room to draft (tracker.reconcile).
+# How this engine ends a completion, as a protocol's `last_block` rule: llama.cpp drafts at most the tokens still to come less one (`get_n_draft_max`: min(n_max, n_remaining - 1)) and takes no step where that is 0: the offline `cut` walk, less a last block with no room to draft (tracker.measurement.reconcile).
 LAST_BLOCK = "cut"
 
 
@@ -234,11 +234,11 @@ class LlamaCppClient(EngineClient):
                           draft_model=None, method=SPEC_TYPE, num_speculative_tokens=None,
                           settings={"n_ctx": generation.get("n_ctx") if isinstance(generation, dict) else None})
 
-    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
         before = self._counters()
-        greedy = sampling.temperature == 0
-        body = {"prompt": input_ids, "n_predict": sampling.max_tokens, "temperature": sampling.temperature,
-                "top_k": 1 if greedy else max(sampling.top_k, 0), "top_p": sampling.top_p, "min_p": 0.0,
+        greedy = request.temperature == 0
+        body = {"prompt": input_ids, "n_predict": request.max_tokens, "temperature": request.temperature,
+                "top_k": 1 if greedy else max(request.top_k, 0), "top_p": request.top_p, "min_p": 0.0,
                 "repeat_penalty": 1.0, "seed": 0, "return_tokens": True, "cache_prompt": False}
         reply = self.post_json("/completion", body)
         after = self._counters()

@@ -22,14 +22,15 @@ from evaluators import metrics
 from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
 from evaluators.engines import gdn, llamacpp, sglang, vllm
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
 from evaluators.engines.server import ManagedServer, check_python, finish_probe, start_probe
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
-from tracker import config, fingerprint
-from tracker import engine_metrics as em
-from tracker.uncertainty import results_uncertainty
+from tracker import config
+from tracker.environment import fingerprint
+from tracker.measurement import engine_metrics as em
+from tracker.measurement.uncertainty import results_uncertainty
 
 # Each engine's module: its client class, and what its managed server loads (`prepare`) and runs.
 ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang, llamacpp.NAME: llamacpp}
@@ -122,8 +123,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     if problem:
         raise EngineError(problem)
     stops = sorted(stop_token_ids(s.target, cfg))
-    sampling = Sampling(max_tokens=s.max_new_tokens, stop_token_ids=tuple(stops), temperature=s.temperature,
-                        top_p=s.top_p, top_k=s.top_k or -1)
+    request = EngineRequest.of(s.sampling, s.max_new_tokens, stops)
     longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
     max_model_len = min(getattr(cfg, "max_position_embeddings", longest) or longest, max(longest, 256))
     if longest > max_model_len:
@@ -147,7 +147,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     start = time.perf_counter()
     try:
         with server or contextlib.nullcontext():
-            info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, sampling, engine,
+            info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, request, engine,
                                                                   tuple(served), hybrid, n_spec, device, progress,
                                                                   start)
         report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
@@ -182,7 +182,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
 
 
 def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: EvalSettings, prompts,
-           sampling: Sampling, engine, served: tuple[str, str], hybrid: bool, n_spec: int, device: str,
+           request: EngineRequest, engine, served: tuple[str, str], hybrid: bool, n_spec: int, device: str,
            progress: Progress, start: float):
     """Inside the server's life: what it serves (checked against `served`: target, drafter), then one
     request per prompt."""
@@ -208,7 +208,7 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
     t_requests = time.perf_counter()
     for i, p in enumerate(prompts, 1):
         try:
-            replies.append(client.generate(p.input_ids, sampling))
+            replies.append(client.generate(p.input_ids, request))
         except EngineError:
             if server and server.exited(within_s=3.0):  # a reset connection is often its last word
                 raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "

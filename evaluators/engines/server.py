@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evaluators.engines.base import EngineError
-from tracker import lifecycle, outgoing, redact
+from tracker import lifecycle, redact
+from tracker.untrusted import outgoing
 
 STOP_GRACE_S = 15.0
 PROBE_TIMEOUT_S = 120.0

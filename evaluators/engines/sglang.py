@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
 
 NAME = "sglang"
 SETTINGS = ("dtype", "disable_radix_cache", "mamba_ssm_dtype", "attention_backend", "disable_cuda_graph",
@@ -108,9 +108,9 @@ class SGLangClient(EngineClient):
             num_speculative_tokens=int(draft_tokens) - 1 if isinstance(draft_tokens, int) else None,
             settings={k: server[k] for k in SETTINGS if k in server})
 
-    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
-        params = {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p, "top_k": sampling.top_k, "stop_token_ids": list(sampling.stop_token_ids),
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
+        params = {"max_new_tokens": request.max_tokens, "temperature": request.temperature,
+                  "top_p": request.top_p, "top_k": request.top_k, "stop_token_ids": list(request.stop_token_ids),
                   "skip_special_tokens": False}
         reply = self.post_json("/generate", {"input_ids": input_ids, "sampling_params": params, "stream": False})
         try:

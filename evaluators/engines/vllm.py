@@ -28,8 +28,8 @@ from pathlib import Path
 import json
 import re
 
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, Sampling, reply_from_deltas
-from tracker import engine_metrics as em
+from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
+from tracker.measurement import engine_metrics as em
 
 NAME = "vllm"
 
@@ -89,7 +89,7 @@ PREFIX_CACHE_OFF = "--no-enable-prefix-caching"
 # (with speculative decoding the layer takes its spec-aware path: C++ conv only with AMX or Arm bf16,
 # else vLLM's torch conv; C++ chunk, recurrent and spec-decode rules; RMSNormGated's torch forward).
 # On GPUs the prefill and spec-decode kernels are chosen at start and logged (`settings_from_log`).
-# Prints one JSON object; keys as `tracker.linear_attn` names the pieces.
+# Prints one JSON object; keys as `tracker.environment.linear_attn` names the pieces.
 GDN_PROBE = r"""
 import json, torch
 from vllm.platforms import current_platform as platform
@@ -194,13 +194,13 @@ class VLLMClient(EngineClient):
                           draft_model=None, method=None, num_speculative_tokens=n_spec,
                           settings={"max_model_len": served.get("max_model_len"), **cache})
 
-    def generate(self, input_ids: list[int], sampling: Sampling) -> EngineReply:
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
         """With `cross_check` (managed: no other client), the request's own statistics must equal the
         deltas of vLLM's Prometheus counters around it, or the reply is refused."""
         before = None if self._per_request and not self.cross_check else self._counters()
-        body = {"model": self._model, "prompt": input_ids, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                "stop_token_ids": list(sampling.stop_token_ids), "return_token_ids": True,
+        body = {"model": self._model, "prompt": input_ids, "max_tokens": request.max_tokens,
+                "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+                "stop_token_ids": list(request.stop_token_ids), "return_token_ids": True,
                 "skip_special_tokens": False, "seed": 0}
         reply = self.post_json("/v1/completions", body)
         try:

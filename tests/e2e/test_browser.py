@@ -116,7 +116,8 @@ PAGES = {"runs-root": "/", "runs": "/runs", "compare": "/compare", "environments
 
 
 def test_every_page_by_its_deep_link_stays_local_and_runs_no_script_from_a_run_name(dashboard, page, tmp_path):
-    from tracker import Tracker, fingerprint
+    from tracker import Tracker
+    from tracker.environment import fingerprint
 
     url, home = dashboard
     tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
@@ -214,7 +215,8 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     """The headline flow: the demo's v3 trained its drafter under bf16 autocast on fp32 features, and
     every demo eval cast the drafter to fp32. Re-evaluate on Environments must queue the eval that
     reproduces training's numerics, and its result must match the training run: 0 critical."""
-    from tracker import Tracker, fingerprint
+    from tracker import Tracker
+    from tracker.environment import fingerprint
     from tracker.dashboard.envmatrix import environment_flags
 
     url, home = dashboard

@@ -19,7 +19,7 @@
   which fields (legend and tooltip); the banners say it in full (`v4 @ step 200: linear-attn fallback vs
   reference: fast`); the protocol's warnings and infos are named in `protocol_notes`. A
   reference for another target is said first (`target_note`).
-- The reference's tau line is its number for the chosen evals' dataset (`comparisons.reference_tau`),
+- The reference's tau line is its number for the chosen evals' dataset (`compare_deltas.reference_tau`),
   never an average over other sets; `reference_note` says which, or why there is none.
 - Acceptance by position and DDTree: one checkpoint per chosen training run, `picks` or by default
   `best_evals` (a solid one, then the closest to the reference's environment, then to its training run's).
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tracker.dashboard import comparisons, lineage, metric_docs, recipe, reconcile_view
+from tracker.dashboard import compare_deltas, lineage, metric_docs, recipe, reconcile_view
 from tracker.dashboard.index import RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
 from tracker.store import names
@@ -244,7 +244,7 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
     environment and by the protocol fields that make taus incomparable (`lineage.series_key`); the
     label names only the parts that differ between its series."""
     if run.kind != "train":
-        return [(index.eval_label(run) + comparisons.scoring_note(run), [run])]
+        return [(index.eval_label(run) + compare_deltas.scoring_note(run), [run])]
     evals = current_evals(index, run)
     if not evals:
         return []
@@ -253,7 +253,7 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
         groups.setdefault((ev.env_hash or env_key(ev), *lineage.series_key(ev)), []).append(ev)
     label = index.label(run.run_id)
     if len(groups) == 1:
-        return [(label + comparisons.scoring_note(evals[0]), evals)]
+        return [(label + compare_deltas.scoring_note(evals[0]), evals)]
     keys = [(env_key(g[0]), *lineage.series_key(g[0])) for g in groups.values()]
     width = max(map(len, keys))
     keys = [k + ("",) * (width - len(k)) for k in keys]
@@ -385,7 +385,7 @@ def compare_data(
                     minor = [r for r in lineage.matched_protocol_rows(lineage.protocol_diff(ev, ref), ev, ref)
                              if r.severity != "critical"]
                     if minor:
-                        noted.setdefault(comparisons.protocol_text(minor), []).append(ev)
+                        noted.setdefault(compare_deltas.protocol_text(minor), []).append(ev)
                 reason = reason or series_reason(index, ev, ref)
                 if crit:
                     note_probe(ev, index.eval_label(ev), crit)
@@ -411,7 +411,7 @@ def compare_data(
                     points.append({"series": label, "owner": run.run_id, "run_id": ev.run_id,
                                    "train_run_id": ev.train_run_id, "key": key,
                                    "step": ev.checkpoint_step if ev.checkpoint_step is not None else 0,
-                                   "value": value, "low": low, "high": high, "scoring": comparisons.scoring(ev),
+                                   "value": value, "low": low, "high": high, "scoring": compare_deltas.scoring(ev),
                                    "dashed": bool(reason), "reason": reason, "env": ev.env_badges})
 
     # Acceptance by position and DDTree: one checkpoint per chosen run.
@@ -422,15 +422,15 @@ def compare_data(
             continue
         chosen = next((e for e in ranked if picks and e.run_id == picks.get(run.run_id)), ranked[0])
         picked[run.run_id] = chosen.run_id
-        label = index.eval_label(chosen) + comparisons.scoring_note(chosen)
+        label = index.eval_label(chosen) + compare_deltas.scoring_note(chosen)
         series = eval_series(index, run) if run.kind == "train" else []
         if len(series) > 1:  # the part of its series' label that tells it from the others: ` [gsm8k]`
             label = index.eval_label(chosen) + next(s[len(index.label(run.run_id)):] for s, evs in series
                                                     if chosen in evs)
         _add_curves(positions, trees, label, run.run_id, chosen, series_reason(index, chosen, ref), results)
-    reference_values, ref_tau = {}, comparisons.ReferenceTau(None, "")
+    reference_values, ref_tau = {}, compare_deltas.ReferenceTau(None, "")
     if ref is not None:
-        ref_tau = comparisons.reference_tau(drawn, ref, results(ref) if results is not None else None)
+        ref_tau = compare_deltas.reference_tau(drawn, ref, results(ref) if results is not None else None)
         reference_values = {k: v for k, v in ref.metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)
                             and k not in _ci_bounds(ref.metrics)["of"]}
         if not ref_tau.same_sets:  # its other numbers are over other prompts: only per-dataset ones stay
@@ -483,14 +483,14 @@ def _ci_bounds(metrics: Mapping[str, float]) -> dict:
 
 @dataclass
 class EvalTables:
-    """Compare's tables beside the eval chart (`comparisons`): built only where they are shown,
+    """Compare's tables beside the eval chart (`compare_deltas`): built only where they are shown,
     since they read every drawn eval's results JSON."""
 
-    vs_reference: pd.DataFrame  # comparisons.REFERENCE_COLUMNS
-    vs_previous: pd.DataFrame  # comparisons.PREVIOUS_COLUMNS
-    by_dataset: pd.DataFrame  # comparisons.DATASET_COLUMNS
-    online: pd.DataFrame  # comparisons.ONLINE_COLUMNS
-    served: pd.DataFrame  # comparisons.SERVED_COLUMNS
+    vs_reference: pd.DataFrame  # compare_deltas.REFERENCE_COLUMNS
+    vs_previous: pd.DataFrame  # compare_deltas.PREVIOUS_COLUMNS
+    by_dataset: pd.DataFrame  # compare_deltas.DATASET_COLUMNS
+    online: pd.DataFrame  # compare_deltas.ONLINE_COLUMNS
+    served: pd.DataFrame  # compare_deltas.SERVED_COLUMNS
 
 
 def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | None = None) -> EvalTables:
@@ -503,11 +503,11 @@ def eval_tables(index: RunIndex, data: CompareData, results: ResultsLoader | Non
     every = [ev for _, evals in series for ev in evals]
     shown = chosen + ([data.reference] if data.reference is not None else [])
     return EvalTables(
-        vs_reference=comparisons.vs_reference_frame(index, chosen, data.reference, results),
-        vs_previous=comparisons.vs_previous_frame(index, series, results),
-        by_dataset=comparisons.by_dataset_frame(index, shown, results),
-        online=comparisons.online_gaps(index, every, results),
-        served=comparisons.served_gaps(index, every, results),
+        vs_reference=compare_deltas.vs_reference_frame(index, chosen, data.reference, results),
+        vs_previous=compare_deltas.vs_previous_frame(index, series, results),
+        by_dataset=compare_deltas.by_dataset_frame(index, shown, results),
+        online=compare_deltas.online_gaps(index, every, results),
+        served=compare_deltas.served_gaps(index, every, results),
     )
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from tracker import config, fingerprint, redact
+from tracker import config, redact
+from tracker.environment import fingerprint
 from tracker.jobs import eval_job
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo

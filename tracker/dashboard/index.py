@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tracker import config, protocol
+from tracker import config
+from tracker.measurement import protocol
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
 from tracker.store.history import latest_metric_steps
@@ -118,7 +119,7 @@ class RunInfo:
 
     @property
     def alert(self) -> str | None:
-        """The run's regression alert (`draftboard.alert`, tracker/regression.py), bounded; None without one."""
+        """The run's regression alert (`draftboard.alert`, tracker/measurement/regression.py), bounded; None without one."""
         text = self.tags.get(names.ALERT)
         return config.bounded(text, 4000) if text else None
 

@@ -6,7 +6,7 @@ Two relations use it:
   "evaluated in a different environment" banner and the Environments pairs all read it from here,
   and count mismatches from the rows' severities;
 - against a reference (Compare): `env_diff` of any two runs, and beside it `protocol_diff` (how
-  each number was measured: prompts, thinking, temperature, block size, scoring; tracker.protocol).
+  each number was measured: prompts, thinking, temperature, block size, scoring; tracker.measurement.protocol).
   `vs_reference` is both, the protocol matched per dataset (`matched_protocol_rows`), and is what
   Compare dashes, banners and picks the closest reference by.
 How a difference is worded (`linear-attn fallback vs training: fast`) lives here too, and how a
@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracker import fingerprint, protocol
+from tracker.environment import fingerprint
+from tracker.measurement import protocol
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.store import names
 

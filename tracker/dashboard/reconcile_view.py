@@ -1,6 +1,6 @@
 """Reconciliation on the dashboard: Run detail's engine eval beside the offline evals of the same
 checkpoint and prompts, and Compare's Engines view (every engine eval of one checkpoint and prompt
-set side by side), their gaps taken apart by `tracker.reconcile` (the reports `draftboard reconcile`
+set side by side), their gaps taken apart by `tracker.measurement.reconcile` (the reports `draftboard reconcile`
 prints)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracker import config, linear_attn
+from tracker import config
+from tracker.environment import linear_attn
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.errors import DraftboardError
-from tracker.reconcile import ENGINE_PARTS, reconcile, reconcile_engines
+from tracker.measurement.reconcile import ENGINE_PARTS, reconcile, reconcile_engines
 from tracker.store import names
 
 SCORING_TAG = names.protocol_tag("scoring")
@@ -147,7 +148,7 @@ def engines_views(index: RunIndex, evals: Sequence[RunInfo], load: Callable[[Run
                   ) -> list[EnginesView]:
     """The engine evals among `evals`, grouped by checkpoint and prompt set: each group's offline tau
     and engine numbers (two definitions, each named), and each pair's gap in parts with the settings
-    that differ and one verdict (`tracker.reconcile.reconcile_engines`)."""
+    that differ and one verdict (`tracker.measurement.reconcile.reconcile_engines`)."""
     groups: dict[tuple, dict[str, RunInfo]] = {}
     for ev in evals:
         key = (_checkpoint_key(ev), ev.tags.get(names.protocol_tag("prompt_digest")))

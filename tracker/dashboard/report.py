@@ -26,7 +26,7 @@ from tracker import redact
 from tracker.dashboard import charts, curve_chart, lineage, metric_docs, recipe
 from tracker.dashboard.compare import (TITLES, CompareData, EvalTables, compare_data, eval_tables,
                                       reference_label)
-from tracker.dashboard.comparisons import ResultsLoader
+from tracker.dashboard.compare_deltas import ResultsLoader
 from tracker.dashboard.escape import html_text
 from tracker.dashboard.index import RunIndex
 from tracker.dashboard.lineage import MISSING

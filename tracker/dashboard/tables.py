@@ -15,7 +15,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from tracker import fingerprint, protocol, redact
+from tracker import redact
+from tracker.environment import fingerprint
+from tracker.measurement import protocol
 from tracker.dashboard import lineage, metric_docs, recipe
 from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
 from tracker.dashboard.lineage import MISSING, summarize_rows

@@ -28,7 +28,8 @@ from typing import NamedTuple
 import pandas as pd
 import streamlit as st
 
-from tracker import config, demo_progress, redact
+from tracker import config, redact
+from tracker.jobs import demo_progress
 from tracker.dashboard import curve_chart, lineage, tables
 from tracker.dashboard.envmatrix import reeval_plan
 from tracker.dashboard.escape import md, md_badge, md_code
@@ -458,7 +459,7 @@ def demo_banner(cfg: Settings) -> bool:
     """The demo build's progress while it runs in the background (`draftboard ui --demo`).
 
     Returns False while the build has not yet created the store's tables: the page must not open
-    the store before then (tracker/demo_progress.py says why).
+    the store before then (tracker/jobs/demo_progress.py says why).
     """
     progress = demo_progress.read_progress(config.home_dir())
     if progress is None or progress.store != cfg.store_uri or progress.state == demo_progress.DONE:

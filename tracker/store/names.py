@@ -46,7 +46,7 @@ CHECKPOINTS_DIR = "checkpoints"
 WATCH_ARTIFACT = "watch.json"  # a watched run's watch state: folder, eval preset, checkpoints seen
 DOCTOR_ARTIFACT = "doctor.json"  # `draftboard doctor --run`'s report on that run (Run detail's Doctor panel)
 DOCTOR = "draftboard.doctor"  # its worst severity: critical | warning | info | ok
-ALERTS_ARTIFACT = "alerts.json"  # an eval's regression alerts (tracker/regression.py)
+ALERTS_ARTIFACT = "alerts.json"  # an eval's regression alerts (tracker/measurement/regression.py)
 ALERT = "draftboard.alert"  # their text, one line: the eval is worse than its previous checkpoint or a reference
 
 
@@ -120,7 +120,7 @@ def dataset_metric(metric: str, dataset: str) -> str:
 
 
 # --------------------------------------------------------------------------- protocol tags
-# `protocol.<field>` for each field of tracker.protocol.Protocol (DESIGN.md, fixed).
+# `protocol.<field>` for each field of tracker.measurement.protocol.Protocol (DESIGN.md, fixed).
 PROTOCOL_PREFIX = "protocol."
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from tracker.jobs.queue import VERSION_TABLE, metadata
+from tracker.jobs.schema import VERSION_TABLE, metadata
 
 config = context.config
 

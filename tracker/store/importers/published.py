@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tracker import fingerprint
-from tracker.protocol import UNKNOWN, Protocol
+from tracker.environment import fingerprint
+from tracker.measurement.protocol import UNKNOWN, Protocol
 from tracker.store import names
 
 DATA = Path(__file__).with_name("published_zlab.json")

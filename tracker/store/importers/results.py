@@ -65,7 +65,7 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
     The target is the one given, else the one the file states, else the training run's, else
     `unknown`: an imported eval never pretends to know its target.
     """
-    from tracker import fingerprint
+    from tracker.environment import fingerprint
 
     if not evals:
         raise DraftboardError(f"{source}: no results to import")

@@ -2,7 +2,7 @@
 cover: vLLM's periodic `SpecDecoding metrics:` log lines, SGLang's `Decode batch, ... accept len:` lines,
 llama.cpp's per-request `draft acceptance = ...` lines, and a `/metrics` scrape of vLLM or llama.cpp
 (one, or several appended: then the counters' change between the first and the last). Formats and
-names: `tracker.engine_metrics`.
+names: `tracker.measurement.engine_metrics`.
 
 What each number is, and never is:
 - vLLM log lines and counters give accepted and drafted token counts. Each draft proposes
@@ -36,9 +36,9 @@ from collections import Counter
 from pathlib import Path
 
 from tracker import config
-from tracker import engine_metrics as em
+from tracker.measurement import engine_metrics as em
 from tracker.errors import DraftboardError
-from tracker.jsonlines import records
+from tracker.untrusted.jsonlines import records
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
 

@@ -25,8 +25,8 @@ import csv
 from pathlib import Path
 
 from tracker import config
-from tracker import engine_metrics as em
-from tracker.jsonlines import records
+from tracker.measurement import engine_metrics as em
+from tracker.untrusted.jsonlines import records
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite

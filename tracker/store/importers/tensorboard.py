@@ -89,7 +89,7 @@ def log_event_runs(tracker, runs: list[EventRun], name: str, target: str | None 
     Steps are logged as the tool counted them; the tool's step semantics go in a tag. A step
     that several files of one folder logged for the same tag keeps the value logged last.
     """
-    from tracker import fingerprint
+    from tracker.environment import fingerprint
 
     ids = []
     for run in runs:

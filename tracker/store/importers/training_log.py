@@ -18,7 +18,7 @@ Three formats; the first two are recognised by the first non-blank line, the thi
   resumed run). Metrics keep the names Automodel gives W&B (`train/selector_loss`, `val/accept_len`), and
   the run is tagged with the tool, so the dashboard reads them under ours (tracker/store/adoption.py).
 
-The imported run's fingerprint is `tracker.fingerprint.imported(...)`: the log does
+The imported run's fingerprint is `tracker.environment.fingerprint.imported(...)`: the log does
 not say where it was produced, so every environment field stays unknown.
 
 The file is read line by line, twice: a first pass checks every line before anything is
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracker.errors import DraftboardError
-from tracker.jsonlines import json_object
+from tracker.untrusted.jsonlines import json_object
 from tracker.store import names
 
 _PAIR = re.compile(r"(?<![\w.\-/])([A-Za-z_][\w.\-/]*)=([^\s,;]+)")
@@ -216,7 +216,7 @@ def _step(value: object) -> int:
 def import_log(tracker, path: str | Path, name: str, target: str | None = None, fmt: str | None = None) -> str:
     """Log the steps of a training log as a new train run of `tracker`; returns its run id. `fmt`:
     `automodel` for Automodel's console (jsonl and kv are recognised)."""
-    from tracker import fingerprint
+    from tracker.environment import fingerprint
     from tracker.store import adoption
 
     summary = scan_log(path, fmt)

@@ -25,10 +25,13 @@ import sys
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from tracker import escape, fingerprint, outgoing, protocol, redact
+from tracker import redact
+from tracker.environment import fingerprint
+from tracker.measurement import protocol
+from tracker.untrusted import escape, outgoing
 from tracker.errors import DraftboardError
 from tracker.store import names
-from tracker.uncertainty import WORSE, PairedComparison, paired_comparison, prompt_score
+from tracker.measurement.uncertainty import WORSE, PairedComparison, paired_comparison, prompt_score
 
 PREVIOUS, REFERENCE = "previous checkpoint", "reference"
 POST_TIMEOUT_S = 10.0

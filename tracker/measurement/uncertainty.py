@@ -1,4 +1,4 @@
-"""How sure a tau is: 95% percentile bootstrap intervals over prompts, and paired comparisons.
+"""How sure a tau is: 95% percentile bootstrap intervals over prompts, and paired compare_deltas.
 
 The resampling unit is the prompt, not the block: the blocks of one prompt share its text and
 are far from independent. Every interval draws one `[resamples, prompts]` matrix of draw counts

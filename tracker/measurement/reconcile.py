@@ -32,8 +32,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tracker import config, fingerprint, linear_attn, protocol
-from tracker import engine_metrics as em
+from tracker import config
+from tracker.environment import fingerprint, linear_attn
+from tracker.measurement import protocol
+from tracker.measurement import engine_metrics as em
 from tracker.errors import DraftboardError
 
 EXACT = 1e-9

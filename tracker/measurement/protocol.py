@@ -1,12 +1,12 @@
 """How a number was measured: the eval protocol record, and whether two protocols are comparable.
 
-The environment (tracker.fingerprint) says what ran; the protocol says what was asked of it:
+The environment (tracker.environment.fingerprint) says what ran; the protocol says what was asked of it:
 which prompts, how long, thinking on or off, which end-of-generation rule, scored offline or
 online. Both move tau, so two numbers are comparable only when both agree. The record lives in
 the results JSON as `protocol` and in MLflow as `protocol.<field>` tags (docs/DESIGN.md,
 "Protocol and uncertainty", fixed names); a field nobody knows reads `unknown`, and a run from
 before protocols existed reads `unknown` everywhere. `diff` has the shape and severities of
-`tracker.fingerprint.diff`, so callers show both sections with one table.
+`tracker.environment.fingerprint.diff`, so callers show both sections with one table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from tracker import config
 from tracker.errors import DraftboardError
-from tracker.fingerprint import SEVERITY_ORDER, DiffRow
+from tracker.environment.fingerprint import SEVERITY_ORDER, DiffRow
 from tracker.store import names
 
 RESULTS_KEY = "protocol"

@@ -5,7 +5,7 @@ offline-scored tau of one checkpoint.
 A reference is matched per dataset: an eval on GSM8K meets the reference's GSM8K number (a
 measured reference's `by_dataset`, a published one's `tau_gsm8k`), never a pooled average of
 other sets; when the reference has no number for it, the row says so. Δτ is a paired bootstrap
-(`tracker.uncertainty.paired_comparison`, as `draftboard compare`) when both evals hold per-prompt
+(`tracker.measurement.uncertainty.paired_comparison`, as `draftboard compare`) when both evals hold per-prompt
 acceptance lengths for the same prompts, token for token. Otherwise each side keeps its own
 interval and the verdict is drawn from them: better or worse only when the intervals do not
 overlap (or, against a published number without one, when it lies outside the eval's interval).
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tracker import config, protocol, uncertainty
+from tracker import config
+from tracker.measurement import protocol, uncertainty
 from tracker.dashboard import lineage, reconcile_view
 from tracker.dashboard.lineage import MISSING
 from tracker.dashboard.index import RunIndex, RunInfo
@@ -359,7 +360,7 @@ def reference_tau(evals: Sequence[RunInfo], ref: RunInfo | None, ref_results: Ma
 
 def served_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoader | None = None) -> pd.DataFrame:
     """Each engine eval against every offline eval of the same checkpoint and prompts: the gap between
-    the engine's number and the offline tau, in the parts `tracker.reconcile` takes it apart into."""
+    the engine's number and the offline tau, in the parts `tracker.measurement.reconcile` takes it apart into."""
     rows = []
     for ev in evals:
         if results is None or not reconcile_view.is_engine_eval(ev):

@@ -1,0 +1,65 @@
+"""`draftboard doctor`: the checks that catch the bugs DFlash teams lose days to."""
+
+from __future__ import annotations
+
+import json
+
+from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress
+from tracker.jobs import (
+    eval_job,  # the one declaration of the eval's flags (light: config and errors only)
+)
+
+
+def cmd_doctor(args) -> int:
+    from evaluators.doctor import DoctorSettings, run_doctor
+    from tracker.store import names
+
+    tracker = trained = None
+    if args.run:
+        from tracker.store.tracker import Tracker
+
+        tracker = Tracker(args.tracking_uri)
+        trained = tracker.fingerprint(args.run)  # before anything loads: a wrong id is one error line
+    settings = DoctorSettings(target=args.target, drafter=args.drafter, prompts=args.prompts, n_prompts=args.n_prompts,
+                              max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                              linear_attn=args.linear_attn, enable_thinking=args.enable_thinking,
+                              serving_config=args.serving_config, trained_fingerprint=trained,
+                              trained_name=f"run {args.run}" if args.run else "the training run")
+    progress = StageProgress()
+    try:
+        report = run_doctor(settings, progress)
+    finally:
+        progress.close()
+    if tracker is not None:
+        worst = report.ordered()[0].severity
+        tracker.write_json(args.run, names.DOCTOR_ARTIFACT, {**report.to_dict(), "target": args.target,
+                                                             "drafter": args.drafter})
+        tracker.client.set_tag(args.run, names.DOCTOR, worst)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:  # whole sentences: the evidence and the fix are the point, a table would cut them
+        for c in report.ordered():
+            print(f"{c.severity.upper():8} {c.name}: {c.verdict}")
+            for label, text in (("evidence", c.evidence), ("fix", c.fix)):
+                if text:
+                    print(f"{'':9}{label}: {text}")
+        print("critical: a check failed" if report.critical else "no critical finding")
+    return EXIT_CRITICAL_DIFF if report.critical else 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("doctor", help="the checks that catch the bugs DFlash teams lose days to: layer mapping, "
+                                      "architecture, tokens, serving config, environment; exit 1 on a critical one")
+    eval_job.add_eval_arguments(p, ["target", "drafter", "device", "dtype", "linear_attn", "enable_thinking"])
+    p.add_argument("--prompts", default=None, help="prompts for the layer-mapping check, as `eval --prompts` (default: "
+                                                   "a few plain-text prompts through the target's tokenizer)")
+    p.add_argument("--n-prompts", type=int, default=8, help="how many of them the layer-mapping check scores")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt for that check")
+    p.add_argument("--run", metavar="RUN_ID", default=None,
+                   help="the training run: this machine against its fingerprint; the report is attached to it")
+    p.add_argument("--serving-config", metavar="JSON", default=None,
+                   help="vLLM's --speculative-config JSON (or a file with it under speculative_config) or SGLang's "
+                        "launch arguments, optionally with mamba_ssm_dtype and chat_template_kwargs")
+    p.add_argument("--json", action="store_true", help='print {"checks": [{name, severity, verdict, evidence, fix}]}')
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,152 @@
+"""`draftboard import-log`, `import-results`, `adopt` and `watch`: runs other tools wrote, brought into the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracker.cli.common import json_argument
+from tracker.errors import DraftboardError
+
+
+def cmd_import_log(args) -> int:
+    from tracker.store.importers.training_log import import_log
+    from tracker.store.tracker import Tracker
+
+    run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target, fmt=args.format)
+    print(f"imported {args.file} as run {run_id}")
+    return 0
+
+
+def cmd_adopt(args) -> int:
+    from tracker.store import adoption, names
+    from tracker.store.tracker import Tracker
+
+    tracker = Tracker(args.tracking_uri)
+    run = tracker.run(args.run_id)
+    kind = run.data.tags.get(names.KIND)
+    if kind in ("eval", "reference"):
+        raise DraftboardError(f"run {args.run_id} is a draftboard {kind} run; only training runs are adopted")
+    view = adoption.RunView.of(run, tracker.client.get_experiment(run.info.experiment_id).name)
+    found = adoption.detect(view) if args.tool is None else adoption.Detection(args.tool, ("--tool",))
+    if found.tool is None:
+        raise DraftboardError(f"cannot tell which tool wrote run {args.run_id}; name it: draftboard adopt "
+                              f"{args.run_id} --tool NAME (known: {', '.join(adoption.TOOLS)}; any other name works)")
+    known = adoption.TOOLS.get(found.tool)
+    unit = known.steps.unit if known else "unknown"
+    for tag, value in ((names.KIND, "train"), (adoption.TOOL_TAG, found.tool), (adoption.STEP_UNIT_TAG, unit)):
+        tracker.client.set_tag(args.run_id, tag, value)
+    print(f"adopted run {args.run_id} as a {found.label} training run ({'; '.join(found.evidence)})")
+    print(f"step = {unit}" + (f": {known.steps.note}" if known else ""))
+    curves = [a.label for a in adoption.aliases(found.tool, view.metrics) if a.canonical or a.note]
+    if curves:
+        print("curves: " + ", ".join(curves))
+    return 0
+
+
+def cmd_import_results(args) -> int:
+    from tracker.store.importers import (
+        ddtree_benchmark,
+        results,
+        served,
+        spec_acceptance,
+        specforge_eval,
+        speculators_acceptance,
+        tensorboard,
+        zlab_benchmark,
+    )
+    from tracker.store.tracker import Tracker
+
+    name = args.name or Path(args.file).stem
+    # The file is read whole before the store is opened: a bad file creates nothing.
+    if args.format == "tensorboard":
+        if args.train_run_id:
+            raise DraftboardError("--train-run-id does not apply to --format tensorboard: event folders are "
+                                  "imported as training runs of their own")
+        runs = tensorboard.read_event_folder(args.file)
+        run_ids = tensorboard.log_event_runs(Tracker(args.tracking_uri), runs, name, args.target)
+    else:
+        parse = {"zlab-benchmark": zlab_benchmark.parse_benchmark_log, "ddtree": ddtree_benchmark.parse_ddtree_results,
+                 "speculators-acceptance": speculators_acceptance.parse_acceptance_csv,
+                 specforge_eval.FORMAT: specforge_eval.parse_report, spec_acceptance.FORMAT: spec_acceptance.parse_folder,
+                 **served.PARSERS}[args.format]
+        evals = parse(args.file)
+        run_ids = results.log_imported(Tracker(args.tracking_uri), evals, source=args.file, fmt=args.format,
+                                       name=name, target=args.target, train_run_id=args.train_run_id)
+    print(f"imported {args.file} ({args.format}) as run(s) {', '.join(run_ids)}")
+    return 0
+
+
+def cmd_watch(args) -> int:
+    import time
+
+    from tracker.jobs import watch
+    from tracker.jobs.queue import JobQueue
+    from tracker.store.tracker import Tracker
+
+    tracker = Tracker(args.tracking_uri)
+    preset = json_argument("--auto-eval", args.auto_eval) if args.auto_eval else None
+    state = watch.start(tracker, args.run_id, args.dir, preset, settle_s=args.settle)
+    queue = JobQueue(args.jobs_uri) if state.preset is not None else None
+    print(f"watching {state.dir} for run {args.run_id}" + (" (auto-eval)" if queue else ""))
+    while True:
+        result = watch.scan(tracker, queue, args.run_id)
+        for found in result.recorded:
+            print(f"checkpoint step {found.step}: {found.path} ({found.layout})")
+        if result.queued:
+            print(f"queued eval job(s) {', '.join(map(str, result.queued))}")
+        if not args.follow:
+            print("scanned once; `draftboard worker --watch` (or --follow here) keeps watching")
+            return 0
+        time.sleep(args.interval)
+
+
+def add_commands(sub) -> None:
+    from tracker.store.importers import served, training_log
+
+    p = sub.add_parser("import-log", help="import a JSON-lines or key=value training log, or Automodel's console, "
+                                          "as a train run")
+    p.add_argument("file")
+    p.add_argument("--format", choices=training_log.FORMATS, default=None,
+                   help="automodel: NVIDIA Automodel's DFlash/DFlash2 console log (default: JSON lines or key=value, "
+                        "recognised by the first line)")
+    p.add_argument("--name", required=True)
+    p.add_argument("--target", default=None, help="the target model the drafter was trained against")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_import_log)
+
+    p = sub.add_parser("adopt", help="make a run another tool wrote (SpecForge, speculators, HF Trainer, ...) "
+                                     "a draftboard training run")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--tool", default=None, help="the tool that wrote it (default: detected from its names)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_adopt)
+
+    p = sub.add_parser("watch", help="record the checkpoints a training tool writes into DIR as they appear "
+                                     "(z-lab, SpecForge, speculators layouts), optionally queueing their evals")
+    p.add_argument("run_id", metavar="RUN_ID", help="the training run the checkpoints belong to")
+    p.add_argument("dir", metavar="DIR", help="the folder the tool saves its checkpoints in")
+    p.add_argument("--auto-eval", metavar="PRESET", default=None,
+                   help="queue an eval of each new checkpoint with these eval params: a JSON file or object "
+                        "(target, prompts, budgets, device, ...; stored on the run)")
+    p.add_argument("--settle", type=float, default=30.0,
+                   help="seconds a checkpoint's files must be unchanged before it is recorded")
+    p.add_argument("--follow", action="store_true", help="keep scanning (every --interval seconds) until Ctrl-C")
+    p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("--jobs-uri", default=None, help="job queue database (DRAFTBOARD_JOBS_URI)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_watch)
+
+    p = sub.add_parser("import-results", help="import eval results or TensorBoard curves another tool wrote")
+    p.add_argument("file", help="the results file, or the folder (TensorBoard logs, spec_acceptance.py output)")
+    p.add_argument("--format", required=True,
+                   choices=["zlab-benchmark", "speculators-acceptance", "speculators-spec-acceptance", "ddtree",
+                            "specforge-eval", "tensorboard", *served.FORMATS],
+                   help="vllm-log / sglang-log / llamacpp-log / prometheus: served numbers from production (a "
+                        "server log, a /metrics scrape), imported with the window they cover; aiperf: AIPerf's "
+                        "per-request records (profile_export.jsonl); specforge-eval: a `specforge "
+                        "evaluate-checkpoint` report (teacher-forced diagnostics, not tau)")
+    p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
+    p.add_argument("--name", default=None, help="run name (default: the file's name)")
+    p.add_argument("--target", default=None, help="the target model (default: what the file or training run says)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_import_results)
