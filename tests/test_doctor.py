@@ -231,6 +231,46 @@ def test_doctor_on_a_run_attaches_its_report(pair, tmp_path, capsys):
                  "--tracking-uri", uri]) == 2
 
 
+def test_doctor_drafts_on_the_prompts_of_the_stores_eval_of_the_checkpoint_by_default(pair, tmp_path, capsys):
+    """Issue 39: with no --prompts, the layer check uses the drafter's own domain, the prompts of the
+    store's eval of that checkpoint (the doctor's generic texts could not tell the conventions apart
+    on a real drafter): the off-by-one drafter is critical and the z-lab one passes, each saying
+    which eval's prompts it drafted on."""
+    from tracker.store.tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    prompts = str(pair / "prompts.jsonl")
+    evals = {}
+    for name in ("off_by_one", "zlab"):
+        with tracker.eval_run(f"{name} @ 600", target=str(pair / "target"), checkpoint=str(pair / name),
+                              checkpoint_step=600, params={"drafter": str(pair / name), "prompts": prompts}) as ev:
+            ev.log_metrics({"tau": 2.0}, step=0)
+        evals[name] = ev.run_id
+    for name, exit_status, severity in (("off_by_one", 1, CRITICAL), ("zlab", 0, OK)):
+        assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / name), "--n-prompts",
+                     str(N_PROMPTS), "--tracking-uri", uri, "--device", "cpu", "--json"]) == exit_status
+        check = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "layer_offset")
+        assert check["severity"] == severity, check
+        assert f"the prompts of eval {name} @ 600 ({evals[name]}), of this checkpoint: {prompts}" in check["evidence"]
+    # No eval of the checkpoint and no --run: the generic prompts, said as such; no store is created.
+    missing = tmp_path / "none.db"
+    assert main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--tracking-uri",
+                 f"sqlite:///{missing}", "--device", "cpu", "--json"]) in (0, 1)
+    check = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "layer_offset")
+    assert "the doctor's default prompts, not the drafter's domain" in check["evidence"] and not missing.exists()
+
+
+def test_an_undecided_layer_check_says_how_many_prompts_would_decide_it():
+    """Hand-worked: Δτ +0.20 with [-0.10, +0.50] over 8 prompts: half-width 0.30 must shrink below 0.20,
+    8 x (0.30 / 0.20)^2 = 18 prompts; equal walks (Δτ 0) no number of prompts separates."""
+    from tracker.measurement.uncertainty import Interval
+
+    assert layers.prompts_needed(8, Interval(0.20, -0.10, 0.50)) == 18
+    assert layers.prompts_needed(8, Interval(0.0, -0.10, 0.10)) is None
+    assert layers.prompts_needed(8, Interval(-0.5, -0.6, 0.1)) == 9  # at least one more than it had
+
+
 @pytest.mark.parametrize("config, hybrid, expected", [
     # vLLM before 0.28.0 on a GDN target with speculative decoding: not lossless (PR #51812)
     ({"version": "0.27.1rc2+cu128"}, True, {"engine_version": CRITICAL}),

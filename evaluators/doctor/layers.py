@@ -11,6 +11,8 @@ drafter was trained on is clearly better.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from evaluators import metrics
@@ -46,8 +48,18 @@ def _walks(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_
     return walks
 
 
+def prompts_needed(n_prompts: int, delta) -> int | None:
+    """About how many prompts would make the paired interval of `delta` (a Δτ over `n_prompts`
+    prompts, with its 95% interval) exclude zero, as its half-width shrinks with 1/sqrt(n); None
+    when the two conventions drafted alike (a zero difference no sample size resolves)."""
+    half = (delta.high - delta.low) / 2
+    if abs(delta.value) < 1e-9:
+        return None
+    return max(n_prompts + 1, math.ceil(n_prompts * (half / abs(delta.value)) ** 2))
+
+
 def check(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_new_tokens: int = 64,
-          batch_size: int = 8) -> Check:
+          batch_size: int = 8, prompts_from: str = "the doctor's default prompts") -> Check:
     walks = _walks(target, loaded, prompts, max_new_tokens, batch_size)
     taus = {o: metrics.summarize_walks(list(w.values()), loaded.model.block_size).tau for o, w in walks.items()}
     shifted = paired_comparison(walks[ZLAB], walks[OFF_BY_ONE])  # tau(off by one) - tau(z-lab)
@@ -55,8 +67,8 @@ def check(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_n
     layers = list(loaded.model.target_layer_ids)
     evidence = (f"tau with hidden_states[layer_id + 1] (z-lab) {taus[ZLAB]:.3f}, with hidden_states[layer_id] "
                 f"{taus[OFF_BY_ONE]:.3f}: off-by-one minus z-lab {d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}] "
-                f"(paired bootstrap over {shifted.n_prompts} prompts, {max_new_tokens} new tokens; tapped layers "
-                f"{layers})")
+                f"(paired bootstrap over {shifted.n_prompts} prompts: {prompts_from}, {max_new_tokens} new tokens; "
+                f"tapped layers {layers})")
     if shifted.verdict == BETTER:
         return Check(NAME, CRITICAL, "the drafter was trained on hidden_states[layer_id], one layer off z-lab's "
                      "hidden_states[layer_id + 1]: served or evaluated the z-lab way it sees the wrong depth",
@@ -66,6 +78,10 @@ def check(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_n
     if shifted.verdict == WORSE:
         return Check(NAME, OK, "the drafter reads z-lab's hidden_states[layer_id + 1], as vLLM, SGLang and z-lab "
                      "feed it", evidence)
+    needed = prompts_needed(shifted.n_prompts, d)
+    more = (f"about {needed} prompts would tell them apart at this difference: rerun with --n-prompts {needed} and "
+            "--prompts from the drafter's training data" if needed is not None else
+            "both conventions drafted the same walks: no number of prompts tells them apart; longer --max-new-tokens "
+            "or prompts from the drafter's training data might")
     return Check(NAME, WARNING, "the two layer conventions cannot be told apart on these prompts", evidence,
-                 "rerun with more --prompts (or longer --max-new-tokens); an untrained drafter accepts too little "
-                 "under either convention to tell")
+                 f"{more}; an untrained drafter accepts too little under either convention to tell")

@@ -35,6 +35,7 @@ class DoctorSettings:
     target: str
     drafter: str
     prompts: str | None = None  # as `draftboard eval --prompts`; None: DEFAULT_TEXTS
+    prompts_from: str | None = None  # where `prompts` came from, in words (the CLI found them in the store)
     n_prompts: int = 8
     max_new_tokens: int = 64
     device: str | None = None
@@ -59,6 +60,12 @@ def _prompts(s: DoctorSettings, tokenizer, vocab_size: int) -> list[list[int]]:
         return [tokenizer(text)["input_ids"] for text in DEFAULT_TEXTS[: s.n_prompts]]
     rng = random.Random(0)
     return [[rng.randrange(vocab_size) for _ in range(16)] for _ in range(s.n_prompts)]
+
+
+def _prompts_from(s: DoctorSettings) -> str:
+    if s.prompts_from:
+        return s.prompts_from
+    return f"--prompts {s.prompts}" if s.prompts else "the doctor's default prompts, not the drafter's domain"
 
 
 def _skipped(name: str, why: str) -> Check:
@@ -102,6 +109,6 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
     checks.append(environment.check(here, s.trained_fingerprint, s.trained_name))
     if loaded is not None:
         progress("doctor: layer mapping", 2, 3)
-        checks.append(layers.check(target, loaded, prompts, s.max_new_tokens))
+        checks.append(layers.check(target, loaded, prompts, s.max_new_tokens, prompts_from=_prompts_from(s)))
     progress("doctor", 3, 3)
     return Report(checks)

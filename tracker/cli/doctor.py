@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress
-from tracker.jobs import (
-    eval_job,  # the one declaration of the eval's flags (light: config and errors only)
-)
+from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 
 
 def cmd_doctor(args) -> int:
@@ -20,7 +19,13 @@ def cmd_doctor(args) -> int:
 
         tracker = Tracker(args.tracking_uri)
         trained = tracker.fingerprint(args.run)  # before anything loads: a wrong id is one error line
-    settings = DoctorSettings(target=args.target, drafter=args.drafter, prompts=args.prompts, n_prompts=args.n_prompts,
+    prompts, prompts_from = args.prompts, None
+    if prompts is None:
+        found = domain_prompts(args.tracking_uri, args.drafter, args.run)
+        if found is not None:
+            prompts, prompts_from = found
+    settings = DoctorSettings(target=args.target, drafter=args.drafter, prompts=prompts, prompts_from=prompts_from,
+                              n_prompts=args.n_prompts,
                               max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
                               linear_attn=args.linear_attn, enable_thinking=args.enable_thinking,
                               serving_config=args.serving_config, trained_fingerprint=trained,
@@ -47,12 +52,45 @@ def cmd_doctor(args) -> int:
     return EXIT_CRITICAL_DIFF if report.critical else 0
 
 
+def domain_prompts(tracking_uri: str | None, drafter: str, run_id: str | None) -> tuple[str, str] | None:
+    """Prompts from the drafter's own domain for the layer-mapping check, when none were given: those of
+    the newest eval of this checkpoint in the store, else of the newest eval of the training run
+    `--run`; a local prompts file only (never fetched), read like any `--prompts`. None when the store
+    has neither (or does not exist: a doctor creates no store). -> (prompts path, where it came from)."""
+    from tracker import config
+    from tracker.store import names
+    from tracker.store.tracker import Tracker
+
+    uri = config.store_uri(tracking_uri)
+    if config.missing_local_store(uri) is not None:
+        return None
+    tracker = Tracker(uri)
+    if tracker.find_experiment() is None:
+        return None
+    checkpoint = str(Path(drafter).resolve())
+    evals = tracker.find_runs(kind="eval")
+
+    def of_checkpoint(run) -> bool:
+        tagged = run.data.tags.get(names.CHECKPOINT) or run.data.params.get("drafter")
+        return bool(tagged) and str(Path(tagged).resolve()) == checkpoint
+
+    for why, chosen in (("of this checkpoint", [r for r in evals if of_checkpoint(r)]),
+                        (f"of training run {run_id}", [r for r in evals if run_id and
+                                                       r.data.tags.get(names.TRAIN_RUN_ID) == run_id])):
+        for run in chosen:  # newest first
+            path = run.data.params.get("prompts")
+            if path and ":" not in path.split("/")[0] and Path(path).is_file():
+                return path, f"the prompts of eval {run.info.run_name} ({run.info.run_id}), {why}: {path}"
+    return None
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("doctor", help="the checks that catch the bugs DFlash teams lose days to: layer mapping, "
                                       "architecture, tokens, serving config, environment; exit 1 on a critical one")
     eval_job.add_eval_arguments(p, ["target", "drafter", "device", "dtype", "linear_attn", "enable_thinking"])
     p.add_argument("--prompts", default=None, help="prompts for the layer-mapping check, as `eval --prompts` (default: "
-                                                   "a few plain-text prompts through the target's tokenizer)")
+                                                   "the drafter's own domain: the prompts of the store's newest eval of "
+                                                   "this checkpoint, or of --run's; else a few plain-text prompts)")
     p.add_argument("--n-prompts", type=int, default=8, help="how many of them the layer-mapping check scores")
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt for that check")
     p.add_argument("--run", metavar="RUN_ID", default=None,

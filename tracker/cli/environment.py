@@ -9,9 +9,7 @@ from pathlib import Path
 
 from tracker.cli.common import ENV_DIFF_MAX, EXIT_CRITICAL_DIFF, format_table
 from tracker.errors import DraftboardError
-from tracker.jobs import (
-    eval_job,  # the one declaration of the eval's flags (light: config and errors only)
-)
+from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 
 
 def _add_env_flags(p: argparse.ArgumentParser) -> None:

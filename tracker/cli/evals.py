@@ -10,9 +10,7 @@ from pathlib import Path
 from tracker import config, redact
 from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress, format_table
 from tracker.errors import DraftboardError
-from tracker.jobs import (
-    eval_job,  # the one declaration of the eval's flags (light: config and errors only)
-)
+from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 from tracker.untrusted.escape import say
 
 
