@@ -20,6 +20,7 @@ from tracker.dashboard.launch_form import (
     form_defaults,
     measure_choices,
     measure_label,
+    no_engine_note,
     prompt_choices,
     result_line,
     shown_log,
@@ -117,10 +118,12 @@ else:
              "temperature alone). Greedy and sampled numbers are never compared as one")
     measured_by = c3.selectbox(
         "Measured by", measure_choices(), key="launch_measured_by", format_func=measure_label,
-        help="offline: teacher-forced, exact, with DDTree; an engine: the same prompts and protocol served by vLLM "
-             "or SGLang, read from the engine's own per-request acceptance (the worker starts it from "
-             "DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON, or attaches to a server of DRAFTBOARD_ENGINE_URLS). "
+        help="offline: teacher-forced, exact, with DDTree; an engine: the same prompts and protocol served by vLLM, "
+             "SGLang or llama.cpp, read from the engine's own per-request acceptance (the worker starts it from "
+             "DRAFTBOARD_<ENGINE>_PYTHON, or attaches to a server of DRAFTBOARD_ENGINE_URLS). "
              "`draftboard reconcile` and Run detail explain the gap between the two")
+    if (note := no_engine_note()) is not None:
+        c3.caption(note)
     c1, c2 = st.columns(2)
     linear = c1.selectbox("Linear attention", LINEAR_ATTN_CHOICES, key="launch_linear",
                           help="auto: what transformers picks here; fast: fla + causal-conv1d kernels; fallback: "

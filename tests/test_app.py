@@ -394,6 +394,23 @@ def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_
     assert JobQueue().list() == []
 
 
+def test_launch_says_how_to_get_served_numbers_when_no_engine_is_configured(app_env, monkeypatch):
+    """Issue 39: with no engine configured "Measured by" offers only offline; the form says so, and how
+    to configure one, on the page (not only in a tooltip); with an engine configured it says nothing."""
+    from tracker import config
+
+    for engine in config.ENGINES:
+        monkeypatch.delenv(config.engine_python_var(engine), raising=False)
+    monkeypatch.delenv(config.ENGINE_URLS_VAR, raising=False)
+    at = run_page("pages/launch.py")
+    notes = [c.value for c in at.caption if "no serving engine is configured" in c.value]
+    assert len(notes) == 1 and "`DRAFTBOARD_LLAMACPP_PYTHON`" in notes[0] and "`DRAFTBOARD_ENGINE_URLS`" in notes[0]
+    assert at.selectbox(key="launch_measured_by").options == ["offline (teacher-forced, exact)"]
+    monkeypatch.setenv(config.engine_python_var("vllm"), sys.executable)
+    at = run_page("pages/launch.py")
+    assert not [c for c in at.caption if "no serving engine is configured" in c.value]
+
+
 def test_launch_creates_a_job_and_dedups_the_second(app_env):
     at = run_page("pages/launch.py")
     at.selectbox(key="launch_train_run").set_value(app_env.ids["v5"]).run()

@@ -293,11 +293,15 @@ def roots_configured(env: Mapping[str, str] | None = None) -> bool:
     return bool(_env(env).get(ROOTS_VAR, "").strip())
 
 
+def engine_python_var(engine: str) -> str:
+    return f"DRAFTBOARD_{engine.upper()}_PYTHON"
+
+
 def engine_python(engine: str, env: Mapping[str, str] | None = None) -> str | None:
     """DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON / DRAFTBOARD_LLAMACPP_PYTHON: the Python of the
     venv an engine is installed in (an engine never shares draftboard's venv: their torch pins
     differ; llama.cpp's is xllamacpp's). None: not set."""
-    return _env(env).get(f"DRAFTBOARD_{engine.upper()}_PYTHON", "").strip() or None
+    return _env(env).get(engine_python_var(engine), "").strip() or None
 
 
 def llamacpp_converter(env: Mapping[str, str] | None = None) -> str | None:

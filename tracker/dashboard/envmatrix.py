@@ -137,7 +137,9 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
     for p in pairs:
         crit, warn = p.critical, p.warnings
         rows.append({
-            "check": "⚪" if p.rows is None else "🔴" if crit else "🟠" if warn else "🟢",
+            # A critical difference a re-evaluation answered reads as answered (🟢, as on Runs), not open.
+            "check": "⚪" if p.rows is None else ("🟢" if p.eval.run_id in redone else "🔴") if crit else
+            "🟠" if warn else "🟢",
             "training run": index.label(p.train.run_id),
             "eval": index.eval_label(p.eval),
             "step": p.eval.checkpoint_step,

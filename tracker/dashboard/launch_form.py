@@ -173,6 +173,17 @@ def measure_choices(env=None) -> list[tuple[str | None, str | None]]:
     return [OFFLINE, *managed, *attached]
 
 
+def no_engine_note(env=None) -> str | None:
+    """What the Launch form says under "Measured by" when the deployment names no engine (only offline
+    is offered): how to get served numbers; None when an engine is configured."""
+    if len(measure_choices(env)) > 1:
+        return None
+    pythons = ", ".join(f"`{config.engine_python_var(e)}`" for e in config.ENGINES)
+    return (f"Only offline here: no serving engine is configured. For the numbers a served drafter gets, set "
+            f"{pythons} (an engine's venv, started by the worker) or `{config.ENGINE_URLS_VAR}` (running servers) "
+            "where the dashboard and its worker run; docs/DEPLOY.md.")
+
+
 def measure_label(choice: tuple[str | None, str | None]) -> str:
     engine, url = choice
     if engine is None:
