@@ -48,7 +48,7 @@ def cmd_ui(args) -> int:
 
     from tracker import lifecycle, serve
 
-    app = Path(__file__).resolve().parent.parent / "app.py"
+    app = Path(__file__).resolve().parents[2] / "app.py"
     if not app.is_file():
         raise DraftboardError(f"{app} not found: run `draftboard ui` from a source checkout")
     if args.demo and args.readonly:
