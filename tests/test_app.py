@@ -75,6 +75,19 @@ def test_runs_page_shows_a_page_of_rows_and_counts_every_run(app_env, monkeypatc
     assert seen == list(whole["run_id"])  # the same rows, in the same order, each once
 
 
+def test_the_sidebar_says_where_regression_alerts_go(app_env, monkeypatch):
+    """Issue 39: the webhook setting shows in the dashboard: alerts on the runs only, or also POSTed to
+    the webhook's host (never its path, which holds Slack's token)."""
+    monkeypatch.delenv("DRAFTBOARD_ALERT_WEBHOOK", raising=False)
+    at = run_page("pages/runs.py")
+    assert "Regression alerts: on the runs only (no `DRAFTBOARD_ALERT_WEBHOOK`)" in [c.value for c in at.sidebar.caption]
+    monkeypatch.setenv("DRAFTBOARD_ALERT_WEBHOOK", "https://hooks.slack.example/services/T0/B0/s3cret")
+    at = run_page("pages/runs.py")
+    captions = [c.value for c in at.sidebar.caption]
+    assert "Regression alerts: on the runs and POSTed to `hooks.slack.example`" in captions
+    assert not any("s3cret" in c for c in captions)
+
+
 def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     at = run_page("pages/run_detail.py", run=app_env.ids["v4"])
     assert at.title[0].value == "v4"

@@ -150,3 +150,36 @@ def test_an_alert_shows_on_runs_and_run_detail_as_text(tmp_path, monkeypatch):
     at = run_page("pages/run_detail.py", run=ev.run_id)
     (warning,) = [w.value for w in at.warning if "Regression" in w.value]
     assert shown(warning) == f"**Regression** — {hostile}"  # every character escaped: shown as written
+
+
+def test_the_check_says_what_it_compared_with_and_a_relative_target_meets_its_references(tmp_path, monkeypatch):
+    """Issue 39: a regression check that found nothing to compare says so (it had been silent), one that
+    compared says with what; an eval whose --target was relative meets the references logged with the
+    same target resolved."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "t").mkdir(parents=True)
+    tracker = Tracker(f"sqlite:///{tmp_path / 'store.db'}")
+
+    def logged(name, target, walks, kind="eval"):
+        results = {"prompts": [{"id": f"p{i}", "acceptance_lengths": w} for i, w in enumerate(walks)]}
+        with tracker.eval_run(name, target=target, kind=kind, reference_name=name if kind == "reference" else None,
+                              params={"prompts": "p.jsonl"}) as ev:
+            ev.log_metrics({"tau": 1.0}, step=0)
+        tracker.write_json(ev.run_id, names.EVAL_RESULTS_ARTIFACT, results)
+        return ev.run_id
+
+    said: list[str] = []
+    alone = logged("alone", "models/t", [[2, 2]] * 8)
+    assert regression.check(tracker, alone, said.append) == []
+    assert said == [f"{regression.PREVIOUS}: not checked, the eval names no training run and checkpoint step",
+                    f"{regression.REFERENCE}: nothing to compare with"]
+    logged("z-lab", str(tmp_path / "models" / "t"), [[4, 4, 4]] * 8, kind="reference")  # logged resolved
+    worse = logged("worse", "models/t", [[1, 1]] * 8)  # --target models/t, relative
+    said.clear()
+    (alert,) = regression.check(tracker, worse, said.append)
+    assert alert.against == regression.REFERENCE and alert.against_name == "z-lab" and alert.high < 0
+    assert said == [f"{regression.PREVIOUS}: not checked, the eval names no training run and checkpoint step"]
+    said.clear()
+    steady = logged("steady", "models/t", [[4, 4, 4]] * 8)
+    assert regression.check(tracker, steady, said.append) == []
+    assert said[1].startswith(f"{regression.REFERENCE}: compared with z-lab (the newest comparable of 1): not worse")

@@ -126,7 +126,7 @@ def _regression_alerts(tracker, run_id: str) -> None:
     from tracker.measurement import regression
 
     try:
-        alerts = regression.check(tracker, run_id)
+        alerts = regression.check(tracker, run_id, lambda line: say(f"regression check: {line}", file=sys.stderr))
         regression.record(tracker, run_id, alerts)
         url = config.alert_webhook()
     except DraftboardError as exc:

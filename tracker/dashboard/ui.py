@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import NamedTuple
 
 import pandas as pd
@@ -446,10 +447,23 @@ def store_sidebar(cfg: Settings, index: RunIndex) -> None:
                      help="DRAFTBOARD_READONLY=1: launch, cancel, re-evaluate and promote are hidden")
         st.caption(f"Store: {md_code(redact.short_uri(cfg.store_uri))} · {len(index)} runs",
                    help=f"the store's URI: {md_code(redact.shown_uri(cfg.store_uri))}")
+        st.caption(alerts_caption(), help="an eval worse than its training run's previous checkpoint or than a "
+                   "reference (paired bootstrap) raises a regression alert: 📉 on Runs, its Δτ on Run detail")
         age = index_age_s(cfg.store_uri)
         if age is not None:
             st.caption(f"Runs as read {age:.0f} s ago: the store changed and is being read again in the "
                        "background (a large store); the next visit shows the new runs, or Refresh waits for them.")
+
+
+def alerts_caption() -> str:
+    """Where regression alerts go, from the deployment's setting (its host only: the URL is a secret)."""
+    try:
+        url = config.alert_webhook()
+    except DraftboardError as exc:
+        return f"Regression alerts: on the runs only ({md(exc)})"
+    if url is None:
+        return f"Regression alerts: on the runs only (no `{config.ALERT_WEBHOOK_VAR}`)"
+    return f"Regression alerts: on the runs and POSTed to {md_code(urlsplit(url).hostname)}"
 
 
 DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds

@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tracker import redact
 from tracker.environment import fingerprint
@@ -81,8 +83,10 @@ class Alert:
                 f"[{self.low:+.3f}, {self.high:+.3f}] (paired bootstrap over {self.n_prompts} prompts)")
 
 
-def check(tracker, run_id: str) -> list[Alert]:
-    """The regression alerts of the logged eval `run_id` (empty when it is no worse, or nothing compares)."""
+def check(tracker, run_id: str, say: Callable[[str], None] = lambda line: None) -> list[Alert]:
+    """The regression alerts of the logged eval `run_id` (empty when it is no worse, or nothing compares).
+    `say` hears, per comparison, what the eval was compared with or why it was not, so a check that
+    found nothing to compare never passes for a check that found no regression."""
     run = tracker.run(run_id)
     tags = run.data.tags
     if tags.get(names.KIND) != "eval":
@@ -91,14 +95,22 @@ def check(tracker, run_id: str) -> list[Alert]:
     alerts = []
     train, step = tags.get(names.TRAIN_RUN_ID), tags.get(names.CHECKPOINT_STEP)
     if train and step is not None and step.isdigit():
-        earlier = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{train}'")
+        earlier = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{_quoted(train)}'")
                    if (tags_step := r.data.tags.get(names.CHECKPOINT_STEP, "")).isdigit() and int(tags_step) < int(step)]
         earlier.sort(key=lambda r: (int(r.data.tags[names.CHECKPOINT_STEP]), r.info.start_time or 0), reverse=True)
-        alerts += _first_worse(tracker, run, results, earlier, PREVIOUS)
+        alerts += _first_worse(tracker, run, results, earlier, PREVIOUS, say)
+    else:
+        say(f"{PREVIOUS}: not checked, the eval names no training run and checkpoint step")
     target = tags.get(names.TARGET)
     if target:
         refs = tracker.find_runs("reference", f"tags.`{names.TARGET}` = '{_quoted(target)}'")
-        alerts += _first_worse(tracker, run, results, refs, REFERENCE)
+        resolved = str(Path(target).resolve())
+        if not Path(target).is_absolute() and resolved != target:  # a relative --target: references log it resolved
+            refs += tracker.find_runs("reference", f"tags.`{names.TARGET}` = '{_quoted(resolved)}'")
+            refs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+        alerts += _first_worse(tracker, run, results, refs, REFERENCE, say)
+    else:
+        say(f"{REFERENCE}: not checked, the eval names no target")
     return alerts
 
 
@@ -106,21 +118,27 @@ def _quoted(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _first_worse(tracker, run, results: dict, candidates: list, against: str) -> list[Alert]:
+def _first_worse(tracker, run, results: dict, candidates: list, against: str,
+                 say: Callable[[str], None]) -> list[Alert]:
     """The alert against the first comparable candidate (newest first), if this eval is worse than it."""
+    candidates = [c for c in candidates if c.info.run_id != run.info.run_id]
     for other in candidates:
-        if other.info.run_id == run.info.run_id:
-            continue
         try:
             theirs = tracker.read_json(other.info.run_id, names.EVAL_RESULTS_ARTIFACT)
             comparison = paired(theirs, results, same_environment=True)
         except (DraftboardError, KeyError, TypeError):
             continue  # published numbers, another prompt set or environment: not this comparison's
-        if comparison.verdict != WORSE:
-            return []
         d = comparison.delta
+        name = other.info.run_name or other.info.run_id
+        if comparison.verdict != WORSE:
+            say(f"{against}: compared with {name} (the newest comparable of {len(candidates)}): not worse, Δτ "
+                f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]")
+            return []
         return [Alert(run.info.run_id, run.info.run_name or run.info.run_id, against, other.info.run_id,
-                      other.info.run_name or other.info.run_id, d.value, d.low, d.high, comparison.n_prompts)]
+                      name, d.value, d.low, d.high, comparison.n_prompts)]
+    say(f"{against}: nothing to compare with" if not candidates else
+        f"{against}: none of {len(candidates)} compares (another prompt set, protocol or environment, or no "
+        "per-prompt results)")
     return []
 
 
