@@ -369,3 +369,38 @@ def test_specforge_checkpoint_report_is_a_teacher_forced_eval_of_its_checkpoint(
     report.write_text(json.dumps(data))
     with pytest.raises(DraftboardError, match="disagrees with its pooled counts"):
         specforge_eval.parse_report(report)
+
+
+def test_an_imported_eval_of_a_training_run_is_keyed_by_its_checkpoint_step(tmp_path, tracker, train_run, capsys):
+    """Issue 39: an eval imported into a training run lands at its checkpoint's step (`--checkpoint-step`
+    where the file names none), never in the order it was logged; without one it is refused in one line,
+    and a step that contradicts the file's is refused too. Nothing is written when refused."""
+    log = tmp_path / "bench.log"
+    log.write_text(ZLAB_LOG)
+    base = ["import-results", str(log), "--format", "zlab-benchmark", "--train-run-id", train_run,
+            "--tracking-uri", tracker.uri]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--checkpoint-step N" in err
+    def imported():  # the store is shared by this module's tests: this training run's evals
+        return [r for r in tracker.find_runs("eval") if r.data.tags.get(names.TRAIN_RUN_ID) == train_run]
+
+    assert imported() == []
+    assert main([*base, "--checkpoint-step", "1200"]) == 0
+    steps = {r.info.run_name: r.data.tags[names.CHECKPOINT_STEP] for r in imported()}
+    assert steps == {"bench · gsm8k": "1200", "bench · math500": "1200"}
+    assert main([*base, "--checkpoint-step", "-1"]) == 2
+    assert "--checkpoint-step must be >= 0" in capsys.readouterr().err
+
+
+def test_a_checkpoint_step_that_contradicts_the_file_is_refused(tmp_path):
+    from tracker.cli.imports import keyed_by_step
+    from tracker.store.importers.results import ImportedEval
+
+    named = ImportedEval("dev", {"tau": 3.0}, {}, checkpoint_step=1000)
+    assert keyed_by_step([named], 1000, "t")[0].checkpoint_step == 1000
+    assert keyed_by_step([named], None, "t")[0].checkpoint_step == 1000
+    with pytest.raises(DraftboardError, match="the file names checkpoint step 1000, --checkpoint-step says 900"):
+        keyed_by_step([named], 900, "t")
+    unnamed = ImportedEval("dev", {"tau": 3.0}, {})
+    assert keyed_by_step([unnamed], None, None) == [unnamed]  # no training run: nothing to key

@@ -69,11 +69,31 @@ def cmd_import_results(args) -> int:
                  "speculators-acceptance": speculators_acceptance.parse_acceptance_csv,
                  specforge_eval.FORMAT: specforge_eval.parse_report, spec_acceptance.FORMAT: spec_acceptance.parse_folder,
                  **served.PARSERS}[args.format]
-        evals = parse(args.file)
+        evals = keyed_by_step(parse(args.file), args.checkpoint_step, args.train_run_id)
         run_ids = results.log_imported(Tracker(args.tracking_uri), evals, source=args.file, fmt=args.format,
                                        name=name, target=args.target, train_run_id=args.train_run_id)
     print(f"imported {args.file} ({args.format}) as run(s) {', '.join(run_ids)}")
     return 0
+
+
+def keyed_by_step(evals: list, step: int | None, train_run_id: str | None) -> list:
+    """The imported records with the evaluated checkpoint's step: `--checkpoint-step` where the file names
+    none (a file naming another step is refused), and required once the evals belong to a training run,
+    whose evals are drawn at their steps, never in the order they were logged (W&B drops out-of-order
+    steps; an eval imported after training must still land at its checkpoint)."""
+    from dataclasses import replace
+
+    if step is not None:
+        if step < 0:
+            raise DraftboardError(f"--checkpoint-step must be >= 0, got {step}")
+        named = {r.checkpoint_step for r in evals if r.checkpoint_step is not None}
+        if named - {step}:
+            raise DraftboardError(f"the file names checkpoint step {min(named - {step})}, --checkpoint-step says {step}")
+        evals = [replace(r, checkpoint_step=step) for r in evals]
+    if train_run_id and any(r.checkpoint_step is None for r in evals):
+        raise DraftboardError("the file does not name the evaluated checkpoint's step: give it with --checkpoint-step N "
+                              "(an eval of a training run is drawn at its checkpoint's step)")
+    return evals
 
 
 def cmd_watch(args) -> int:
@@ -146,6 +166,9 @@ def add_commands(sub) -> None:
                         "per-request records (profile_export.jsonl); specforge-eval: a `specforge "
                         "evaluate-checkpoint` report (teacher-forced diagnostics, not tau)")
     p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
+    p.add_argument("--checkpoint-step", type=int, default=None, metavar="N",
+                   help="the evaluated checkpoint's training step, where the file does not name it (needed with "
+                        "--train-run-id: its evals are drawn at their steps, not in the order they were logged)")
     p.add_argument("--name", default=None, help="run name (default: the file's name)")
     p.add_argument("--target", default=None, help="the target model (default: what the file or training run says)")
     p.add_argument("--tracking-uri", default=None)
