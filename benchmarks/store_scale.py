@@ -21,8 +21,9 @@ Then, per size, in a real browser (Debian's headless Chromium, Playwright), with
 server started (and read the store: `ui.warm`) and the next visit, from navigation to the page whole
 (its title shown, its last element drawn, Streamlit's script ended, unchanged for STABLE_MS, which is
 taken off): Runs (the landing page), Run detail of a training run (its checkpoints), Compare of 2
-and of 20 runs, Environments; and MLflow UI's runs list until its runs are listed. Peak RSS of the
-dashboard's server over all of it.
+and of 20 runs, Environments; MLflow UI's runs list until its runs are listed; and the floor, a
+one-title Streamlit page served beside them (the fastest any Streamlit page loads on this machine).
+Peak RSS of the dashboard's server over all of it.
 
 Ratios: each cost's growth exponent between the two sizes, log(t2 / t1) / log(n2 / n1) (1.0:
 linear); target <= 1.1 for every in-process cost, and diffs per eval <= 1; at the larger size every
@@ -150,7 +151,7 @@ def measure(uri: str) -> dict:
 def browse(home: Path, uri: str) -> dict:
     """Each page's first and next visit in Chromium, MLflow UI's runs list, and the dashboard's peak RSS."""
     from playwright.sync_api import sync_playwright
-    from ui_time_to_chart import CHROMIUM, VIEWPORT, PeakRss, start_servers, stop, timed
+    from ui_time_to_chart import CHROMIUM, FLOOR_JS, VIEWPORT, PeakRss, start_servers, stop, timed
 
     tracker = Tracker(uri)
     index = load_run_index(tracker, None)
@@ -186,6 +187,9 @@ def browse(home: Path, uri: str) -> dict:
                                  timeout_s=300)
                     out[f"page_{name}_{visit}_s"] = took - STABLE_MS / 1000
                     page.close()
+                page = context.new_page()  # the floor: a one-title Streamlit page on the same machine
+                out[f"streamlit_floor_{visit}_s"] = timed(page, lambda: page.goto(urls["floor"]), FLOOR_JS)
+                page.close()
                 page = context.new_page()
                 took = timed(page, lambda: page.goto(f"{urls['mlflow']}/#/experiments/{experiment}/runs"),
                              MLFLOW_LISTED_JS, [min(10, len(index)), STABLE_MS], timeout_s=300)

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from tracker.measurement import protocol, uncertainty
-from tracker.dashboard import compare_deltas, lineage, tables
+from tracker.dashboard import compare_deltas as comparisons  # Compare's Δτ tables (issue 40's name)
+from tracker.dashboard import lineage, tables
 from tracker.dashboard.compare import closest_reference, compare_data, eval_series
 from tracker.dashboard.compare_deltas import Estimate
 from tracker.dashboard.index import RunIndex, RunInfo
@@ -58,9 +59,9 @@ PUBLISHED = make("paper", "reference", published=True, fingerprint=None,
 
 def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
     ev = eval_run("ev", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4))
-    assert compare_deltas.dataset_estimates(PUBLISHED) == {
+    assert comparisons.dataset_estimates(PUBLISHED) == {
         "gsm8k": Estimate(6.53), "math500": Estimate(7.84), "mt-bench": Estimate(4.35)}
-    ref_tau = compare_deltas.reference_tau([ev], PUBLISHED)
+    ref_tau = comparisons.reference_tau([ev], PUBLISHED)
     assert ref_tau.estimate == Estimate(6.53) and "gsm8k" in ref_tau.note and not ref_tau.same_sets
 
     # The dataset rows become one warning (a sample of the same set); the rest is the plain diff.
@@ -71,7 +72,7 @@ def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
     assert not lineage.of_severity(lineage.vs_reference(ev, PUBLISHED), "critical")
 
     index = RunIndex([ev, PUBLISHED])
-    (row,) = compare_deltas.reference_gap(index, ev, PUBLISHED)
+    (row,) = comparisons.reference_gap(index, ev, PUBLISHED)
     # Against a number without an interval: Δ = 5.0 - 6.53 = -1.53, interval [4.6-6.53, 5.4-6.53] < 0.
     assert (row["dataset"], row["tau"], row["reference tau"], row["delta tau"]) == (
         "gsm8k", "5.000 [4.600, 5.400]", "6.530", "-1.530")
@@ -80,11 +81,11 @@ def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
 
 def test_no_matching_reference_number_is_said_plainly_and_the_average_is_not_drawn():
     ev = eval_run("ev", {"stdlib": 16}, 3.0, ci=(2.8, 3.2))
-    ref_tau = compare_deltas.reference_tau([ev], PUBLISHED)
+    ref_tau = comparisons.reference_tau([ev], PUBLISHED)
     assert ref_tau.estimate is None
     assert ref_tau.note == ("No reference number matches: the chosen evals ran on stdlib; the reference reports tau "
                             "for gsm8k, math500, mt-bench. Its average over other sets is not drawn.")
-    (row,) = compare_deltas.reference_gap(RunIndex([ev, PUBLISHED]), ev, PUBLISHED)
+    (row,) = comparisons.reference_gap(RunIndex([ev, PUBLISHED]), ev, PUBLISHED)
     assert row["verdict"] == ("no reference number for stdlib: the reference reports gsm8k, math500, mt-bench; "
                               "evaluate this checkpoint on one of them to compare")
     assert row["reference tau"] == row["delta tau"] == "—"  # never a literal None
@@ -119,7 +120,7 @@ def test_a_critical_protocol_difference_dashes_the_series_and_says_why():
                                                                                          "value"]))
     assert data.eval_points["dashed"].all() and set(data.eval_points["reason"]) == {"≠ reference: temperature"}
     assert data.banner == ["t @ step 100 (eval): temperature 0.0 vs reference: 1.0"]
-    (row,) = compare_deltas.reference_gap(RunIndex([train, ev, hot]), ev, hot)
+    (row,) = comparisons.reference_gap(RunIndex([train, ev, hot]), ev, hot)
     assert row["verdict"] == "not comparable: temperature"
 
 
@@ -139,27 +140,27 @@ def test_closest_reference_counts_protocol_differences():
 
 def test_unpaired_verdicts_follow_the_intervals():
     a, b = Estimate(3.0, 2.5, 3.5), Estimate(4.0, 3.6, 4.4)
-    worse = compare_deltas.compare(a, b)
+    worse = comparisons.compare(a, b)
     assert worse.verdict == uncertainty.WORSE and worse.delta == Estimate(-1.0)
-    assert compare_deltas.compare(b, a).verdict == uncertainty.BETTER
-    assert compare_deltas.compare(Estimate(3.0, 2.5, 3.5), Estimate(3.4, 3.1, 3.7)).verdict == uncertainty.NO_DIFFERENCE
+    assert comparisons.compare(b, a).verdict == uncertainty.BETTER
+    assert comparisons.compare(Estimate(3.0, 2.5, 3.5), Estimate(3.4, 3.1, 3.7)).verdict == uncertainty.NO_DIFFERENCE
     # 2.0 lies below the eval's interval [2.5, 3.5]: better, by 1.0.
-    assert compare_deltas.compare(a, Estimate(2.0)).verdict == uncertainty.BETTER
-    assert compare_deltas.compare(Estimate(3.0), Estimate(2.0)).verdict == compare_deltas.NO_INTERVAL
-    assert compare_deltas.compare(a, b, critical=["dataset", "dataset"]).verdict == "not comparable: dataset"
+    assert comparisons.compare(a, Estimate(2.0)).verdict == uncertainty.BETTER
+    assert comparisons.compare(Estimate(3.0), Estimate(2.0)).verdict == comparisons.NO_INTERVAL
+    assert comparisons.compare(a, b, critical=["dataset", "dataset"]).verdict == "not comparable: dataset"
 
 
 def test_paired_comparison_on_the_same_prompts():
     prompts = {str(i): {"acceptance_lengths": [1 + i % 3, 2], "input_ids": [i, i + 1]} for i in range(12)}
     better = {k: {**r, "acceptance_lengths": [x + 1 for x in r["acceptance_lengths"]]} for k, r in prompts.items()}
-    same = compare_deltas.compare(Estimate(2.0), Estimate(2.0), prompts, prompts)
+    same = comparisons.compare(Estimate(2.0), Estimate(2.0), prompts, prompts)
     assert same.verdict == uncertainty.NO_DIFFERENCE and same.delta.value == 0.0 and "paired" in same.how
-    gap = compare_deltas.compare(Estimate(3.0), Estimate(2.0), better, prompts)
+    gap = comparisons.compare(Estimate(3.0), Estimate(2.0), better, prompts)
     # Every prompt gains exactly 1 token per block: every resample's Δ is 1.
     assert gap.verdict == uncertainty.BETTER
     assert (gap.delta.value, gap.delta.low, gap.delta.high) == pytest.approx((1.0, 1.0, 1.0))
     other_tokens = {k: {**r, "input_ids": [0]} for k, r in prompts.items()}
-    assert not compare_deltas.same_prompts(prompts, other_tokens)
+    assert not comparisons.same_prompts(prompts, other_tokens)
 
 
 def test_vs_previous_checkpoint_pairs_per_prompt_data_and_refuses_other_prompt_sets():
@@ -170,7 +171,7 @@ def test_vs_previous_checkpoint_pairs_per_prompt_data_and_refuses_other_prompt_s
     e2 = eval_run("e2", {"gsm8k": 8}, 2.5, ci=(2.5, 2.5), train="t", step=200)
     e3 = eval_run("e3", {"gsm8k": 8}, 3.0, ci=(2.9, 3.1), train="t", step=300, proto={"prompt_digest": "bbbb"})
     loaded = {"e1": records(0), "e2": records(1), "e3": None}
-    frame = compare_deltas.vs_previous_frame(RunIndex([e1, e2, e3]), [("t", [e1, e2, e3])], lambda r: loaded[r.run_id])
+    frame = comparisons.vs_previous_frame(RunIndex([e1, e2, e3]), [("t", [e1, e2, e3])], lambda r: loaded[r.run_id])
     assert list(frame["step"]) == [200, 300]
     first, second = frame.iloc[0], frame.iloc[1]
     assert first["delta tau"] == "+0.500 [+0.500, +0.500]" and first["verdict"] == uncertainty.BETTER
@@ -185,7 +186,7 @@ def test_vs_previous_means_the_previous_step_never_a_second_eval_of_the_same_one
     e40b = eval_run("e40b", {"gsm8k": 8}, 2.6, ci=(2.5, 2.7), train="t", step=40)
     e60 = eval_run("e60", {"gsm8k": 8}, 2.9, ci=(2.8, 3.0), train="t", step=60)
     runs = [e20, e40a, e40b, e60]
-    frame = compare_deltas.vs_previous_frame(RunIndex(runs), [("t", runs)], None)
+    frame = comparisons.vs_previous_frame(RunIndex(runs), [("t", runs)], None)
     assert frame[["step", "previous step"]].values.tolist() == [[40, 20], [40, 20], [60, 40]]
     assert frame.iloc[2]["previous tau"].startswith("2.600")  # step 40's latest eval
 
@@ -197,13 +198,13 @@ def test_by_dataset_results_and_online_gap():
     online = eval_run("on", {"gsm8k": 10, "mbpp": 6}, 3.4, train="t", step=100, proto={"scoring": "online"})
     offline = eval_run("off", {"gsm8k": 10, "mbpp": 6}, 3.3, train="t", step=100)
     index = RunIndex([make("t", "train"), online, offline])
-    frame = compare_deltas.by_dataset_frame(index, [online], lambda r: results)
+    frame = comparisons.by_dataset_frame(index, [online], lambda r: results)
     assert frame[["dataset", "prompts", "tau", "ci low", "ci high", "scoring"]].values.tolist() == [
         ["gsm8k", 10, 3.0, 2.5, 3.5, "online"], ["mbpp", 6, 4.0, 3.0, 5.0, "online"]]
-    gaps = compare_deltas.online_gaps(index, [online, offline], lambda r: results if r.run_id == "on" else None)
+    gaps = comparisons.online_gaps(index, [online, offline], lambda r: results if r.run_id == "on" else None)
     assert gaps["online - offline"].round(6).tolist() == [0.6, 0.1]
     assert gaps["from"].tolist() == ["the online eval's own offline score", "offline eval off"]
-    assert compare_deltas.scoring_note(online) == " (online)" and compare_deltas.scoring_note(offline) == ""
+    assert comparisons.scoring_note(online) == " (online)" and comparisons.scoring_note(offline) == ""
 
 
 # --------------------------------------------------------------------------- series, runs table, launch
