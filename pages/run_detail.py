@@ -127,8 +127,9 @@ def watch_section(run) -> None:
         if state is not None:
             st.caption(f"Watching {md_code(state.dir)}" + (" · evaluates each new checkpoint"
                                                            if state.preset else " · records only")
-                       + f" · a checkpoint is taken once its files are {state.settle_s:g} s old. A running "
-                         "`draftboard worker --watch` scans it.")
+                       + f" · a checkpoint is taken once its files are {state.settle_s:g} s old. Scanned every "
+                         "minute by a worker started with `--watch` (the one `draftboard ui` starts, and the "
+                         "deployment's worker, are); with no worker running, nothing scans it.")
             seen = watch_form.seen_frame(state)
             if not seen.empty:
                 st.dataframe(seen, hide_index=True, key="detail_watch_seen")
@@ -138,7 +139,8 @@ def watch_section(run) -> None:
                        f"{md_code(f'draftboard watch {run.run_id} DIR')}.")
         return
     if not st.toggle("Watch a checkpoint folder" if state is None else "Change the watch", key="detail_watch",
-                     help="registers the watch in the store; `draftboard worker --watch` runs it"):
+                     help="registers the watch in the store; a worker started with `--watch` runs it (the one "
+                          "`draftboard ui` starts does)"):
         return
     with st.form("detail_watch_form"):
         folder = st.text_input("Checkpoint folder", value=state.dir if state else "", key="detail_watch_dir",

@@ -318,6 +318,8 @@ def test_compose_dashboard_and_worker_share_mlflow_and_queue(compose):
     svc = compose["services"]
     assert svc["dashboard"]["command"][0] == "ui" and "--no-worker" in svc["dashboard"]["command"]
     assert svc["worker"]["command"][0] == "worker"
+    assert "--watch" in svc["worker"]["command"]  # issue 39: watches registered on Run detail run somewhere
+    assert _env(svc["worker"])["DRAFTBOARD_ALERT_WEBHOOK"] == _env(svc["dashboard"])["DRAFTBOARD_ALERT_WEBHOOK"]
     for name in ("dashboard", "worker"):
         env = _env(svc[name])
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"

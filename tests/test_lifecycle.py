@@ -39,6 +39,9 @@ def test_sigterm_stops_the_worker_then_the_server_and_leaves_no_descendant(start
                    " ".join(p.cmdline()) else "worker" for p in descendants)
     # the server, the worker and the worker's warm process (tracker/jobs/launchers/warm.py)
     assert names == ["server", "warm", "worker"], [p.cmdline() for p in descendants]
+    # Issue 39: the dashboard's worker scans checkpoint watches, so one registered on Run detail runs.
+    assert [p.cmdline()[-2:] for p in descendants if p.cmdline()[-2:] == ["worker", "--watch"]], \
+        [p.cmdline() for p in descendants]
     started = time.monotonic()
     ui.proc.send_signal(signal.SIGTERM)
     assert ui.proc.wait(timeout=2 * lifecycle.STOP_GRACE_S) == 0

@@ -89,7 +89,8 @@ def cmd_ui(args) -> int:
         children.append(_start_demo_build(worker_env))
     if not (args.no_worker or args.readonly):  # read-only dashboards launch nothing
         children.append(lifecycle.Child("worker", subprocess.Popen(
-            [sys.executable, "-m", "tracker.cli", "worker"], env=worker_env, **lifecycle.child_popen_kwargs())))
+            # --watch: a checkpoint watch registered on Run detail runs without another process to start.
+            [sys.executable, "-m", "tracker.cli", "worker", "--watch"], env=worker_env, **lifecycle.child_popen_kwargs())))
     cmd = [sys.executable, "-m", "tracker.serve", str(app), "--server.port", str(args.port),
            "--server.address", args.address, "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
