@@ -79,3 +79,12 @@ def test_pack_round_trips_nan_and_large_steps():
     assert unpack(curve_chart.pack(steps, X_DTYPE), X_DTYPE).tolist() == [0, 2**40, 2**53]
     values = unpack(curve_chart.pack(np.array([1.5, np.nan]), Y_DTYPE), Y_DTYPE)
     assert values[0] == 1.5 and math.isnan(values[1])
+
+
+def test_a_series_of_one_point_is_drawn_as_its_point():
+    """Issue 39: a one-point series (an eval of one checkpoint, a run that logged once) has no line:
+    it is marked `single`, and the chart draws its point instead of nothing."""
+    frame = pd.concat([_curves(1, steps=[0, 10, 20]), _curves(2, steps=[10]).query("series == 'run 1'")])
+    spec = curve_chart.spec(frame, "loss")
+    assert [(s["name"], s["single"]) for s in spec["series"]] == [("run 0", False), ("run 1", True)]
+    assert "s.single ? { show: true" in curve_chart.JS

@@ -1,6 +1,7 @@
 """`draftboard report`'s HTML in Chromium with every request refused: it draws every chart from what is
 inside the file, asks no network for anything, and shows a hostile run name as text."""
 
+import re
 import shutil
 
 from mlflow import MlflowClient
@@ -33,6 +34,10 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
     page.wait_for_function(f"document.querySelectorAll('.db-curves[data-drawn=\"1\"]').length === {n}")
     drawn = page.evaluate("[...document.querySelectorAll('.db-curves')].map(c => c.curves().length)")
     assert all(k >= 1 for k in drawn), drawn  # every chart has its lines
+    # Issue 39: a series of one point (v4's one evaluated checkpoint) is drawn as its point, not left out.
+    ones = page.evaluate("[...document.querySelectorAll('.db-curves')].flatMap(c => c.curves())"
+                         ".filter(s => s.y.filter(v => !Number.isNaN(v)).length === 1)")
+    assert ones and all(s["single"] for s in ones), ones
     assert page.evaluate("window.__xss") is None
     assert HOSTILE in page.locator("h1").text_content()  # the name, as text
     assert requested == []
@@ -41,4 +46,5 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
                     "Definitions"):
         assert heading in text
     assert "Mean acceptance length" in text and "linear-attn" in text  # a definition; v4's known difference
+    assert not re.search(r"\d\.\d{6,}", text), re.search(r"\d\.\d{6,}", text)  # numbers as Compare shows them
     page.screenshot(path=tmp_path / "report.png", full_page=True)

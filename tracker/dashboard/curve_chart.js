@@ -63,7 +63,7 @@ function options(data, width, root, setTriggerValue) {
           width: s.faint ? 1 : 1.5,
           dash: s.dashed ? [6, 4] : undefined,
           spanGaps: true,
-          points: { show: false },
+          points: s.single ? { show: true, size: 7, fill: s.color } : { show: false },
           value: (u, v, si, i) => fmt(valueAt(s.y, span, i)) + (s.faint ? "" : smoothed),
         };
       }),
@@ -107,7 +107,7 @@ export default function ({ data: packed, parentElement, setTriggerValue }) {
   root.curves = () => data.series.map((s) => {
     const x = [], y = [];
     s.y.forEach((v, i) => { if (v != null) { x.push(data.x[i]); y.push(v); } });
-    return { name: s.name, faint: s.faint, dashed: s.dashed, x, y };
+    return { name: s.name, faint: s.faint, dashed: s.dashed, single: !!s.single, x, y };
   });
 
   const width = () => Math.max(200, Math.floor(parentElement.getBoundingClientRect().width));

@@ -72,8 +72,10 @@ def spec(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: 
         part = part.sort_values("step")
         at = np.searchsorted(steps, part["step"].to_numpy(dtype=np.int64))
         reason = reason_of(part)
+        # A series of one point has no line to draw: it is drawn as its point (an eval of one checkpoint,
+        # a run that logged once), never left invisible.
         line = {"name": str(name), "color": series_color(colors, owner_of(part, name), fallback), "reason": reason,
-                "dashed": bool(reason)}
+                "dashed": bool(reason), "single": bool(part["value"].notna().sum() == 1)}
         raw = part["value"].to_numpy(dtype=float)
         drawn = np.asarray(ema(raw.tolist(), smoothing)) if smoothing > 0 else raw
         for values, faint in ((raw, True), (drawn, False)) if raw_behind else ((drawn, False),):

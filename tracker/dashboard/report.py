@@ -53,9 +53,12 @@ for (const el of document.querySelectorAll(".db-chart")) {
 
 
 def _text(value) -> str:
-    """A user-written value as HTML text: escaped, MISSING for nothing."""
+    """A user-written value as HTML text: escaped, MISSING for nothing; a float to 3 decimals, as Compare
+    shows it (not the 16 digits its repr has)."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return MISSING
+    if isinstance(value, float):
+        return f"{value:.3f}"
     return html_text(value)
 
 
