@@ -196,6 +196,37 @@ def test_a_mixed_kernel_state_is_named_per_function():
     assert environment.check(here, None).severity == INFO
 
 
+def test_a_drafter_precision_difference_says_so_and_the_doctor_can_match_it(pair, tmp_path, capsys):
+    """Issue 39: a drafter trained under bf16 autocast, doctored in fp32, was reported as "this machine
+    computes the target's features differently" while the probe said they agree, with no flag to match
+    it (always exit 1). Now the verdict names the drafter's precision and `--drafter-precision` matches it."""
+    from tracker.store.tracker import Tracker
+
+    here = fingerprint.capture()
+    trained = copy.deepcopy(here)
+    trained["numerics"]["drafter_precision"] = "bf16-autocast"
+    found = environment.check(here, trained)
+    assert found.severity == CRITICAL and "runs the drafter in another precision" in found.verdict
+    assert "fp32 here, bf16-autocast there" in found.verdict and "features agree" in found.verdict
+    assert found.fix.startswith("rerun with --drafter-precision bf16-autocast")
+
+    target = load_target(pair / "target")
+    machine = fingerprint.capture(target.model, "cpu", "fp32", probe_layers=[0], drafter_precision="bf16-autocast")
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("autocast run", {}, str(pair / "target"), fingerprint=machine) as run:
+        pass
+    base = ["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--run", run.run_id,
+            "--prompts", str(pair / "prompts.jsonl"), "--n-prompts", str(N_PROMPTS), "--tracking-uri", uri,
+            "--device", "cpu", "--json"]
+    assert main(base) == 1
+    by_name = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert by_name["environment"]["severity"] == CRITICAL and "precision" in by_name["environment"]["verdict"]
+    assert main([*base, "--drafter-precision", "bf16-autocast"]) == 0
+    by_name = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert by_name["environment"]["severity"] in (OK, WARNING) and by_name["layer_offset"]["severity"] == OK
+
+
 def test_the_transformers_version_matters_on_the_fallback_and_the_kernels_versions_on_the_fast_path():
     here = fingerprint.capture()
     older = copy.deepcopy(here)

@@ -56,6 +56,9 @@ def _probe_words(trained: dict, here: dict) -> str:
             f"the tolerance {fingerprint.PROBE_RTOL:.0e}")
 
 
+_DRAFTER_PRECISION = "numerics.drafter_precision"
+
+
 def check(here: dict, trained: dict | None, where: str = "the training run") -> Check:
     if trained is None:
         return Check(ENVIRONMENT, INFO, "no training fingerprint to compare with", f"this machine: {_summary(here)}",
@@ -72,11 +75,18 @@ def check(here: dict, trained: dict | None, where: str = "the training run") -> 
     parts += [f"{r.field[len('software.'):]} {r.a_value} there, {r.b_value} here ({r.severity})" for r in versions]
     parts.append(_probe_words(trained, here))
     evidence = "; ".join(parts)
-    if critical:
-        named = ", ".join(dict.fromkeys(r.field.split(".")[-1] for r in critical))
+    precision = [r for r in critical if r.field == _DRAFTER_PRECISION]
+    features = [r for r in critical if r.field != _DRAFTER_PRECISION]
+    if features:
+        named = ", ".join(dict.fromkeys(r.field.split(".")[-1] for r in features))
         return Check(ENVIRONMENT, CRITICAL, f"this machine computes the target's features differently from {where} "
                      f"({named})", evidence, "evaluate under the training run's environment (Environments page: "
                      "Re-evaluate, or --linear-attn and the versions it names), or retrain where you serve")
+    if precision:  # the target's features agree: what differs is how the drafter computes on them
+        (row,) = precision
+        return Check(ENVIRONMENT, CRITICAL, f"this machine runs the drafter in another precision than {where} "
+                     f"({row.b_value} here, {row.a_value} there); the target's features agree", evidence,
+                     f"rerun with --drafter-precision {row.a_value} (as trained), here and in `draftboard eval`")
     mixed = [side for side, fp in ((where, trained), ("this machine", here)) if _summary(fp).startswith("mixed")]
     if mixed:
         return Check(ENVIRONMENT, WARNING, f"{' and '.join(mixed)} ran a mixed kernel state: some Gated DeltaNet pieces "

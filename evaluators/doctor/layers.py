@@ -17,7 +17,7 @@ import torch
 
 from evaluators import metrics
 from evaluators.doctor.report import CRITICAL, OK, WARNING, Check
-from evaluators.drafter import LoadedDrafter
+from evaluators.drafter import LoadedDrafter, Precision
 from evaluators.prompts import Prompt
 from evaluators.scoring import Walked, completion_bounds, score_anchors
 from evaluators.target import Target, greedy_continuations
@@ -29,7 +29,7 @@ ZLAB, OFF_BY_ONE = 1, 0  # the index offset into output_hidden_states of tapped 
 
 @torch.no_grad()
 def _walks(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_new_tokens: int,
-           batch_size: int) -> dict[int, dict[str, list[int]]]:
+           batch_size: int, precision: Precision | None) -> dict[int, dict[str, list[int]]]:
     """{offset: {prompt index: the greedy walk's acceptance lengths}} for both conventions."""
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
     stops = set(target.stop_token_ids())
@@ -43,7 +43,7 @@ def _walks(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_
         for offset in walks:
             context = torch.cat([states[layer + offset][0] for layer in layers], dim=-1).float().cpu()
             w = Walked(Prompt(str(i), prompt), completion, n, max_new_tokens, end)
-            score_anchors(loaded, target, w, context, cont, ())
+            score_anchors(loaded, target, w, context, cont, (), precision=precision)
             walks[offset][str(i)] = metrics.walk(w.walk_lengths(), end)
     return walks
 
@@ -59,8 +59,9 @@ def prompts_needed(n_prompts: int, delta) -> int | None:
 
 
 def check(target: Target, loaded: LoadedDrafter, prompts: list[list[int]], max_new_tokens: int = 64,
-          batch_size: int = 8, prompts_from: str = "the doctor's default prompts") -> Check:
-    walks = _walks(target, loaded, prompts, max_new_tokens, batch_size)
+          batch_size: int = 8, prompts_from: str = "the doctor's default prompts",
+          precision: Precision | None = None) -> Check:
+    walks = _walks(target, loaded, prompts, max_new_tokens, batch_size, precision)
     taus = {o: metrics.summarize_walks(list(w.values()), loaded.model.block_size).tau for o, w in walks.items()}
     shifted = paired_comparison(walks[ZLAB], walks[OFF_BY_ONE])  # tau(off by one) - tau(z-lab)
     d = shifted.delta

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from evaluators.datasets import load_benchmark
 from evaluators.doctor import checkpoint, environment, layers, serving, tokens
 from evaluators.doctor.report import INFO, Check, Report
-from evaluators.drafter import TargetDims, open_drafter
+from evaluators.drafter import TargetDims, open_drafter, parse_precision
 from evaluators.target import load_target, load_tokenizer, text_config
 from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
@@ -40,6 +40,7 @@ class DoctorSettings:
     max_new_tokens: int = 64
     device: str | None = None
     dtype: str = "fp32"
+    drafter_precision: str | None = None  # config.DRAFTER_PRECISIONS, as `eval --drafter-precision`; None: dtype
     linear_attn: str = "auto"
     enable_thinking: bool | None = None
     serving_config: str | None = None
@@ -80,12 +81,13 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
     device = s.device or fingerprint.default_device()
     progress("doctor: loading the target", 0, 3)
     target = load_target(s.target, device, s.dtype, s.linear_attn)
+    precision = parse_precision(s.drafter_precision or s.dtype)
     checks = [checkpoint.architecture(s.drafter, target, target.num_layers),
               tokens.stop_tokens(tokenizer, target.stop_token_ids()),
               tokens.thinking(tokenizer, s.enable_thinking, served.enable_thinking if served else None)]
     try:
         loaded = open_drafter(s.drafter, TargetDims(cfg.hidden_size, target.num_layers, cfg.vocab_size)).load(
-            device, s.dtype)
+            device, precision.weights)
     except DraftboardError as exc:
         loaded, why = None, f"the drafter does not load ({exc})"
     layer_ids = list(loaded.model.target_layer_ids) if loaded else []
@@ -105,10 +107,12 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
         if served.engine == "llamacpp":
             checks += [serving.draft_kv_cache(served), serving.llamacpp_build(served, loaded.config if loaded else None)]
     progress("doctor: fingerprint", 1, 3)
-    here = fingerprint.capture(target.model, device, s.dtype, probe_layers=layer_ids or None)
+    here = fingerprint.capture(target.model, device, s.dtype, probe_layers=layer_ids or None,
+                               drafter_precision=precision.name)
     checks.append(environment.check(here, s.trained_fingerprint, s.trained_name))
     if loaded is not None:
         progress("doctor: layer mapping", 2, 3)
-        checks.append(layers.check(target, loaded, prompts, s.max_new_tokens, prompts_from=_prompts_from(s)))
+        checks.append(layers.check(target, loaded, prompts, s.max_new_tokens, prompts_from=_prompts_from(s),
+                                   precision=precision))
     progress("doctor", 3, 3)
     return Report(checks)

@@ -27,6 +27,7 @@ def cmd_doctor(args) -> int:
     settings = DoctorSettings(target=args.target, drafter=args.drafter, prompts=prompts, prompts_from=prompts_from,
                               n_prompts=args.n_prompts,
                               max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                              drafter_precision=args.drafter_precision,
                               linear_attn=args.linear_attn, enable_thinking=args.enable_thinking,
                               serving_config=args.serving_config, trained_fingerprint=trained,
                               trained_name=f"run {args.run}" if args.run else "the training run")
@@ -87,7 +88,8 @@ def domain_prompts(tracking_uri: str | None, drafter: str, run_id: str | None) -
 def add_commands(sub) -> None:
     p = sub.add_parser("doctor", help="the checks that catch the bugs DFlash teams lose days to: layer mapping, "
                                       "architecture, tokens, serving config, environment; exit 1 on a critical one")
-    eval_job.add_eval_arguments(p, ["target", "drafter", "device", "dtype", "linear_attn", "enable_thinking"])
+    eval_job.add_eval_arguments(p, ["target", "drafter", "device", "dtype", "drafter_precision", "linear_attn",
+                                    "enable_thinking"])
     p.add_argument("--prompts", default=None, help="prompts for the layer-mapping check, as `eval --prompts` (default: "
                                                    "the drafter's own domain: the prompts of the store's newest eval of "
                                                    "this checkpoint, or of --run's; else a few plain-text prompts)")
