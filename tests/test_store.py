@@ -187,7 +187,7 @@ def test_find_runs_filters_by_kind_and_mlflow_filter(tracker, machine_fp):
 
 
 def test_unknown_run_id_is_a_draftboard_error(tracker):
-    for call in (tracker.run, tracker.environment.fingerprint, tracker.checkpoints):
+    for call in (tracker.run, tracker.fingerprint, tracker.checkpoints):
         with pytest.raises(DraftboardError, match="no run with id"):
             call("0" * 32)
 
