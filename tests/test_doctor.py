@@ -425,3 +425,14 @@ def test_doctor_checks_the_llama_cpp_build(tmp_path, version_line, family, sever
     check = serving.llamacpp_build(served, SimpleNamespace(family=family))
     assert check.severity == severity, check
     assert ("DFlash2 needs b10662" if family == "dflash2" else "DFlash needs b9837") in check.evidence
+
+
+def test_the_default_prompts_search_never_waits_on_a_server_nobody_named(tmp_path, monkeypatch):
+    """A store server the command does not name (MLFLOW_TRACKING_URI of the shell) is not consulted for
+    domain prompts: a down one retries for minutes. A missing local store is not created."""
+    from tracker.cli.doctor import domain_prompts
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    assert domain_prompts(None, str(tmp_path / "ckpt"), None) is None
+    missing = tmp_path / "none.db"
+    assert domain_prompts(f"sqlite:///{missing}", str(tmp_path / "ckpt"), None) is None and not missing.exists()

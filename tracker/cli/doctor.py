@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress
+from tracker.errors import DraftboardError
 from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 
 
@@ -57,7 +58,8 @@ def domain_prompts(tracking_uri: str | None, drafter: str, run_id: str | None) -
     """Prompts from the drafter's own domain for the layer-mapping check, when none were given: those of
     the newest eval of this checkpoint in the store, else of the newest eval of the training run
     `--run`; a local prompts file only (never fetched), read like any `--prompts`. None when the store
-    has neither (or does not exist: a doctor creates no store). -> (prompts path, where it came from)."""
+    has neither, does not exist (a doctor creates no store) or can't be read, and for a store server
+    unless this command names it (`--tracking-uri`, `--run`). -> (prompts path, where it came from)."""
     from tracker import config
     from tracker.store import names
     from tracker.store.tracker import Tracker
@@ -65,11 +67,14 @@ def domain_prompts(tracking_uri: str | None, drafter: str, run_id: str | None) -
     uri = config.store_uri(tracking_uri)
     if config.missing_local_store(uri) is not None:
         return None
-    tracker = Tracker(uri)
-    if tracker.find_experiment() is None:
+    if config.sqlite_path(uri) is None and not (tracking_uri or run_id):
+        return None  # a server nobody named for this command: not waited on (a down one retries for minutes)
+    try:
+        tracker = Tracker(uri)
+        evals = tracker.find_runs(kind="eval") if tracker.find_experiment() is not None else []
+    except DraftboardError:  # a store that can't be read: the doctor still runs, on its default prompts
         return None
     checkpoint = str(Path(drafter).resolve())
-    evals = tracker.find_runs(kind="eval")
 
     def of_checkpoint(run) -> bool:
         tagged = run.data.tags.get(names.CHECKPOINT) or run.data.params.get("drafter")
