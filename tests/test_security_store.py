@@ -183,9 +183,11 @@ def test_import_log_of_50_mb_streams_in_bounded_memory(big_log, store_uri, tmp_p
 def test_interrupted_import_ends_failed_with_the_steps_read_so_far(big_log, store_uri, sig):
     client = MlflowClient(store_uri)
     name = f"interrupted-{sig.name}-{time.time_ns()}"
+    # The child takes Ctrl-C as a user's shell gives it, whatever this run inherited: a suite started as a
+    # background job without job control ignores SIGINT, and the child would inherit that (and finish, 0).
     child = subprocess.Popen([sys.executable, "-m", "tracker.cli", "import-log", str(big_log), "--name", name,
                               "--tracking-uri", store_uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT)
+                             text=True, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def first_steps_logged():
             if child.poll() is not None:
