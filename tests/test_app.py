@@ -564,7 +564,7 @@ def test_a_slow_store_is_read_again_in_the_background_and_only_when_it_changed(t
     """Issue 38: an unchanged store is never read again for a visitor; a changed store whose read is
     slow (here: every read, BACKGROUND_READ_S < 0) is read again in the background while visitors get
     the previous read at once, and the next visit after it gets the new runs."""
-    import time
+    from waiting import wait_until
 
     from tracker import Tracker
     from tracker.dashboard import ui
@@ -580,10 +580,8 @@ def test_a_slow_store_is_read_again_in_the_background_and_only_when_it_changed(t
     with tracker.training_run("second", {}, "/models/t") as second:
         pass
     assert ui.run_index(uri) is first  # the previous read, at once, while the new one is made
-    deadline = time.monotonic() + 60
-    while second.run_id not in ui.run_index(uri).runs or ui.index_age_s(uri) is not None:
-        assert time.monotonic() < deadline, "the background read never landed"
-        time.sleep(0.05)
+    wait_until(lambda: second.run_id in ui.run_index(uri).runs and ui.index_age_s(uri) is None, 60,
+               what="the background read landing")
     ui.refresh()
 
 

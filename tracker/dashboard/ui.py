@@ -141,7 +141,7 @@ def run_index(uri: str) -> RunIndex:
         if latest is not None and latest.took_s > BACKGROUND_READ_S:
             if uri not in _reading:
                 _reading.add(uri)
-                threading.Thread(target=_read_index, args=(uri,), name="draftboard-index", daemon=True).start()
+                threading.Thread(target=_read_in_background, args=(uri,), name="draftboard-index", daemon=True).start()
             return latest.index
     return _read_index(uri)
 
@@ -161,14 +161,20 @@ def _version(uri: str) -> tuple:
 
 
 def _read_index(uri: str) -> RunIndex:
+    version, at, start = _version(uri), time.time(), time.perf_counter()
+    with _fp_lock:
+        lasting = _lasting.setdefault(uri, {})
+    index = load_run_index(tracker_for(uri), _fingerprint_loader(uri), lasting)
+    with _index_lock:
+        _indexes[uri] = _Read(version, index, time.perf_counter() - start, at)
+    return index
+
+
+def _read_in_background(uri: str) -> None:
+    """`_read_index` on its thread; only it clears the store's mark, so a visitor's own read (after
+    Refresh) never lets a second background read start beside one still under way."""
     try:
-        version, at, start = _version(uri), time.time(), time.perf_counter()
-        with _fp_lock:
-            lasting = _lasting.setdefault(uri, {})
-        index = load_run_index(tracker_for(uri), _fingerprint_loader(uri), lasting)
-        with _index_lock:
-            _indexes[uri] = _Read(version, index, time.perf_counter() - start, at)
-        return index
+        _read_index(uri)
     finally:
         with _index_lock:
             _reading.discard(uri)
