@@ -19,6 +19,7 @@ from tracker.measurement.protocol import Protocol
 from evaluators.weights import one_line
 from tracker.errors import DraftboardError
 from tracker.store import names
+from tracker.store.checkpoints import hub_origin
 
 
 def metric_values(results: dict) -> dict[str, float]:
@@ -48,6 +49,9 @@ def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | Non
     family = (results.get("drafter") or {}).get("family")
     if family:
         tags[names.DRAFTER_FAMILY] = family
+    origin = hub_origin(s.drafter)
+    if origin is not None:
+        tags.update({names.DRAFTER_REPO: origin.repo, names.DRAFTER_REVISION: origin.revision})
     drafter = Path(s.drafter)
     name = name or reference or (f"eval {drafter.parent.name}/{drafter.name}" if checkpoint_step is None
                                  else f"eval {drafter.parent.name} @ step {checkpoint_step}")

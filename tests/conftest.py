@@ -175,13 +175,16 @@ def dashboard_store(tmp_path_factory):
     - train run `v5` whose fingerprint matches its evals (evals at steps 100 and 200);
     - train run `v4` whose fingerprint says linear-attn fast + bf16 while its eval (step 200)
       ran fallback + fp32: the known critical mismatch;
-    - reference `z-lab ref` evaluated for the same target in the same environment;
+    - reference `z-lab ref` evaluated for the same target in the same environment, its drafter from the
+      hub cache (repository and commit recorded);
     - reference `z-lab paper` with a published fingerprint, for another target.
     Real evals through the harness (evaluators.harness.evaluate + evaluators.logging.log_eval).
     """
     import copy
+    import dataclasses
     import json
     import math
+    import shutil
     from types import SimpleNamespace
 
     import torch
@@ -235,7 +238,11 @@ def dashboard_store(tmp_path_factory):
     ids["v5@100"] = log_eval(tracker, results[100], settings[100], train_run_id=ids["v5"], checkpoint_step=100)
     ids["v5@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v5"], checkpoint_step=200)
     ids["v4@200"] = log_eval(tracker, results[200], settings[200], train_run_id=ids["v4"], checkpoint_step=200)
-    ids["ref"] = log_eval(tracker, results[100], settings[100], reference="z-lab ref")
+    # The reference drafter as `hf download` leaves it in the hub cache: its repository and commit are recorded.
+    hub = root / "hub" / "models--z-lab--tiny-DFlash" / "snapshots" / ("2274357" + "0" * 33)
+    shutil.copytree(drafters[100], hub)
+    ref_settings = dataclasses.replace(settings[100], drafter=str(hub))
+    ids["ref"] = log_eval(tracker, evaluate(ref_settings), ref_settings, reference="z-lab ref")
     published = fingerprint.published({"url": "https://example.org/dflash", "title": "DFlash"},
                                     {"numerics.dtype": "bf16", "hardware.device": "cuda"})
     with tracker.eval_run("z-lab paper", target="Qwen/Qwen3.5-4B", kind="reference", fingerprint=published,

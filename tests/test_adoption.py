@@ -170,7 +170,7 @@ def test_adopt_cli_tags_the_run_and_records_step_semantics(foreign_runs, store_u
 # `train/optimizer_step` (docs/sections/basic_usage/training.md); its MLflow step is the tracker's row index.
 SPECFORGE_810_ROW = {"train/loss": 2.0, "train/acc": 0.3,
                      "train/dflash/hard_label/unary_gold_probability_chain_length": 2.4,
-                     "train/dflash/hard_label/unary_topK_recall": 0.8, "train/dflash2/selector/loss": 1.1,
+                     "train/dflash/hard_label/unary_top16_recall": 0.8, "train/dflash2/selector/loss": 1.1,
                      "train/dflash2/selector/greedy_accepted_length": 2.9,
                      "position_3/selector/greedy_prefix_survival": 0.4}
 SPECFORGE_OLD_ROW = {"train/loss": 2.0, "train/acc": 0.3, "train/dflash/hard_label/expected_accepted_length": 2.3,
@@ -195,6 +195,48 @@ def test_specforge_names_before_and_after_pr_810_share_our_names():
     assert "train/optimizer_step" not in {a.source for a in adoption.aliases(adoption.SPECFORGE, current.metrics)}
     assert adoption.step_metric(adoption.SPECFORGE) == "train/optimizer_step"
     assert adoption.step_metric(adoption.SPECULATORS) is None
+
+
+def test_specforge_pr_844_names_are_ours_and_its_removed_aliases_are_not_taken_for_them():
+    logged = {"train/dflash2/selector/teacher_forced_covered_accuracy": 0.7,
+              "train/dflash2/selector/self_conditioned_marginal_accuracy": 0.4,
+              "train/dflash2/selector/teacher_forced_covered_gold_probability": 0.6,
+              "train/dflash/hard_label/unary_top4_recall": 0.9,
+              # removed by #844; measured with the gold token injected (#772), so not the covered accuracy
+              "train/selector_accuracy": 0.8, "train/selector_target_probability": 0.5}
+    ours = {a.source: a.canonical for a in adoption.aliases(adoption.SPECFORGE, logged)}
+    assert ours["train/dflash2/selector/teacher_forced_covered_accuracy"] == "selector_covered_acc"
+    assert ours["train/dflash2/selector/self_conditioned_marginal_accuracy"] == "selector_marginal_acc"
+    assert ours["train/dflash2/selector/teacher_forced_covered_gold_probability"] == "selector_gold_probability"
+    assert ours["train/dflash/hard_label/unary_top4_recall"] == "candidate_recall"
+    assert ours["train/selector_accuracy"] is None and ours["train/selector_target_probability"] is None
+
+
+def test_speculators_eal_takes_its_name_from_the_release_that_wrote_it():
+    def eal(version):
+        return adoption.canonical_metric(adoption.SPECULATORS, "train/eal", version).canonical
+
+    # 0.9.0 counts the bonus token (speculators/models/metrics.py); 0.7.0 to 0.8.1 did not
+    assert eal("0.9.0") == eal("v0.9.1") == eal("0.10.0.dev4+gabc") == eal("1.0") == "eal"
+    assert eal("0.8.1") == eal("0.7.0.2") == "eal_marginal"
+    assert eal(None) == eal("") == eal("main") == "eal_unversioned"
+    assert adoption.canonical_metric(adoption.SPECULATORS, "val/eal_epoch", "0.8.0").canonical == "val_eal_marginal"
+    assert adoption.parse_version("0.9.0.dev3+g1a2b") == (0, 9, 0) and adoption.parse_version("x1.2") is None
+
+
+def test_adopt_records_the_tool_version_and_refuses_one_that_is_not_a_release(store_uri, capsys):
+    client = MlflowClient(tracking_uri=store_uri)
+    run_id = client.create_run(client.create_experiment("speculators-versioned")).info.run_id
+    _log(client, run_id, {"train/full_acc": 0.3, "train/eal": 1.4}, 1)
+    assert main(["adopt", run_id, "--tool-version", "main", "--tracking-uri", store_uri]) == 2
+    assert "not a release number" in capsys.readouterr().err
+    assert names.TOOL_VERSION not in client.get_run(run_id).data.tags and names.KIND not in client.get_run(run_id).data.tags
+    assert main(["adopt", run_id, "--tracking-uri", store_uri]) == 0
+    out = capsys.readouterr().out
+    assert "eal_unversioned (train/eal)" in out and "--tool-version V" in out
+    assert main(["adopt", run_id, "--tool-version", "0.9.0", "--tracking-uri", store_uri]) == 0
+    assert "eal (train/eal)" in capsys.readouterr().out
+    assert client.get_run(run_id).data.tags[names.TOOL_VERSION] == "0.9.0"
 
 
 def test_automodel_dflash2_names_are_detected_and_aliased():

@@ -201,6 +201,9 @@ def test_compare_banner_names_the_mismatched_fields(app_env):
     text = page_text(at)
     # The default reference: same target, and the environment it shares with the chosen runs named.
     assert "z-lab ref: same target, same environment" in text
+    # the reference names the hub repository and commit its drafter came from
+    picker = at.selectbox(key="compare_reference")
+    assert any("z-lab ref · z-lab/tiny-DFlash @ 2274357 ·" in option for option in picker.options), picker.options
     errors = "\n".join(shown(e.value) for e in at.error)
     assert "v4 (training): linear-attn fast vs reference: fallback" in errors
     assert "v5" not in errors

@@ -55,6 +55,15 @@ def store(tmp_path_factory, machine_fp):
                             "train/position_1_acc": 0.6}, step)
     spec_dir = home / "spec-ckpts"
     toolformats.speculators(spec_dir, 0, 2, model)
+    # Two more speculators runs whose release is known (MLFLOW_TAGS at training time sets the tag): `eal`
+    # without the bonus token (0.8.1) and with it (0.9.0, PR #1032).
+    versioned = {}
+    for version, eal in (("0.8.1", 1.2), ("0.9.0", 2.3)):
+        run_id = client.create_run(client.get_experiment_by_name("speculators").experiment_id,
+                                   run_name=f"spec-{version}", tags={names.TOOL_VERSION: version}).info.run_id
+        for step in range(3):
+            _log(client, run_id, {"train/loss": 2.0, "train/full_acc": 0.3, "train/eal": eal + step / 10}, step)
+        versioned[version] = run_id
 
     # SpecForge after PR #810: current names, the MLflow step a row index, the optimizer step on every row.
     specforge = client.create_run(client.create_experiment("specforge"), run_name="qwen3-dflash2").info.run_id
@@ -62,7 +71,11 @@ def store(tmp_path_factory, machine_fp):
     for row, optimizer_step in enumerate((100, 200, 300)):
         _log(client, specforge, {"train/optimizer_step": optimizer_step, "train/loss": 2.0 - row / 10,
                                  "train/acc": 0.3 + row / 10, "train/dflash2/selector/greedy_accepted_length": 2 + row,
-                                 "train/dflash2/selector/loss": 1.5 - row / 10}, row)
+                                 "train/dflash2/selector/loss": 1.5 - row / 10,
+                                 # PR #844's names (SpecForge's dflash_family_model.py)
+                                 "train/dflash2/selector/teacher_forced_covered_accuracy": 0.7 + row / 100,
+                                 "train/dflash2/selector/self_conditioned_marginal_accuracy": 0.4 + row / 100,
+                                 "train/dflash/hard_label/unary_top16_recall": 0.9}, row)
     old_specforge = client.create_run(client.get_experiment_by_name("specforge").experiment_id,
                                       run_name="before-810").info.run_id
     for step in (100, 200):
@@ -75,7 +88,8 @@ def store(tmp_path_factory, machine_fp):
         for step in (1, 2, 3):
             run.log_step(step, loss=2.0 / step, acc=step / 10)
     return SimpleNamespace(uri=uri, home=home, legacy=legacy, spec=spec, ours=run.run_id, legacy_dir=legacy_dir,
-                           spec_dir=spec_dir, tracker=tracker, specforge=specforge, old_specforge=old_specforge)
+                           spec_dir=spec_dir, tracker=tracker, specforge=specforge, old_specforge=old_specforge,
+                           spec_old=versioned["0.8.1"], spec_new=versioned["0.9.0"])
 
 
 @pytest.fixture
@@ -97,11 +111,11 @@ def test_runs_lists_both_foreign_runs_as_training_runs_with_their_tool_and_step_
 def test_environments_lists_each_run_without_a_fingerprint_with_its_fix(app_env):
     at = run_page("pages/environments.py")
     lines = [shown(m.value) for m in at.markdown if "fingerprint --attach" in m.value]
-    assert len(lines) == 4  # the four foreign runs; ours logged its fingerprint
+    assert len(lines) == 6  # the six foreign runs; ours logged its fingerprint
     for run_id, name in ((app_env.legacy, "train_dflash"), (app_env.spec, "spec-8b")):
         command = f"draftboard fingerprint --attach {run_id} --tracking-uri {app_env.uri}"
         assert any(line.startswith(f"**{name}**") and f"`{command}`" in line for line in lines), lines
-    assert "Runs without a fingerprint (4)" in page_text(at)
+    assert "Runs without a fingerprint (6)" in page_text(at)
 
 
 def _watch_form(at, folder: str, preset: dict | None):
@@ -158,7 +172,7 @@ def test_compare_draws_foreign_curves_under_our_names_with_both_names_shown(app_
     runs = f"{app_env.legacy},{app_env.spec},{app_env.ours}"
     at = run_page("pages/compare.py", runs=runs, compare_view="Training curves")
     options = at.multiselect(key="compare_train_metrics").options
-    assert {"acc", "loss", "acc_pos1", "lr", "eal"} <= set(options)
+    assert {"acc", "loss", "acc_pos1", "lr", "eal_unversioned"} <= set(options)  # spec-8b does not say its release
     assert not [k for k in options if k.startswith(("train/", "dflash/", "draft/"))]  # aliased, or config
     at.multiselect(key="compare_train_metrics").set_value(["acc", "loss"]).run()
     acc = next(spec for key, spec in training_charts(at, "compare_train_").items() if "compare_train_acc" in key)
@@ -202,3 +216,31 @@ def test_a_run_with_specforges_current_names_is_drawn_on_its_optimizer_step(app_
     assert lines["qwen3-dflash2 · train/dflash2/selector/greedy_accepted_length"] == [2.0, 3.0, 4.0]
     old = lines["before-810 · train/dflash2/selector/serving_accepted_length"]
     assert old[:2] == [2.0, 2.5] and old[2] != old[2]  # no point at 300
+
+
+def test_specforge_pr_844_names_are_drawn_under_ours(app_env):
+    at = run_page("pages/compare.py", runs=app_env.specforge, compare_view="Training curves")
+    options = at.multiselect(key="compare_train_metrics").options
+    assert {"selector_covered_acc", "selector_marginal_acc", "candidate_recall"} <= set(options)
+    at.multiselect(key="compare_train_metrics").set_value(["selector_covered_acc"]).run()
+    chart = next(spec for key, spec in training_charts(at, "compare_train_").items() if "selector_covered_acc" in key)
+    lines = {s["name"]: unpack(s["y"], Y_DTYPE).tolist() for s in chart["series"] if s["faint"]}
+    assert lines == {"qwen3-dflash2 · train/dflash2/selector/teacher_forced_covered_accuracy":
+                     pytest.approx([0.70, 0.71, 0.72])}
+
+
+def test_speculators_eal_from_either_side_of_its_redefinition_is_never_one_series(app_env):
+    runs = f"{app_env.spec},{app_env.spec_old},{app_env.spec_new}"
+    at = run_page("pages/compare.py", runs=runs, compare_view="Training curves")
+    options = at.multiselect(key="compare_train_metrics").options
+    assert {"eal", "eal_marginal", "eal_unversioned"} <= set(options) and "train/eal" not in options
+    at.multiselect(key="compare_train_metrics").set_value(["eal", "eal_marginal", "eal_unversioned"]).run()
+    charts = training_charts(at, "compare_train_")
+    drawn = {}
+    for key, spec in charts.items():
+        name = next(n for n in ("eal_unversioned", "eal_marginal", "eal") if n in key)
+        drawn[name] = {s["name"] for s in spec["series"] if s["faint"]}
+    assert drawn == {"eal": {"spec-0.9.0 · train/eal"}, "eal_marginal": {"spec-0.8.1 · train/eal"},
+                     "eal_unversioned": {"spec-8b · train/eal"}}
+    text = page_text(at)
+    assert "speculators >= 0.9.0" in text and "no bonus" in text

@@ -96,3 +96,25 @@ def test_the_next_read_of_the_store_diffs_only_new_runs(monkeypatch):
     assert len(calls) == 1  # the new eval against its training run
     evals = before["run_id"] != "t"  # the training run's row counts the new eval's mismatch too
     assert list(after[after["run_id"].isin(before["run_id"][evals])]["env check"]) == list(before[evals]["env check"])
+
+
+def _hub(run_id: str, kind: str, repo: str | None, revision: str | None):
+    ev = run(run_id, kind, fp(**TRAINED), ref_name=run_id if kind == "reference" else None)
+    ev.tags.update({k: v for k, v in (("draftboard.drafter_repo", repo), ("draftboard.drafter_revision", revision))
+                    if v})
+    return ev
+
+
+def test_a_hub_drafter_at_another_revision_is_not_the_same_reference():
+    april, retrained = "6c7242c" + "0" * 33, "2274357" + "0" * 33  # z-lab #152's two commits, padded
+    ours = _hub("e", "eval", "z-lab/Qwen3.5-122B-A10B-DFlash", april)
+    rows = lineage.vs_reference(ours, _hub("r-new", "reference", "z-lab/Qwen3.5-122B-A10B-DFlash", retrained))
+    assert rows[0] == fingerprint.DiffRow("draftboard.drafter_revision", april, retrained, "critical")
+    assert lineage.field_name(rows[0].field) == "drafter revision"
+    unstated = lineage.vs_reference(ours, _hub("r-card", "reference", "z-lab/Qwen3.5-122B-A10B-DFlash", None))
+    assert unstated[0] == fingerprint.DiffRow("draftboard.drafter_revision", april, None, "warning")
+    same = _hub("r-same", "reference", "z-lab/Qwen3.5-122B-A10B-DFlash", april)
+    other_repo = _hub("r-other", "reference", "z-lab/Qwen3-8B-DFlash-b16", retrained)
+    trained_here = _hub("t-ours", "eval", None, None)  # a local checkpoint: its digest identifies it
+    for a, ref in ((ours, same), (ours, other_repo), (trained_here, same)):
+        assert not [r for r in lineage.vs_reference(a, ref) if r.field == "draftboard.drafter_revision"]

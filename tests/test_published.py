@@ -56,6 +56,10 @@ def test_published_references_carry_their_datasets_and_the_stated_protocol(track
     card = Protocol.from_tags(runs["z-lab published: z-lab/Qwen3.5-27B-DFlash model card, SGLang acceptance "
                                    "length (block 8)"].data.tags)
     assert card.temperature == "unknown" and card.enable_thinking is True and card.block_size == 8
+    # the card's hub repository is named; its revision is not stated, so it is no proof of one drafter
+    card_tags = runs["z-lab published: z-lab/Qwen3.5-27B-DFlash model card, SGLang acceptance length (block 8)"].data.tags
+    assert card_tags["draftboard.drafter_repo"] == "z-lab/Qwen3.5-27B-DFlash"
+    assert "draftboard.drafter_revision" not in card_tags and "draftboard.drafter_repo" not in table1.data.tags
 
 
 def test_the_dflash2_model_card_is_a_sampled_reference_with_its_reproduction_interval(tracker):

@@ -17,7 +17,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from tracker import Tracker
 from tracker.environment import fingerprint
-from tracker.store.checkpoints import Checkpoint, digest
+from tracker.store.checkpoints import Checkpoint, digest, HubOrigin, hub_origin
 from tracker.errors import DraftboardError
 from tracker.store.retry import RetryPolicy
 from tracker.store.tracker import local_artifact_location
@@ -363,3 +363,17 @@ def test_processes_creating_one_store_at_once_all_get_it_whole(tmp_path, monkeyp
         assert a.execute(tables).fetchall() == b.execute(tables).fetchall()
         version = "select version_num from alembic_version"
         assert a.execute(version).fetchall() == b.execute(version).fetchall()
+
+
+def test_hub_origin_reads_the_hub_caches_own_layout(tmp_path):
+    from huggingface_hub.file_download import repo_folder_name
+
+    commit = "2274357" + "ab" * 16 + "0"
+    snapshot = tmp_path / "hub" / repo_folder_name(repo_id="z-lab/Qwen3.5-27B-DFlash", repo_type="model") / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    assert hub_origin(snapshot) == HubOrigin("z-lab/Qwen3.5-27B-DFlash", commit)
+    assert hub_origin(f"{snapshot}/") == hub_origin(snapshot)
+    (tmp_path / "link").symlink_to(snapshot)
+    assert hub_origin(tmp_path / "link") == hub_origin(snapshot)  # a link to the snapshot is the snapshot
+    assert hub_origin(tmp_path / "hub") is None and hub_origin(snapshot.parent / "main") is None
+    assert hub_origin(tmp_path / "models--z-lab--X" / "snapshots" / "not-a-commit") is None

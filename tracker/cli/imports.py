@@ -33,13 +33,24 @@ def cmd_adopt(args) -> int:
                               f"{args.run_id} --tool NAME (known: {', '.join(adoption.TOOLS)}; any other name works)")
     known = adoption.TOOLS.get(found.tool)
     unit = known.steps.unit if known else "unknown"
-    for tag, value in ((names.KIND, "train"), (adoption.TOOL_TAG, found.tool), (adoption.STEP_UNIT_TAG, unit)):
+    version = args.tool_version or view.tags.get(adoption.TOOL_VERSION_TAG)
+    if args.tool_version is not None and adoption.parse_version(args.tool_version) is None:
+        raise DraftboardError(f"--tool-version {args.tool_version!r} is not a release number (e.g. 0.9.0)")
+    tags = [(names.KIND, "train"), (adoption.TOOL_TAG, found.tool), (adoption.STEP_UNIT_TAG, unit)]
+    if args.tool_version is not None:
+        tags.append((adoption.TOOL_VERSION_TAG, args.tool_version))
+    for tag, value in tags:
         tracker.client.set_tag(args.run_id, tag, value)
     print(f"adopted run {args.run_id} as a {found.label} training run ({'; '.join(found.evidence)})")
     print(f"step = {unit}" + (f": {known.steps.note}" if known else ""))
-    curves = [a.label for a in adoption.aliases(found.tool, view.metrics) if a.canonical or a.note]
+    curves = [a.label for a in adoption.aliases(found.tool, view.metrics, version) if a.canonical or a.note]
     if curves:
         print("curves: " + ", ".join(curves))
+    if version is None and known is not None and any(key in known.redefined for key in view.metrics):
+        print(f"note: {found.label} redefined {', '.join(k for k in known.redefined if k in view.metrics)} between "
+              "releases and the run does not say its release, so those curves are drawn apart from every "
+              f"versioned run: draftboard adopt {args.run_id} --tool-version V (speculators writes it into "
+              "train_command.txt as `# speculators: V`)")
     return 0
 
 
@@ -138,6 +149,9 @@ def add_commands(sub) -> None:
                                      "a draftboard training run")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--tool", default=None, help="the tool that wrote it (default: detected from its names)")
+    p.add_argument("--tool-version", default=None, metavar="V",
+                   help="the tool's release that wrote it, for metrics it redefined (speculators 0.9.0 counts the "
+                        "bonus token in `eal`); also read from the run's draftboard.tool_version tag")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_adopt)
 

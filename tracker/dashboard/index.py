@@ -81,6 +81,14 @@ class RunInfo:
         return self.tags.get(names.REFERENCE_NAME)
 
     @property
+    def drafter_repo(self) -> str | None:
+        return self.tags.get(names.DRAFTER_REPO)
+
+    @property
+    def drafter_revision(self) -> str | None:
+        return self.tags.get(names.DRAFTER_REVISION)
+
+    @property
     def error(self) -> str | None:
         return self.tags.get(names.ERROR)
 

@@ -48,6 +48,7 @@ FIELD_NAMES = {
     "hardware.gpu_name": "GPU",
     "probe.max_rel_diff": "hidden-state probe",
     "probe.digest": "hidden-state probe digest",
+    names.DRAFTER_REVISION: "drafter revision",
     names.protocol_tag("datasets"): "dataset",
     names.protocol_tag("prompt_digest"): "prompt set",
     names.protocol_tag("completions"): "completions",
@@ -178,10 +179,21 @@ def matched_protocol_rows(rows: Sequence, a: RunInfo, b: RunInfo, same_prompts: 
     return kept
 
 
+def drafter_rows(a: RunInfo, ref: RunInfo) -> list:
+    """A hub drafter against a reference of the same hub repository: another commit is another drafter
+    (z-lab retrains in place under the same name, z-lab #152), critical; a side that does not say its
+    commit cannot prove it is the same one, a warning. Nothing for drafters of different repositories."""
+    if a.drafter_repo is None or a.drafter_repo != ref.drafter_repo or a.drafter_revision == ref.drafter_revision:
+        return []
+    known = a.drafter_revision is not None and ref.drafter_revision is not None
+    return [fingerprint.DiffRow(names.DRAFTER_REVISION, a.drafter_revision, ref.drafter_revision,
+                                "critical" if known else "warning")]
+
+
 def vs_reference(a: RunInfo, ref: RunInfo) -> tuple:
-    """Environment and protocol rows of a run against a reference, most severe first (a missing
+    """Drafter, environment and protocol rows of a run against a reference, most severe first (a missing
     fingerprint adds no environment rows: `env_diff` says so with None)."""
-    rows = [*(env_diff(a, ref) or ()), *matched_protocol_rows(protocol_diff(a, ref), a, ref)]
+    rows = [*drafter_rows(a, ref), *(env_diff(a, ref) or ()), *matched_protocol_rows(protocol_diff(a, ref), a, ref)]
     rows.sort(key=lambda r: fingerprint.SEVERITY_ORDER[r.severity])
     return tuple(rows)
 

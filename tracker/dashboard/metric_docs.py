@@ -96,6 +96,28 @@ _FIXED = {
          "1 + Σ_j Π_{i≤j} (1 - TV(q_i, p_i)) on recorded blocks, with the target's distributions p.", True),
         ("gold_probability", "Gold probability", "probability",
          "the drafter's full-softmax probability of the recorded label, averaged over supervised slots.", True),
+        ("selector_covered_acc", "DFlash2 selector accuracy, covered slots", "fraction",
+         "fraction of the slots whose label is among the unary top-K candidates where the selector, given the "
+         "recorded predecessor (teacher-forced), picks the label (SpecForge's `teacher_forced_covered_accuracy`).",
+         True),
+        ("selector_marginal_acc", "DFlash2 selector accuracy, own path", "fraction",
+         "fraction of all supervised slots where the selector's greedy path, conditioned on its own earlier "
+         "picks, picks the label (SpecForge's `self_conditioned_marginal_accuracy`).", True),
+        ("selector_gold_probability", "DFlash2 selector gold probability", "probability",
+         "the selector's probability of the label over the top-K candidates, on covered slots, teacher-forced.",
+         True),
+        # speculators' `eal` was redefined in 0.9.0 (tracker/store/adoption.py): three names, never one series.
+        ("eal", "Expected accepted length (speculators >= 0.9.0)", "tokens / block",
+         "per training block, the leading draft slots equal to the labels plus the bonus token, averaged over "
+         "blocks (vLLM's convention). A training diagnostic on recorded text, not `tau`.", True),
+        ("eal_marginal", "Expected accepted length, no bonus (speculators 0.7-0.8)", "tokens / block",
+         "Σ_k Π_{i≤k} acc_i over the drafted positions, from per-position accuracies averaged over the batch: no "
+         "bonus token and no correlation between slots, so about 1 below the 0.9.0 `eal` of the same drafter.",
+         True),
+        ("eal_unversioned", "Expected accepted length, speculators release unknown", "tokens / block",
+         "speculators' `eal` from a run that does not say its release: before 0.9.0 without the bonus token, "
+         "from 0.9.0 with it. Set the release (`draftboard adopt RUN --tool-version V`) to draw it beside "
+         "others.", True),
     )},
 }
 

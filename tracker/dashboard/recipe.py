@@ -86,6 +86,7 @@ def alias_curves(curves: pd.DataFrame, index: RunIndex) -> pd.DataFrame:
     tools = {run_id: tool_of(index.runs[run_id]) for run_id in curves["run_id"].unique()
              if run_id in index.runs} if not curves.empty else {}
     tools = {run_id: tool for run_id, tool in tools.items() if tool}
+    versions = {run_id: index.runs[run_id].tags.get(names.TOOL_VERSION) for run_id in tools}
     if not tools:
         return curves
     pairs = curves.loc[curves["run_id"].isin(tools), ["run_id", "key"]].drop_duplicates()
@@ -94,7 +95,7 @@ def alias_curves(curves: pd.DataFrame, index: RunIndex) -> pd.DataFrame:
         if not adoption.is_curve(tools[run_id], key):
             dropped.add((run_id, key))
             continue
-        alias = adoption.canonical_metric(tools[run_id], key)
+        alias = adoption.canonical_metric(tools[run_id], key, versions[run_id])
         if alias.canonical is not None and alias.canonical != key:
             renamed[(run_id, key)] = alias.canonical
     if not renamed and not dropped:

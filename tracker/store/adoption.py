@@ -8,7 +8,9 @@ speculators `train/logger.py`, HF Trainer's `MLflowCallback`, NVIDIA Model-Optim
 NVIDIA Automodel's `recipes/llm/train_dflash*.py`); see ../shared/research/training-stacks.md.
 
 - `detect(view)`: the tool, with the evidence that named it.
-- `aliases(tool, metric_keys)`: the tool's metric names mapped to ours (both are shown).
+- `aliases(tool, metric_keys, version)`: the tool's metric names mapped to ours (both are shown); a metric
+  the tool redefined between releases (speculators' `eal` in 0.9.0) takes its name from the version
+  that wrote the run (`draftboard.tool_version`), so two definitions are never one series.
 - `STEP_SEMANTICS[tool]`: what one logged step counts (micro-batch or optimizer step).
 - `recipe(view)`: the recipe fields, from params or from config a tool logged as step-0 metrics.
 - `Tool.step_metric`: the metric whose value is a run's step axis where the tool's MLflow step is
@@ -27,7 +29,7 @@ from tracker.redact import mask_params
 from tracker.store import names
 
 # Tags that `draftboard adopt` writes next to `draftboard.kind=train` (move to names.py with the wiring).
-TOOL_TAG, STEP_UNIT_TAG = names.TOOL, names.STEP_UNIT
+TOOL_TAG, STEP_UNIT_TAG, TOOL_VERSION_TAG = names.TOOL, names.STEP_UNIT, names.TOOL_VERSION
 
 SPECFORGE_LEGACY = "specforge-legacy"
 SPECFORGE = "specforge"
@@ -69,17 +71,46 @@ class StepSemantics:
 
 
 @dataclass(frozen=True)
+class Redefined:
+    """A metric a tool redefined between releases. Our name depends on the release that wrote the run, so
+    values of the two definitions never share a series; a run that does not say its release gets a third name."""
+
+    since: tuple[int, ...]  # the first release with the current definition
+    current: str  # our name from `since` on
+    before: str  # our name for the releases before it
+    unknown: str  # our name when the run does not say which release wrote it
+
+    def name(self, version: str | None) -> str:
+        found = parse_version(version)
+        if found is None:
+            return self.unknown
+        return self.current if found >= self.since else self.before
+
+
+_VERSION = re.compile(r"\s*v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?")
+
+
+def parse_version(version: str | None) -> tuple[int, ...] | None:
+    """`0.9.0`, `v0.8.1`, `0.9.0.dev3+g1a2b` -> (0, 9, 0); None when it does not start as a release number."""
+    match = _VERSION.match(version or "")
+    if match is None:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     label: str  # the badge
     steps: StepSemantics
     aliases: Mapping[str, str]  # the tool's metric name -> ours
-    position_patterns: tuple[tuple[str, str], ...] = ()  # regex with the position as group 1 -> our template
+    position_patterns: tuple[tuple[str, str], ...] = ()  # regex (group 1: a position or K) -> our template
     recipe_params: Mapping[str, str] = field(default_factory=dict)  # param key -> recipe key
     recipe_metrics: Mapping[str, str] = field(default_factory=dict)  # step-0 config metric -> recipe key
     config_metric_prefixes: tuple[str, ...] = ()  # metrics under these prefixes are config, not curves
     notes: Mapping[str, str] = field(default_factory=dict)  # metric name -> what it is not
     step_metric: str | None = None  # a metric on every row whose value is the step (the MLflow step is a row index)
+    redefined: Mapping[str, Redefined] = field(default_factory=dict)  # metric name -> its names by release
 
 
 _HF_RECIPE = {"learning_rate": "lr", "lr_scheduler_type": "lr_schedule", "warmup_ratio": "warmup_ratio",
@@ -99,10 +130,16 @@ _SPECFORGE_RENAMES = {
     "overlap_chain_length": ("dflash/teacher/unary_overlap_chain_length", "dflash/teacher/expected_accepted_length"),
     "gold_probability": ("dflash/hard_label/unary_probability", "dflash/hard_label/expected_acceptance",
                          "target_probability", "expected_acceptance"),
-    "candidate_recall": ("dflash/hard_label/unary_topK_recall", "selector_coverage"),
+    "candidate_recall": ("selector_coverage",),  # now dflash/hard_label/unary_top{K}_recall: a pattern below
     "base_accept_len": ("dflash/hard_label/unary_greedy_accepted_length",),
     "accept_len": ("dflash2/selector/greedy_accepted_length", "dflash2/selector/serving_accepted_length"),
     "selector_loss": ("dflash2/selector/loss", "selector_loss"),
+    # PR #844 (2026-09-07) named the selector's two accuracies by what they condition on, and removed the
+    # `selector_accuracy` / `selector_target_probability` aliases. Those were measured with the gold token
+    # injected into the candidates (PR #772), so they are not these and keep their own names.
+    "selector_covered_acc": ("dflash2/selector/teacher_forced_covered_accuracy",),
+    "selector_marginal_acc": ("dflash2/selector/self_conditioned_marginal_accuracy",),
+    "selector_gold_probability": ("dflash2/selector/teacher_forced_covered_gold_probability",),
 }
 _SPECFORGE_DFLASH = {f"train/{name}": ours for ours, logged in _SPECFORGE_RENAMES.items() for name in logged}
 
@@ -135,15 +172,16 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
         {"train/loss": "loss", "train/acc": "acc", "train/lr": "lr", "train/grad_norm": "grad_norm",
          "eval/avg_loss": "val_loss", "eval/avg_acc": "val_acc", **_SPECFORGE_DFLASH},
         position_patterns=((r"position_(\d+)/selector/greedy_prefix_survival", "survival_pos{}"),
-                           (r"position_(\d+)/hard_label/unary_greedy_prefix_survival", "base_survival_pos{}")),
+                           (r"position_(\d+)/hard_label/unary_greedy_prefix_survival", "base_survival_pos{}"),
+                           (r"train/dflash/hard_label/unary_top(\d+)_recall", "candidate_recall")),
         notes={"eval/simulated_acc_len": _SIMULATED_ACC_LEN_NOTE},
         step_metric="train/optimizer_step",
     ),
     Tool(
         SPECULATORS, "vLLM speculators",
         StepSemantics("optimizer step", 0, "global_step from 0; val/*_epoch once per epoch"),
-        {"train/loss": "loss", "train/full_acc": "acc", "train/eal": "eal", "lr": "lr",
-         "val/loss_epoch": "val_loss", "val/full_acc_epoch": "val_acc", "val/eal_epoch": "val_eal"},
+        {"train/loss": "loss", "train/full_acc": "acc", "lr": "lr",
+         "val/loss_epoch": "val_loss", "val/full_acc_epoch": "val_acc"},
         position_patterns=((r"train/position_(\d+)_acc", "acc_pos{}"),
                            (r"val/position_(\d+)_acc_epoch", "val_acc_pos{}")),
         recipe_metrics={"dflash/block_size": "block_size", "draft/num_layers": "num_draft_layers",
@@ -152,6 +190,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
                         "data/total_seq_len": "max_length", "loss/ttt_step_loss_decay": "loss_decay_gamma"},
         config_metric_prefixes=("dflash/", "draft/", "data/", "optimizer/", "scheduler/", "loss/", "verifier/",
                                 "generation/", "training/"),
+        # 0.9.0 (PR #1032) counts each block's accepted run plus the bonus token; 0.7.0-0.8.1 (PR #741) summed
+        # products of per-position accuracies without it (speculators/models/dflash/metrics.py in each wheel).
+        redefined={"train/eal": Redefined((0, 9, 0), "eal", "eal_marginal", "eal_unversioned"),
+                   "val/eal_epoch": Redefined((0, 9, 0), "val_eal", "val_eal_marginal", "val_eal_unversioned")},
     ),
     Tool(MODELOPT, "NVIDIA Model-Optimizer",
          StepSemantics("optimizer step", 0, "HF Trainer global_step (optimizer steps)"),
@@ -277,13 +319,16 @@ class Alias:
         return f"{self.canonical} ({self.source})"
 
 
-def canonical_metric(tool: str | None, key: str) -> Alias:
-    """Our name for one of the tool's metric names (`canonical` None when there is none)."""
+def canonical_metric(tool: str | None, key: str, version: str | None = None) -> Alias:
+    """Our name for one of the tool's metric names (`canonical` None when there is none); `version` is the
+    tool's release that wrote the run (`draftboard.tool_version`), for metrics it redefined."""
     spec = TOOLS.get(tool or "")
     if spec is None:
         return Alias(key, None)
     if key in spec.notes:
         return Alias(key, None, spec.notes[key])
+    if key in spec.redefined:
+        return Alias(key, spec.redefined[key].name(version))
     if key in spec.aliases:
         return Alias(key, spec.aliases[key])
     for pattern, template in spec.position_patterns:
@@ -310,9 +355,9 @@ def is_curve(tool: str | None, key: str) -> bool:
     return not is_config_metric(tool, key) and key != step_metric(tool)
 
 
-def aliases(tool: str | None, metric_keys: Iterable[str]) -> list[Alias]:
+def aliases(tool: str | None, metric_keys: Iterable[str], version: str | None = None) -> list[Alias]:
     """The run's curves (config metrics and the step axis left out), each with our name where there is one."""
-    return [canonical_metric(tool, key) for key in sorted(metric_keys) if is_curve(tool, key)]
+    return [canonical_metric(tool, key, version) for key in sorted(metric_keys) if is_curve(tool, key)]
 
 
 # --------------------------------------------------------------------------- recipe

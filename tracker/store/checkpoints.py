@@ -10,6 +10,7 @@ trainer) and the run tag `draftboard.checkpoints` counts them.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,3 +89,27 @@ def _feed(sha: "hashlib._Hash", file: Path) -> int:
             sha.update(chunk)
             size += len(chunk)
     return size
+
+
+@dataclass(frozen=True)
+class HubOrigin:
+    """The hub repository and commit a drafter folder was downloaded from."""
+
+    repo: str  # `z-lab/Qwen3.5-27B-DFlash`
+    revision: str  # the 40-hex commit
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_CACHE_REPO = re.compile(r"models--([^/]+?)--([^/]+)")
+
+
+def hub_origin(path: str | Path) -> HubOrigin | None:
+    """Where a drafter folder came from, read from the hub cache's layout (`hf download REPO` without
+    `--local-dir`, huggingface_hub's `repo_folder_name`): `models--ORG--NAME/snapshots/COMMIT/`. None for
+    any other folder (a local checkpoint: its digest identifies it)."""
+    parts = Path(path).expanduser().resolve().parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and _COMMIT.fullmatch(parts[-1]):
+        cached = _CACHE_REPO.fullmatch(parts[-3])
+        if cached:
+            return HubOrigin(f"{cached.group(1)}/{cached.group(2)}", parts[-1])
+    return None

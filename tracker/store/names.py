@@ -22,11 +22,16 @@ CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
 CHECKPOINT_COUNT = "draftboard.checkpoints"
 REFERENCE_NAME = "draftboard.reference_name"
 DRAFTER_FAMILY = "draftboard.drafter_family"  # `dflash` | `dflash2` (results `drafter.family`)
+# A hub drafter's repository and commit (`tracker.store.checkpoints.hub_origin`; a published table's, where it
+# says): z-lab retrains drafters in place under the same name, so a name alone is not one drafter.
+DRAFTER_REPO = "draftboard.drafter_repo"
+DRAFTER_REVISION = "draftboard.drafter_revision"
 ERROR = "draftboard.error"
 IMPORTED = "draftboard.imported"
 PUBLISHED = "draftboard.published"
 TOOL = "draftboard.tool"  # the training stack that wrote an adopted run (tracker/store/adoption.py)
 STEP_UNIT = "draftboard.step_unit"  # what an adopted run's step counts: micro-batch or optimizer step
+TOOL_VERSION = "draftboard.tool_version"  # the release of that stack (speculators' `eal` changed in 0.9.0)
 DEMO = "draftboard.demo"
 WATCH = "draftboard.watch"  # the checkpoint folder a watcher scans for this run (tracker/jobs/watch.py)
 WATCH_REFUSED = "draftboard.watch_refused"  # why the worker refused this run's watch (it is never scanned)

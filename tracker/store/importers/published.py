@@ -71,6 +71,9 @@ def import_published(tracker, tags: dict[str, str] | None = None, path: str | Pa
                 metrics[names.dataset_metric("speedup", row["dataset"])] = row["speedup"]
         name = f"{table.get('publisher', 'z-lab')} published: {table['title']}"
         family = {names.DRAFTER_FAMILY: table.get("drafter_family", "dflash")}
+        # The hub repository a model card's table is of; its revision only where the source states one.
+        drafter = {names.DRAFTER_REPO: table.get("drafter_repo"), names.DRAFTER_REVISION: table.get("drafter_revision")}
+        family.update({k: v for k, v in drafter.items() if v})
         with tracker.eval_run(name, target=table["target"], params={k: v for k, v in params.items() if v is not None},
                               fingerprint=_fingerprint(table), kind="reference", reference_name=name,
                               tags={**_protocol(table).to_tags(), **family, **(tags or {}), names.PUBLISHED: "1"}) as run:
