@@ -196,3 +196,28 @@ def test_a_spec_acceptance_folder_of_this_servers_answers_imports_with_its_count
     assert record.metrics["engine_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
     assert record.protocol["num_speculative_tokens"] == "7" and record.protocol["n_prompts"] == "4"
     assert record.details["by_position"], "detailed per-step metrics were served"
+
+
+def test_a_served_eval_exported_as_aiperf_records_reads_back_as_its_own_numbers(vllm_served_pair, tmp_path):
+    """Issue 39: a served eval in AIPerf's per-request shape; importing it back gives the eval's numbers."""
+    results = json.loads(vllm_served_pair.read_text())
+    store = f"sqlite:///{vllm_served_pair.parent / 'store.db'}"
+    [run] = [r for e in MlflowClient(store).search_experiments()
+             for r in MlflowClient(store).search_runs([e.experiment_id]) if r.data.tags.get("draftboard.kind") == "eval"]
+    out = tmp_path / "profile_export.jsonl"
+    assert main(["export-results", run.info.run_id, "--format", "aiperf", "--out", str(out),
+                 "--tracking-uri", store]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == len(results["prompts"])
+    first, row = records[0]["spec_decode_acceptance"], results["prompts"][0]
+    assert first["engine"] == "vllm" and first["num_spec_steps"] == len(row["acceptance_lengths"])
+    assert first["num_accepted_draft_tokens"] == row["engine_accepted"]
+    assert main(["export-results", run.info.run_id, "--format", "aiperf", "--out", str(out),
+                 "--tracking-uri", store]) == 2  # never over a file that exists
+    back = f"sqlite:///{tmp_path / 'back.db'}"
+    assert main(["import-results", str(out), "--format", "aiperf", "--tracking-uri", back]) == 0
+    [imported] = [r for e in MlflowClient(back).search_experiments() for r in MlflowClient(back).search_runs([e.experiment_id])]
+    m = imported.data.metrics
+    assert m["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
+    for k, rate in enumerate(results["accept_rate_by_position"], 1):
+        assert m.get(f"accept_rate_pos{k}", 0.0) == pytest.approx(rate)

@@ -208,3 +208,11 @@ def test_aiperf_records_aiperf_itself_would_reject_are_refused(tmp_path, capsys,
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and message in line and "profile_export.jsonl:1" in line
     assert _runs(store) == []
+
+
+def test_an_offline_eval_is_not_exported_as_served_requests(dashboard_store, tmp_path, capsys):
+    out = tmp_path / "profile_export.jsonl"
+    assert main(["export-results", dashboard_store.ids["v5@100"], "--format", "aiperf", "--out", str(out),
+                 "--tracking-uri", dashboard_store.uri]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: not a served eval") and not out.exists()

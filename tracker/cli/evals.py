@@ -272,6 +272,28 @@ def cmd_compare(args) -> int:
     return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
 
 
+def cmd_export_results(args) -> int:
+    from tracker.store import names
+    from tracker.store.importers.served import aiperf_records
+    from tracker.store.tracker import Tracker
+
+    out = Path(args.out)
+    if out.exists() or not out.parent.is_dir():
+        raise DraftboardError(f"--out {out}: give a new file in an existing folder")
+    tracker = Tracker(args.tracking_uri)
+    try:
+        results = tracker.read_json(args.run_id, names.EVAL_RESULTS_ARTIFACT)
+    except DraftboardError as exc:
+        raise DraftboardError(f"run {args.run_id}: no eval results to export ({exc})") from None
+    lines = "".join(json.dumps(record) + "\n" for record in aiperf_records(results))
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the file appears whole or not at all
+    tmp.write_text(lines, encoding="utf-8")
+    os.replace(tmp, out)
+    say(f"wrote {out}: {lines.count(chr(10))} request record(s) of run {args.run_id} (AIPerf profile_export.jsonl; "
+        "draftboard import-results --format aiperf reads it back)")
+    return 0
+
+
 def cmd_report(args) -> int:
     from tracker.dashboard import report
     from tracker.dashboard.compare import closest_reference, train_runs_for_histories
@@ -368,6 +390,14 @@ def add_commands(sub) -> None:
                    help="the reference run id (default: the closest, as Compare picks it; `none`: no reference)")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export-results", help="write a served eval's requests in another tool's format: "
+                                              "aiperf (AIPerf's profile_export.jsonl records)")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--format", required=True, choices=["aiperf"])
+    p.add_argument("--out", required=True, help="the file to write (refused if it exists)")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_export_results)
 
     p = sub.add_parser("eval", help="evaluate a drafter checkpoint against a target (teacher-forced, T=0)")
     eval_job.add_eval_arguments(p)

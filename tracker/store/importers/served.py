@@ -26,7 +26,8 @@ What each number is, and never is:
   drafted; per-step arrays one entry per step) and pooled over the requests:
   `engine_mean_acceptance_length` = 1 + accepted / steps (vLLM's definition; AIPerf's
   `mean_acceptance_length`, pooled), `draft_acceptance_rate`, `accept_rate_pos{k}` from the pooled
-  histogram.
+  histogram. `aiperf_records(results)` writes a served eval's requests in that same shape (`draftboard
+  export-results --format aiperf`), and reading them back gives the eval's own numbers.
 """
 
 from __future__ import annotations
@@ -247,3 +248,33 @@ def parse_aiperf(path: str | Path) -> list[ImportedEval]:
 
 PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, LLAMACPP_LOG: parse_llamacpp_log,
            PROMETHEUS: parse_prometheus, AIPERF: parse_aiperf}
+
+
+def aiperf_records(results: dict) -> list[dict]:
+    """A served eval's requests as AIPerf's profile_export.jsonl records, one per prompt, each checked
+    with AIPerf's invariants (`_aiperf_record`). An offline eval has no served requests: DraftboardError."""
+    engine = results.get("engine")
+    if not isinstance(engine, dict) or not engine.get("name"):
+        raise DraftboardError("not a served eval: AIPerf records are a serving engine's requests (an offline "
+                              "eval has none)")
+    try:
+        return [_aiperf_line(row, engine) for row in results["prompts"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # results are read from the store: untrusted
+        raise DraftboardError(f"the eval's results are not a served eval's per-prompt records ({exc!r:.80})") from None
+
+
+def _aiperf_line(row: dict, engine: dict) -> dict:
+    accepted_per_step = [length - 1 for length in row["acceptance_lengths"]]
+    ordered = row.get("engine_accepted_per_step")
+    steps, accepted, drafted = len(accepted_per_step), sum(accepted_per_step), row["engine_draft_tokens"]
+    record = {"engine": str(engine["name"]), "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+              "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+              "acceptance_histogram": {str(a): c for a, c in sorted(Counter(accepted_per_step).items())},
+              "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted, "num_spec_steps": steps,
+              "num_spec_tokens": engine.get("num_speculative_tokens"),
+              "completion_tokens": len(row["completion_ids"]),
+              # the engine's order where it reported one; per-step drafted counts it never reports
+              "per_step_accepted": ordered, "per_step_drafted": None}
+    _aiperf_record(record, f"prompt {str(row['id'])[:40]!r}")
+    return {"metadata": {"x_request_id": str(row["id"])}, "metrics": {}, "error": None,
+            "spec_decode_acceptance": record}
