@@ -46,7 +46,7 @@ if not options:
 from_url, unknown = ids_from_link(st.query_params.get("runs"), options)
 if unknown and "compare_runs" not in st.session_state:
     st.warning(f"No training or eval run with id {', '.join(md_code(r) for r in unknown)} in this store: the link "
-               "names runs that do not exist here (deleted, or another store's).", icon=":material/link_off:")
+               "names runs that do not exist here (deleted, or another store's).", icon="🔗")
 if "compare_runs" not in st.session_state:
     st.session_state["compare_runs"] = from_url or default_selection(index)
 else:  # runs may have been deleted since
@@ -95,9 +95,9 @@ with st.sidebar:
               if index.runs[r].kind == "train"}
     if any(len(evals) > 1 for evals in ranked.values()):
         st.subheader("Checkpoint drawn", help="which eval of each training run the Acceptance by position and "
-                                              "DDTree views draw. Default: one drawn solid (matching its training "
-                                              "run's environment), then the closest to the reference's; then the "
-                                              "latest step.")
+                                              "DDTree views draw. Default: the latest evaluated checkpoint; of its "
+                                              "evals, one drawn solid (matching its training run's environment), "
+                                              "then the closest to the reference's.")
         for run_id, evals in ranked.items():
             if len(evals) > 1:
                 picks[run_id] = st.selectbox(index.label(run_id), [e.run_id for e in evals],
@@ -211,8 +211,8 @@ def per_run_view(title: str, family: str, frame, figure, empty: str, csv_name: s
     if frame.empty:
         st.info(empty)
         return
-    st.caption("Training runs: one evaluated checkpoint each, picked in the sidebar (default: one matching its "
-               "training run's environment, then the closest to the reference's).")
+    st.caption("Training runs: one evaluated checkpoint each, picked in the sidebar (default: the latest; of its "
+               "evals, one matching its training run's environment, then the closest to the reference's).")
     st.plotly_chart(figure(frame), key=f"compare_{key}", config=PLOTLY)
     st.download_button("Download (CSV)", csv_bytes(frame), csv_name, "text/csv", key=f"compare_{key}_csv",
                        on_click="ignore")
@@ -259,7 +259,7 @@ def config_view() -> None:
     st.caption(f"{md(cv.summary)} · {recipe.DFLASH_MARK} a DFlash recipe key · `logged as`: the tool's own name")
     if cv.critical_keys:
         st.error(f"Critical recipe differences ({md(', '.join(cv.critical_keys))}): acceptance numbers of these "
-                 "runs are not comparable with the reference's.", icon=":material/error:")
+                 "runs are not comparable with the reference's.", icon="🚫")
     if cv.table.empty:
         st.success("No key differs from the reference.")
     else:
@@ -293,7 +293,7 @@ def engines_view() -> None:
             continue
         if view.offline is None:
             st.warning("No offline eval of this checkpoint on these prompts: the gap is not taken apart (evaluate it "
-                       "offline with the same prompts).", icon=":material/info:")
+                       "offline with the same prompts).", icon="ℹ️")
         st.dataframe(view.gaps, hide_index=True, key=f"compare_engines_gaps_{i}", row_height=WRAP_ROW_HEIGHT,
                      column_config={name: st.column_config.TextColumn(width="large")
                                     for name in ("settings that differ", "verdict")})
@@ -325,17 +325,17 @@ colors = charts.run_colors(index)
 with banners:
     if data.target_note:
         # A reference for another model makes every other difference moot: said once, first, loudest.
-        st.error(f"**{md(data.target_note)}**", icon=":material/error:")
+        st.error(f"**{md(data.target_note)}**", icon="🚫")
     else:
         if ref_pick == AUTO:
             if choice.run_id is None or not choice.matches:
-                st.warning(f"Reference: {md(choice.message)}", icon=":material/info:")
+                st.warning(f"Reference: {md(choice.message)}", icon="ℹ️")
             else:
                 st.caption(f"Reference: {md(choice.message)}")
         if ref is not None and ref.published:
             st.info(f"The reference **{md(ref.name)}** is published numbers for target "
                     f"{md_code(ref.target or 'unknown')}: its environment is unknown, so differences are warnings, "
-                    "not proof of comparability.", icon=":material/menu_book:")
+                    "not proof of comparability.", icon="📖")
     # Every comparability warning in one panel, in the legend's words (≠ reference, ≠ training): open when
     # a series is not comparable with the reference, folded to one line otherwise.
     lists = [] if data.target_note else [data.resolution_notes, data.banner, data.protocol_notes]
@@ -347,12 +347,12 @@ with banners:
                          expanded=critical, icon=":material/warning:" if critical else ":material/info:"):
             if not data.target_note:
                 ui.bullet_list(data.resolution_notes, TITLES["resolution_notes"], st.warning,
-                               icon=":material/swap_horiz:")
+                               icon="↔️")
                 ui.bullet_list(data.banner, TITLES["banner"])
                 if data.probe_help:
                     st.caption("Hidden states compared on the fixed probe input",
                                help=md("\n\n".join(data.probe_help)))
-                ui.bullet_list(data.protocol_notes, TITLES["protocol_notes"], st.info, icon=":material/rule:")
+                ui.bullet_list(data.protocol_notes, TITLES["protocol_notes"], st.info, icon="📏")
             ui.bullet_list(data.lineage_banner, TITLES["lineage_banner"], st.warning)
     if data.reference_note and not data.target_note:
         (st.warning if data.reference_note.startswith("No reference") else st.caption)(md(data.reference_note))

@@ -24,10 +24,10 @@ else:
     n_crit = int(((table["critical"] > 0) & ~redone).sum())
     if n_crit:
         st.error(f"{n_crit} eval(s) ran in an environment that differs critically from their training run.",
-                 icon=":material/warning:")
+                 icon="⚠️")
     if redone.any():
         st.success(f"{int(redone.sum())} such eval(s) were re-evaluated under their training run's environment "
-                   "and match it (column *re-evaluated as*).", icon=":material/check_circle:")
+                   "and match it (column *re-evaluated as*).", icon="✅")
     st.dataframe(table, hide_index=True, key="env_pairs", column_order=[c for c in table.columns
                                                                        if c != "eval_run_id"],
                  column_config={"differences": st.column_config.TextColumn(width="large")})

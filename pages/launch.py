@@ -71,7 +71,7 @@ def _on_train_change() -> None:
 
 
 if cfg.readonly:
-    st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon=":material/lock:")
+    st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon="🔒")
 else:
     st.caption(ui.allowed_roots_caption(cfg))
     st.caption(md(workers_caption(queue.workers())))
@@ -87,7 +87,7 @@ else:
 
     if st.session_state.get("launch_edited") is not None:
         st.info(f"The form holds job #{st.session_state['launch_edited']}'s settings: change what you need and "
-                "queue it.", icon=":material/edit:")
+                "queue it.", icon="✏️")
     # What shapes the form (and pre-fills it) sits above it; the form holds the values, so a submit
     # queues exactly what is shown, and every number is checked then, not clamped by the field.
     c1, c2 = st.columns(2)
@@ -199,21 +199,21 @@ else:
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k, samples=1 if samples_off else samples,
         )
-        with ui.reported(lambda text: st.error(text, icon=":material/block:")):
+        with ui.reported(lambda text: st.error(text, icon="🚫")):
             params = eval_params(form, cfg.allowed_roots)
             job = submit_eval(queue, params, ui.tracker_for(cfg.store_uri))
             if job.existing:
                 st.info(f"This checkpoint was already submitted with these settings: job #{job.id} ({job.state}). "
-                        "No duplicate was queued.", icon=":material/content_copy:")
+                        "No duplicate was queued.", icon="📋")
                 if job.mlflow_run_id:
                     st.page_link(ui.RUN_DETAIL_PAGE, label="Open the existing result",
                                  query_params={"run": job.mlflow_run_id}, icon=":material/science:")
             else:
                 st.session_state.pop("launch_edited", None)
-                st.success(f"Queued job #{job.id}.", icon=":material/check:")
+                st.success(f"Queued job #{job.id}.", icon="✅")
             unused = unused_settings(form)
             if unused:
-                st.info("Not part of this eval: " + md("; ".join(unused)) + ".", icon=":material/info:")
+                st.info("Not part of this eval: " + md("; ".join(unused)) + ".", icon="ℹ️")
 
 # ------------------------------------------------------------------ queue
 st.subheader("Queue", help="evals run by `draftboard worker` (started by `draftboard ui`)")

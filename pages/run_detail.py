@@ -23,7 +23,7 @@ run_ids = list(index.runs)
 wanted = st.query_params.get("run")
 if wanted and wanted not in index.runs and "detail_run" not in st.session_state:
     st.warning(f"No run with id {md_code(wanted)} in this store: the link names a run that does not exist here "
-               "(deleted, or another store's). Showing another run.", icon=":material/link_off:")
+               "(deleted, or another store's). Showing another run.", icon="🔗")
 trains = index.of_kind("train")
 default = run_ids.index(wanted) if wanted in index.runs else run_ids.index(trains[0].run_id) if trains else 0
 run_id = st.selectbox("Run", run_ids, index=default, key="detail_run",
@@ -40,7 +40,7 @@ st.markdown(" · ".join(meta))
 if run.error:
     st.error(f"The run failed: {md(run.error)}")
 if run.alert:
-    st.warning(f"**Regression** — {md(run.alert)}", icon=":material/trending_down:")
+    st.warning(f"**Regression** — {md(run.alert)}", icon="📉")
 if cfg.mlflow_ui:
     st.link_button("Open in mlflow ui", mlflow_ui_url(run, cfg.mlflow_ui), icon=":material/open_in_new:",
                    help=f"the same run in `mlflow ui` at {md_code(cfg.mlflow_ui)}")
@@ -66,7 +66,7 @@ if open_pairs:  # one banner for all of them: a training run with five such eval
 for pair, by in lineage.resolutions(index, run):
     st.success(f"Resolved: {md(index.eval_label(pair.eval))} differed from training "
                f"({md(pair.summary())}); re-evaluated under training's environment as "
-               f"**{md(index.label(by.run_id))}**", icon=":material/check_circle:")
+               f"**{md(index.label(by.run_id))}**", icon="✅")
     st.page_link(ui.RUN_DETAIL_PAGE, label=f"Open {md(index.label(by.run_id))}", icon=":material/science:",
                  query_params={"run": by.run_id})
 

@@ -14,7 +14,7 @@ open_evals = lineage.open_evals(index)
 if open_evals:
     with st.container(horizontal=True, vertical_alignment="center"):
         st.warning(f"{len(open_evals)} eval(s) ran in a different environment than trained: their numbers are not "
-                   "the drafter as trained.", icon=":material/warning:")
+                   "the drafter as trained.", icon="⚠️")
         st.page_link(ui.ENVIRONMENTS_PAGE, label="Re-evaluate", icon=":material/replay:")
 
 with st.sidebar:
@@ -30,7 +30,7 @@ search = st.text_input("Search by name", key="runs_search", placeholder="name or
 
 runs = filter_runs(index, kinds, targets, tags, search)
 if not runs:
-    st.info("No run matches the filters.", icon=":material/filter_alt_off:")
+    st.info("No run matches the filters.", icon="🔍")
     st.stop()
 
 table = runs_table(index, runs)

@@ -394,6 +394,9 @@ def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_
     (error,) = [shown(e.value) for e in at.error]
     assert error == (f"max new tokens {10**12} leaves no room for a prompt in the target's context of {context} "
                      "tokens (max_position_embeddings)")
+    # An emoji, not a Material icon: its ligature name ("block") is text that shows before the icon font
+    # loads and in anything copied from the page.
+    assert at.error[0].icon == "🚫"
     # Out-of-range numbers reach the check as typed (no field clamps them back to an earlier value).
     for key, value, why in (("launch_max_new", -5, "max new tokens must be a positive integer"),
                             ("launch_limit", 0, "prompts per dataset must be a positive integer (or empty: all of them)")):

@@ -13,6 +13,7 @@ from tracker import config
 from tracker.dashboard import lineage, metric_docs
 from tracker.dashboard.charts import REFERENCE_COLOR, ddtree_vs_budget, run_colors
 from tracker.dashboard.compare import (
+    best_evals,
     closest_reference,
     common_budgets,
     compare_data,
@@ -320,7 +321,26 @@ def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_diffe
         ["v3 [fallback/cpu/fp32]", 100], ["v3 [fast/cpu/fp32]", 200]]
     assert set(data.train_curves["reason"]) == {"≠ reference: linear-attn"} and data.train_curves["dashed"].all()
     assert "v3 (training): linear-attn fallback vs reference: fast" in data.banner
-    assert data.picked == {"t3": "e3"}  # the solid one, though the fast eval is closer to the reference
+    # The latest evaluated step is drawn by default (issue 39: a re-evaluation of an earlier step once moved
+    # the default there without a word); the step-100 drafter as trained stays one pick away.
+    assert data.picked == {"t3": "e3g"}
+    assert [e.run_id for e in best_evals(index, index.runs["t3"], index.runs["ref"])] == ["e3g", "e3"]
+
+
+def test_a_re_evaluation_answering_a_mismatch_is_said_once_and_keeps_the_default_checkpoint():
+    """Issue 39: after the demo's re-evaluation (step 40, in the training environment), Compare drew step 40
+    instead of 200 and added a red banner line for the re-eval beside its resolution note."""
+    trained = fp(path="fast", dtype="bf16")
+    index = RunIndex([
+        run("t", "train", trained, name="v3"),
+        *(run(f"e{s}", "eval", fp(), train="t", step=s, metrics={"tau": 2.0}) for s in (40, 200)),
+        run("re40", "eval", trained, train="t", step=40, metrics={"tau": 2.1}, start=9),  # the re-evaluation
+        run("ref", "reference", fp(), metrics={"tau": 3.0}, ref_name="z"),
+    ])
+    data = compare_data(index, ["t"], "ref", pd.DataFrame(columns=["run_id", "key", "step", "value"]))
+    assert data.picked == {"t": "e200"}
+    assert len(data.resolution_notes) == 1 and data.resolution_notes[0].startswith("v3 @ step 40")
+    assert not [line for line in data.banner if "step 40" in line], data.banner
 
 
 def test_default_selection_is_the_teams_training_runs_not_the_references_own():

@@ -22,7 +22,8 @@
 - The reference's tau line is its number for the chosen evals' dataset (`compare_deltas.reference_tau`),
   never an average over other sets; `reference_note` says which, or why there is none.
 - Acceptance by position and DDTree: one checkpoint per chosen training run, `picks` or by default
-  `best_evals` (a solid one, then the closest to the reference's environment, then to its training run's).
+  `best_evals` (the latest evaluated step; of its evals a solid one, then the closest to the reference's
+  environment, then to its training run's).
 
 Every frame carries `owner`, the run whose colour a series takes (`charts.run_colors`).
 `closest_reference` picks the default reference: one evaluated for the same target, with the
@@ -265,16 +266,17 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
 
 
 def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
-    """A chosen run's evals, the best match first: drawn solid (`series_reason`), then the fewest
-    critical differences from the reference, then from its own training run; then the latest
-    checkpoint, the newest eval."""
+    """A chosen run's evals, the default first: the latest evaluated checkpoint (a re-evaluation of an
+    earlier one never moves the default off the drafter the run ended with); at one step, drawn solid
+    (`series_reason`), then the fewest critical differences from the reference, then from its own
+    training run, then the newest eval."""
     if run.kind != "train":
         return [run]
 
     def rank(ev: RunInfo) -> tuple:
         own = lineage.vs_training(index, ev)
-        return (bool(series_reason(index, ev, ref)), len(_critical_vs(ev, ref)),
-                len(own.critical) if own is not None else 0, -(ev.checkpoint_step or 0), -(ev.start_time or 0))
+        return (-(ev.checkpoint_step or 0), bool(series_reason(index, ev, ref)), len(_critical_vs(ev, ref)),
+                len(own.critical) if own is not None else 0, -(ev.start_time or 0))
 
     return sorted(current_evals(index, run), key=rank)
 
@@ -373,7 +375,10 @@ def compare_data(
             note_probe(run, index.label(run.run_id), crit)
     train_curves = training_curves(index, run_ids, reference_id, histories)
 
-    # Eval points by checkpoint, one series per chosen run and environment.
+    # Eval points by checkpoint, one series per chosen run and environment. A re-evaluation that answers
+    # a mismatch but differs from the reference is said once, by its resolution note (which offers the
+    # reference that matches it), not again in the banner.
+    answered = {by.run_id for run in runs if run.kind == "train" for _, by in lineage.resolutions(index, run)}
     points, drawn, protocol_notes = [], [], []
     for run in runs:
         for label, evals in eval_series(index, run):
@@ -389,7 +394,7 @@ def compare_data(
                     if minor:
                         noted.setdefault(compare_deltas.protocol_text(minor), []).append(ev)
                 reason = reason or series_reason(index, ev, ref)
-                if crit:
+                if crit and ev.run_id not in answered:
                     note_probe(ev, index.eval_label(ev), crit)
                     vs_ref.setdefault(summarize_rows(crit, "", ref_name,
                                                      probe=lineage.probe_words(ev.fingerprint, ref.fingerprint)),

@@ -410,7 +410,7 @@ def setup(title: str | None, needs_runs: bool) -> Shared:
             st.title(title)
         st.info(f"No store at {md_code(missing)} yet. This dashboard is read-only, so it creates nothing: the "
                 "store appears once a writable dashboard, a worker or a training run logs to it.",
-                icon=":material/lock:")
+                icon="🔒")
         st.stop()
     try:
         with st.spinner("Reading runs…"):
@@ -491,7 +491,7 @@ def demo_banner(cfg: Settings) -> bool:
     why = f": {md(progress.error)}" if progress.error else f" (process {progress.pid} is gone)"
     st.warning(f"**The demo build stopped** at stage {progress.stage}/{progress.stages}{why}.{log} "
                f"The runs it made so far are shown; `./scripts/run.sh` (or `draftboard demo --resume`) "
-               "builds it again.", icon=":material/error:")
+               "builds it again.", icon="🚫")
     return True
 
 
@@ -522,11 +522,11 @@ def empty_state(cfg: Settings) -> None:
     progress = demo_progress.read_progress(config.home_dir())
     if progress is not None and progress.building and progress.store == cfg.store_uri:
         st.info("**No runs yet.** The demo's first runs land once its target is trained (the progress above).",
-                icon=":material/hourglass_top:")
+                icon="⏳")
         st.stop()
     st.info("**No runs yet.** Run `draftboard demo` to build a demo store, or log a training run with "
             "`tracker.Tracker().training_run(...)`, import one with `draftboard import-log FILE --name NAME`, "
-            "or evaluate a checkpoint with `draftboard eval ...`.", icon=":material/inbox:")
+            "or evaluate a checkpoint with `draftboard eval ...`.", icon="📭")
     st.caption(f"Store: {md_code(redact.shown_uri(cfg.store_uri))}")
     st.stop()
 
