@@ -199,8 +199,12 @@ def test_by_dataset_results_and_online_gap():
     offline = eval_run("off", {"gsm8k": 10, "mbpp": 6}, 3.3, train="t", step=100)
     index = RunIndex([make("t", "train"), online, offline])
     frame = comparisons.by_dataset_frame(index, [online], lambda r: results)
-    assert frame[["dataset", "prompts", "tau", "ci low", "ci high", "scoring"]].values.tolist() == [
-        ["gsm8k", 10, 3.0, 2.5, 3.5, "online"], ["mbpp", 6, 4.0, 3.0, 5.0, "online"]]
+    assert frame[["dataset", "prompts", "tau", "95% interval", "scoring"]].values.tolist() == [
+        ["gsm8k", "10", "3.000", "[2.500, 3.500]", "online"], ["mbpp", "6", "4.000", "[3.000, 5.000]", "online"]]
+    # A publication's numbers: what it does not state says so (issue 39: the cells read `None`).
+    published = comparisons.by_dataset_frame(RunIndex([PUBLISHED]), [PUBLISHED])
+    assert published[["prompts", "95% interval"]].drop_duplicates().values.tolist() == [["not stated", "none published"]]
+    assert not published.isna().any().any()
     gaps = comparisons.online_gaps(index, [online, offline], lambda r: results if r.run_id == "on" else None)
     assert gaps["online - offline"].round(6).tolist() == [0.6, 0.1]
     assert gaps["from"].tolist() == ["the online eval's own offline score", "offline eval off"]

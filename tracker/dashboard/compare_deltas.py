@@ -201,7 +201,7 @@ REFERENCE_COLUMNS = ["eval", "dataset", "prompts", "tau", "reference tau", "delt
                      "protocol", "run_id"]
 PREVIOUS_COLUMNS = ["series", "step", "previous step", "dataset", "tau", "previous tau", "delta tau", "verdict",
                     "how", "run_id"]
-DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "ci low", "ci high", "scoring", "run_id"]
+DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "95% interval", "scoring", "run_id"]
 ONLINE_COLUMNS = ["checkpoint", "offline tau", "online tau", "online - offline", "from"]
 SERVED_COLUMNS = ["checkpoint", "offline eval", "engine mean acceptance length", "offline tau", "gap", "pooling",
                   "end of generation", "acceptance", "numerics", "unexplained", "hybrid", "verdict"]
@@ -276,15 +276,19 @@ def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunI
 
 
 def by_dataset_frame(index: RunIndex, runs: Sequence[RunInfo], results: ResultsLoader | None = None) -> pd.DataFrame:
-    """Per-dataset tau of each run with its interval, grouped by dataset (then run)."""
+    """Per-dataset tau of each run with its interval, grouped by dataset (then run). Cells are text, so what
+    a publication does not state reads as such (never an empty `None` cell)."""
     rows = []
     for run in runs:
+        published = scoring(run) == "published"
         for dataset, est in dataset_estimates(run, results(run) if results else None).items():
-            rows.append({"run": index.eval_label(run), "dataset": _label(dataset), "prompts": est.n_prompts,
-                         "tau": est.value, "ci low": est.low, "ci high": est.high, "scoring": scoring(run),
+            interval = (f"[{est.low:.3f}, {est.high:.3f}]" if est.has_interval
+                        else "none published" if published else "not computed")
+            rows.append({"run": index.eval_label(run), "dataset": _label(dataset),
+                         "prompts": str(est.n_prompts) if est.n_prompts is not None else "not stated",
+                         "tau": f"{est.value:.3f}", "95% interval": interval, "scoring": scoring(run),
                          "run_id": run.run_id})
-    frame = pd.DataFrame(rows, columns=DATASET_COLUMNS).astype({"prompts": "Int64", "ci low": "float64",
-                                                                "ci high": "float64"})
+    frame = pd.DataFrame(rows, columns=DATASET_COLUMNS)
     return frame.sort_values(["dataset", "run"], kind="stable", ignore_index=True)
 
 
