@@ -74,10 +74,11 @@ def reference_run(plan: Plan) -> TrainConfig:
 
 
 # Seconds per unit of work on 2 idle CPU cores, from a full build's stage times (`draftboard demo`
-# prints them; measured: target 48 s for 400 steps, data 4 s, 5-7 s per 200-step run, 8 s for 240 eval
-# prompts, reference 17 s, 94 s in all). The progress bar counts work with these, so the target's
-# training, half of a build, moves the bar as long as it takes; the ETA is the pace so far.
-COST_S = {"target step": 0.12, "data prompt": 0.03, "drafter step": 0.028, "eval prompt": 0.035, "published": 0.5}
+# prints them; measured 2026-12-04: target 37 s for 400 steps, data 3 s, 6-8 s per 200-step run, 6 s for
+# 240 eval prompts, reference 17 s, published 8 s, 91 s in all). The progress bar counts work with these, so
+# each stage moves the bar as long as it takes and the ETA (the pace so far) holds from the first stage on;
+# the earlier weights (target 48 s, published 0.5 s) made it about half the time really left.
+COST_S = {"target step": 0.093, "data prompt": 0.025, "drafter step": 0.033, "eval prompt": 0.025, "published": 8.0}
 
 
 def stage_work(plan: Plan) -> list[float]:

@@ -253,3 +253,22 @@ def test_run_sh_serves_the_store_every_command_in_its_folder_uses(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
     assert "--demo builds into a local SQLite store" in other.stderr
+
+
+def test_the_progress_eta_holds_from_the_first_stage_of_a_measured_build():
+    """Issue 39: the demo's ETA was about half the time really left. The stage times of a full build on 2
+    idle cores (`draftboard demo` prints them; 2026-12-04) against the ETA the progress file would give at
+    the end of each stage: within 15% of the time left, from the first stage on."""
+    from demo.build import FULL, stage_work
+    from tracker.jobs.demo_progress import RUNNING, DemoProgress
+
+    measured = [37, 3, 6, 6, 8, 6, 17, 8]  # target, data, three runs, evals, reference, published
+    work = stage_work(FULL)
+    assert len(work) == len(measured)
+    elapsed = done = 0.0
+    for seconds, share in list(zip(measured, work))[:-1]:
+        elapsed, done = elapsed + seconds, done + share
+        progress = DemoProgress(state=RUNNING, pid=1, store="sqlite:///x.db", store_ready=True,
+                                fraction=done / sum(work), started=1000.0)
+        left = sum(measured) - elapsed
+        assert progress.eta_s(1000.0 + elapsed) == pytest.approx(left, rel=0.15), (elapsed, left)
