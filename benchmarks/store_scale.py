@@ -28,9 +28,16 @@ Peak RSS of the dashboard's server over all of it.
 Ratios: each cost's growth exponent between the two sizes, log(t2 / t1) / log(n2 / n1) (1.0:
 linear); target <= 1.1 for every in-process cost, and diffs per eval <= 1; at the larger size every
 page's first visit <= PAGE_S_TARGET and no slower than MLflow UI's runs list (ratio page / MLflow
-<= 1), and peak RSS < RSS_MB_TARGET. Not measured here: the PostgreSQL-backed server deployment.
+<= 1), and peak RSS < RSS_MB_TARGET.
+
+`--server`: the same in-process costs against the deployment of docs/DEPLOY.md, an `mlflow server` on
+PostgreSQL with proxied artifacts and basic auth (scripts/services.sh starts one: its exports name it),
+where every fingerprint.json is an HTTP download. The store grows in place from the smaller size to the
+larger (one experiment, as a team's does), and the fingerprint downloads of each read are counted: the
+first read downloads each run's once, the next only those of runs logged since (target 0).
 
     python benchmarks/store_scale.py [--sizes 1000 10000] [--no-browser]
+    eval "$(bash scripts/services.sh start)"; python benchmarks/store_scale.py --server --sizes 300 1500
 """
 
 from __future__ import annotations
@@ -91,11 +98,12 @@ def _fingerprint(fast: bool, run: int) -> dict:
     }
 
 
-def build(uri: str, n_runs: int) -> None:
+def build(uri: str, n_runs: int, first: int = 0) -> None:
+    """Training runs `first`.. with their evals, until the store holds about n_runs runs."""
     tracker = Tracker(uri)
     n_train = max(1, n_runs // (EVALS_PER_TRAIN + 1))
-    with tqdm(total=n_train * (EVALS_PER_TRAIN + 1), desc=f"store of {n_runs} runs", unit="run") as bar:
-        for t in range(n_train):
+    with tqdm(total=(n_train - first) * (EVALS_PER_TRAIN + 1), desc=f"store of {n_runs} runs", unit="run") as bar:
+        for t in range(first, n_train):
             with tracker.training_run(f"drafter-v{t}", {"lr": 6e-4, "block_size": 16}, TARGET,
                                       fingerprint=_fingerprint(True, t)) as train:
                 train.log_step(1000, loss=1.0 / (1 + t))
@@ -117,9 +125,11 @@ def build(uri: str, n_runs: int) -> None:
 def measure(uri: str) -> dict:
     tracker = Tracker(uri)
     cached: dict = {}
+    reads: list[int] = []
 
     def fingerprints(run_id: str, artifact_uri: str):  # the dashboard's loader keeps what it read
         if run_id not in cached:
+            reads.append(1)
             cached[run_id] = read_json_artifact(tracker.client, run_id, artifact_uri, "fingerprint.json")
         return cached[run_id]
 
@@ -131,6 +141,7 @@ def measure(uri: str) -> dict:
         t = time.perf_counter()
         index = load_run_index(tracker, fingerprints, lasting)
         out["index_first_s"] = time.perf_counter() - t
+        out["fingerprint_reads_first"] = len(reads)
         t = time.perf_counter()
         tables.runs_table(index, list(index.runs.values()))
         open_evals = len(lineage.open_evals(index))
@@ -139,6 +150,7 @@ def measure(uri: str) -> dict:
         t = time.perf_counter()
         index = load_run_index(tracker, fingerprints, lasting)
         out["index_next_s"] = time.perf_counter() - t
+        out["fingerprint_reads_next"] = len(reads) - out["fingerprint_reads_first"]
         t = time.perf_counter()
         tables.runs_table(index, list(index.runs.values()))
         out["runs_next_s"] = time.perf_counter() - t
@@ -203,19 +215,41 @@ def browse(home: Path, uri: str) -> dict:
     return out
 
 
+def _server_store() -> str:
+    """The mlflow server scripts/services.sh started (its exports: a fresh one holds no runs), with its
+    admin's credentials."""
+    import os
+
+    missing = [k for k in ("DRAFTBOARD_TEST_SERVER_URI", "DRAFTBOARD_TEST_ADMIN_USER", "DRAFTBOARD_TEST_ADMIN_PASSWORD")
+               if not os.environ.get(k)]
+    if missing:
+        raise SystemExit(f"error: --server needs {', '.join(missing)}: eval \"$(bash scripts/services.sh start)\"")
+    os.environ["MLFLOW_TRACKING_USERNAME"] = os.environ["DRAFTBOARD_TEST_ADMIN_USER"]
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = os.environ["DRAFTBOARD_TEST_ADMIN_PASSWORD"]
+    return os.environ["DRAFTBOARD_TEST_SERVER_URI"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs=2, default=[1000, 10_000])
     parser.add_argument("--no-browser", action="store_true", help="in-process costs only")
+    parser.add_argument("--server", action="store_true",
+                        help="against the PostgreSQL-backed mlflow server of scripts/services.sh (in-process costs)")
     args = parser.parse_args()
     small, large = sorted(args.sizes)
     results = {}
+    if args.server:
+        uri = _server_store()
+        args.no_browser = True  # the pages' browser timings are the embedded store's (the default run)
     with tempfile.TemporaryDirectory(prefix="draftboard-scale-") as tmp:
         for n in (small, large):
-            home = Path(tmp) / f"store-{n}"
-            home.mkdir()
-            uri = f"sqlite:///{home / 'draftboard.db'}"
-            build(uri, n)
+            if args.server:
+                build(uri, n, first=0 if n == small else max(1, small // (EVALS_PER_TRAIN + 1)))
+            else:
+                home = Path(tmp) / f"store-{n}"
+                home.mkdir()
+                uri = f"sqlite:///{home / 'draftboard.db'}"
+                build(uri, n)
             results[n] = measure(uri)
             if not args.no_browser:
                 results[n].update(browse(home, uri))
@@ -225,8 +259,9 @@ def main() -> None:
     growth = math.log(b["runs"] / a["runs"])
     exponents = {f"{k.removesuffix('_s')}_exponent": round(math.log(b[k] / a[k]) / growth, 2)
                  for k in ("index_first_s", "index_next_s", "runs_first_s", "runs_next_s")}
-    ratios = {**exponents, "diffs_per_eval": round(b["diffs"] / b["evals"], 2)}
-    targets = {**{k: TARGET_EXPONENT for k in exponents}, "diffs_per_eval": 1}
+    ratios = {**exponents, "diffs_per_eval": round(b["diffs"] / b["evals"], 2),
+              "fingerprint_reads_next": b["fingerprint_reads_next"]}
+    targets = {**{k: TARGET_EXPONENT for k in exponents}, "diffs_per_eval": 1, "fingerprint_reads_next": 0}
     if not args.no_browser:
         for key in [k for k in b if k.startswith("page_") and k.endswith("_first_s")]:
             name = key.removesuffix("_s")

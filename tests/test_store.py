@@ -153,6 +153,14 @@ def test_eval_run_carries_lineage_and_artifacts(tracker, store_uri, machine_fp, 
     table = _artifact_json(client, ev.run_id, "per_prompt.json", tmp_path)
     assert table["columns"] == ["id", "tau"] and table["data"] == [["a", 6.0], ["b", 6.2]]
     assert tracker.fingerprint(ev.run_id) == machine_fp
+    # The dashboard's reader: from disk (sqlite), through the server's artifact proxy (server), alike.
+    from tracker.dashboard.index import read_json_artifact
+
+    artifact_uri = got.info.artifact_uri
+    assert artifact_uri.startswith("mlflow-artifacts:" if store_uri.startswith("http") else ("/", "file:"))
+    assert read_json_artifact(client, ev.run_id, artifact_uri, "eval_results.json") == results
+    assert read_json_artifact(client, ev.run_id, artifact_uri, "fingerprint.json") == machine_fp
+    assert read_json_artifact(client, ev.run_id, artifact_uri, "no-such.json") is None
 
 
 def test_eval_run_rejects_an_unknown_training_run(tracker, machine_fp):
