@@ -200,15 +200,21 @@ with tabs[1]:
         if table.empty:
             st.info("No checkpoints registered (`run.log_checkpoint(path, step)`) and no evals yet.")
         else:
+            # What was measured first (tau, the env check, the evals), where a file sits last: at 1280 px the
+            # numbers show without scrolling past a long path.
             st.dataframe(table, hide_index=True, key="detail_checkpoints",
-                         column_order=[c for c in table.columns if c != "critical"], column_config={
+                         column_order=["step", "tau", "env check", "evals", "size (MB)", "sha256", "path"],
+                         column_config={
                 "size (MB)": st.column_config.NumberColumn(format="%.3f"),
                 "tau": st.column_config.NumberColumn("best tau", format="%.3f", help=metric_docs.help_text("tau")),
                 "evals": st.column_config.TextColumn(width="large"),
+                "path": st.column_config.TextColumn(width="medium"),
             })
         evals = index.evals_of(run.run_id, ("eval", "reference"))
         for ev in evals:
-            st.page_link(ui.RUN_DETAIL_PAGE, label=md(f"{index.eval_label(ev)} — {ev.name} [{ev.env_badges}]"),
+            # eval_label names the run and its step; the run's own name only where it says something else
+            named = "" if ev.name.startswith(index.eval_label(ev)) else f" — {ev.name}"
+            st.page_link(ui.RUN_DETAIL_PAGE, label=md(f"{index.eval_label(ev)}{named} [{ev.env_badges}]"),
                          query_params={"run": ev.run_id}, icon=":material/science:")
         watch_section(run)
     else:

@@ -34,15 +34,18 @@ if not runs:
     st.stop()
 
 table = runs_table(index, runs)
-n_bad = int((table["critical"] > 0).sum())
+flagged = table.loc[table["critical"] > 0, "kind"].str.split(" ").str[0].value_counts()
+n_bad = int(flagged.sum())
 cols = st.columns(4)
 cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
 cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
 cols[2].metric("References", sum(r.kind == "reference" for r in runs))
-cols[3].metric("Critical mismatches", n_bad,
-               help="runs whose environment differs critically from the runs they are compared with (a training "
-                    "run vs its evals), or whose evals were measured under protocols that differ critically (another "
-                    "prompt set or dataset, thinking, temperature, block size): their numbers are not comparable")
+cols[3].metric("Runs flagged 🔴", n_bad,
+               help=f"{', '.join(f'{n} {kind}' for kind, n in flagged.items()) or 'none'}: the rows with a 🔴 in "
+                    "env or protocol. An eval whose environment differs critically from its training run's (and its "
+                    "training run, on whose row the step is named), or whose protocol differs critically from the "
+                    "evals it is drawn with (another prompt set or dataset, thinking, temperature, block size): "
+                    "their numbers are not comparable")
 
 tau_help = (metric_docs.help_text("tau") + " Shown with its 95% interval over prompts, the number of prompts, the "
             "sampling (T=0: greedy) and the new tokens per prompt; a training run's is its latest evaluated "
@@ -71,7 +74,7 @@ event = st.dataframe(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
                         "row: at which evaluated step). 🟢 re-evaluated: the difference was answered by the same eval "
                         "repeated in the training run's environment. ⚪ no fingerprint. Empty: no critical difference.",
-            width=130),
+            width=180),
         "protocol check": st.column_config.TextColumn(
             "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
                              "run (on a training run's row: which evaluated steps differ from its latest eval's): "
@@ -80,24 +83,24 @@ event = st.dataframe(
                              "🎲 sampled (T > 0): its tau is the expected acceptance length over xN draws per prompt. "
                              "⚪ evaluated before protocols were recorded. Empty: nothing to say.",
             width=90),
-        "name": st.column_config.TextColumn("name", width=130),
+        "name": st.column_config.TextColumn("name", width=170),
         "status": st.column_config.TextColumn(
-            "status", width=55, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
+            "status", width=80, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
                                      "than a reference, by the paired bootstrap (Run detail says by how much)"),
-        "kind": st.column_config.TextColumn("kind", width=75, help="train / eval / reference; published = numbers from a "
+        "kind": st.column_config.TextColumn("kind", width=80, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
-        "drafter": st.column_config.TextColumn("drafter", width=55, help="the drafter's family: DFlash, or DFlash2 "
+        "drafter": st.column_config.TextColumn("drafter", width=66, help="the drafter's family: DFlash, or DFlash2 "
                                                "(grouped dynamic convs and a candidate selector)"),
-        "target": st.column_config.TextColumn("target", width=75, help="the target model (last path component)"),
-        "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
+        "target": st.column_config.TextColumn("target", width=120, help="the target model (last path component)"),
+        "steps": st.column_config.TextColumn("steps", width=50, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
         "tau": st.column_config.TextColumn("tau", width=150, help=tau_help),
         "linear-attn": st.column_config.TextColumn(
             "linear-attn", width=70, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
                                 "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
-        "device": st.column_config.TextColumn("device", width=55, help="device kind (GPU model)"),
-        "dtype": st.column_config.TextColumn("dtype", width=45, help="dtype of the target's forward pass"),
-        "started": st.column_config.TextColumn("started (UTC)", width=85),
+        "device": st.column_config.TextColumn("device", width=70, help="device kind (GPU model)"),
+        "dtype": st.column_config.TextColumn("dtype", width=50, help="dtype of the target's forward pass"),
+        "started": st.column_config.TextColumn("started (UTC)", width=90),
         "detail": st.column_config.LinkColumn("detail", display_text="open", width=40,
                                             help="the run's detail page"),
     },

@@ -28,13 +28,17 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     at = run_page("pages/runs.py")
     table = _frames(at)[0]
     assert set(app_env.ids.values()) <= set(table["run_id"])
+    # At 1280 px the number shows beside the checks that say whether it compares (issue 39: tau was off-screen)
+    assert list(at.dataframe[0].proto.column_order)[:4] == ["env check", "protocol check", "name", "tau"]
     by_id = table.set_index("run_id")
     v4 = by_id.loc[app_env.ids["v4"]]
     assert v4["env check"].startswith("🔴") and "linear-attn fallback vs training: fast" in v4["env check"]
     assert by_id.loc[app_env.ids["v4@200"], "env check"].startswith("🔴")
     assert not by_id.loc[app_env.ids["v5"], "env check"].startswith("🔴")
     # The headline count is the number of runs with a critical mismatch (v4 and its eval).
-    assert [m.value for m in at.metric if m.label == "Critical mismatches"] == ["2"]
+    assert [m.value for m in at.metric if m.label == "Runs flagged 🔴"] == ["2"]
+    # ... and says which, so it never reads as a second count of the banner's evals (issue 39)
+    assert [m.help for m in at.metric if m.label == "Runs flagged 🔴"][0].startswith(("1 eval, 1 train", "1 train, 1 eval"))
     # The landing page says what this is, and what to do about the mismatch.
     assert "draftboard tracks DFlash drafters" in at.caption[0].value
     assert [shown(w.value) for w in at.warning] == [
@@ -65,7 +69,7 @@ def test_runs_page_shows_a_page_of_rows_and_counts_every_run(app_env, monkeypatc
     at = run_page("pages/runs.py")
     pages = -(-len(whole) // 3)
     assert pages > 1 and at.number_input(key="runs_page").max == pages
-    assert [m.value for m in at.metric if m.label == "Critical mismatches"] == ["2"]  # over every run
+    assert [m.value for m in at.metric if m.label == "Runs flagged 🔴"] == ["2"]  # over every run
     seen = []
     for page in range(1, pages + 1):
         at.number_input(key="runs_page").set_value(page).run()

@@ -193,8 +193,8 @@ def _critical_count(page) -> int:
 
 
 def _runs_critical(page) -> int:
-    """The Runs page's "Critical mismatches" number."""
-    metric = page.locator("[data-testid='stMetric']").filter(has_text="Critical mismatches").first
+    """The Runs page's "Runs flagged 🔴" number."""
+    metric = page.locator("[data-testid='stMetric']").filter(has_text="Runs flagged").first
     return int(metric.locator("[data-testid='stMetricValue']").text_content().strip())
 
 

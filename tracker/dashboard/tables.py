@@ -98,7 +98,9 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
 WRAP_ROW_HEIGHT = 68
 RUNS_PAGE_ROWS = 500  # the Runs page shows this many rows at a time
 NOT_SET = "— (not set: the default)"  # a param logged as Python's None
-RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "kind", "drafter", "status", "target", "steps", "tau",
+# The run's name and its tau come right after the two checks, so that at 1280 px the number shows beside
+# what says whether it can be compared; the rest scrolls.
+RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "tau", "kind", "drafter", "status", "target", "steps",
                       "tau latest", "tau best",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
 
