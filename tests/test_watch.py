@@ -121,6 +121,24 @@ def test_watch_auto_eval_records_and_queues_each_checkpoint_once(store, tmp_path
     assert "queued eval job(s)" in capsys.readouterr().out
 
 
+def test_a_speculators_folder_tells_the_release_that_keys_its_eal(store, tmp_path):
+    """speculators redefined `eal` in 0.9.0; the release is in the `train_command.txt` it writes beside its
+    checkpoints, and a scan of the folder records it on the run (unless the run says its own)."""
+    from tracker.store import names
+
+    tracker, _, spec = store
+    out = tmp_path / "spec-versioned"
+    toolformats.speculators(out, 0, 40, toolformats.tiny_drafter(), version="0.8.1")
+    assert watch.speculators_version(out) == "0.8.1"
+    watch.start(tracker, spec, out, settle_s=0.0)
+    watch.scan(tracker, JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}"), spec)
+    assert tracker.run(spec).data.tags[names.TOOL_VERSION] == "0.8.1"
+    (out / "train_command.txt").write_text(toolformats.speculators_train_command("not installed"))
+    assert watch.speculators_version(out) is None  # no release named
+    (out / "train_command.txt").write_text("# speculators: 0.9.0\n" + "x" * (65 << 10))
+    assert watch.speculators_version(out) is None  # larger than any train_command.txt: not read
+
+
 def test_a_checkpoint_still_being_written_waits(store, tmp_path):
     tracker, legacy, _ = store
     out = tmp_path / "runtime-out"

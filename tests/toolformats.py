@@ -86,9 +86,22 @@ def speculators_config(model: DFlashDrafter) -> dict:
     }
 
 
-def speculators(save_path: Path, epoch: int, global_step: int, model: DFlashDrafter) -> Path:
+def speculators_train_command(version: str) -> str:
+    """`train_command.txt` as speculators' `train/utils.save_train_command` writes it (0.9.0): a provenance
+    header, one `# pkg: version` line per package, then the command."""
+    return ("# Timestamp: 2026-12-01T10:00:00+00:00\n# Git SHA: unknown\n# World size: 1\n"
+            f"# speculators: {version}\n# vllm: 0.32.0\n# transformers: 5.2.0\n# torch: 2.13.0\n"
+            "# compressed-tensors: not installed\nspeculators train --config run.yaml\n")
+
+
+def speculators(save_path: Path, epoch: int, global_step: int, model: DFlashDrafter,
+                version: str | None = None) -> Path:
+    """A speculators checkpoint; with `version`, the provenance file its training command writes beside the
+    checkpoints (and the trainer copies into each)."""
     folder = save_path / str(epoch)
     folder.mkdir(parents=True)
+    if version is not None:
+        (save_path / "train_command.txt").write_text(speculators_train_command(version))
     head = torch.randn(V, H)
     tensors = {**model.state_dict(), "embed_tokens.weight": torch.randn(V, H), "lm_head.weight": head,
                "verifier_lm_head.weight": head.clone(), "verifier_norm.weight": torch.ones(H)}
@@ -100,7 +113,8 @@ def speculators(save_path: Path, epoch: int, global_step: int, model: DFlashDraf
     torch.save({"last_epoch": global_step}, folder / "scheduler_state_dict.pt")
     (folder / "training_state.json").write_text(json.dumps({"epoch": epoch, "local_step": global_step,
                                                             "global_step": global_step}))
-    (folder / "train_command.txt").write_text("speculators train --config run.yaml\n")
+    (folder / "train_command.txt").write_text(speculators_train_command(version) if version is not None
+                                             else "speculators train --config run.yaml\n")
     (folder / "val_metrics.json").write_text(json.dumps({"val/loss_epoch": 1.5}))
     for link in (f"epoch{epoch}_step{global_step}", "checkpoint_best"):
         (save_path / link).unlink(missing_ok=True)

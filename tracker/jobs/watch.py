@@ -47,7 +47,7 @@ from typing import Any, Mapping
 from tracker import config
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job
-from tracker.store import checkpoints, names
+from tracker.store import adoption, checkpoints, names
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,29 @@ def _step_of_speculators(folder: Path, epoch: int) -> int:
     except (OSError, ValueError):
         step = None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else epoch
+
+
+_TRAIN_COMMAND = "train_command.txt"  # speculators' save_train_command, in the folder it saves checkpoints to
+_TRAIN_COMMAND_MAX_BYTES = 64 << 10
+_SPECULATORS_LINE = re.compile(r"# speculators: (\S{1,64})")
+
+
+def speculators_version(root: Path) -> str | None:
+    """The speculators release a run was trained with, from the `# speculators: X` line speculators writes
+    into `train_command.txt` beside its checkpoints (its `train/utils.py`); None when the file is missing,
+    too large, or names no release (`not installed`, a bare commit)."""
+    file = root / _TRAIN_COMMAND
+    try:
+        if not file.is_file() or file.stat().st_size > _TRAIN_COMMAND_MAX_BYTES:
+            return None
+        text = file.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        found = _SPECULATORS_LINE.fullmatch(line.strip())
+        if found and adoption.parse_version(found.group(1)) is not None:
+            return found.group(1)
+    return None
 
 
 def classify(entry: Path) -> Found | None:
@@ -223,7 +246,13 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
     if roots is not None:
         check_state(state, roots)
     recorded, queued = [], []
-    for found in find_checkpoints(Path(state.dir), state.settle_s, now):
+    found_all = find_checkpoints(Path(state.dir), state.settle_s, now)
+    if any(f.layout == SPECULATORS for f in found_all) and not run.data.tags.get(names.TOOL_VERSION):
+        # speculators redefined `eal` in 0.9.0: the release keys the run's curves (tracker/store/adoption.py)
+        version = speculators_version(Path(state.dir))
+        if version is not None:
+            tracker.client.set_tag(run_id, names.TOOL_VERSION, version)
+    for found in found_all:
         seen = state.seen.get(found.name)
         if seen is None:  # digested once, here
             record = checkpoints.describe(found.path, found.step)
