@@ -1,8 +1,9 @@
 """`draftboard demo`: a store full of honest data, built on the spot on a CPU.
 
-Stages: a tiny Qwen3.5 target trained on stdlib source; self-distilled training data; three
-drafter training runs that differ as a real team's do (tapped layers, loss weighting, and one
-trained in bf16 while every eval runs fp32, so the environment view has a true mismatch); an
+Stages: a tiny Qwen3.5 target trained on stdlib source; self-distilled training data; four
+drafter training runs that differ as a real team's do (tapped layers, loss weighting, one
+trained in bf16 while every eval runs fp32, so the environment view has a true mismatch, and a
+DFlash2 drafter with its trained candidate selector); an
 eval of every checkpoint through the real harness; a longer-trained drafter evaluated as the
 `reference (demo)`; and z-lab's published numbers as published reference runs. Nothing is
 invented: every number comes from the trainer and the harness, or from a cited publication.
@@ -20,6 +21,7 @@ from mlflow.exceptions import MlflowException
 
 from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
+from evaluators.drafter import DFLASH2
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.logging import log_eval
 from tracker import redact
@@ -58,13 +60,15 @@ QUICK = Plan(target_steps=demo_target.QUICK_STEPS, train_prompts=48, eval_prompt
 
 
 def runs(plan: Plan) -> list[TrainConfig]:
-    """Three runs a team might compare, and the reference recipe trained longer."""
+    """Four runs a team might compare (the last a DFlash2 drafter), and the reference recipe trained longer."""
     base = TrainConfig(steps=plan.run_steps, ckpt_every=plan.ckpt_every, block_size=8)
     return [
         replace(base, name="drafter-v1 (1 tapped layer)", n_tapped=1),
         replace(base, name="drafter-v2 (2 tapped layers)", target_layer_ids=[1, 2]),
         # Same recipe but uniform loss weights, trained in bf16: every eval below runs fp32.
         replace(base, name="drafter-v3 (uniform loss, bf16)", target_layer_ids=[1, 2], gamma=None, dtype="bf16"),
+        # The v2 recipe as DFlash2: convs around every sublayer and a trained candidate selector.
+        replace(base, name="drafter-v4 (DFlash2)", target_layer_ids=[1, 2], family=DFLASH2),
     ]
 
 
@@ -74,11 +78,12 @@ def reference_run(plan: Plan) -> TrainConfig:
 
 
 # Seconds per unit of work on 2 idle CPU cores, from a full build's stage times (`draftboard demo`
-# prints them; measured 2026-12-04: target 37 s for 400 steps, data 3 s, 6-8 s per 200-step run, 6 s for
-# 240 eval prompts, reference 17 s, published 8 s, 91 s in all). The progress bar counts work with these, so
-# each stage moves the bar as long as it takes and the ETA (the pace so far) holds from the first stage on;
-# the earlier weights (target 48 s, published 0.5 s) made it about half the time really left.
-COST_S = {"target step": 0.093, "data prompt": 0.025, "drafter step": 0.033, "eval prompt": 0.025, "published": 8.0}
+# prints them; measured 2026-12-04: target 39 s for 400 steps, data 4 s, 5-7 s per 200-step run (the
+# DFlash2 one the slowest), 7 s for 320 eval prompts, reference 17 s, published 6 s, 96 s in all). The
+# progress bar counts work with these, so each stage moves the bar as long as it takes and the ETA (the
+# pace so far) holds from the first stage on; the earlier weights (target 48 s, published 0.5 s) made it
+# about half the time really left.
+COST_S = {"target step": 0.097, "data prompt": 0.03, "drafter step": 0.029, "eval prompt": 0.022, "published": 6.0}
 
 
 def stage_work(plan: Plan) -> list[float]:
@@ -180,8 +185,9 @@ def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bo
         record.run(log_eval(tracker, results, s, train_run_id=run_id, checkpoint_step=ckpt.step,
                             name=names.eval_run_name(name, ckpt.step, asdict(s), eval_job.setting_words(asdict(s))),
                             tags={names.DEMO: "1"}))
-        report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}, "
-               f"ddtree_tau_b8 {results['ddtree']['8']['tau']:.2f}")
+        tree = results["ddtree"].get("8")  # none for DFlash2: its selector, not a tree, picks the path
+        report(f"  {name} @ step {ckpt.step}: tau {results['tau']:.2f}"
+               + (f", ddtree_tau_b8 {tree['tau']:.2f}" if tree else ""))
         progress.within_stage((n + 1) / len(todo))
 
     ref_cfg = reference_run(plan)

@@ -10,6 +10,12 @@ How DFlash drafters are trained (z-lab, SpecForge), reduced to its core:
   `forward_anchors` (the same masked attention the evals use).
 - The loss is cross-entropy per block position k = 1..B-1, weighted by exp(-(k-1)/gamma):
   early positions matter most, since a draft is only accepted up to its first miss.
+- DFlash2 (`family="dflash2"`, z-lab's DFlash2DraftModel) adds a grouped dynamic conv around every
+  sublayer, trained by the same loss, and a candidate selector that rescores each position's top-k
+  unary candidates given the token before it. The selector's loss is cross-entropy over the k
+  candidates, teacher-forced (the predecessor is the recorded token), on the positions whose label
+  is among them (a missed label is the backbone's failure, not the selector's: SpecForge's rule),
+  weighted like the base loss and added with weight `selector_alpha`.
 
 The target is frozen, so its features for every training sequence are computed once in
 `prepare_data` (for every layer, so runs tapping different layers share them) and training
@@ -28,10 +34,11 @@ import torch.nn.functional as F
 from demo import bytetok
 from demo.target import lr_factor, use_cpu_threads
 from evaluators.ddtree import ddtree_acceptance_batch
-from evaluators.drafter import (DFlashDrafter, DrafterConfig, autocast_precision, build_target_layer_ids,
-                                parse_dtype, parse_precision, save_zlab)
+from evaluators.drafter import (DFLASH, DFLASH2, DFlashDrafter, DrafterConfig, autocast_precision,
+                                build_target_layer_ids, parse_dtype, parse_precision, save_zlab)
 from evaluators.metrics import chain_acceptance
 from tracker.config import EVAL_DTYPES
+from tracker.store import names
 
 DDTREE_BUDGET = 8
 # The frozen target runs (and its features are stored) in fp32 whatever the drafter's dtype.
@@ -57,6 +64,12 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "fp32"  # the drafter's compute; "bf16": bf16 autocast (fp32 master weights), target stays fp32
     linear_attn: str = "auto"  # the target's linear-attention path, as recorded in the fingerprint
+    family: str = DFLASH  # or DFLASH2: convs around every sublayer and a candidate selector
+    selector_top_k: int = 8  # DFlash2: the unary candidates the selector rescores
+    selector_rank: int = 16  # DFlash2: the rank of its predecessor x hidden interaction
+    conv_kernel_size: int = 2  # DFlash2: taps of each dynamic conv
+    conv_group_size: int = 8  # DFlash2: channels sharing one dynamic kernel
+    selector_alpha: float = 1.0  # DFlash2: weight of the selector's loss beside the base loss
 
 
 @dataclass
@@ -182,6 +195,9 @@ def drafter_config(cfg: TrainConfig, data: TrainData) -> DrafterConfig:
         num_target_layers=data.num_layers,
         vocab_size=data.lm_head.shape[0],
         max_position_embeddings=data.target.config.max_position_embeddings,
+        family=cfg.family,
+        **({"conv_kernel_size": cfg.conv_kernel_size, "conv_group_size": cfg.conv_group_size,
+            "selector_rank": cfg.selector_rank, "selector_top_k": cfg.selector_top_k} if cfg.family == DFLASH2 else {}),
     )
 
 
@@ -198,13 +214,17 @@ def position_weights(block_size: int, gamma: float | None) -> torch.Tensor:
 class Batch:
     logits: torch.Tensor  # [N, B-1, V]
     labels: torch.Tensor  # [N, B-1]; -1 past the end of the sequence
+    drafts: torch.Tensor  # [N, B-1]: the T = 0 drafts (DFlash2: the selector's), teacher-forced
+    # DFlash2: each position's top-k candidates and the selector's scores of them, [N, B-1, K]
+    candidates: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
 
 
 def forward_batch(drafter: DFlashDrafter, contexts, data: TrainData, seq_ids: list[int],
                   anchors_per_seq: int, gen: torch.Generator) -> Batch:
     """Random anchors inside the completions of `seq_ids`, drafted teacher-forced."""
     B = drafter.block_size
-    logits, labels = [], []
+    logits, labels, predecessors, hiddens = [], [], [], []
     for i in seq_ids:
         seq, P = data.sequences[i], data.prompt_lens[i]
         T = seq.numel()
@@ -213,35 +233,56 @@ def forward_batch(drafter: DFlashDrafter, contexts, data: TrainData, seq_ids: li
         anchors = P + torch.randperm(T - 1 - P, generator=gen)[:n]  # [n]
         embeds = drafter.block_embeddings(seq[anchors], data.embed)  # [n, B, H]
         hidden = drafter.forward_anchors(contexts[i], anchors, embeds)  # [n, B, H]
+        hiddens.append(hidden)
         logits.append(drafter.logits(hidden, data.lm_head))  # [n, B-1, V]
         pos = anchors[:, None] + torch.arange(1, B)  # [n, B-1]
         labels.append(torch.where(pos < T, seq[pos.clamp(max=T - 1)], -1))
-    return Batch(torch.cat(logits), torch.cat(labels))
+        predecessors.append(seq[(pos - 1).clamp(max=T - 1)])  # the recorded token before each label
+    logits, labels, predecessors, hidden = (torch.cat(x) for x in (logits, labels, predecessors, hiddens))
+    if drafter.candidate_selector is None:
+        return Batch(logits, labels, logits.detach().argmax(-1))
+    candidates, scores = drafter.candidate_selector.teacher_forced(hidden[:, 1:], logits, predecessors)
+    drafts = candidates.gather(-1, scores.detach().argmax(-1, keepdim=True))[..., 0]
+    return Batch(logits, labels, drafts, candidates, scores)
 
 
-def weighted_loss(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy per block position, weighted by position, over labels inside the sequence."""
+def weighted_loss(batch: Batch, weights: torch.Tensor, selector_alpha: float = 0.0) -> torch.Tensor:
+    """Cross-entropy per block position, weighted by position, over labels inside the sequence; for DFlash2
+    plus `selector_alpha` x the selector's cross-entropy over the candidates, where the label is one."""
     N, D, V = batch.logits.shape
     ce = F.cross_entropy(batch.logits.float().reshape(N * D, V), batch.labels.reshape(N * D).clamp(min=0),
                          reduction="none").view(N, D)  # [N, D]
     w = weights[None, :] * (batch.labels >= 0)  # [N, D]
-    return (ce * w).sum() / w.sum()
+    loss = (ce * w).sum() / w.sum()
+    if batch.scores is None:
+        return loss
+    hit = batch.candidates == batch.labels[..., None]  # [N, D, K]
+    covered = hit.any(-1)  # [N, D]
+    K = batch.scores.shape[-1]
+    selector_ce = F.cross_entropy(batch.scores.float().reshape(N * D, K), hit.float().argmax(-1).reshape(N * D),
+                                  reduction="none").view(N, D)  # [N, D]
+    ws = w * covered
+    return loss + selector_alpha * (selector_ce * ws).sum() / ws.sum().clamp(min=1e-9)
 
 
 @torch.no_grad()
 def batch_metrics(batch: Batch) -> dict[str, float]:
-    """acc: top-1 per position; streak / dds8: accepted drafts per block (chain, DDTree at 8).
+    """acc: top-1 per position of the drafts (DFlash2: the selector's); streak / dds8: accepted drafts per
+    block (chain, DDTree at 8 over the unary logits); DFlash2 also candidate_recall (labels among the top-k).
 
     streak and dds8 are taken over the blocks that lie wholly inside their sequence.
     """
     logits = batch.logits.detach().float()
     valid = batch.labels >= 0
-    draft = logits.argmax(-1)  # [N, D]
-    acc = ((draft == batch.labels) & valid).sum() / valid.sum()
+    acc = ((batch.drafts == batch.labels) & valid).sum() / valid.sum()
     full = valid.all(dim=1)
-    streak = chain_acceptance(draft[full], batch.labels[full]).float().mean() - 1
+    streak = chain_acceptance(batch.drafts[full], batch.labels[full]).float().mean() - 1
     tree = ddtree_acceptance_batch(logits[full], batch.labels[full], [DDTREE_BUDGET])[DDTREE_BUDGET]
-    return {"acc": acc.item(), "streak": streak.item(), "dds8": tree.float().mean().item() - 1}
+    out = {"acc": acc.item(), "streak": streak.item(), "dds8": tree.float().mean().item() - 1}
+    if batch.candidates is not None:
+        covered = (batch.candidates == batch.labels[..., None]).any(-1) & valid
+        out["candidate_recall"] = (covered.sum() / valid.sum()).item()
+    return out
 
 
 def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, out_dir: str | Path,
@@ -281,15 +322,18 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps))
     gen = torch.Generator().manual_seed(cfg.seed)
     out_dir = Path(out_dir)
-    params = {**asdict(cfg), "target_layer_ids": ids,
+    dflash2_only = () if cfg.family == DFLASH2 else ("selector_top_k", "selector_rank", "conv_kernel_size",
+                                                        "conv_group_size", "selector_alpha")
+    params = {**{k: v for k, v in asdict(cfg).items() if k not in dflash2_only}, "target_layer_ids": ids,
               "data": {"sequences": len(data.sequences), "max_new_tokens": data.max_new_tokens}}
 
-    with tracker.training_run(cfg.name, params, str(target_dir), fingerprint=fp) as run:
+    with tracker.training_run(cfg.name, params, str(target_dir), tags={names.DRAFTER_FAMILY: cfg.family},
+                              fingerprint=fp) as run:
         for step in range(1, cfg.steps + 1):
             seq_ids = [usable[i] for i in torch.randint(len(usable), (cfg.batch,), generator=gen).tolist()]
             with precision.context("cpu"):
                 batch = forward_batch(drafter, contexts, data, seq_ids, cfg.anchors_per_seq, gen)
-                loss = weighted_loss(batch, weights)
+                loss = weighted_loss(batch, weights, cfg.selector_alpha if cfg.family == DFLASH2 else 0.0)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)

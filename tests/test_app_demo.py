@@ -27,7 +27,9 @@ def test_runs_page_shows_the_demo_runs(demo_env):
     table = run_page("pages/runs.py").dataframe[0].value
     names = set(table["name"])
     assert {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)",
-            "reference (demo)"} <= names
+            "drafter-v4 (DFlash2)", "reference (demo)"} <= names
+    # the DFlash2 drafter and its evals say their family
+    assert set(table.loc[table["name"].str.startswith("drafter-v4"), "drafter"]) == {"DFlash2"}
     assert any(name.startswith("z-lab published:") for name in names)
 
 
@@ -55,7 +57,8 @@ def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(d
     client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
     at = run_page("pages/compare.py")
     names = {client.get_run(r).info.run_name for r in at.multiselect(key="compare_runs").value}
-    assert names == {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)"}
+    assert names == {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)",
+                     "drafter-v4 (DFlash2)"}
     assert at.selectbox(key="compare_reference").options[0].startswith("closest match: reference (demo)")
 
 

@@ -175,6 +175,34 @@ def test_bf16_run_records_the_numerics_it_used_and_its_reevaluation_matches(targ
     assert {"numerics.dtype", "numerics.drafter_precision", "probe.max_rel_diff"} <= critical
 
 
+def test_a_dflash2_run_trains_its_selector_and_reloads_as_dflash2(target_dir, data, tracker, store_uri, tmp_path):
+    """DFlash2: the selector's loss is added where the label is among the candidates; the checkpoint is
+    z-lab's DFlash2 layout (the loader and every eval read it as DFlash2)."""
+    from evaluators.drafter import DFLASH2
+
+    cfg = train_dflash.TrainConfig(name="demo-dflash2", target_layer_ids=[1, 2], steps=40, ckpt_every=40, lr=5e-3,
+                                   family=DFLASH2)
+    run_id = train_dflash.train(cfg, target_dir, data, tracker, tmp_path / "ckpt")
+    client = MlflowClient(tracking_uri=store_uri)
+    history = {key: [m.value for m in client.get_metric_history(run_id, key)]
+               for key in ("loss", "acc", "candidate_recall")}
+    assert sum(history["loss"][-5:]) / 5 < history["loss"][0] - 1.0
+    assert sum(history["candidate_recall"][-5:]) / 5 > history["candidate_recall"][0]
+    assert client.get_run(run_id).data.params["selector_top_k"] == "8"
+    loaded = load_drafter(tmp_path / "ckpt" / "step_40", target_hidden_size=data.hidden_size,
+                          target_num_layers=data.num_layers, target_vocab_size=bytetok.VOCAB_SIZE)
+    assert loaded.config.family == DFLASH2 and loaded.config.selector_top_k == 8
+    # The selector was trained: its codebooks moved off their initialisation, and they steer its choices.
+    assert loaded.model.candidate_selector.successor_codebook.weight.abs().max() > 0.05
+
+
+def test_a_dflash_run_does_not_log_dflash2s_settings(target_dir, data, tracker, store_uri, tmp_path):
+    cfg = train_dflash.TrainConfig(name="demo-plain", steps=2, ckpt_every=2)
+    run_id = train_dflash.train(cfg, target_dir, data, tracker, tmp_path / "ckpt")
+    params = MlflowClient(tracking_uri=store_uri).get_run(run_id).data.params
+    assert params["family"] == "dflash" and "selector_top_k" not in params and "selector_alpha" not in params
+
+
 def test_train_refuses_data_of_another_target(data, tracker, tmp_path):
     with pytest.raises(ValueError, match="prepared from"):
         train_dflash.train(train_dflash.TrainConfig(steps=1), tmp_path, data, tracker, tmp_path / "ckpt")
