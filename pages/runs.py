@@ -68,13 +68,14 @@ event = st.dataframe(
     row_height=WRAP_ROW_HEIGHT,
     on_select="rerun",
     selection_mode="multi-row",
-    column_order=[c for c in table.columns if c not in ("critical", "run_id", "tau latest", "tau best")],
+    column_order=[c for c in table.columns if c not in ("critical", "run_id", "tau latest", "tau best", "linear-attn",
+                                                        "device", "dtype")],
     column_config={
         "env check": st.column_config.TextColumn(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
                         "row: at which evaluated step). 🟢 re-evaluated: the difference was answered by the same eval "
                         "repeated in the training run's environment. ⚪ no fingerprint. Empty: no critical difference.",
-            width=180),
+            width=140),
         "protocol check": st.column_config.TextColumn(
             "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
                              "run (on a training run's row: which evaluated steps differ from its latest eval's): "
@@ -82,25 +83,24 @@ event = st.dataframe(
                              "size. 🔵 online: tau from z-lab's cached online loop, not the lossless offline score. "
                              "🎲 sampled (T > 0): its tau is the expected acceptance length over xN draws per prompt. "
                              "⚪ evaluated before protocols were recorded. Empty: nothing to say.",
-            width=90),
-        "name": st.column_config.TextColumn("name", width=170),
+            width=85),
+        "name": st.column_config.TextColumn("name", width=135),
         "status": st.column_config.TextColumn(
-            "status", width=80, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
+            "status", width=68, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
                                      "than a reference, by the paired bootstrap (Run detail says by how much)"),
-        "kind": st.column_config.TextColumn("kind", width=80, help="train / eval / reference; published = numbers from a "
+        "kind": st.column_config.TextColumn("kind", width=75, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
-        "drafter": st.column_config.TextColumn("drafter", width=66, help="the drafter's family: DFlash, or DFlash2 "
+        "drafter": st.column_config.TextColumn("drafter", width=62, help="the drafter's family: DFlash, or DFlash2 "
                                                "(grouped dynamic convs and a candidate selector)"),
-        "target": st.column_config.TextColumn("target", width=120, help="the target model (last path component)"),
-        "steps": st.column_config.TextColumn("steps", width=50, help="training: the last logged step; eval: the "
+        "target": st.column_config.TextColumn("target", width=95, help="the target model (last path component)"),
+        "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
-        "tau": st.column_config.TextColumn("tau", width=150, help=tau_help),
-        "linear-attn": st.column_config.TextColumn(
-            "linear-attn", width=70, help="which implementation ran the Gated DeltaNet layers: 🟢 fast (fla + causal-conv1d "
-                                "kernels), 🟠 fallback (torch), 🟡 partial, ⚪ unknown"),
-        "device": st.column_config.TextColumn("device", width=70, help="device kind (GPU model)"),
-        "dtype": st.column_config.TextColumn("dtype", width=50, help="dtype of the target's forward pass"),
-        "started": st.column_config.TextColumn("started (UTC)", width=90),
+        "tau": st.column_config.TextColumn("tau", width=140, help=tau_help),
+        "environment": st.column_config.TextColumn(
+            "environment", width=125, help="which implementation ran the Gated DeltaNet layers (🟢 fast: fla + "
+                                           "causal-conv1d kernels, 🟠 fallback: torch, 🟡 partial, ⚪ unknown) · the "
+                                           "device (GPU model) · the dtype of the target's forward pass"),
+        "started": st.column_config.TextColumn("started (UTC)", width=80),
         "detail": st.column_config.LinkColumn("detail", display_text="open", width=40,
                                             help="the run's detail page"),
     },

@@ -146,7 +146,7 @@ def test_an_alert_shows_on_runs_and_run_detail_as_text(tmp_path, monkeypatch):
     tracker.set_tag(ev.run_id, names.ALERT, hostile)
     serve(monkeypatch, uri, tmp_path, tmp_path)
     table = run_page("pages/runs.py").dataframe[0].value.set_index("run_id")
-    assert table.loc[ev.run_id, "status"] == "📉 FINISHED" and table.loc[train.run_id, "status"] == "FINISHED"
+    assert table.loc[ev.run_id, "status"] == "📉 Finished" and table.loc[train.run_id, "status"] == "Finished"
     at = run_page("pages/run_detail.py", run=ev.run_id)
     (warning,) = [w.value for w in at.warning if "Regression" in w.value]
     assert shown(warning) == f"**Regression** — {hostile}"  # every character escaped: shown as written

@@ -101,7 +101,7 @@ NOT_SET = "— (not set: the default)"  # a param logged as Python's None
 # The run's name and its tau come right after the two checks, so that at 1280 px the number shows beside
 # what says whether it can be compared; the rest scrolls.
 RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "tau", "kind", "drafter", "status", "target", "steps",
-                      "tau latest", "tau best",
+                      "tau latest", "tau best", "environment",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
 
 
@@ -211,12 +211,15 @@ def _runs_row(index: RunIndex, run: RunInfo) -> dict:
         "name": run.name,
         "kind": run.kind_label + recipe.step_unit_note(run),
         "drafter": run.drafter_family or "",
-        "status": ("📉 " if run.alert else "") + (run.status or MISSING),
+        # Title case, as MLflow UI shows it: `Finished` fits a narrow column where `FINISHED` broke mid-word
+        "status": ("📉 " if run.alert else "") + (run.status.title() if run.status else MISSING),
         "target": run.target_name,
         "steps": run.steps,
         "tau": tau_text(index, run),
         "tau latest": latest,
         "tau best": best,
+        # the three below in one cell, as the Run detail badges say it (the table fits 1600 px)
+        "environment": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn} · {device} · {run.dtype}",
         "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
         "device": device,
         "dtype": run.dtype,
