@@ -285,11 +285,14 @@ def cmd_export_results(args) -> int:
         results = tracker.read_json(args.run_id, names.EVAL_RESULTS_ARTIFACT)
     except DraftboardError as exc:
         raise DraftboardError(f"run {args.run_id}: no eval results to export ({exc})") from None
-    lines = "".join(json.dumps(record) + "\n" for record in aiperf_records(results))
+    records = aiperf_records(results)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the file appears whole or not at all
-    tmp.write_text(lines, encoding="utf-8")
-    os.replace(tmp, out)
-    say(f"wrote {out}: {lines.count(chr(10))} request record(s) of run {args.run_id} (AIPerf profile_export.jsonl; "
+    try:
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    say(f"wrote {out}: {len(records)} request record(s) of run {args.run_id} (AIPerf profile_export.jsonl; "
         "draftboard import-results --format aiperf reads it back)")
     return 0
 

@@ -129,7 +129,8 @@ def _named(fields: Sequence[str], limit: int = 5) -> str:
 
 
 def reference_label(index: RunIndex, ref: RunInfo) -> str:
-    """`z-lab v1 · published · Qwen3.5-4B` for pickers."""
+    """`z-lab v1 · published · Qwen3.5-4B` for pickers; a hub drafter's repository and commit after the name
+    (`z-lab v1 · z-lab/Qwen3.5-27B-DFlash @ 2274357 · ...`), or that the commit is not stated."""
     parts = [ref.reference_name or index.label(ref.run_id)]
     if ref.drafter_repo:
         parts.append(f"{ref.drafter_repo} @ {ref.drafter_revision[:7] if ref.drafter_revision else 'revision not stated'}")
