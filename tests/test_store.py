@@ -163,6 +163,15 @@ def test_eval_run_carries_lineage_and_artifacts(tracker, store_uri, machine_fp, 
     assert read_json_artifact(client, ev.run_id, artifact_uri, "no-such.json") is None
 
 
+def test_ending_a_run_writes_nothing_to_stdout(tracker, machine_fp, capfd):
+    """Against a server MLflow prints `🏃 View run ... at: URL` as a run ends; stdout belongs to the
+    commands (a --json document), so the Tracker leaves it out."""
+    capfd.readouterr()
+    with tracker.training_run("quiet", {}, "t", fingerprint=machine_fp) as run:
+        run.log_step(1, loss=1.0)
+    assert capfd.readouterr().out == ""
+
+
 def test_eval_run_rejects_an_unknown_training_run(tracker, machine_fp):
     with pytest.raises(DraftboardError, match="no run with id"):
         tracker.eval_run("x", target="t", train_run_id="f" * 32, fingerprint=machine_fp)

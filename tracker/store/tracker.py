@@ -115,6 +115,9 @@ class Tracker:
         # MLflow draws a progress bar for every download, even of a 1 kB JSON; on the CLI's
         # stderr that is noise. An explicit setting by the user still wins.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        # Against a server MLflow writes `🏃 View run ... at: URL` to stdout as each run ends: stdout is the
+        # commands' own (a --json document, a table), so the link is left to the commands that print one.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.experiment_name = experiment
         self.retry = retry
         self._artifact_location = local_artifact_location(self.uri)
