@@ -24,6 +24,7 @@ from tracker.dashboard.compare import (
     reference_label,
     train_runs_for_histories,
     training_curves,
+    without_ddtree,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
 from tracker.dashboard.tables import WRAP_ROW_HEIGHT
@@ -231,6 +232,9 @@ def ddtree_view() -> None:
     per_run_view("DDTree tau against node budget", "ddtree_tau", data.ddtree,
                  lambda frame: charts.ddtree_vs_budget(frame, colors, span), "No DDTree results for these runs.",
                  "ddtree_vs_budget.csv", "ddtree")
+    missing = without_ddtree(index, data)
+    if missing:
+        st.caption(f"Not on this chart: {md('; '.join(missing))}.")
     outside = outside_budgets(data.ddtree, span)
     if outside:
         st.caption(f"The axis spans the budgets every series has ({span[0]}–{span[1]} nodes). Also measured, off "

@@ -566,3 +566,18 @@ def test_the_runs_tau_says_what_makes_it_a_number():
     assert tau_text(index, index.runs["t"]) == "@ 200 · 3.24 [2.19, 4.50] · 16 prompts · T=0 · 64 tok"
     assert tau_text(index, published) == "gsm8k 6.53 · math500 7.84"
     assert tau_text(index, index.runs["u"]) == "—"
+
+
+def test_the_ddtree_chart_says_which_drawn_eval_it_has_no_curve_for():
+    """A DFlash2 drafter's selector walks one path: its eval has no DDTree, and the chart says so
+    instead of leaving its series out without a word (the demo's drafter-v4)."""
+    from tracker.dashboard.compare import without_ddtree
+
+    dflash = run("e1", "eval", fp(), train="t1", step=100, metrics={"tau": 3.0, "ddtree_tau_b4": 3.4})
+    dflash2 = run("e2", "eval", fp(), train="t2", step=100, metrics={"tau": 4.0})
+    dflash2.tags["draftboard.drafter_family"] = "dflash2"
+    index = RunIndex([run("t1", "train", fp(), name="v1"), run("t2", "train", fp(), name="v4"), dflash, dflash2])
+    data = compare_data(index, ["t1", "t2"], None, pd.DataFrame(columns=["run_id", "key", "step", "value"]))
+    assert set(data.ddtree["run_id"]) == {"e1"}
+    assert without_ddtree(index, data) == [
+        "v4 @ step 100 (DFlash2: its candidate selector picks one path; DDTree is measured for DFlash drafters)"]

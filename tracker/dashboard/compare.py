@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracker.dashboard import compare_deltas, lineage, metric_docs, recipe, reconcile_view
-from tracker.dashboard.index import RunIndex, RunInfo, same_target
+from tracker.dashboard.index import DRAFTER_FAMILY_LABELS, RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
 from tracker.store import names
 
@@ -565,6 +565,22 @@ def _add_curves(positions: list, trees: list, label: str, owner: str, run: RunIn
         positions.append({**common, "position": k, "rate": rate})
     for budget, tau in ddtree_points(run, loaded):
         trees.append({**common, "budget": budget, "tau": tau})
+
+
+def without_ddtree(index: RunIndex, data: "CompareData") -> list[str]:
+    """The drawn evals the DDTree chart has no curve for, each with why where it is known: a DFlash2
+    drafter's selector walks one path, so DDTree (a tree over per-position candidates) is not measured
+    for it; an eval may also predate DDTree or skip it (no budgets)."""
+    drawn = set(data.ddtree["run_id"])
+    out = []
+    for eval_id in data.picked.values():
+        ev = index.get(eval_id)
+        if ev is None or eval_id in drawn:
+            continue
+        why = (" (DFlash2: its candidate selector picks one path; DDTree is measured for DFlash drafters)"
+               if ev.drafter_family == DRAFTER_FAMILY_LABELS["dflash2"] else " (no DDTree budgets in this eval)")
+        out.append(index.eval_label(ev) + why)
+    return out
 
 
 def common_budgets(trees: pd.DataFrame) -> tuple[int, int] | None:
