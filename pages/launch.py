@@ -3,6 +3,7 @@
 import streamlit as st
 
 from tracker.dashboard import ui
+from tracker.dashboard.compare import team_training_runs
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
     CUSTOM_SAMPLING,
@@ -74,10 +75,12 @@ if cfg.readonly:
     st.info("Read-only dashboard (DRAFTBOARD_READONLY=1): launching evals is disabled.", icon="🔒")
 else:
     st.caption(ui.allowed_roots_caption(cfg))
-    st.caption(md(workers_caption(queue.workers())))
+    st.caption(workers_caption(queue.workers()))
     trains = [r.run_id for r in index.of_kind("train")]
     if "launch_train_run" not in st.session_state:
-        st.session_state["launch_train_run"] = trains[0] if trains else None
+        # the team's newest drafter, as Compare starts with: not a reference's own training run
+        team = team_training_runs(index)
+        st.session_state["launch_train_run"] = team[0].run_id if team else trains[0] if trains else None
         _on_train_change()
     for key, field in (("launch_budgets", "budgets"), ("launch_max_new", "max_new_tokens")):
         st.session_state.setdefault(key, form_defaults(index, None)[field])

@@ -51,6 +51,9 @@ def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
     jobs = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").list()
     assert len(jobs) == 1 and jobs[0].kind == "eval", [e.value for e in at.error] + [w.value for w in at.warning]
     assert jobs[0].params["target"].endswith("qwen35-tiny-stdlib")
+    # the form starts on the team's newest drafter, not the reference's own training run (trained last)
+    client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
+    assert client.get_run(jobs[0].params["train_run_id"]).info.run_name == "drafter-v4 (DFlash2)"
 
 
 def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(demo_env):

@@ -86,7 +86,9 @@ def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
 
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     params = {"target": "/m/t", "drafter": "/m/d", "prompts": "/m/p.jsonl", "device": "cuda"}
+    # the commands are code spans, not backticks shown as text (the caption is Markdown: the page renders it)
     assert "No worker is running" in workers_caption(queue.workers())
+    assert "`draftboard worker`" in workers_caption(queue.workers()) and "\\`" not in workers_caption(queue.workers())
     assert not submit_eval(queue, params).existing  # nobody to ask yet: queued, and the page says so
     queue.register_worker("w1", LocalLauncher([sys.executable, "-m", "tracker.cli"]).devices(), "local")
     if torch.cuda.is_available():

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from tracker import config, redact
 from tracker.dashboard.envmatrix import environment_flags
+from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import eval_settings_of
 from tracker.errors import DraftboardError
@@ -384,12 +385,13 @@ def device_problem(live: Sequence[WorkerInfo], device: str | None) -> str | None
 
 
 def workers_caption(live: Sequence[WorkerInfo]) -> str:
-    """One line on who runs queued evals, for the Launch page."""
+    """One line of Markdown on who runs queued evals, for the Launch page (the commands as code; what the
+    workers reported escaped)."""
     if not live:
-        return ("No worker is running: queued evals wait until one starts (`draftboard worker`, or "
-                "`draftboard ui`, which starts one).")
+        return (f"No worker is running: queued evals wait until one starts ({md_code('draftboard worker')}, or "
+                f"{md_code('draftboard ui')}, which starts one).")
     devices = sorted({d for w in live for d in (w.devices or ("devices unknown",))})
-    return f"{len(live)} worker(s) running · devices: {', '.join(devices)}"
+    return f"{len(live)} worker(s) running · devices: {md(', '.join(devices))}"
 
 
 # --------------------------------------------------------------------------- queue view
