@@ -194,6 +194,7 @@ else:
             target=target, prompts=prompts, drafter=drafter_path,
             checkpoint_path=by_step[pick].path if pick != OTHER else None,
             train_run_id=train.run_id if train else None, train_name=index.label(train.run_id) if train else None,
+            drafter_family=train.drafter_family if train else None,
             checkpoint_step=step,
             budgets=budgets, max_new_tokens=int(max_new), device=device, dtype=dtype,
             drafter_precision=precision, linear_attn=linear,

@@ -54,6 +54,8 @@ def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
     # the form starts on the team's newest drafter, not the reference's own training run (trained last)
     client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
     assert client.get_run(jobs[0].params["train_run_id"]).info.run_name == "drafter-v4 (DFlash2)"
+    # ... whose eval runs no DDTree: the page says so instead of dropping the budgets in silence
+    assert any("not run for a DFlash2 drafter" in i.value for i in at.info), [i.value for i in at.info]
 
 
 def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(demo_env):

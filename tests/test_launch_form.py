@@ -177,6 +177,8 @@ def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_frac
         "DDTree budgets (DDTree verifies greedily: a sampled eval runs none)"]
     assert unused_settings(LaunchForm(**common, temperature=1.0, samples=16, budgets="", measured_by=("vllm", None))) \
         == ["Samples 16 (an engine eval sends each prompt once)"]
+    assert unused_settings(LaunchForm(**common, drafter_family="DFlash2")) == [
+        "DDTree budgets (DDTree is not run for a DFlash2 drafter: its candidate selector walks one path)"]
     for field, value, label in (("samples", 2.5, "samples"), ("top_k", 20.7, "top_k"),
                                 ("limit_per_dataset", 3.5, "prompts per dataset")):
         with pytest.raises(DraftboardError, match=f"{label} must be a whole number"):

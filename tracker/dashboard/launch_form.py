@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from tracker import config, redact
 from tracker.dashboard.envmatrix import environment_flags
 from tracker.dashboard.escape import md, md_code
-from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.dashboard.index import DRAFTER_FAMILY_LABELS, RunIndex, RunInfo
 from tracker.dashboard.lineage import eval_settings_of
 from tracker.errors import DraftboardError
 from tracker.events import PREFIX as EVENT_PREFIX
@@ -145,6 +145,7 @@ class LaunchForm:
     checkpoint_path: str | None = None  # a registered checkpoint's path (trusted)
     train_run_id: str | None = None
     train_name: str | None = None  # the training run's label: names the eval (names.eval_run_name)
+    drafter_family: str | None = None  # the training run's (`RunInfo.drafter_family`): DFlash2 runs no DDTree
     checkpoint_step: int | None = None
     budgets: str = DEFAULT_BUDGETS
     max_new_tokens: int = eval_job.FIELDS["max_new_tokens"].default
@@ -243,6 +244,8 @@ def unused_settings(form: LaunchForm) -> list[str]:
     if (sampled or engine) and form.budgets.strip():
         out.append("DDTree budgets (" + ("an engine drafts one chain" if engine else
                                           "DDTree verifies greedily: a sampled eval runs none") + ")")
+    elif form.drafter_family == DRAFTER_FAMILY_LABELS["dflash2"] and form.budgets.strip():
+        out.append("DDTree budgets (DDTree is not run for a DFlash2 drafter: its candidate selector walks one path)")
     if not sampled and form.samples not in (0, 1):
         out.append(f"Samples {form.samples:g} (T = 0 draws one greedy continuation per prompt)")
     elif sampled and engine and form.samples not in (0, 1):
