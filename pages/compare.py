@@ -350,7 +350,7 @@ with banners:
         critical = bool(data.banner) and not data.target_note
         with st.expander(f"{count} note(s) on what these numbers can be compared with"
                          + (" — some series are not comparable with the reference" if critical else ""),
-                         expanded=critical, icon=":material/warning:" if critical else ":material/info:"):
+                         expanded=critical, icon="⚠️" if critical else "ℹ️"):
             if not data.target_note:
                 ui.bullet_list(data.resolution_notes, TITLES["resolution_notes"], st.warning,
                                icon="↔️")

@@ -594,7 +594,7 @@ def env_badges(run: RunInfo) -> None:
                      help="hash of the fingerprint fields that can change the numbers: equal hashes, comparable numbers")
 
 
-def bullet_list(lines: list[str], title: str, alert=st.error, icon: str = ":material/warning:", limit: int = 8) -> None:
+def bullet_list(lines: list[str], title: str, alert=st.error, icon: str = "⚠️", limit: int = 8) -> None:
     """An alert with a bold title and the first `limit` of `lines` (user text, escaped) as bullets."""
     if not lines:
         return
