@@ -251,7 +251,7 @@ with tabs[3]:
             st.markdown(f"**Differences from its training run** ({md(index.label(train.run_id))})")
             if rows:
                 st.dataframe(diff_frame(rows, "this eval", "training run"), hide_index=True, key="detail_diff")
-            elif rows == []:
+            elif rows is not None:  # no row differs (`Lineage.rows` is a tuple: never `== []`)
                 st.success("Same environment as the training run.")
             else:
                 st.caption("The training run has no fingerprint: not comparable.")

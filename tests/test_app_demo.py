@@ -44,6 +44,17 @@ def test_compare_names_the_bf16_training_mismatch(demo_env):
     assert "drafter precision fp32 vs its training run: bf16-autocast" in text
 
 
+def test_an_eval_in_its_training_environment_says_so(demo_env):
+    """v1 trained and was evaluated on the same CPU fallback path in fp32: Run detail of its eval says the
+    environments match (it said the training run had no fingerprint: an empty diff is a tuple, not a list)."""
+    client = mlflow.MlflowClient(f"sqlite:///{demo_env / 'draftboard.db'}")
+    exp = client.get_experiment_by_name("draftboard").experiment_id
+    ev = client.search_runs([exp], "tags.`draftboard.kind` = 'eval' and attributes.run_name LIKE 'drafter-v1%'")[0]
+    at = run_page("pages/run_detail.py", run=ev.info.run_id)
+    assert [s.value for s in at.success] == ["Same environment as the training run."]
+    assert "has no fingerprint" not in page_text(at)
+
+
 def test_launch_queues_a_job_on_the_demo_store(demo_env, tmp_path):
     at = run_page("pages/launch.py")
     at.button(key="launch_submit").click().run()
