@@ -36,6 +36,7 @@ from demo.target import lr_factor, use_cpu_threads
 from evaluators.ddtree import ddtree_acceptance_batch
 from evaluators.drafter import (DFLASH, DFLASH2, DFlashDrafter, DrafterConfig, autocast_precision,
                                 build_target_layer_ids, parse_dtype, parse_precision, save_zlab)
+from evaluators.drafter.config import DFLASH2_FIELDS  # TrainConfig names its DFlash2 fields as the config does
 from evaluators.metrics import chain_acceptance
 from tracker.config import EVAL_DTYPES
 from tracker.store import names
@@ -196,8 +197,7 @@ def drafter_config(cfg: TrainConfig, data: TrainData) -> DrafterConfig:
         vocab_size=data.lm_head.shape[0],
         max_position_embeddings=data.target.config.max_position_embeddings,
         family=cfg.family,
-        **({"conv_kernel_size": cfg.conv_kernel_size, "conv_group_size": cfg.conv_group_size,
-            "selector_rank": cfg.selector_rank, "selector_top_k": cfg.selector_top_k} if cfg.family == DFLASH2 else {}),
+        **({name: getattr(cfg, name) for name in DFLASH2_FIELDS} if cfg.family == DFLASH2 else {}),
     )
 
 
@@ -322,8 +322,7 @@ def train(cfg: TrainConfig, target_dir: str | Path, data: TrainData, tracker, ou
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps))
     gen = torch.Generator().manual_seed(cfg.seed)
     out_dir = Path(out_dir)
-    dflash2_only = () if cfg.family == DFLASH2 else ("selector_top_k", "selector_rank", "conv_kernel_size",
-                                                        "conv_group_size", "selector_alpha")
+    dflash2_only = () if cfg.family == DFLASH2 else (*DFLASH2_FIELDS, "selector_alpha")
     params = {**{k: v for k, v in asdict(cfg).items() if k not in dflash2_only}, "target_layer_ids": ids,
               "data": {"sequences": len(data.sequences), "max_new_tokens": data.max_new_tokens}}
 
