@@ -245,7 +245,7 @@ def data_view() -> None:
     export = data.export_frame()
     # Each row fills only its own kind's columns (a training point has no interval, an eval point no budget):
     # the rest shows blank, not as Streamlit's `None`.
-    st.dataframe(export.astype(object).where(export.notna(), ""), hide_index=True, key="compare_data_table")
+    st.dataframe(export.astype(str).mask(export.isna(), ""), hide_index=True, key="compare_data_table")
     st.download_button("Download all shown data (CSV)", lambda: csv_bytes(export), "compare.csv", "text/csv",
                        key="compare_csv", on_click="ignore")
     with st.expander("Metric definitions"):
