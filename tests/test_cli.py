@@ -131,3 +131,19 @@ def test_cache_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch, args, 
     assert main([*args, "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_an_out_file_is_written_whole_and_only_the_commands_own_file_is_touched(tmp_path):
+    """`write_whole` (report, export-results): the file appears complete, nothing is left beside it, and a
+    file it did not create, even one named like its temporary file, is never opened or removed."""
+    from tracker.cli.common import write_whole
+    from tracker.errors import DraftboardError
+
+    out = tmp_path / "report.html"
+    write_whole(out, "<p>whole</p>\n")
+    assert out.read_text() == "<p>whole</p>\n" and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+    theirs = tmp_path / f".other.html.{os.getpid()}.tmp"
+    theirs.write_text("a user's file")
+    with pytest.raises(DraftboardError, match=r"^cannot write --out .*other\.html"):
+        write_whole(tmp_path / "other.html", "x")
+    assert theirs.read_text() == "a user's file" and not (tmp_path / "other.html").exists()

@@ -4,6 +4,7 @@ printer, plain-text tables and JSON-valued flags."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -60,3 +61,21 @@ def json_argument(flag: str, text: str):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise DraftboardError(f"{flag} is not JSON: {exc}") from exc
+
+
+def write_whole(out: Path, text: str) -> None:
+    """A command's `--out` file, whole or not at all: written as a new file beside it (never opening one
+    this process did not create), renamed over `out` once complete; on a failed write only that new file
+    is removed, and the error is one line."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        fh = open(tmp, "x", encoding="utf-8")
+    except OSError as e:
+        raise DraftboardError(f"cannot write --out {out}: {e.strerror or e}") from None
+    try:
+        with fh:
+            fh.write(text)
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # the file opened above with "x": this process made it
+        raise DraftboardError(f"cannot write --out {out}: {e.strerror or e}") from None

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from tracker import config, redact
-from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress, format_table
+from tracker.cli.common import EXIT_CRITICAL_DIFF, StageProgress, format_table, write_whole
 from tracker.errors import DraftboardError
 from tracker.jobs import eval_job  # the one declaration of the eval's flags (light: config and errors only)
 from tracker.untrusted.escape import say
@@ -286,12 +285,7 @@ def cmd_export_results(args) -> int:
     except DraftboardError as exc:
         raise DraftboardError(f"run {args.run_id}: no eval results to export ({exc})") from None
     records = aiperf_records(results)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the file appears whole or not at all
-    try:
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(out, "".join(json.dumps(record) + "\n" for record in records))
     say(f"wrote {out}: {len(records)} request record(s) of run {args.run_id} (AIPerf profile_export.jsonl; "
         "draftboard import-results --format aiperf reads it back)")
     return 0
@@ -324,9 +318,7 @@ def cmd_report(args) -> int:
         return read_json_artifact(tracker.client, run.run_id, run.artifact_uri, names.EVAL_RESULTS_ARTIFACT)
 
     page = report.compare_report(index, args.runs, reference, curves, results, tracker.uri)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # the report appears whole or not at all
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    write_whole(out, page)
     say(f"wrote {out} ({len(page.encode()) / 1e3:.0f} kB): {len(args.runs)} run(s), reference "
           f"{index.label(reference) if reference else 'none'}")
     return 0
