@@ -1,5 +1,7 @@
 """Runs: every training, eval and reference run in one table."""
 
+from collections import Counter
+
 import streamlit as st
 
 from tracker.dashboard import lineage, metric_docs, ui
@@ -34,14 +36,14 @@ if not runs:
     st.stop()
 
 table = runs_table(index, runs)
-flagged = table.loc[table["critical"] > 0, "kind"].str.split(" ").str[0].value_counts()
-n_bad = int(flagged.sum())
+flagged = Counter(index.runs[r].kind for r in table.loc[table["critical"] > 0, "run_id"])
+n_bad = sum(flagged.values())
 cols = st.columns(4)
 cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
 cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
 cols[2].metric("References", sum(r.kind == "reference" for r in runs))
 cols[3].metric("Runs flagged 🔴", n_bad,
-               help=f"{', '.join(f'{n} {kind}' for kind, n in flagged.items()) or 'none'}: the rows with a 🔴 in "
+               help=f"{', '.join(f'{n} {kind}' for kind, n in flagged.most_common()) or 'none'}: the rows with a 🔴 in "
                     "env or protocol. An eval whose environment differs critically from its training run's (and its "
                     "training run, on whose row the step is named), or whose protocol differs critically from the "
                     "evals it is drawn with (another prompt set or dataset, thinking, temperature, block size): "

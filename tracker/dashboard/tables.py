@@ -205,6 +205,7 @@ def _runs_row(index: RunIndex, run: RunInfo) -> dict:
     latest, best = tau_of(index, run)
     gpu = run.gpu if run.gpu is None or len(run.gpu) <= _GPU_CHARS else run.gpu[:_GPU_CHARS - 1] + "…"
     device = f"{run.device} ({gpu})" if gpu and run.device == "cuda" else run.device
+    linear = f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}"
     return {
         "env check": env_reason(index, run, found),
         "protocol check": proto_text,
@@ -219,8 +220,8 @@ def _runs_row(index: RunIndex, run: RunInfo) -> dict:
         "tau latest": latest,
         "tau best": best,
         # the three below in one cell, as the Run detail badges say it (the table fits 1600 px)
-        "environment": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn} · {device} · {run.dtype}",
-        "linear-attn": f"{LINEAR_ATTN_ICONS.get(run.linear_attn, '⚪')} {run.linear_attn}",
+        "environment": f"{linear} · {device} · {run.dtype}",
+        "linear-attn": linear,
         "device": device,
         "dtype": run.dtype,
         "started": run.started,
