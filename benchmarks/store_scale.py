@@ -83,6 +83,7 @@ MLFLOW_LISTED_JS = """([shown, stable]) => {
   return performance.now() - window.__wholeSince >= stable;
 }"""
 EVALS_PER_TRAIN = 9
+DRAWN = '.db-curves[data-drawn="1"]'  # Compare's eval chart, drawn (curve_chart.js says so on its root)
 
 
 def _fingerprint(fast: bool, run: int) -> dict:
@@ -171,9 +172,8 @@ def browse(home: Path, uri: str) -> dict:
     pages = {  # name: (path, its h1, the page's last element)
         "runs": ("/", "Runs", '[data-testid="stDownloadButton"]'),
         "run_detail": (f"/run?run={trains[0].run_id}", trains[0].name, '[data-testid="stTabs"]'),
-        "compare_2": (f"/compare?runs={trains[0].run_id},{trains[1].run_id}", "Compare", '[data-testid="stPlotlyChart"], .db-curves'),
-        "compare_20": ("/compare?runs=" + ",".join(r.run_id for r in (trains[:10] + evals[:10])), "Compare",
-                       '[data-testid="stPlotlyChart"], .db-curves'),
+        "compare_2": (f"/compare?runs={trains[0].run_id},{trains[1].run_id}", "Compare", DRAWN),
+        "compare_20": ("/compare?runs=" + ",".join(r.run_id for r in (trains[:10] + evals[:10])), "Compare", DRAWN),
         "environments": ("/environments", "Environments", '[data-testid="stDataFrame"]'),
     }
     procs, urls = start_servers(home, uri, home)

@@ -123,10 +123,9 @@ def eval_view() -> None:
     for i, key in enumerate(keys):
         with cols[i % 2]:
             st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-            figure = charts.eval_curves(data.eval_points, key, data.reference_values.get(key), ref_label, colors)
-            st.plotly_chart(charts.add_intervals(figure, data.eval_points, key,
-                                                 data.reference_interval if key == "tau" else None),
-                            key=f"compare_eval_{key}", config=PLOTLY)
+            ui.canvas_chart(curve_chart.eval_spec(data.eval_points, key, colors, data.reference_values.get(key),
+                                                  ref_label, data.reference_interval if key == "tau" else None),
+                            key=f"compare_eval_{key}")
     st.caption("Error bars: the 95% bootstrap interval over prompts of each eval. Series marked (online) were "
                "scored by z-lab's cached online loop, not the lossless offline walk; (served by ...) were measured "
                "by a serving engine, its steps as blocks.")
@@ -198,7 +197,7 @@ def train_view() -> None:
     for i, key in enumerate(keys):
         with cols[i % 2]:
             st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-            ui.training_chart(curve_chart.spec(curves, key, recipe.step_axis_title(index, chosen), colors=colors,
+            ui.canvas_chart(curve_chart.spec(curves, key, recipe.step_axis_title(index, chosen), colors=colors,
                                                smoothing=smoothing, log_x=log_x, x_range=window, zoomable=True),
                               key=f"compare_train_{key}")
     shown = curves[curves["key"].isin(keys)]

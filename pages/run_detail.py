@@ -185,7 +185,7 @@ with tabs[0]:
             for i, key in enumerate(chosen):
                 with cols[i % 2]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
-                    ui.training_chart(curve_chart.spec(frame, key, recipe.step_axis_title(index, [run.run_id]),
+                    ui.canvas_chart(curve_chart.spec(frame, key, recipe.step_axis_title(index, [run.run_id]),
                                                        colors=colors), key=f"detail_curve_{key}")
             st.caption(ui.curves_caption(frame[frame["key"].isin(chosen)]))
     metrics = metrics_frame(run)

@@ -44,9 +44,9 @@ def page_text(at: AppTest) -> str:
     return "\n".join(shown(el.value) for kind in kinds for el in getattr(at, kind))
 
 
-def training_charts(at: AppTest, key_prefix: str) -> dict[str, dict]:
-    """Chart key -> what each training chart (`ui.training_chart`, a canvas) was sent to draw
-    (`curve_chart.spec`)."""
+def canvas_charts(at: AppTest, key_prefix: str) -> dict[str, dict]:
+    """Chart key -> what each canvas chart (`ui.canvas_chart`) was sent to draw
+    (`curve_chart.spec` or `eval_spec`)."""
     import json
 
     return {chart.proto.id: json.loads(chart.proto.json) for chart in at.get("bidi_component")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest import APP, page_text, run_page, serve, shown, training_charts
+from apptest import APP, page_text, run_page, serve, shown, canvas_charts
 from tracker.jobs.queue import QUEUED, JobQueue
 
 @pytest.fixture
@@ -249,7 +249,7 @@ def _traces(at: AppTest, key_prefix: str) -> list[dict]:
               for t in json.loads(chart.proto.spec)["data"] if t.get("name")]
     lines = [{"name": s["name"] + (f" ⚠ {s['reason']}" if s["reason"] else ""),
               "line": {"color": s["color"], "dash": "dash" if s["dashed"] else "solid"}}
-             for spec in training_charts(at, key_prefix).values() for s in spec["series"] if not s["faint"]]
+             for spec in canvas_charts(at, key_prefix).values() for s in spec["series"] if not s["faint"]]
     return plotly + lines
 
 

@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from apptest import page_text, run_page, serve, shown, training_charts
+from apptest import page_text, run_page, serve, shown, canvas_charts
 from tests import toolformats
 from tracker import redact
 from tracker import Tracker
@@ -175,7 +175,7 @@ def test_compare_draws_foreign_curves_under_our_names_with_both_names_shown(app_
     assert {"acc", "loss", "acc_pos1", "lr", "eal_unversioned"} <= set(options)  # spec-8b does not say its release
     assert not [k for k in options if k.startswith(("train/", "dflash/", "draft/"))]  # aliased, or config
     at.multiselect(key="compare_train_metrics").set_value(["acc", "loss"]).run()
-    acc = next(spec for key, spec in training_charts(at, "compare_train_").items() if "compare_train_acc" in key)
+    acc = next(spec for key, spec in canvas_charts(at, "compare_train_").items() if "compare_train_acc" in key)
     names_ = sorted(s["name"] for s in acc["series"] if not s["faint"])
     assert names_ == ["ours", "spec-8b · train/full_acc", "train_dflash · train/accuracy"]
     assert acc["x_title"] == "training step (micro-batches: train_dflash; optimizer steps: spec-8b, ours)"
@@ -209,7 +209,7 @@ def test_a_run_with_specforges_current_names_is_drawn_on_its_optimizer_step(app_
     assert {"accept_len", "selector_loss", "loss", "acc"} <= set(options)
     assert "train/optimizer_step" not in options and not [k for k in options if k.startswith("train/")]
     at.multiselect(key="compare_train_metrics").set_value(["accept_len"]).run()
-    chart = next(spec for key, spec in training_charts(at, "compare_train_").items() if "accept_len" in key)
+    chart = next(spec for key, spec in canvas_charts(at, "compare_train_").items() if "accept_len" in key)
     assert unpack(chart["x"], X_DTYPE).tolist() == [100, 200, 300]
     lines = {s["name"]: unpack(s["y"], Y_DTYPE).tolist() for s in chart["series"] if s["faint"]}  # raw, unsmoothed
     # old and new names of the same quantity share the chart, each with the name it was logged under
@@ -223,7 +223,7 @@ def test_specforge_pr_844_names_are_drawn_under_ours(app_env):
     options = at.multiselect(key="compare_train_metrics").options
     assert {"selector_covered_acc", "selector_marginal_acc", "candidate_recall"} <= set(options)
     at.multiselect(key="compare_train_metrics").set_value(["selector_covered_acc"]).run()
-    chart = next(spec for key, spec in training_charts(at, "compare_train_").items() if "selector_covered_acc" in key)
+    chart = next(spec for key, spec in canvas_charts(at, "compare_train_").items() if "selector_covered_acc" in key)
     lines = {s["name"]: unpack(s["y"], Y_DTYPE).tolist() for s in chart["series"] if s["faint"]}
     assert lines == {"qwen3-dflash2 · train/dflash2/selector/teacher_forced_covered_accuracy":
                      pytest.approx([0.70, 0.71, 0.72])}
@@ -235,7 +235,7 @@ def test_speculators_eal_from_either_side_of_its_redefinition_is_never_one_serie
     options = at.multiselect(key="compare_train_metrics").options
     assert {"eal", "eal_marginal", "eal_unversioned"} <= set(options) and "train/eal" not in options
     at.multiselect(key="compare_train_metrics").set_value(["eal", "eal_marginal", "eal_unversioned"]).run()
-    charts = training_charts(at, "compare_train_")
+    charts = canvas_charts(at, "compare_train_")
     drawn = {}
     for key, spec in charts.items():
         name = next(n for n in ("eal_unversioned", "eal_marginal", "eal") if n in key)

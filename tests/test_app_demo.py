@@ -81,7 +81,7 @@ def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(d
 
 def test_compare_keeps_every_legend_clear_of_the_plotly_toolbar(demo_env):
     """The toolbar sits at the top right of a chart, where a default legend goes: every Compare Plotly
-    chart (the eval views; training curves are canvases, legend below by construction) puts its
+    chart (acceptance by position, DDTree; curves over steps are canvases, legend below by construction) puts its
     legend under the plot instead."""
     import json
 
@@ -92,7 +92,7 @@ def test_compare_keeps_every_legend_clear_of_the_plotly_toolbar(demo_env):
         at.segmented_control(key="compare_view").set_value(view).run()
         assert not at.exception, [e.message for e in at.exception]
         charts += [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
-    assert len(charts) >= 4
+    assert len(charts) >= 2  # acceptance by position, DDTree (evals by checkpoint are canvases)
     for spec in charts:
         legend = spec["layout"]["legend"]
         assert legend["orientation"] == "h" and legend["y"] < 0, legend

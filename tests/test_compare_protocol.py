@@ -317,23 +317,22 @@ def test_eval_tables_compare_the_drawn_checkpoint_and_each_step_with_the_one_bef
 
 
 def test_the_eval_chart_carries_each_points_interval_and_the_references_band():
-    from tracker.dashboard import charts
+    from tracker.dashboard import curve_chart
+    from tracker.dashboard.curve_chart import Y_DTYPE, unpack
 
     train = make("t", "train")
     e1 = eval_run("e1", {"gsm8k": 8}, 4.0, ci=(3.5, 4.5), train="t", step=100)
     e2 = eval_run("e2", {"gsm8k": 8}, 6.0, ci=(5.6, 6.4), train="t", step=200)
     data = compare_data(RunIndex([train, e1, e2, PUBLISHED]), ["t"], "paper",
                         pd.DataFrame(columns=["run_id", "key", "step", "value"]))
-    fig = charts.add_intervals(charts.eval_curves(data.eval_points, "tau", 6.53, "paper"), data.eval_points, "tau",
-                               (6.3, 6.7))
-    (trace,) = fig.data
-    assert list(trace.error_y.array) == pytest.approx([0.5, 0.4]) and list(trace.error_y.arrayminus) == pytest.approx(
-        [0.5, 0.4])
-    assert [row[-1] for row in trace.customdata] == ["3.500–4.500", "5.600–6.400"]
-    assert "95% interval over prompts" in trace.hovertemplate
-    (band,) = [s for s in fig.layout.shapes if s.type == "rect"]
-    assert (band.y0, band.y1) == (6.3, 6.7)
+    spec = curve_chart.eval_spec(data.eval_points, "tau", None, 6.53, "paper", (6.3, 6.7))
+    (line,) = spec["series"]
+    assert unpack(line["y"], Y_DTYPE).tolist() == pytest.approx([4.0, 6.0])
+    assert unpack(line["low"], Y_DTYPE).tolist() == pytest.approx([3.5, 5.6])
+    assert unpack(line["high"], Y_DTYPE).tolist() == pytest.approx([4.5, 6.4])
+    assert spec["reference"] == {"value": 6.53, "label": "paper", "low": 6.3, "high": 6.7}
     # Checkpoints are whole steps: the axis ticks sit on them (one eval alone never reads 199.5).
-    assert list(fig.layout.xaxis.tickvals) == [100, 200]
+    assert spec["ticks"] == [100, 200]
     alone = compare_data(RunIndex([train, e2]), ["t"], None, pd.DataFrame(columns=["run_id", "key", "step", "value"]))
-    assert list(charts.eval_curves(alone.eval_points, "tau").layout.xaxis.tickvals) == [200]
+    alone_spec = curve_chart.eval_spec(alone.eval_points, "tau")
+    assert alone_spec["ticks"] == [200] and alone_spec["reference"] is None

@@ -1,4 +1,4 @@
-"""What a training chart draws (tracker.dashboard.curve_chart.spec), read back from its data."""
+"""What a chart on a canvas draws (tracker.dashboard.curve_chart: `spec`, `eval_spec`), read back from its data."""
 
 import math
 
@@ -88,3 +88,40 @@ def test_a_series_of_one_point_is_drawn_as_its_point():
     spec = curve_chart.spec(frame, "loss")
     assert [(s["name"], s["single"]) for s in spec["series"]] == [("run 0", False), ("run 1", True)]
     assert "s.single ? { show: true" in curve_chart.JS
+
+
+def _evals(rows) -> pd.DataFrame:
+    """Eval points as `compare.POINT_COLUMNS` holds them: (series, owner, step, value, low, high, reason)."""
+    return pd.DataFrame([{"series": series, "owner": owner, "run_id": f"{series}-{step}", "train_run_id": owner,
+                          "key": "tau", "step": step, "value": value, "low": low, "high": high, "scoring": "offline",
+                          "dashed": bool(reason), "reason": reason, "env": "cpu · fp32"}
+                         for series, owner, step, value, low, high, reason in rows])
+
+
+def test_an_eval_chart_marks_each_checkpoint_with_its_interval_where_it_has_one():
+    nan = float("nan")
+    spec = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, ""), ("v1", "t1", 200, 4.0, nan, nan, ""),
+                                         ("v1 fp32", "t1", 200, 3.8, 3.6, 4.0, "≠ training: dtype"),
+                                         ("v2", "t2", 300, 5.0, 4.0, 6.0, "")]), "tau")
+    assert spec["markers"] and spec["x_title"] == "checkpoint step" and spec["ticks"] == [100, 200, 300]
+    by_name = {s["name"]: s for s in spec["series"]}
+    # Two series of one run at one checkpoint: the second marker is smaller, so neither hides the other.
+    assert [by_name[n]["marker_px"] for n in ("v1", "v1 fp32", "v2")] == [11, 8, 11]
+    assert by_name["v1 fp32"]["dashed"] and by_name["v1"]["env"] == "cpu · fp32"
+    low = unpack(by_name["v1"]["low"], Y_DTYPE)
+    assert low[0] == 2.5 and math.isnan(low[1]) and math.isnan(low[2])  # step 200 has no interval, 300 no point
+    assert spec["reference"] is None
+
+
+def test_an_eval_chart_ticks_each_checkpoint_only_while_they_are_few():
+    rows = [("v1", "t1", step, 1.0, nan, nan, "") for step in range(0, 13 * 10, 10) for nan in [float("nan")]]
+    assert curve_chart.eval_spec(_evals(rows[:12]), "tau")["ticks"] == list(range(0, 120, 10))
+    assert curve_chart.eval_spec(_evals(rows), "tau")["ticks"] is None  # 13 checkpoints: the axis picks its ticks
+
+
+def test_the_reference_line_carries_its_label_and_band():
+    spec = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, "")]), "tau", reference_value=4.5,
+                                 reference_label="<b>z-lab</b> @ abc", reference_interval=(4.2, 4.8))
+    assert spec["reference"] == {"value": 4.5, "label": "<b>z-lab</b> @ abc", "low": 4.2, "high": 4.8}
+    plain = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, "")]), "tau", reference_value=4.5)
+    assert plain["reference"] == {"value": 4.5, "label": "reference", "low": None, "high": None}

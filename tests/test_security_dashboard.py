@@ -132,9 +132,11 @@ def _check_page(at) -> dict[str, list[str]]:
             assert not any(FORBIDDEN.search(n) for n in names), names
             sent.setdefault(kind, []).extend(names)
             continue
-        if kind == "bidi_component":  # a training chart: names travel as data, uPlot writes them as text
+        if kind == "bidi_component":  # a canvas chart: names travel as data, written as text (curve_chart.js)
             assert not proto.html_content
-            sent.setdefault(kind, []).extend(s["name"] for s in json.loads(proto.json)["series"])
+            spec = json.loads(proto.json)
+            sent.setdefault(kind, []).extend([s["name"] for s in spec["series"]]
+                                             + [(spec.get("reference") or {}).get("label", "")])
             continue
         if kind in ("dataframe", "arrow_data_frame", "json", "code", "text"):
             continue  # shown as plain text cells / JSON / code by the browser
@@ -161,8 +163,8 @@ def test_every_page_shows_user_text_escaped(hostile_env, page):
         assert any(IMAGE in shown(label) for label in sent["page_link"])  # the eval's link, named as text
     if page == "pages/compare.py":
         assert f"{IFRAME} @ step 100 (eval): linear-attn fallback vs its training run: fast" in text
-        charts = " ".join(sent.get("plotly_chart", []))
-        assert html_text(IFRAME) in charts or html_text(IMAGE) in charts
+        charts = " ".join(sent.get("bidi_component", []))  # the eval charts, on a canvas: names as written
+        assert IFRAME in charts or IMAGE in charts
     if page == "pages/environments.py":
         assert IFRAME in text  # "Cells differing from **<name>**", as text, with the legend beside it
         assert ":red-background[critical]" in " ".join(m.value for m in at.markdown)

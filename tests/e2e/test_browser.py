@@ -177,7 +177,7 @@ def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, 
 
     page.goto(f"{url}/compare?runs={v1.info.run_id}")
     # Evals from another environment are their own series, labelled with that environment.
-    legend = page.locator("g.legend text").filter(has_text="bf16")
+    legend = page.locator(".db-curves .u-legend .u-series").filter(has_text="bf16")
     legend.first.wait_for()
     page.screenshot(path=tmp_path / "3-compare.png", full_page=True)
     assert "drafter-v1" in legend.first.text_content()
@@ -283,10 +283,10 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     # Compare no longer lists the step among the evals that differ from training.
     assert not page.get_by_text(re.compile(rf"@ steps? [\d, ]*\b{step}\b[^:]*\(eval\): drafter precision")).count()
     # The re-evaluation is its own series, drawn solid: it matches its training run's numerics.
-    legend = page.locator("g.legend text").filter(has_text="bf16-autocast")
-    legend.first.wait_for()
-    series = page.locator("g.legend g.traces").filter(has=page.locator("text", has_text="bf16-autocast")).first
-    assert series.locator("path.js-line").first.evaluate("e => getComputedStyle(e).strokeDasharray") in ("", "none")
+    page.locator(".db-curves .u-legend .u-series").filter(has_text="bf16-autocast").first.wait_for()
+    dashed = page.evaluate("[...document.querySelectorAll('.db-curves')].flatMap(c => c.curves())"
+                           ".filter(s => s.name.includes('bf16-autocast')).map(s => s.dashed)")
+    assert dashed and not any(dashed), dashed
     print(f"screenshots: {tmp_path}")
 
 

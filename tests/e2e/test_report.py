@@ -38,6 +38,11 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
     ones = page.evaluate("[...document.querySelectorAll('.db-curves')].flatMap(c => c.curves())"
                          ".filter(s => s.y.filter(v => !Number.isNaN(v)).length === 1)")
     assert ones and all(s["single"] for s in ones), ones
+    # Evals over checkpoints as Compare draws them: each point's interval as an error bar, the reference's line.
+    evals = page.evaluate("[...document.querySelectorAll('.db-curves')].filter(c => c.curves().some(s => s.low))"
+                          ".map(c => ({reference: c.dataset.reference, curves: c.curves()}))")
+    assert evals and any(lo is not None for chart in evals for s in chart["curves"] for lo in s["low"]), evals
+    assert any(chart["reference"] == "1" for chart in evals), evals
     assert page.evaluate("window.__xss") is None
     assert HOSTILE in page.locator("h1").text_content()  # the name, as text
     assert requested == []

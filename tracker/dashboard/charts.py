@@ -1,7 +1,8 @@
-"""Plotly figures for the dashboard's eval charts, built from the frames of `tracker.dashboard.compare`
-(training curves are drawn on a canvas: `curve_chart`).
+"""Plotly figures for the dashboard's per-checkpoint charts (acceptance by draft position, DDTree against
+its budget), built from the frames of `tracker.dashboard.compare`, and the run colours every chart shares
+(curves over steps, training's and evals by checkpoint, are drawn on a canvas: `curve_chart`).
 
-Axis titles carry units, hovers carry the environment. The one dashing rule (`compare.series_reason`):
+Axis titles carry units. The one dashing rule (`compare.series_reason`):
 a series is dashed, with open markers, when it differs critically from what it must match (an eval its
 training run's environment, everything the reference's protocol and, unless an eval of a known training
 run, its environment); its `reason` (`≠ reference: dtype`, `≠ training: drafter precision`) follows its
@@ -22,17 +23,12 @@ from collections.abc import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracker.dashboard import metric_docs
 from tracker.dashboard.escape import html_text
 from tracker.dashboard.index import RunIndex
 
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC",
            "#EECA3B"]
 REFERENCE_COLOR = "#333333"
-# Series of one run drawn at the same x (an eval and its re-evaluation in another environment):
-# each next one smaller and of another shape, so the first never hides the others.
-STEP_TICKS = 12  # up to this many evaluated checkpoints, a tick at each one's step
-MARKERS = [("circle", 11), ("diamond", 8), ("square", 6), ("triangle-up", 5)]
 
 
 def run_colors(index: RunIndex) -> dict[str, str]:
@@ -89,37 +85,6 @@ def reason_of(part: pd.DataFrame) -> str:
     return str(part["reason"].iloc[0]) if "reason" in part.columns and len(part) else ""
 
 
-def eval_curves(points: pd.DataFrame, key: str, reference_value: float | None = None,
-                reference_label: str | None = None, colors: Mapping[str, str] | None = None) -> go.Figure:
-    """Eval metric over checkpoint step, one line per series; the reference as a labelled horizontal line."""
-    doc = metric_docs.describe(key)
-    fig = go.Figure()
-    sub = points[points["key"] == key]
-    fallback: dict[str, str] = {}
-    per_owner: dict[str, int] = {}
-    for series, part in sub.groupby("series", sort=False):
-        part = part.sort_values("step")
-        reason = reason_of(part)
-        owner = owner_of(part, series)
-        symbol, size = MARKERS[min(per_owner.get(owner, 0), len(MARKERS) - 1)]
-        per_owner[owner] = per_owner.get(owner, 0) + 1
-        fig.add_trace(go.Scatter(
-            x=part["step"], y=part["value"], mode="lines+markers", name=_name(series, reason),
-            line=dict(color=series_color(colors, owner, fallback), dash="dash" if reason else "solid"),
-            marker=dict(symbol=f"{symbol}-open" if reason else symbol, size=size, line=dict(width=2)),
-            customdata=part[["env"]].map(html_text).to_numpy(),  # env badges come from tags
-            hovertemplate=(f"%{{fullData.name}}<br>checkpoint step %{{x}}<br>{key} %{{y:.3f}} {doc.unit}"
-                           f"<br>env %{{customdata[0]}}{_reason_hover(reason)}<extra></extra>")))
-    if reference_value is not None:
-        fig.add_hline(y=reference_value, line=dict(color=REFERENCE_COLOR, dash="dot", width=2),
-                      annotation_text=f"{html_text(reference_label or 'reference')}: {reference_value:.3f}",
-                      annotation_position="top left")
-    steps = sorted(set(sub["step"]))
-    if 0 < len(steps) <= STEP_TICKS:  # checkpoints are whole steps: a tick at each, never at 199.5
-        fig.update_xaxes(tickmode="array", tickvals=steps)
-    return _layout(fig, "checkpoint step", doc.label)
-
-
 def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Mapping[str, str] | None) -> go.Figure:
     """One line per series (the reference dotted, in REFERENCE_COLOR)."""
     fig = go.Figure()
@@ -155,25 +120,3 @@ def ddtree_vs_budget(frame: pd.DataFrame, colors: Mapping[str, str] | None = Non
         pad = 0.15  # in log10 units: the end points stay visible
         fig.update_xaxes(range=[math.log10(span[0]) - pad, math.log10(span[1]) + pad])
     return _layout(fig, "DDTree node budget B (nodes)", "ddtree_tau_b{B} (tokens / block)")
-
-
-def add_intervals(fig: go.Figure, points: pd.DataFrame, key: str,
-                  reference_interval: tuple[float, float] | None = None) -> go.Figure:
-    """`eval_curves`' figure with each point's 95% bootstrap interval (`low`, `high`) as error bars,
-    and the reference's interval, when it has one, as a faint band around its line. Points without
-    an interval (evals from before intervals, published numbers) keep a bare marker."""
-    sub = points[points["key"] == key]
-    for trace, (_, part) in zip(fig.data, sub.groupby("series", sort=False)):
-        part = part.sort_values("step")
-        if "low" not in part.columns or part["low"].isna().all():
-            continue
-        trace.error_y = dict(type="data", symmetric=False, array=(part["high"] - part["value"]).tolist(),
-                             arrayminus=(part["value"] - part["low"]).tolist(), thickness=1.5, width=4)
-        trace.hovertemplate = trace.hovertemplate.replace(
-            "<extra>", "<br>95% interval over prompts: %{customdata[1]}<extra>")
-        intervals = [f"{lo:.3f}–{hi:.3f}" if pd.notna(lo) else "none" for lo, hi in zip(part["low"], part["high"])]
-        trace.customdata = [[*row, text] for row, text in zip(trace.customdata.tolist(), intervals)]
-    if reference_interval is not None:
-        fig.add_hrect(y0=reference_interval[0], y1=reference_interval[1], fillcolor=REFERENCE_COLOR, opacity=0.08,
-                      line_width=0)
-    return fig

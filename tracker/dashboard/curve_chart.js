@@ -1,9 +1,10 @@
-// One training-curve chart, drawn by uPlot on a canvas from `data` (tracker/dashboard/curve_chart.py's
-// `spec`). `uPlot` is defined by the vendored build that curve_chart.JS puts before this code.
+// One chart of curves over steps, drawn by uPlot on a canvas from `data` (tracker/dashboard/curve_chart.py's
+// `spec`: training curves; `eval_spec`: evals by checkpoint, with markers, interval bars and the reference
+// line). `uPlot` is defined by the vendored build that curve_chart.JS puts before this code.
 //
 // Once drawn, the chart's root (.db-curves) says so, for tests and benchmarks: data-drawn="1",
-// data-series (how many named series), data-scale (log | linear); root.curves() lists every drawn
-// series with its points.
+// data-series (how many named series), data-scale (log | linear), data-reference (1 when a reference
+// line is drawn); root.curves() lists every drawn series with its points (and intervals).
 
 const charts = new WeakMap(); // parentElement -> the chart drawn there, replaced on new data
 
@@ -25,13 +26,89 @@ function spanOf(ys) {
   return [first, last];
 }
 
-function valueAt(ys, span, i) {
+function pointAt(ys, span, i) {
   if (i == null || span[0] < 0 || i < span[0] || i > span[1]) return null;
   for (let d = 0; d <= span[1] - span[0]; d++) {
-    if (i - d >= span[0] && ys[i - d] != null) return ys[i - d];
-    if (i + d <= span[1] && ys[i + d] != null) return ys[i + d];
+    if (i - d >= span[0] && ys[i - d] != null) return i - d;
+    if (i + d <= span[1] && ys[i + d] != null) return i + d;
   }
   return null;
+}
+
+// An eval's value with its interval where it has one: `4.12 (3.50–4.71)`.
+function valueText(s, j) {
+  if (j == null) return "--";
+  const lo = s.low ? s.low[j] : null, hi = s.high ? s.high[j] : null;
+  return fmt(s.y[j]) + (lo != null && hi != null ? ` (${lo.toFixed(3)}–${hi.toFixed(3)})` : "");
+}
+
+// The y axis of an eval chart spans its values, their intervals and the reference (uPlot's own range
+// looks at the values only, and would cut an error bar or the reference line off).
+function evalRange(data) {
+  const all = [];
+  for (const s of data.series) for (const ys of [s.y, s.low, s.high]) for (const v of ys || []) if (v != null) all.push(v);
+  const ref = data.reference;
+  if (ref) all.push(...[ref.value, ref.low, ref.high].filter((v) => v != null));
+  return () => {
+    let lo = Math.min(...all), hi = Math.max(...all);
+    const pad = hi > lo ? (hi - lo) * 0.08 : Math.max(Math.abs(hi) * 0.05, 0.5);
+    return [lo - pad, hi + pad];
+  };
+}
+
+// Checkpoints at the chart's edges keep their whole marker: the x axis reaches a little past them.
+const stepRange = (u, lo, hi) => {
+  const pad = Math.max(1, (hi - lo) * 0.04);
+  return [lo - pad, hi + pad];
+};
+
+// What uPlot leaves to its hooks on an eval chart: each point's interval as an error bar, and the
+// reference as a dotted horizontal line with its label, its interval a faint band behind it.
+function drawEvalExtras(u, data, text) {
+  const ctx = u.ctx, px = uPlot.pxRatio, { left, top, width, height } = u.bbox;
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(left, top, width, height);
+  ctx.clip();
+  const ref = data.reference;
+  if (ref) {
+    if (ref.low != null && ref.high != null) {
+      const y0 = u.valToPos(ref.high, "y", true), y1 = u.valToPos(ref.low, "y", true);
+      ctx.fillStyle = "rgba(51, 51, 51, 0.08)";
+      ctx.fillRect(left, y0, width, y1 - y0);
+    }
+    const y = u.valToPos(ref.value, "y", true);
+    ctx.strokeStyle = "#333333";
+    ctx.lineWidth = 2 * px;
+    ctx.setLineDash([2 * px, 3 * px]);
+    ctx.beginPath();
+    ctx.moveTo(left, y);
+    ctx.lineTo(left + width, y);
+    ctx.stroke();
+    ctx.setLineDash([]);
+    ctx.fillStyle = text;
+    ctx.font = `${12 * px}px sans-serif`;
+    ctx.textAlign = "left";
+    ctx.textBaseline = "bottom";
+    ctx.fillText(`${ref.label}: ${ref.value.toFixed(3)}`, left + 4 * px, y - 3 * px);
+  }
+  ctx.lineWidth = 1.5 * px;
+  u.series.forEach((shown, si) => {
+    const s = data.series[si - 1];
+    if (!s || !s.low || shown.show === false) return;
+    ctx.strokeStyle = s.color;
+    s.y.forEach((v, i) => {
+      const lo = s.low[i], hi = s.high[i];
+      if (v == null || lo == null || hi == null) return;
+      const x = u.valToPos(data.x[i], "x", true), y0 = u.valToPos(lo, "y", true), y1 = u.valToPos(hi, "y", true);
+      ctx.beginPath();
+      ctx.moveTo(x, y0);
+      ctx.lineTo(x, y1);
+      for (const yc of [y0, y1]) { ctx.moveTo(x - 4 * px, yc); ctx.lineTo(x + 4 * px, yc); }
+      ctx.stroke();
+    });
+  });
+  ctx.restore();
 }
 
 // Steps are whole numbers: x ticks at 1, 2, 5, 10, 20, 50, ... steps apart, never at 0.2.
@@ -47,11 +124,14 @@ function options(data, width, root, setTriggerValue) {
   const text = themed(root, "--st-text-color", "#31333F"), rule = themed(root, "--st-border-color", "#E6E9EF");
   const axis = { stroke: text, grid: { stroke: rule, width: 1 }, ticks: { stroke: rule, width: 1 } };
   const smoothed = data.smoothing > 0 ? ` (EMA ${data.smoothing})` : "";
+  const paper = themed(root, "--st-background-color", "#FFFFFF");
+  const ticks = data.ticks ? { splits: (u, ai, lo, hi) => data.ticks.filter((t) => t >= lo && t <= hi) } : {};
   return {
     width,
     height: data.height,
-    scales: { x: { time: false, distr: data.log_x ? 3 : 1 } },
-    axes: [{ ...axis, label: data.x_title, ...(data.log_x ? {} : { incrs: STEP_INCRS }) },
+    scales: data.markers ? { x: { time: false, range: stepRange }, y: { range: evalRange(data) } }
+      : { x: { time: false, distr: data.log_x ? 3 : 1 } },
+    axes: [{ ...axis, label: data.x_title, ...(data.log_x ? {} : { incrs: STEP_INCRS }), ...ticks },
            { ...axis, label: data.y_title, size: 64 }],
     series: [
       { label: "step", value: (u, v) => v == null ? "--" : v.toLocaleString("en-US") },
@@ -63,8 +143,10 @@ function options(data, width, root, setTriggerValue) {
           width: s.faint ? 1 : 1.5,
           dash: s.dashed ? [6, 4] : undefined,
           spanGaps: true,
-          points: s.single ? { show: true, size: 7, fill: s.color } : { show: false },
-          value: (u, v, si, i) => fmt(valueAt(s.y, span, i)) + (s.faint ? "" : smoothed),
+          // An eval chart marks every checkpoint (open: a dashed series); a training curve of one point is its point.
+          points: data.markers ? { show: true, size: s.marker_px, width: 2, stroke: s.color, fill: s.dashed ? paper : s.color }
+            : s.single ? { show: true, size: 7, fill: s.color } : { show: false },
+          value: (u, v, si, i) => valueText(s, pointAt(s.y, span, i)) + (s.faint ? "" : smoothed),
         };
       }),
     ],
@@ -86,8 +168,10 @@ function options(data, width, root, setTriggerValue) {
         const lo = u.posToVal(u.select.left, "x"), hi = u.posToVal(u.select.left + u.select.width, "x");
         setTriggerValue("zoom", [Math.max(0, Math.floor(lo)), Math.ceil(hi)]);
       }],
-      draw: [() => {
+      draw: [(u) => {
+        if (data.markers) drawEvalExtras(u, data, text);
         root.dataset.drawn = "1";
+        root.dataset.reference = data.reference ? "1" : "0";
         root.dataset.series = String(data.series.filter((s) => !s.faint).length);
         root.dataset.scale = data.log_x ? "log" : "linear";
       }],
@@ -98,16 +182,21 @@ function options(data, width, root, setTriggerValue) {
 export default function ({ data: packed, parentElement, setTriggerValue }) {
   charts.get(parentElement)?.destroy();
   const data = { ...packed, x: unpack(packed.x, Float64Array),
-                 series: packed.series.map((s) => ({ ...s, y: unpack(s.y, Float32Array) })) };
+                 series: packed.series.map((s) => ({ ...s, y: unpack(s.y, Float32Array),
+                   ...(s.low ? { low: unpack(s.low, Float32Array), high: unpack(s.high, Float32Array) } : {}) })) };
   const root = document.createElement("div");
   root.className = "db-curves";
   root.dataset.drawn = "0";
   parentElement.querySelector(":scope > .db-curves")?.remove();
   parentElement.appendChild(root);
   root.curves = () => data.series.map((s) => {
-    const x = [], y = [];
-    s.y.forEach((v, i) => { if (v != null) { x.push(data.x[i]); y.push(v); } });
-    return { name: s.name, faint: s.faint, dashed: s.dashed, single: !!s.single, x, y };
+    const x = [], y = [], low = [], high = [];
+    s.y.forEach((v, i) => {
+      if (v == null) return;
+      x.push(data.x[i]); y.push(v);
+      if (s.low) { low.push(s.low[i]); high.push(s.high[i]); }
+    });
+    return { name: s.name, faint: s.faint, dashed: s.dashed, single: !!s.single, x, y, ...(s.low ? { low, high } : {}) };
   });
 
   const width = () => Math.max(200, Math.floor(parentElement.getBoundingClientRect().width));
@@ -115,7 +204,8 @@ export default function ({ data: packed, parentElement, setTriggerValue }) {
   plot.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
     const s = data.series[i - 1]; // row 0 is the step
     if (s && s.faint) row.style.display = "none"; // its smoothed twin carries the name
-    if (s && s.reason) row.title = `dashed: ${s.reason}`;
+    const why = [s && s.reason && `dashed: ${s.reason}`, s && s.env && `env: ${s.env}`].filter(Boolean);
+    if (why.length) row.title = why.join("\n");
   });
   let frame = 0;
   const resized = new ResizeObserver(() => {

@@ -1,14 +1,16 @@
-"""Training curves on a canvas: the data each chart draws, and the uPlot code that draws it.
+"""Curves over steps on a canvas: the data each chart draws, and the uPlot code that draws it.
 
-Compare's and Run detail's training charts hold up to 20 runs x 4 metrics of decimated curves.
-Plotly drew them as SVG: its 4.7 MB bundle took 1.7 s to parse and draw in every fresh tab on 2
-cores, longer than the rest of the page. uPlot (vendored under `vendor/uplot/`, MIT, 51 kB) draws
-the same lines on a canvas in milliseconds. `ui.training_chart` mounts `JS` as a Streamlit component;
-this module only builds the JSON it draws (`spec`), so the rules (dashing, the faint raw curve,
-smoothing, the log axis, the zoom window) are tested without a browser.
+Compare's and Run detail's training charts hold up to 20 runs x 4 metrics of decimated curves, and
+Compare's first view draws each eval metric over checkpoint steps. Plotly drew them as SVG: its
+4.7 MB bundle took 1.7 s to parse and draw in every fresh tab on 2 cores, longer than the rest of
+the page. uPlot (vendored under `vendor/uplot/`, MIT, 51 kB) draws the same lines on a canvas in
+milliseconds. `ui.canvas_chart` mounts `JS` as a Streamlit component; this module only builds the
+JSON it draws (`spec` for training curves, `eval_spec` for evals by checkpoint), so the rules
+(dashing, the faint raw curve, smoothing, the log axis, the zoom window, markers, intervals, the
+reference line) are tested without a browser.
 
-Text reaches the chart as data and uPlot writes it with `textContent` (legend) or on the canvas
-(axes): a run name is shown as written and never parsed as HTML.
+Text reaches the chart as data and is written with `textContent` (legend), as a `title` (tooltips)
+or on the canvas (axes, the reference's label): a run name is shown as written and never parsed as HTML.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ HEIGHT_PX = 300  # the plot; the legend below grows with the series
 # Values travel as float32: 7 significant digits, past what a chart or its 4-digit legend shows; NaN
 # where a series has no point. Steps as float64: integers stay exact up to 2^53.
 Y_DTYPE, X_DTYPE = "<f4", "<f8"
+STEP_TICKS = 12  # up to this many evaluated checkpoints, a tick at each one's step
+# Series of one run drawn at the same checkpoint (an eval and its re-evaluation in another environment):
+# each next one's marker smaller, so the first never hides the others.
+MARKER_PX = (11, 8, 6, 5)
 
 
 def pack(values: np.ndarray, dtype: str) -> str:
@@ -93,3 +99,37 @@ def spec(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: 
         "x": pack(steps, X_DTYPE),
         "series": series,
     }
+
+
+def eval_spec(points: pd.DataFrame, key: str, colors: Mapping[str, str] | None = None,
+              reference_value: float | None = None, reference_label: str | None = None,
+              reference_interval: tuple[float, float] | None = None) -> dict:
+    """What one eval-by-checkpoint chart draws: `spec` over `points` (`compare.POINT_COLUMNS`: series,
+    step, value, low, high, env, owner, reason) with a marker at each evaluated checkpoint (open when
+    the series is dashed), each point's 95% bootstrap interval (`low`, `high`, packed like the values;
+    NaN where a point has none: evals from before intervals, published numbers) as an error bar, the
+    environment badges of each series, a tick at each checkpoint while there are at most STEP_TICKS,
+    and the reference as a labelled horizontal line with its interval, when it has one, as a faint band."""
+    out = spec(points, key, "checkpoint step", colors)
+    steps = unpack(out["x"], X_DTYPE).astype(np.int64)
+    sub = points[points["key"] == key]
+    per_owner: dict[str, int] = {}
+    for line, (name, part) in zip(out["series"], sub.groupby("series", sort=False)):
+        part = part.sort_values("step")
+        owner = owner_of(part, name)
+        line["marker_px"] = MARKER_PX[min(per_owner.get(owner, 0), len(MARKER_PX) - 1)]
+        per_owner[owner] = per_owner.get(owner, 0) + 1
+        at = np.searchsorted(steps, part["step"].to_numpy(dtype=np.int64))
+        for bound in ("low", "high"):
+            column = np.full(len(steps), np.nan)
+            if bound in part.columns:
+                column[at] = pd.to_numeric(part[bound], errors="coerce").to_numpy(dtype=float)
+            line[bound] = pack(column, Y_DTYPE)
+        envs = part["env"].dropna().astype(str).unique() if "env" in part.columns else []
+        line["env"] = "; ".join(envs)  # a tooltip, set as text
+    reference = None
+    if reference_value is not None:
+        low, high = reference_interval if reference_interval is not None else (None, None)
+        reference = {"value": float(reference_value), "label": reference_label or "reference", "low": low, "high": high}
+    return {**out, "markers": True, "reference": reference,
+            "ticks": [int(s) for s in steps] if 0 < len(steps) <= STEP_TICKS else None}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -95,13 +95,13 @@ def _list(lines: Sequence[str], css: str, title: str) -> str:
     return f'<div class="{css}"><b>{_text(title)}</b><ul>{items}</ul></div>' if lines else ""
 
 
-def _charts(frame: pd.DataFrame, keys: Sequence[str], x_title: str, prefix: str, colors) -> tuple[str, list[str]]:
-    """(the charts' HTML, their JSON blocks) for each metric in `keys`."""
+def _charts(keys: Sequence[str], spec: Callable[[str], dict], prefix: str) -> tuple[str, list[str]]:
+    """(the charts' HTML, their JSON blocks) for each metric in `keys`, each drawn from `spec(key)`."""
     cells, blocks = [], []
     for i, key in enumerate(keys):
         doc = metric_docs.describe(key)
         block = f"{prefix}-{i}"
-        blocks.append(_json_block(block, curve_chart.spec(frame, key, x_title, colors=colors)))
+        blocks.append(_json_block(block, spec(key)))
         cells.append(f'<figure><figcaption><b>{_text(key)}</b> · {_text(doc.title)}'
                      f'{" (" + _text(doc.unit) + ")" if doc.unit else ""}</figcaption>'
                      f'<div class="db-chart" data-spec="{block}"></div>'
@@ -135,9 +135,13 @@ def build(index: RunIndex, data: CompareData, tables: EvalTables, *, store: str,
     generated = generated or datetime.now(timezone.utc)
     ref = data.reference
     runs = ", ".join(index.label(r.run_id) for r in data.runs)
-    train_html, train_blocks = _charts(data.train_curves, data.train_metrics, x_title, "train", colors)
+    train_html, train_blocks = _charts(data.train_metrics, lambda key: curve_chart.spec(
+        data.train_curves, key, x_title, colors=colors), "train")
     eval_keys = [k for k in ("tau", "streak") if k in data.eval_metrics] or list(data.eval_metrics[:2])
-    eval_html, eval_blocks = _charts(data.eval_points, eval_keys, "checkpoint step", "eval", colors)
+    ref_label = reference_label(index, ref) if ref is not None else None
+    eval_html, eval_blocks = _charts(eval_keys, lambda key: curve_chart.eval_spec(
+        data.eval_points, key, colors, data.reference_values.get(key), ref_label,
+        data.reference_interval if key == "tau" else None), "eval")
     shown_keys = dict.fromkeys([*data.train_metrics, *eval_keys])
     glossary = "".join(f"<dt><b>{_text(k)}</b> · {_text(metric_docs.describe(k).title)}</dt>"
                        f"<dd>{_definition(metric_docs.describe(k).definition)}</dd>" for k in shown_keys)
@@ -151,8 +155,9 @@ def build(index: RunIndex, data: CompareData, tables: EvalTables, *, store: str,
         f"<p>{_text(data.reference_note)}</p>" if data.reference_note else "",
         "<h2>Training curves</h2>" + (train_html if data.train_metrics else "<p>No training steps logged.</p>"),
         "<h2>Evals over checkpoints</h2>" + (eval_html if eval_keys else "<p>No eval results.</p>"),
-        "<p class='definition'>Dashed: the series differs critically from the reference or its training run "
-        "(the legend says which, as on Compare). Intervals are in the tables.</p>",
+        "<p class='definition'>Dashed, with open markers: the series differs critically from the reference or its "
+        "training run (the legend says which, as on Compare). Error bars: the 95% bootstrap interval over prompts "
+        "of each eval; the dotted line: the reference, its interval a faint band.</p>",
         "<h2>Environment and protocol against the reference</h2>" + _differences(index, data),
         "<h2>vs reference</h2>" + _table(tables.vs_reference),
         "<h2>vs previous checkpoint</h2>" + _table(tables.vs_previous),

@@ -328,8 +328,8 @@ def _curve_component():
                                       isolate_styles=False)
 
 
-def training_chart(spec: dict, key: str) -> None:
-    """One training chart (`curve_chart.spec`) on a canvas. A zoomable one's dragged window (or a
+def canvas_chart(spec: dict, key: str) -> None:
+    """One chart on a canvas (`curve_chart.spec` or `eval_spec`). A zoomable one's dragged window (or a
     double click, the whole run) is set in the From/To step inputs of `step_window`, so the page
     reads those steps again at full detail."""
 
