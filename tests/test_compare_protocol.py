@@ -35,7 +35,7 @@ def make(run_id, kind, *, proto=None, metrics=None, train=None, step=None, finge
         tags["draftboard.published"] = "1"
     return RunInfo(run_id=run_id, name=run_id, kind=kind, status="FINISHED", experiment_id="1", start_time=start,
                    end_time=None, artifact_uri="", tags=tags, params=params or {}, metrics=metrics or {},
-                   metric_steps={}, fingerprint=fingerprint)
+                   metric_steps={}, fingerprint_file=fingerprint)
 
 
 def eval_run(run_id, datasets, tau, ci=None, **kw):

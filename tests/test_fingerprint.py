@@ -35,8 +35,9 @@ def test_fixed_top_level_keys_and_fields_on_this_machine(machine_fp):
 
 def test_env_tags_are_the_fixed_names(machine_fp):
     tags = fingerprint.env_tags(machine_fp)
-    assert set(tags) == {"env.hash", "env.linear_attn", "env.device", "env.dtype", "env.torch",
-                         "env.transformers", "env.gpu"}
+    assert set(tags) == {"env.hash", "env.linear_attn", "env.device", "env.dtype", "env.torch", "env.transformers",
+                         "env.gpu", "env.critical_key", "env.warning_key", "env.probe_digest", "env.drafter_precision",
+                         "env.source"}
     assert tags["env.linear_attn"] == "fallback" and tags["env.device"] == "cpu" and tags["env.gpu"] == "none"
 
 
@@ -165,3 +166,48 @@ def test_drafter_precision_is_recorded_and_a_difference_is_critical():
     rows = [r for r in fingerprint.diff(autocast, cast) if r.field == "numerics.drafter_precision"]
     assert rows == [("numerics.drafter_precision", "bf16-autocast", "fp32", "critical")]
     assert fingerprint.env_hash(autocast) != fingerprint.env_hash(cast)
+
+
+def test_equal_keys_mean_no_critical_or_no_warned_difference(machine_fp):
+    """`critical_key` and `warning_key` stand for the fingerprint in a listing (tracker/dashboard/lineage.py):
+    equal keys must mean `diff` has no critical row (no row above info). Each change is checked both ways."""
+    import copy
+
+    base = {**copy.deepcopy(machine_fp), "probe": {"seed": 1234, "length": 64, "digest": "a" * 16,
+                                                   "layers": {"1": {"mean": 0.1, "std": 1.0, "absmax": 2.0}}}}
+
+    def changed(edit):
+        other = copy.deepcopy(base)
+        edit(other)
+        return other
+
+    info_only = changed(lambda f: f["code"].update(git_commit="f" * 40))  # another commit: an info row
+    patch_release = changed(lambda f: f["software"].update(torch=f["software"]["torch"].replace("2.13.0", "2.13.1")))
+    critical = [changed(lambda f: f["numerics"].update(dtype="bf16")),
+                changed(lambda f: f["numerics"].update(linear_attention_path="fast")),
+                changed(lambda f: f["software"].update(transformers="4.0.0")),
+                changed(lambda f: f["probe"].update(digest="0" * 16, layers={
+                    k: {s: v * 2 + 1 for s, v in stats.items()} for k, stats in f["probe"]["layers"].items()}))]
+    other_gpu = changed(lambda f: f["hardware"].update(gpu_name="NVIDIA A100"))  # a warning row
+    key, warned = fingerprint.critical_key(base), fingerprint.warning_key(base)
+    assert key.startswith(fingerprint.CRITICAL_KEY_VERSION + "-") and warned != key
+    no_probe = {k: v for k, v in info_only.items() if k != "probe"}  # a training run's, captured without target
+
+    def agree(a, b, key_of):
+        return key_of(a) == key_of(b) and fingerprint.probes_agree(fingerprint.probe_digest(a),
+                                                                   fingerprint.probe_digest(b))
+
+    for other in (info_only, patch_release, other_gpu, no_probe):
+        assert not fingerprint.has_critical(fingerprint.diff(base, other))
+        assert agree(base, other, fingerprint.critical_key)
+    for other in critical:
+        assert fingerprint.has_critical(fingerprint.diff(base, other))
+        assert not agree(base, other, fingerprint.critical_key)
+    # The warning key: agreeing only where `diff` has nothing but info rows.
+    for other in (info_only, no_probe):
+        assert {r.severity for r in fingerprint.diff(base, other)} == {"info"}
+        assert agree(base, other, fingerprint.warning_key)
+    for other in (patch_release, other_gpu, *critical):
+        assert {r.severity for r in fingerprint.diff(base, other)} - {"info"}
+        assert not agree(base, other, fingerprint.warning_key)
+    assert fingerprint.probe_digest(no_probe) == fingerprint.NO_PROBE and fingerprint.probe_digest(base) == "a" * 16

@@ -3,10 +3,12 @@ evals, and the re-evaluation each mismatch finds is the one the definition names
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from test_views import fp, run
 from tracker.environment import fingerprint
 from tracker.measurement import protocol
-from tracker.dashboard import lineage, tables
+from tracker.dashboard import envmatrix, lineage, tables
 from tracker.dashboard.index import RunIndex
 
 TRAINED = dict(path="fast", dtype="bf16", device="cuda", gpu="H100")  # the training run's environment
@@ -40,7 +42,7 @@ def _store(n_evals: int) -> RunIndex:
 
 def _resolver_by_definition(index: RunIndex, ev) -> str | None:
     """`resolved_by` as its docstring defines it, by brute force over every eval of the training run."""
-    own = lineage.Lineage(ev, index.runs["t"], lineage.env_diff(ev, index.runs["t"]))
+    own = lineage.Lineage(ev, index.runs["t"], lambda: lineage.env_diff(ev, index.runs["t"]))
     if not own.critical:
         return None
     for other in reversed(index.evals_of("t")):
@@ -98,6 +100,65 @@ def test_the_next_read_of_the_store_diffs_only_new_runs(monkeypatch):
     assert list(after[after["run_id"].isin(before["run_id"][evals])]["env check"]) == list(before[evals]["env check"])
 
 
+def _as_logged(index: RunIndex, reads: list | None = None) -> RunIndex:
+    """`index`'s runs as a listing gets them from a store: the `env.*` tags every draftboard writer logs
+    with fingerprint.json (`fingerprint.env_tags`), and the file read only when asked, each read counted
+    in `reads` (without `reads`: the files given, as the listing read them all before)."""
+    def reader(ev):
+        return ev.fingerprint if reads is None else lambda: reads.append(ev.run_id) or ev.fingerprint
+
+    return RunIndex(replace(r, tags={**r.tags, **fingerprint.env_tags(r.fingerprint)}, fingerprint_file=reader(r))
+                    for r in index.runs.values())
+
+
+def test_a_listing_reads_only_the_fingerprints_of_runs_that_differ_critically():
+    """Issue 38: against a server each fingerprint.json is a request. The Runs page and the landing count
+    decide "differs critically from its training run?" from the `env.critical_key` tags; they read the two
+    files only where the keys differ (to say what differs), and show the same cells as from the files."""
+    for n in (100, 200):
+        reads: list[str] = []
+        given = _as_logged(_store(n))
+        logged = _as_logged(given, reads)
+        expected = tables.runs_table(given, list(given.runs.values()))
+        got = tables.runs_table(logged, list(logged.runs.values()))
+        assert got.equals(expected)
+        assert len(lineage.open_evals(logged)) == n + n // 10
+        differing = {ev.run_id for ev in given.of_kind("eval") if lineage.vs_training(given, ev).critical}
+        # the evals on the CPU box and their training run; none of the re-evaluations in its environment
+        assert set(reads) == differing | {"t"} and len(reads) == len(set(reads)), (n, len(reads))
+    matching = RunIndex([run("t", "train", fp(**TRAINED)),
+                         *(_eval(f"e{i}", "eval", fp(**TRAINED), train="t", step=100 * i, start=i) for i in range(50))])
+    reads = []
+    logged = _as_logged(matching, reads)
+    tables.runs_table(logged, list(logged.runs.values()))
+    assert lineage.open_evals(logged) == [] and reads == []  # a store that matches its training runs: no read
+
+
+def test_environments_reads_only_the_pairs_that_differ_above_info():
+    """Environments lists every (training run, eval) pair with its warnings: a pair whose `env.warning_key`
+    tags agree has none (another commit is only `info`), so only the others' files are read."""
+    other_gpu = dict(TRAINED, gpu="A100")  # a warning: another GPU model
+    index = RunIndex([run("t", "train", fp(**TRAINED)),
+                      *(_eval(f"same{i}", "eval", fp(**TRAINED), train="t", step=100 * i, start=i) for i in range(20)),
+                      _eval("a100", "eval", fp(**other_gpu), train="t", step=100, start=30),
+                      _eval("cpu", "eval", fp(), train="t", step=100, start=31)])
+    reads: list[str] = []
+    given, logged = _as_logged(index), _as_logged(index, reads)
+    assert envmatrix.pairs_frame(logged, lineage.train_eval_pairs(logged)).equals(
+        envmatrix.pairs_frame(given, lineage.train_eval_pairs(given)))
+    assert sorted(reads) == ["a100", "cpu", "t"]
+
+
+def test_a_critical_key_written_under_other_rules_is_not_trusted():
+    reads: list[str] = []
+    logged = _as_logged(RunIndex([run("t", "train", fp(**TRAINED)),
+                                  _eval("e", "eval", fp(**TRAINED), train="t", step=1)]), reads)
+    old = {r.run_id: replace(r, tags={**r.tags, "env.critical_key": "c0-" + "0" * 16, "env.warning_key": "c0-" + "1" * 16})
+           for r in logged.runs.values()}
+    index = RunIndex(old.values())
+    assert lineage.open_evals(index) == [] and sorted(reads) == ["e", "t"]  # compared by reading both files
+
+
 def _hub(run_id: str, kind: str, repo: str | None, revision: str | None):
     ev = run(run_id, kind, fp(**TRAINED), ref_name=run_id if kind == "reference" else None)
     ev.tags.update({k: v for k, v in (("draftboard.drafter_repo", repo), ("draftboard.drafter_revision", revision))
@@ -118,3 +179,28 @@ def test_a_hub_drafter_at_another_revision_is_not_the_same_reference():
     trained_here = _hub("t-ours", "eval", None, None)  # a local checkpoint: its digest identifies it
     for a, ref in ((ours, same), (ours, other_repo), (trained_here, same)):
         assert not [r for r in lineage.vs_reference(a, ref) if r.field == "draftboard.drafter_revision"]
+
+
+def test_fingerprints_a_page_asks_for_at_once_are_read_side_by_side():
+    """Against a server each read is a round trip: `RunIndex.read_fingerprints` overlaps them (a lock shared by
+    every RunInfo, as functools.cached_property held before Python 3.12, would queue them one by one)."""
+    import threading
+
+    active, most, lock = [0], [0], threading.Lock()
+    both_in = threading.Barrier(2, timeout=10)
+
+    def reader(r):
+        def read():
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            both_in.wait()  # returns only once two reads are in flight together
+            with lock:
+                active[0] -= 1
+            return r.fingerprint
+        return read
+
+    index = _store(4)
+    lazy = RunIndex(replace(r, fingerprint_file=reader(r)) for r in list(index.runs.values())[:2])
+    lazy.read_fingerprints(lazy.runs.values())
+    assert most[0] == 2 and all(r.fingerprint_read and r.fingerprint is not None for r in lazy.runs.values())

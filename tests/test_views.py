@@ -74,7 +74,7 @@ def run(run_id, kind, fingerprint=None, *, target="/models/Qwen3.5-4B", train=No
                      "env.device": str(fingerprint["hardware"]["device"])})
     return RunInfo(run_id=run_id, name=name or run_id, kind=kind, status="FINISHED", experiment_id="1",
                    start_time=start, end_time=None, artifact_uri="", tags=tags, params=params or {},
-                   metrics=metrics or {}, metric_steps=metric_steps or {}, fingerprint=fingerprint)
+                   metrics=metrics or {}, metric_steps=metric_steps or {}, fingerprint_file=fingerprint)
 
 
 # --------------------------------------------------------------------------- SQL histories

@@ -230,7 +230,7 @@ def series_reason(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> str:
     a reference, an eval of unknown lineage) must match the reference in both. Where a training run
     itself differs from the reference, the banner says so once for all of its series."""
     own = lineage.vs_training(index, run)
-    if own is None or own.rows is None:
+    if own is None or not own.compared:
         return dash_reason(_critical_vs(run, ref))
     if own.critical:
         return dash_reason(own.critical, "training")

@@ -138,14 +138,14 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
         crit, warn = p.critical, p.warnings
         rows.append({
             # A critical difference a re-evaluation answered reads as answered (🟢, as on Runs), not open.
-            "check": "⚪" if p.rows is None else ("🟢" if p.eval.run_id in redone else "🔴") if crit else
+            "check": "⚪" if not p.compared else ("🟢" if p.eval.run_id in redone else "🔴") if crit else
             "🟠" if warn else "🟢",
             "training run": index.label(p.train.run_id),
             "eval": index.eval_label(p.eval),
             "step": p.eval.checkpoint_step,
             "critical": len(crit),
             "warning": len(warn),
-            "differences": "no fingerprint to compare" if p.rows is None else p.summary() if crit else
+            "differences": "no fingerprint to compare" if not p.compared else p.summary() if crit else
             ", ".join(field_name(r.field) for r in warn)[:200],
             "re-evaluated as": index.label(redone[p.eval.run_id]) if p.eval.run_id in redone else "",
             "training env": p.train.env_badges,
@@ -272,7 +272,7 @@ def attach_command(run_id: str, store_uri: str) -> str:
 def unfingerprinted(index: RunIndex, store_uri: str) -> pd.DataFrame:
     """Runs without a fingerprint (their environment is unknown, so nothing can be compared with
     them), training runs first, each with the command that fixes it (column `fix`)."""
-    runs = [r for r in index.runs.values() if r.fingerprint is None]
+    runs = [r for r in index.runs.values() if not r.has_fingerprint]
     runs.sort(key=lambda r: (r.kind != "train", -(r.start_time or 0)))
     rows = [{"run": index.label(r.run_id), "kind": r.kind_label, "started": r.started,
              "fix": attach_command(r.run_id, store_uri), "run_id": r.run_id} for r in runs]

@@ -1,8 +1,9 @@
 """Every run of the store as the dashboard sees it, read once, with lineage lookups.
 
-`load_run_index` reads every run of the experiment once (one paged `search_runs`) plus each
-run's `fingerprint.json`, and `RunIndex` answers the lineage questions (evals of a training run,
-the training run of an eval) from memory. Tags, artifacts and metric families are named by
+`load_run_index` reads every run of the experiment once (one paged `search_runs`), each run's
+`fingerprint.json` only when something asks for it (a listing reads the `env.*` tags instead), and
+`RunIndex` answers the lineage questions (evals of a training run, the training run of an eval) from
+memory. Tags, artifacts and metric families are named by
 `tracker.store.names`; nothing here spells them out.
 """
 
@@ -13,7 +14,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +23,7 @@ from urllib.parse import unquote, urlparse
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
 from tracker import config
+from tracker.environment.fingerprint import CRITICAL_KEY_VERSION
 from tracker.measurement import protocol
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
@@ -30,6 +32,9 @@ from tracker.store.history import latest_metric_steps
 LINEAR_ATTN_ICONS = {"fast": "🟢", "partial": "🟡", "fallback": "🟠", "n/a": "⚪"}
 _NO_GPU = (None, "none", "unknown")
 DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}  # names.DRAFTER_FAMILY values
+
+
+_READ = "_fingerprint"  # where a RunInfo keeps its fingerprint once read
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,44 @@ class RunInfo:
     params: Mapping[str, str]
     metrics: Mapping[str, float]  # latest value of each metric
     metric_steps: Mapping[str, int]  # latest step of each metric
-    fingerprint: dict | None = None
+    # fingerprint.json: its content (None: none logged), or how to read it when first asked (`fingerprint`)
+    fingerprint_file: dict | Callable[[], dict | None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fingerprint(self) -> dict | None:
+        """The run's fingerprint.json (None: none logged, or unreadable), read once, when first asked: a
+        page that lists runs asks the `env.*` tags instead, against a server one request per file."""
+        # Kept in the instance by hand, not by functools.cached_property: before Python 3.12 that holds one
+        # lock for every instance, and `RunIndex.read_fingerprints`' reads would wait for each other.
+        try:
+            return self.__dict__[_READ]
+        except KeyError:
+            source = self.fingerprint_file
+            return self.__dict__.setdefault(_READ, source() if callable(source) else source)
+
+    @property
+    def fingerprint_read(self) -> bool:
+        """Whether `fingerprint` was asked for already (its file read, where it is read)."""
+        return _READ in self.__dict__
+
+    @property
+    def has_fingerprint(self) -> bool:
+        """Whether the run logged a fingerprint: its `env.hash` tag says so without reading the file (every
+        draftboard writer logs the tags with the file); a run without the tag is read."""
+        if callable(self.fingerprint_file) and names.ENV_HASH in self.tags:
+            return True
+        return self.fingerprint is not None
+
+    def _env_tag(self, tag: str) -> str | None:
+        """An `env.*` tag of `fingerprint.env_tags` (None where it says `unknown`); `...` without the tag."""
+        value = self.tags.get(tag, ...)
+        return None if value == "unknown" else value
+
+    def env_key(self, tag: str) -> str | None:
+        """`fingerprint.critical_key` / `warning_key` from the run's tag (`names.ENV_CRITICAL_KEY`,
+        `ENV_WARNING_KEY`), when written under today's rules; else None."""
+        key = self.tags.get(tag)
+        return key if key and key.startswith(CRITICAL_KEY_VERSION + "-") else None
 
     @property
     def target(self) -> str | None:
@@ -119,6 +161,9 @@ class RunInfo:
     @property
     def source_kind(self) -> str | None:
         """`published` / `imported` for fingerprints not captured by draftboard, else None."""
+        tagged = self._env_tag(names.ENV_SOURCE)
+        if tagged is not ...:
+            return tagged
         source = (self.fingerprint or {}).get("source")
         return source.get("kind") if isinstance(source, dict) else None
 
@@ -155,7 +200,9 @@ class RunInfo:
     def drafter_precision(self) -> str | None:
         """How the drafter computed where it was not a cast to `dtype` (`bf16-autocast`), else None: a
         re-evaluation under bf16 autocast otherwise reads exactly like the fp32 eval it repeats."""
-        precision = ((self.fingerprint or {}).get("numerics") or {}).get("drafter_precision")
+        precision = self._env_tag(names.ENV_DRAFTER_PRECISION)
+        if precision is ...:
+            precision = ((self.fingerprint or {}).get("numerics") or {}).get("drafter_precision")
         return precision if precision and precision != self.dtype else None
 
     @property
@@ -224,8 +271,9 @@ def same_target(a: str | None, b: str | None) -> bool:
     return a == b or (target_key(a) or "").lower() == (target_key(b) or "").lower()
 
 
-def run_info(run, fingerprint: dict | None = None) -> RunInfo:
-    """A RunInfo from an `mlflow.entities.Run` (from search_runs or get_run)."""
+def run_info(run, fingerprint: dict | Callable[[], dict | None] | None = None) -> RunInfo:
+    """A RunInfo from an `mlflow.entities.Run` (from search_runs or get_run); `fingerprint`: its
+    fingerprint.json, or how to read it when first asked (`RunInfo.fingerprint_file`)."""
     data = run.data
     tags = dict(data.tags)
     return RunInfo(
@@ -241,7 +289,7 @@ def run_info(run, fingerprint: dict | None = None) -> RunInfo:
         params=dict(data.params),
         metrics=dict(data.metrics),
         metric_steps=latest_metric_steps(data),
-        fingerprint=fingerprint,
+        fingerprint_file=fingerprint,
     )
 
 
@@ -283,7 +331,7 @@ def read_json_artifact(client, run_id: str, artifact_uri: str, artifact: str) ->
         return None
 
 
-def _listed(run, experiment: str, fingerprint: dict | None) -> RunInfo:
+def _listed(run, experiment: str, fingerprint: Callable[[], dict | None]) -> RunInfo:
     """run_info, plus the tags that list a foreign training run (adoption.listing_tags; in memory only)."""
     info = run_info(run, fingerprint)
     extra = adoption.listing_tags(adoption.RunView.of(run, experiment))
@@ -291,7 +339,7 @@ def _listed(run, experiment: str, fingerprint: dict | None) -> RunInfo:
 
 
 FingerprintLoader = Callable[[str, str], "dict | None"]  # (run_id, artifact_uri) -> fingerprint; thread-safe
-FINGERPRINT_READERS = 8  # fingerprint.json files read at once (a server's round trips overlap)
+FINGERPRINT_READERS = 8  # fingerprint.json files read at once (`RunIndex.read_fingerprints`: a server's round trips overlap)
 
 
 # --------------------------------------------------------------------------- the index
@@ -332,6 +380,14 @@ class RunIndex:
             return self._lasting[key]
         except KeyError:
             return self._lasting.setdefault(key, compute())
+
+    def read_fingerprints(self, runs: Iterable[RunInfo]) -> None:
+        """Read the fingerprints of `runs` now, FINGERPRINT_READERS at a time, for a page about to ask for
+        many (Environments): against a server each is a round trip, and they overlap."""
+        pending = [r for r in runs if not r.fingerprint_read]
+        if len(pending) > 1:
+            with ThreadPoolExecutor(FINGERPRINT_READERS) as pool:
+                list(pool.map(lambda r: r.fingerprint, pending))
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -382,16 +438,16 @@ class RunIndex:
 
 def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasting: dict | None = None) -> RunIndex:
     """Every run of the tracker's experiment, and the training runs other tools wrote elsewhere in
-    the store (listed as `train` with their tool's badge), with fingerprints (via `fingerprints`,
-    default: read now); `lasting` keeps what logged-once artifacts decide across reads (`RunIndex.lasting`)."""
+    the store (listed as `train` with their tool's badge), each with its fingerprint read through
+    `fingerprints` (default: from the store) when first asked (`RunInfo.fingerprint`); `lasting` keeps
+    what logged-once artifacts decide across reads (`RunIndex.lasting`)."""
     runs = tracker.find_runs(foreign=True)
     experiments = tracker.experiment_names()
     if fingerprints is None:
         def fingerprints(run_id: str, artifact_uri: str) -> dict | None:
             return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
 
-    # Downloads from a server overlap (a file is a round trip, not work here); a loader that keeps what it
-    # read answers the runs it knows at once, so a store's next read waits for its new runs only.
-    with ThreadPoolExecutor(FINGERPRINT_READERS) as pool:
-        found = list(pool.map(lambda r: fingerprints(r.info.run_id, r.info.artifact_uri or ""), runs))
-    return RunIndex((_listed(r, experiments.get(r.info.experiment_id, ""), fp) for r, fp in zip(runs, found)), lasting)
+    def reader(run) -> Callable[[], dict | None]:
+        return lambda: fingerprints(run.info.run_id, run.info.artifact_uri or "")
+
+    return RunIndex((_listed(r, experiments.get(r.info.experiment_id, ""), reader(r)) for r in runs), lasting)

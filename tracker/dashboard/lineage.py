@@ -21,8 +21,9 @@ mismatches from here reads it as resolved, and `resolutions` names the re-evalua
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from tracker.environment import fingerprint
@@ -313,15 +314,29 @@ class Lineage:
 
     eval: RunInfo
     train: RunInfo
-    rows: tuple | None  # DiffRow, eval vs train, most severe first; None: a fingerprint is missing
+    diff: Callable[[], tuple | None]  # -> `rows`, computed (and the two fingerprints read) when first asked
+    # Their `env.critical_key` (`env.warning_key`) tags are equal and their probe digests agree: no critical
+    # (nor warning) row, known without reading either fingerprint.
+    nothing_critical: bool = False
+    nothing_warned: bool = False
+
+    @cached_property
+    def rows(self) -> tuple | None:
+        """DiffRow, eval vs train, most severe first; None: a fingerprint is missing."""
+        return self.diff()
+
+    @property
+    def compared(self) -> bool:
+        """Both fingerprints are there to compare (`rows` is not None), known from the keys when they agree."""
+        return self.nothing_critical or self.nothing_warned or self.rows is not None
 
     @property
     def critical(self) -> list:
-        return of_severity(self.rows, "critical")
+        return [] if self.nothing_critical or self.nothing_warned else of_severity(self.rows, "critical")
 
     @property
     def warnings(self) -> list:
-        return of_severity(self.rows, "warning")
+        return [] if self.nothing_warned else of_severity(self.rows, "warning")
 
     def summary(self, train_name: str = "training") -> str:
         """The critical differences, worded: `linear-attn fallback vs training: fast`."""
@@ -339,18 +354,26 @@ class Lineage:
 
 def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:
     """An eval or reference against its training run; None for other runs and unknown training runs.
-    Diffed once per index (`RunIndex.memo`): every page and row after the first reads it."""
+    Diffed once per index (`RunIndex.memo`), and only when asked for more than whether anything critical
+    differs where their critical keys answer that: a listing of matching runs reads no fingerprint."""
     train = index.train_of(run) if run.kind in ("eval", "reference") else None
     if train is None:
         return None
 
-    def pair() -> Lineage:
+    def diff() -> tuple | None:
         if run.fingerprint is None or train.fingerprint is None:  # may be read later: not kept
-            return Lineage(run, train, None)
+            return None
         # fingerprint.json is logged once: their diff outlives this index (the next read diffs new runs only)
-        return Lineage(run, train, index.lasting(("env_diff", run.run_id, train.run_id), lambda: env_diff(run, train)))
+        return index.lasting(("env_diff", run.run_id, train.run_id), lambda: env_diff(run, train))
 
-    return index.memo(("vs_training", run.run_id), pair)
+    probes = (run.tags.get(names.ENV_PROBE_DIGEST), train.tags.get(names.ENV_PROBE_DIGEST))
+
+    def same(tag: str) -> bool:  # no row of that severity, from the tags alone (`fingerprint.critical_key`)
+        return (run.env_key(tag) is not None and run.env_key(tag) == train.env_key(tag)
+                and None not in probes and fingerprint.probes_agree(*probes))
+
+    return index.memo(("vs_training", run.run_id), lambda: Lineage(
+        run, train, diff, nothing_critical=same(names.ENV_CRITICAL_KEY), nothing_warned=same(names.ENV_WARNING_KEY)))
 
 
 def lineage(index: RunIndex, run: RunInfo) -> list[Lineage]:
@@ -367,10 +390,31 @@ def mismatches(index: RunIndex, run: RunInfo) -> list[Lineage]:
     return [p for p in lineage(index, run) if p.critical and resolved_by(index, p.eval) is None]
 
 
+def read_for_listing(index: RunIndex) -> None:
+    """Read at once (`RunIndex.read_fingerprints`) the fingerprints a listing of every run will ask for: the
+    evals and references whose critical keys differ from their training runs' (or that have none) and those
+    training runs, and the runs without the `env.*` tags that say their badges (logged before the tags
+    existed). Against a server their round trips overlap instead of queueing one by one. Once per index."""
+    def read() -> bool:
+        wanted = {r.run_id: r for r in index.runs.values() if names.ENV_SOURCE not in r.tags}
+        for ev in index.of_kind("eval", "reference"):
+            pair = vs_training(index, ev)
+            if pair is not None and not (pair.nothing_critical or pair.nothing_warned):
+                wanted.update({ev.run_id: ev, pair.train.run_id: pair.train})
+        index.read_fingerprints(wanted.values())
+        return True
+
+    index.memo(("read_for_listing",), read)
+
+
 def open_evals(index: RunIndex) -> list[RunInfo]:
     """The evals with a critical environment mismatch no re-evaluation answered (`mismatches`), found once
     per index: the count every Runs visit shows."""
-    return index.memo(("open_evals",), lambda: [ev for ev in index.of_kind("eval") if mismatches(index, ev)])
+    def find() -> list[RunInfo]:
+        read_for_listing(index)
+        return [ev for ev in index.of_kind("eval") if mismatches(index, ev)]
+
+    return index.memo(("open_evals",), find)
 
 
 def resolutions(index: RunIndex, run: RunInfo) -> list[tuple[Lineage, RunInfo]]:
@@ -412,8 +456,8 @@ def resolved_by(index: RunIndex, run: RunInfo) -> RunInfo | None:
     for other in reversed(_repeats(index).get(_same_measurement(run), [])):
         if other.run_id == run.run_id or (other.start_time or 0) < (run.start_time or 0):
             continue
-        rows = vs_training(index, other).rows
-        if rows is not None and not of_severity(rows, "critical"):
+        pair = vs_training(index, other)
+        if pair.compared and not pair.critical:
             return other
     return None
 
@@ -428,5 +472,7 @@ def train_eval_pairs(index: RunIndex, run_ids: Sequence[str] | None = None) -> l
     wanted = None if run_ids is None else set(run_ids)
     pairs = [p for p in (vs_training(index, ev) for ev in index.of_kind("eval", "reference")) if p is not None
              and (wanted is None or p.eval.run_id in wanted or p.train.run_id in wanted)]
+    # Sorted by their warnings: the pairs whose warning keys differ are diffed, their files read at once.
+    index.read_fingerprints({r.run_id: r for p in pairs if not p.nothing_warned for r in (p.eval, p.train)}.values())
     pairs.sort(key=lambda p: (-len(p.critical), -len(p.warnings), p.train.name, p.eval.checkpoint_step or 0))
     return pairs

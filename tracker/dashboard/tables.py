@@ -118,7 +118,7 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
     An eval's row names the fields that differ from its training run; a training run's row says
     at which of its evaluated steps."""
     if not found:
-        if run.fingerprint is None:
+        if not run.has_fingerprint:
             return "⚪ no fingerprint"
         answered = lineage.resolutions(index, run)
         if answered:
@@ -189,6 +189,7 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
     Missing text reads MISSING; missing numbers stay NaN (sortable), shown as MISSING by `runs_display`."""
     # Each row is derived once per index (one store state) and shared by every filter, page and visitor:
     # a page's filters then cost a lookup per run, not the lineage of every run again.
+    lineage.read_for_listing(index)
     rows = [index.memo(("runs_row", run.run_id), lambda run=run: _runs_row(index, run)) for run in team_first(runs)]
     frame = pd.DataFrame(rows, columns=RUNS_TABLE_COLUMNS)
     frame["steps"] = frame["steps"].astype("Int64")

@@ -127,8 +127,8 @@ _reading: set[str] = set()  # stores being read again in the background
 
 
 def run_index(uri: str) -> RunIndex:
-    """Every run with its fingerprint; shared by all sessions and pages. Read again only when the
-    store changed (`listing.store_version`, a few ms on a database store) or, where the store can't
+    """Every run (its fingerprint read when first asked); shared by all sessions and pages. Read again
+    only when the store changed (`listing.store_version`, a few ms on a database store) or, where the store can't
     say (an http store), after INDEX_TTL_S; diffs of fingerprints already read are kept across
     reads. A store whose last read took longer than BACKGROUND_READ_S (thousands of runs) is read
     again in the background while visitors see the previous read (`index_age_s` says how old), so a
@@ -347,8 +347,9 @@ def curves_caption(shown: pd.DataFrame) -> str:
 
 
 def warm(uri: str) -> str:
-    """Read what a first visitor waits for before anyone asks: the store's fingerprints (through the
-    run index) and every point of the default Compare selection's histories. `draftboard ui` runs it
+    """Read what a first visitor waits for before anyone asks: the run index, the landing page's rows (and
+    the fingerprints of the evals that differ from their training runs, which they read) and every point of
+    the default Compare selection's histories. `draftboard ui` runs it
     beside the server as it starts; it only fills caches a page would fill, so a failure is said in
     one line and the page reads the store itself. An empty store is not cached as empty (a demo may
     be filling it), and a store the demo is building is not opened at all (`demo_banner` says why).

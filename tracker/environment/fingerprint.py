@@ -469,6 +469,48 @@ def env_hash(fp: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+# Bumped whenever how `diff` rates a field changes: a key written under older rules never matches.
+CRITICAL_KEY_VERSION = "c1"
+NO_PROBE = "none"  # `env.probe_digest` of a fingerprint without a probe: `diff` has no probe row against it
+
+
+def _key(parts: dict) -> str:
+    """`c1-` + 16 hex of sha256 over `parts`."""
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return f"{CRITICAL_KEY_VERSION}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def critical_key(fp: dict) -> str:
+    """Two fingerprints with equal keys and agreeing probes (`probes_agree`) have no critical `diff` row:
+    every critical field, versioned package's minor version and kernel function is in `numbers_relevant`.
+    So a listing answers "does this eval differ critically from its training run?" from tags, and reads
+    the two files only when they disagree (to say what differs) or a run has none."""
+    return _key({"numbers": numbers_relevant(fp)})
+
+
+def warning_key(fp: dict) -> str:
+    """`critical_key` for critical and warning rows alike: over every field `diff` rates above `info`
+    (its value as logged), so equal keys and agreeing probes mean `diff` has only `info` rows."""
+    flat = flatten({k: v for k, v in fp.items() if k != "probe"})
+    return _key({"rated": {f: v for f, v in flat.items() if f in VERSIONED or f in CRITICAL_FIELDS
+                           or f in WARNING_FIELDS or f.startswith(CRITICAL_PREFIXES)}})
+
+
+def probe_digest(fp: dict) -> str:
+    """The probe's digest as the `env.probe_digest` tag holds it: NO_PROBE without a probe, `unknown`
+    for a probe that has no digest."""
+    probe = fp.get("probe")
+    if not isinstance(probe, dict):
+        return NO_PROBE
+    return str(probe["digest"]) if probe.get("digest") else "unknown"
+
+
+def probes_agree(a: str, b: str) -> bool:
+    """Whether two `probe_digest`s give no probe row in `diff`: either side has no probe, or the digests
+    are equal (`_probe_row`)."""
+    return NO_PROBE in (a, b) or a == b
+
+
 def env_tags(fp: dict) -> dict[str, str]:
     """The fixed `env.*` MLflow tags (DESIGN.md) for a fingerprint; unknown values read 'unknown'."""
     sw, hw, num = fp.get("software", {}), fp.get("hardware", {}), fp.get("numerics", {})
@@ -484,4 +526,9 @@ def env_tags(fp: dict) -> dict[str, str]:
         names.ENV_TORCH: text(sw.get("torch")),
         names.ENV_TRANSFORMERS: text(sw.get("transformers")),
         names.ENV_GPU: "none" if hw.get("device") == "cpu" else text(hw.get("gpu_name")),
+        names.ENV_CRITICAL_KEY: critical_key(fp),
+        names.ENV_WARNING_KEY: warning_key(fp),
+        names.ENV_PROBE_DIGEST: probe_digest(fp),
+        names.ENV_DRAFTER_PRECISION: text(num.get("drafter_precision")),
+        names.ENV_SOURCE: text((fp.get("source") or {}).get("kind") if isinstance(fp.get("source"), dict) else None),
     }

@@ -43,6 +43,14 @@ ENV_DTYPE = "env.dtype"
 ENV_TORCH = "env.torch"
 ENV_TRANSFORMERS = "env.transformers"
 ENV_GPU = "env.gpu"
+# What a listing needs without reading fingerprint.json (fingerprint.env_tags): runs with equal critical keys
+# and agreeing probe digests differ in nothing critical, with equal warning keys in nothing above info; the
+# drafter's precision and the fingerprint's source, for the badges and kinds.
+ENV_CRITICAL_KEY = "env.critical_key"
+ENV_WARNING_KEY = "env.warning_key"
+ENV_PROBE_DIGEST = "env.probe_digest"
+ENV_DRAFTER_PRECISION = "env.drafter_precision"
+ENV_SOURCE = "env.source"
 
 # --------------------------------------------------------------------------- artifacts
 FINGERPRINT_ARTIFACT = "fingerprint.json"
