@@ -203,7 +203,9 @@ def browse(home: Path, uri: str) -> dict:
                                  timeout_s=300)
                     out[f"page_{name}_{visit}_s"] = took - STABLE_MS / 1000
                     page.close()
-                page = context.new_page()  # the floor: a one-title Streamlit page on the same machine
+                # The floor: a one-title Streamlit page on the same machine, served from its own origin, so its
+                # first visit loads Streamlit's code cold, as the first page of the dashboard's does.
+                page = context.new_page()
                 out[f"streamlit_floor_{visit}_s"] = timed(page, lambda: page.goto(urls["floor"]), FLOOR_JS)
                 page.close()
                 page = context.new_page()
@@ -276,6 +278,8 @@ def main() -> None:
             ratios[f"{name}_vs_mlflow_runs_list"] = round(b[key] / b["mlflow_runs_list_first_s"], 2)
             targets[f"{name}_vs_mlflow_runs_list"] = 1.0
         ratios["dashboard_peak_rss_mb"], targets["dashboard_peak_rss_mb"] = b["dashboard_peak_rss_mb"], RSS_MB_TARGET
+        # Said beside the pages, not a target: no Streamlit page's first visit here is faster than this one's.
+        ratios["streamlit_floor_first_s"] = round(b["streamlit_floor_first_s"], 2)
     ok = all(ratios[k] <= targets[k] for k in targets)
     print(json.dumps({"benchmark": "store_scale", "ratios": ratios, "targets": targets, "ok": ok}))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from tracker.environment import fingerprint
@@ -320,10 +319,14 @@ class Lineage:
     nothing_critical: bool = False
     nothing_warned: bool = False
 
-    @cached_property
+    @property
     def rows(self) -> tuple | None:
-        """DiffRow, eval vs train, most severe first; None: a fingerprint is missing."""
-        return self.diff()
+        """DiffRow, eval vs train, most severe first; None: a fingerprint is missing. Computed once, kept by
+        hand: functools.cached_property would hold one lock for every pair while it reads their files."""
+        try:
+            return self.__dict__["_rows"]
+        except KeyError:
+            return self.__dict__.setdefault("_rows", self.diff())
 
     @property
     def compared(self) -> bool:

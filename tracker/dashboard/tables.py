@@ -19,7 +19,7 @@ from tracker import redact
 from tracker.environment import fingerprint
 from tracker.measurement import protocol
 from tracker.dashboard import lineage, metric_docs, recipe
-from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo
+from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo, no_cycle_collection
 from tracker.dashboard.lineage import MISSING, summarize_rows
 from tracker.store import names
 
@@ -189,8 +189,10 @@ def runs_table(index: RunIndex, runs: Sequence[RunInfo]) -> pd.DataFrame:
     Missing text reads MISSING; missing numbers stay NaN (sortable), shown as MISSING by `runs_display`."""
     # Each row is derived once per index (one store state) and shared by every filter, page and visitor:
     # a page's filters then cost a lookup per run, not the lineage of every run again.
-    lineage.read_for_listing(index)
-    rows = [index.memo(("runs_row", run.run_id), lambda run=run: _runs_row(index, run)) for run in team_first(runs)]
+    with no_cycle_collection():
+        lineage.read_for_listing(index)
+        rows = [index.memo(("runs_row", run.run_id), lambda run=run: _runs_row(index, run))
+                for run in team_first(runs)]
     frame = pd.DataFrame(rows, columns=RUNS_TABLE_COLUMNS)
     frame["steps"] = frame["steps"].astype("Int64")
     frame["critical"] = frame["critical"].astype("int64")
