@@ -96,3 +96,27 @@ def test_compare_keeps_every_legend_clear_of_the_plotly_toolbar(demo_env):
     for spec in charts:
         legend = spec["layout"]["legend"]
         assert legend["orientation"] == "h" and legend["y"] < 0, legend
+
+
+def test_the_demo_stores_tables_read_from_the_env_tags_equal_those_read_from_every_fingerprint(demo_env):
+    """Issue 38: the Runs table, the landing count and Environments' pairs decide what they can from the
+    `env.*` key tags and read only the other fingerprints; on the demo store every cell equals what reading
+    every fingerprint (the keys ignored) gives, and fewer files are read."""
+    from dataclasses import replace
+
+    from tracker import Tracker
+    from tracker.dashboard import envmatrix, lineage, tables
+    from tracker.dashboard.index import RunIndex, load_run_index
+
+    keys = ("env.critical_key", "env.warning_key", "env.probe_digest")
+    tracker = Tracker(f"sqlite:///{demo_env / 'draftboard.db'}")
+    index = load_run_index(tracker)
+    every = RunIndex(replace(r, tags={k: v for k, v in r.tags.items() if k not in keys}) for r in index.runs.values())
+    every.read_fingerprints(every.runs.values())
+    assert all(keys[0] in r.tags for r in index.runs.values() if "env.hash" in r.tags)  # the demo logs them
+    assert tables.runs_table(index, list(index.runs.values())).equals(tables.runs_table(every, list(every.runs.values())))
+    assert [e.run_id for e in lineage.open_evals(index)] == [e.run_id for e in lineage.open_evals(every)] != []
+    assert envmatrix.pairs_frame(index, lineage.train_eval_pairs(index)).equals(
+        envmatrix.pairs_frame(every, lineage.train_eval_pairs(every)))
+    read = [r for r in index.runs.values() if r.fingerprint_read]
+    assert 0 < len(read) < len(index.runs) / 2, (len(read), len(index.runs))

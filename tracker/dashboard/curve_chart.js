@@ -90,7 +90,11 @@ function drawEvalExtras(u, data, text) {
     ctx.font = `${12 * px}px sans-serif`;
     ctx.textAlign = "left";
     ctx.textBaseline = "bottom";
-    ctx.fillText(`${ref.label}: ${ref.value.toFixed(3)}`, left + 4 * px, y - 3 * px);
+    // The label shortened to the plot's width, its number always whole: `z-lab/Qwen3-8B-DF…: 4.105`.
+    const number = `: ${ref.value.toFixed(3)}`, room = width - 8 * px;
+    let label = ref.label;
+    while (label.length > 1 && ctx.measureText(label + number).width > room) label = label.slice(0, -2) + "…";
+    ctx.fillText(label + number, left + 4 * px, y - 3 * px);
   }
   ctx.lineWidth = 1.5 * px;
   u.series.forEach((shown, si) => {
@@ -134,7 +138,7 @@ function options(data, width, root, setTriggerValue) {
     axes: [{ ...axis, label: data.x_title, ...(data.log_x ? {} : { incrs: STEP_INCRS }), ...ticks },
            { ...axis, label: data.y_title, size: 64 }],
     series: [
-      { label: "step", value: (u, v) => v == null ? "--" : v.toLocaleString("en-US") },
+      { label: data.markers ? "checkpoint step" : "step", value: (u, v) => v == null ? "--" : v.toLocaleString("en-US") },
       ...data.series.map((s) => {
         const span = spanOf(s.y);
         return {
