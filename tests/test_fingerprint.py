@@ -210,4 +210,12 @@ def test_equal_keys_mean_no_critical_or_no_warned_difference(machine_fp):
     for other in (patch_release, other_gpu, *critical):
         assert {r.severity for r in fingerprint.diff(base, other)} - {"info"}
         assert not agree(base, other, fingerprint.warning_key)
-    assert fingerprint.probe_digest(no_probe) == fingerprint.NO_PROBE and fingerprint.probe_digest(base) == "a" * 16
+    assert fingerprint.probe_digest(no_probe) == fingerprint.NO_PROBE
+    assert fingerprint.probe_digest(base) == 'digest:"' + "a" * 16 + '"'
+    # An imported file's digest cannot pass for "no probe", and two digests `diff` tells apart stay apart.
+    for digest, other in (("none", None), ("", None), ("x" * 100, "x" * 99 + "y")):
+        a, b = ({**base, "probe": {**base["probe"], "digest": d}} for d in (digest, other))
+        assert not fingerprint.probes_agree(fingerprint.probe_digest(a), fingerprint.probe_digest(b))
+        assert not fingerprint.probes_agree(fingerprint.probe_digest(a), fingerprint.probe_digest(base))
+        assert [r.field for r in fingerprint.diff(a, b)] == ["probe.max_rel_diff"]
+    assert len(fingerprint.probe_digest({**base, "probe": {**base["probe"], "digest": "x" * 10_000}})) < 100

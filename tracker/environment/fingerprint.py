@@ -497,12 +497,15 @@ def warning_key(fp: dict) -> str:
 
 
 def probe_digest(fp: dict) -> str:
-    """The probe's digest as the `env.probe_digest` tag holds it: NO_PROBE without a probe, `unknown`
-    for a probe that has no digest."""
+    """The probe's digest as the `env.probe_digest` tag holds it: NO_PROBE without a probe, else `digest:`
+    and the digest as JSON (`digest:"3fa2c1d0e5b6a7f8"`, `digest:null` for a probe without one), so equal
+    tags are equal digests whatever an imported file holds; past 64 characters, their sha256 instead (a tag
+    has a length limit; a hash is never quoted, so it equals no JSON text)."""
     probe = fp.get("probe")
-    if not isinstance(probe, dict):
+    if probe is None:
         return NO_PROBE
-    return str(probe["digest"]) if probe.get("digest") else "unknown"
+    text = json.dumps(probe.get("digest"), sort_keys=True, default=str)
+    return "digest:" + (text if len(text) <= 64 else "sha256:" + hashlib.sha256(text.encode()).hexdigest())
 
 
 def probes_agree(a: str, b: str) -> bool:
