@@ -126,7 +126,8 @@ def eval_view() -> None:
             ui.canvas_chart(curve_chart.eval_spec(data.eval_points, key, colors, data.reference_values.get(key),
                                                   ref_label, data.reference_interval if key == "tau" else None),
                             key=f"compare_eval_{key}")
-    st.caption("Error bars: the 95% bootstrap interval over prompts of each eval. Series marked (online) were "
+    st.caption("Error bars: the 95% bootstrap interval over prompts of each eval; the legend holds each series' "
+               "latest checkpoint (or the one under the cursor) with that interval. Series marked (online) were "
                "scored by z-lab's cached online loop, not the lossless offline walk; (served by ...) were measured "
                "by a serving engine, its steps as blocks.")
     shown = data.eval_points[data.eval_points["key"].isin(keys)]

@@ -43,6 +43,9 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
                           ".map(c => ({reference: c.dataset.reference, curves: c.curves()}))")
     assert evals and any(lo is not None for chart in evals for s in chart["curves"] for lo in s["low"]), evals
     assert any(chart["reference"] == "1" for chart in evals), evals
+    # The cursor away, an eval chart's legend holds each series' latest checkpoint with its interval.
+    legend = page.locator(".db-curves .u-legend").filter(has_text="checkpoint step").first.inner_text()
+    assert "latest" in legend and re.search(r"\d(\.\d+)? \(\d\.\d{3}–\d\.\d{3}\)", legend), legend
     assert page.evaluate("window.__xss") is None
     assert HOSTILE in page.locator("h1").text_content()  # the name, as text
     assert requested == []

@@ -138,7 +138,9 @@ function options(data, width, root, setTriggerValue) {
     axes: [{ ...axis, label: data.x_title, ...(data.log_x ? {} : { incrs: STEP_INCRS }), ...ticks },
            { ...axis, label: data.y_title, size: 64 }],
     series: [
-      { label: data.markers ? "checkpoint step" : "step", value: (u, v) => v == null ? "--" : v.toLocaleString("en-US") },
+      // An eval chart's legend, the cursor away, holds each series' latest checkpoint (a training chart's: "--").
+      { label: data.markers ? "checkpoint step" : "step",
+        value: (u, v) => v == null ? (data.markers ? "latest" : "--") : v.toLocaleString("en-US") },
       ...data.series.map((s) => {
         const span = spanOf(s.y);
         return {
@@ -150,7 +152,8 @@ function options(data, width, root, setTriggerValue) {
           // An eval chart marks every checkpoint (open: a dashed series); a training curve of one point is its point.
           points: data.markers ? { show: true, size: s.marker_px, width: 2, stroke: s.color, fill: s.dashed ? paper : s.color }
             : s.single ? { show: true, size: 7, fill: s.color } : { show: false },
-          value: (u, v, si, i) => valueText(s, pointAt(s.y, span, i)) + (s.faint ? "" : smoothed),
+          value: (u, v, si, i) => valueText(s, i == null && data.markers && span[0] >= 0 ? span[1] : pointAt(s.y, span, i))
+            + (s.faint ? "" : smoothed),
         };
       }),
     ],
