@@ -149,6 +149,17 @@ def test_environments_reads_only_the_pairs_that_differ_above_info():
     assert sorted(reads) == ["a100", "cpu", "t"]
 
 
+def test_runs_logged_before_the_key_tags_are_read_and_shown_as_before():
+    """A store from before the `env.*` key tags: every fingerprint is read (8 at a time) and the Runs table is
+    the one the files give."""
+    reads: list[str] = []
+    given = _store(20)
+    lazy = RunIndex(replace(r, fingerprint_file=lambda r=r: reads.append(r.run_id) or r.fingerprint)
+                    for r in given.runs.values())
+    assert tables.runs_table(lazy, list(lazy.runs.values())).equals(tables.runs_table(given, list(given.runs.values())))
+    assert sorted(reads) == sorted(given.runs)
+
+
 def test_a_critical_key_written_under_other_rules_is_not_trusted():
     reads: list[str] = []
     logged = _as_logged(RunIndex([run("t", "train", fp(**TRAINED)),
