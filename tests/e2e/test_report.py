@@ -56,3 +56,26 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
     assert "Mean acceptance length" in text and "linear-attn" in text  # a definition; v4's known difference
     assert not re.search(r"\d\.\d{6,}", text), re.search(r"\d\.\d{6,}", text)  # numbers as Compare shows them
     page.screenshot(path=tmp_path / "report.png", full_page=True)
+
+
+def test_an_eval_chart_with_only_the_reference_draws_its_line(page, tmp_path):  # noqa: F811
+    """A metric only the reference has (no eval logged it yet): the chart draws the reference's line alone,
+    with no error, though it has no checkpoint to span."""
+    import json
+
+    import pandas as pd
+
+    from tracker.dashboard import curve_chart
+    from tracker.dashboard.compare import POINT_COLUMNS
+
+    spec = curve_chart.eval_spec(pd.DataFrame(columns=POINT_COLUMNS), "speedup", None, 2.5, "z-lab paper")
+    js = curve_chart.JS.replace("export default function", "window.draftboardChart = function")
+    html = tmp_path / "chart.html"
+    html.write_text(f"<html><head><style>{curve_chart.CSS}</style></head><body><div id='c'></div><script>{js}"
+                    f"</script><script>window.draftboardChart({{data: {json.dumps(spec)}, parentElement: "
+                    "document.getElementById('c'), setTriggerValue: () => null});</script></body></html>")
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(html.as_uri())
+    page.wait_for_function("document.querySelector('.db-curves')?.dataset.drawn === '1'")
+    assert errors == [] and page.evaluate("document.querySelector('.db-curves').dataset.reference") == "1"

@@ -50,7 +50,7 @@ function evalRange(data) {
   const ref = data.reference;
   if (ref) all.push(...[ref.value, ref.low, ref.high].filter((v) => v != null));
   return () => {
-    let lo = Math.min(...all), hi = Math.max(...all);
+    const lo = Math.min(...all), hi = Math.max(...all);
     const pad = hi > lo ? (hi - lo) * 0.08 : Math.max(Math.abs(hi) * 0.05, 0.5);
     return [lo - pad, hi + pad];
   };
