@@ -130,7 +130,7 @@ def measure(uri: str) -> dict:
     cached: dict = {}
     reads: list[int] = []
 
-    def fingerprints(run_id: str, artifact_uri: str):  # the dashboard's loader keeps what it read
+    def fingerprints(run_id: str, artifact_uri: str, version: str):  # the dashboard's loader keeps what it read
         if run_id not in cached:
             reads.append(1)
             cached[run_id] = read_json_artifact(tracker.client, run_id, artifact_uri, "fingerprint.json")

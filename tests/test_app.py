@@ -614,7 +614,7 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
     assert chosen and {run for uri, run in ui._full if uri == app_env.uri} == set(chosen)
     # The landing page's fingerprints: those of the evals that differ from their training runs (and of those
     # runs), not those of evals whose `env.*` keys match their training run's (issue 38: one request each).
-    read = {run for uri, run in ui._fingerprints if uri == app_env.uri}
+    read = {run for uri, run, _ in ui._fingerprints if uri == app_env.uri}
     pairs = [p for p in (lineage.vs_training(index, ev) for ev in index.of_kind("eval")) if p is not None]
     differing = {r.run_id for p in pairs if not p.nothing_critical for r in (p.eval, p.train)}
     matching = {p.eval.run_id for p in pairs if p.nothing_critical}
@@ -714,3 +714,29 @@ def test_run_detail_shows_the_doctor_report_attached_to_the_run_as_text(tmp_path
     assert not [f for f in _frames(at) if "verdict" in f.columns]
     assert (f"draftboard doctor --target Qwen/Qwen3.5-4B --drafter CHECKPOINT --run {plain.run_id}"
             in [c.value for c in at.code])
+
+
+def test_a_replaced_fingerprint_is_read_again_after_refresh(tmp_path):
+    """`draftboard fingerprint --attach` replaces a run's fingerprint.json and its env tags. The dashboard keeps
+    what it read, and the diffs of what it read, across reads of the store, per file version: after Refresh
+    the eval's new environment is what it compares, not the file it read before."""
+    from test_views import fp
+
+    from tracker import Tracker
+    from tracker.dashboard import lineage, ui
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    trained = fp(path="fast", dtype="bf16", device="cuda", gpu="H100")
+    with tracker.training_run("t", {}, "/m/T", fingerprint=trained) as train:
+        pass
+    with tracker.eval_run("e", target="/m/T", train_run_id=train.run_id, checkpoint="/ck/1", checkpoint_step=1,
+                          fingerprint=trained) as ev:
+        ev.log_metrics({"tau": 2.0}, step=0)
+    index = ui.run_index(uri)
+    assert lineage.vs_training(index, index.runs[ev.run_id]).rows == ()  # read, diffed and kept: the same
+    tracker.attach_fingerprint(ev.run_id, fp())  # it ran on the CPU box after all
+    ui.refresh()
+    again = ui.run_index(uri)
+    assert again.runs[ev.run_id].fingerprint["numerics"]["linear_attention_path"] == "fallback"
+    assert [e.run_id for e in lineage.open_evals(again)] == [ev.run_id]

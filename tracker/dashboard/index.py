@@ -39,6 +39,13 @@ DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}  # names.DRAF
 _READ = "_fingerprint"  # where a RunInfo keeps its fingerprint once read
 
 
+def fingerprint_version(tags: Mapping[str, str]) -> str:
+    """Which fingerprint.json a run holds, from the `env.*` tags `fingerprint.env_tags` writes with every file
+    (`draftboard fingerprint --attach` replaces both): what keeps a read file or a diff of two (the dashboard
+    keeps both across reads of the store) from standing for a file that was replaced since."""
+    return "|".join(tags.get(tag, "") for tag in (names.ENV_HASH, names.ENV_WARNING_KEY, names.ENV_PROBE_DIGEST))
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """One MLflow run as the dashboard sees it."""
@@ -69,6 +76,11 @@ class RunInfo:
         except KeyError:
             source = self.fingerprint_file
             return self.__dict__.setdefault(_READ, source() if callable(source) else source)
+
+    @property
+    def fingerprint_version(self) -> str:
+        """Which fingerprint.json the run holds (`fingerprint_version` of its tags)."""
+        return fingerprint_version(self.tags)
 
     @property
     def fingerprint_read(self) -> bool:
@@ -340,7 +352,8 @@ def _listed(run, experiment: str, fingerprint: Callable[[], dict | None]) -> Run
     return replace(info, kind=extra[names.KIND], tags={**info.tags, **extra}) if extra else info
 
 
-FingerprintLoader = Callable[[str, str], "dict | None"]  # (run_id, artifact_uri) -> fingerprint; thread-safe
+# (run_id, artifact_uri, fingerprint_version) -> fingerprint; thread-safe
+FingerprintLoader = Callable[[str, str, str], "dict | None"]
 FINGERPRINT_READERS = 8  # files `RunIndex.read_fingerprints` reads at once (a server's round trips overlap)
 
 
@@ -450,11 +463,12 @@ def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasti
         runs = tracker.find_runs(foreign=True)
     experiments = tracker.experiment_names()
     if fingerprints is None:
-        def fingerprints(run_id: str, artifact_uri: str) -> dict | None:
+        def fingerprints(run_id: str, artifact_uri: str, version: str) -> dict | None:
             return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
 
     def reader(run) -> Callable[[], dict | None]:
-        return lambda: fingerprints(run.info.run_id, run.info.artifact_uri or "")
+        version = fingerprint_version(run.data.tags)
+        return lambda: fingerprints(run.info.run_id, run.info.artifact_uri or "", version)
 
     with no_cycle_collection():
         return RunIndex((_listed(r, experiments.get(r.info.experiment_id, ""), reader(r)) for r in runs), lasting)

@@ -89,15 +89,16 @@ def _queue(uri: str, readonly: bool):
     return JobQueue(uri, readonly=readonly)
 
 
-_fingerprints: dict[tuple[str, str], dict] = {}  # fingerprint.json never changes once logged
+# Per (store, run, `index.fingerprint_version`): a file is kept until its run's env tags say it was replaced.
+_fingerprints: dict[tuple[str, str, str], dict] = {}
 _fp_lock = threading.Lock()
 
 
 def _fingerprint_loader(uri: str):
     tracker = tracker_for(uri)
 
-    def load(run_id: str, artifact_uri: str) -> dict | None:
-        key = (uri, run_id)
+    def load(run_id: str, artifact_uri: str, version: str) -> dict | None:
+        key = (uri, run_id, version)
         with _fp_lock:
             if key in _fingerprints:
                 return _fingerprints[key]
