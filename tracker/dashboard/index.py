@@ -39,6 +39,16 @@ DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}  # names.DRAF
 _READ = "_fingerprint"  # where a RunInfo keeps its fingerprint once read
 
 
+def computed_once(instance, name: str, compute: Callable[[], object]):
+    """`compute()`, kept in a (frozen) instance as `name` the first time: what functools.cached_property does,
+    without its one lock per class before Python 3.12, under which every instance's computation (a file read
+    from a server) waited for every other's. Two threads may compute it at once; both get the first kept."""
+    try:
+        return instance.__dict__[name]
+    except KeyError:
+        return instance.__dict__.setdefault(name, compute())
+
+
 def fingerprint_version(tags: Mapping[str, str]) -> str:
     """Which fingerprint.json a run holds, from the `env.*` tags `fingerprint.env_tags` writes with every file
     (`draftboard fingerprint --attach` replaces both): what keeps a read file or a diff of two (the dashboard
@@ -69,13 +79,8 @@ class RunInfo:
     def fingerprint(self) -> dict | None:
         """The run's fingerprint.json (None: none logged, or unreadable), read once, when first asked: a
         page that lists runs asks the `env.*` tags instead, against a server one request per file."""
-        # Kept in the instance by hand, not by functools.cached_property: before Python 3.12 that holds one
-        # lock for every instance, and `RunIndex.read_fingerprints`' reads would wait for each other.
-        try:
-            return self.__dict__[_READ]
-        except KeyError:
-            source = self.fingerprint_file
-            return self.__dict__.setdefault(_READ, source() if callable(source) else source)
+        source = self.fingerprint_file  # read in parallel by `RunIndex.read_fingerprints`: see computed_once
+        return computed_once(self, _READ, lambda: source() if callable(source) else source)
 
     @property
     def fingerprint_version(self) -> str:
@@ -459,9 +464,6 @@ def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasti
     the store (listed as `train` with their tool's badge), each with its fingerprint read through
     `fingerprints` (default: from the store) when first asked (`RunInfo.fingerprint`); `lasting` keeps
     what logged-once artifacts decide across reads (`RunIndex.lasting`)."""
-    with no_cycle_collection():
-        runs = tracker.find_runs(foreign=True)
-    experiments = tracker.experiment_names()
     if fingerprints is None:
         def fingerprints(run_id: str, artifact_uri: str, version: str) -> dict | None:
             return read_json_artifact(tracker.client, run_id, artifact_uri, names.FINGERPRINT_ARTIFACT)
@@ -471,6 +473,8 @@ def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasti
         return lambda: fingerprints(run.info.run_id, run.info.artifact_uri or "", version)
 
     with no_cycle_collection():
+        runs = tracker.find_runs(foreign=True)
+        experiments = tracker.experiment_names()
         return RunIndex((_listed(r, experiments.get(r.info.experiment_id, ""), reader(r)) for r in runs), lasting)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tracker.environment import fingerprint
 from tracker.measurement import protocol
-from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.dashboard.index import RunIndex, RunInfo, computed_once
 from tracker.store import names
 
 # How a severity reads: its icon in text (`🔴 critical`), its background in a coloured table.
@@ -315,27 +315,24 @@ class Lineage:
     train: RunInfo
     diff: Callable[[], tuple | None]  # -> `rows`, computed (and the two fingerprints read) when first asked
     # Their `env.critical_key` (`env.warning_key`) tags are equal and their probe digests agree: no critical
-    # (nor warning) row, known without reading either fingerprint.
+    # (nor warning) row, known without reading either fingerprint. `nothing_warned` implies `nothing_critical`.
     nothing_critical: bool = False
     nothing_warned: bool = False
 
     @property
     def rows(self) -> tuple | None:
-        """DiffRow, eval vs train, most severe first; None: a fingerprint is missing. Computed once, kept by
-        hand: functools.cached_property would hold one lock for every pair while it reads their files."""
-        try:
-            return self.__dict__["_rows"]
-        except KeyError:
-            return self.__dict__.setdefault("_rows", self.diff())
+        """DiffRow, eval vs train, most severe first; None: a fingerprint is missing. Computed once
+        (`computed_once`: no lock shared by every pair while it reads their files)."""
+        return computed_once(self, "_rows", self.diff)
 
     @property
     def compared(self) -> bool:
         """Both fingerprints are there to compare (`rows` is not None), known from the keys when they agree."""
-        return self.nothing_critical or self.nothing_warned or self.rows is not None
+        return self.nothing_critical or self.rows is not None
 
     @property
     def critical(self) -> list:
-        return [] if self.nothing_critical or self.nothing_warned else of_severity(self.rows, "critical")
+        return [] if self.nothing_critical else of_severity(self.rows, "critical")
 
     @property
     def warnings(self) -> list:
@@ -376,8 +373,11 @@ def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:
         return (run.env_key(tag) is not None and run.env_key(tag) == train.env_key(tag)
                 and None not in probes and fingerprint.probes_agree(*probes))
 
-    return index.memo(("vs_training", run.run_id), lambda: Lineage(
-        run, train, diff, nothing_critical=same(names.ENV_CRITICAL_KEY), nothing_warned=same(names.ENV_WARNING_KEY)))
+    def pair() -> Lineage:
+        warned = same(names.ENV_WARNING_KEY)  # covers every critical field too (`fingerprint.warning_key`)
+        return Lineage(run, train, diff, nothing_critical=warned or same(names.ENV_CRITICAL_KEY), nothing_warned=warned)
+
+    return index.memo(("vs_training", run.run_id), pair)
 
 
 def lineage(index: RunIndex, run: RunInfo) -> list[Lineage]:
@@ -403,7 +403,7 @@ def read_for_listing(index: RunIndex) -> None:
         wanted = {r.run_id: r for r in index.runs.values() if names.ENV_SOURCE not in r.tags}
         for ev in index.of_kind("eval", "reference"):
             pair = vs_training(index, ev)
-            if pair is not None and not (pair.nothing_critical or pair.nothing_warned):
+            if pair is not None and not pair.nothing_critical:
                 wanted.update({ev.run_id: ev, pair.train.run_id: pair.train})
         index.read_fingerprints(wanted.values())
         return True
