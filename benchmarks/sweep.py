@@ -45,7 +45,7 @@ from transformers import AutoModelForCausalLM
 import dflash.model
 from dflash.model import DFlashDraftModel, dflash_generate
 dflash.model._cuda_time = time.perf_counter
-target = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32).eval()
+target = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32, trust_remote_code=False).eval()
 drafter = DFlashDraftModel.from_pretrained(sys.argv[3], dtype=torch.float32).eval()
 stops = [target.generation_config.eos_token_id or target.config.eos_token_id]
 taus = []

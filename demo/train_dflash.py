@@ -115,7 +115,7 @@ def prepare_data(target_dir: str | Path, prompts: list[list[int]], max_new_token
 
     use_cpu_threads()
     target_dir = Path(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=parse_dtype(TARGET_DTYPE)).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=parse_dtype(TARGET_DTYPE), trust_remote_code=False).eval()
     resolution = linear_attn.apply(linear_attn_mode, "cpu", linear_attn.module_of(model))
     sequences, prompt_lens, features = [], [], []
     t0 = time.perf_counter()

@@ -151,7 +151,7 @@ def model_config(path: str | Path):
     path = Path(path)
     _check_dir(path)
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise DraftboardError(f"target {path}: unreadable config.json: {str(exc).splitlines()[0]}") from exc
 
@@ -162,13 +162,30 @@ def text_config(path: str | Path):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def _safetensors_files(path: Path) -> list[Path]:
+def safetensors_files(path: Path) -> list[Path]:
     """The safetensors files from_pretrained reads: the index's shards, else model.safetensors."""
     if (path / SAFETENSORS_INDEX).is_file():
         return sorted(set(index_shards(inside(path, SAFETENSORS_INDEX, "weights index")).values()))
     if (path / SAFETENSORS).is_file():
         return [inside(path, SAFETENSORS, "weights file")]
     return []
+
+
+def architecture_names(cfg) -> frozenset[str]:
+    """The model classes transformers maps the target's config to (any auto class, for the config's own
+    model type and its text config's): the architectures a checkpoint of this config may declare. The
+    class draftboard loads is chosen by model type; a folder naming another class is read as another
+    model by tools that choose by `architectures` (llama.cpp's converter)."""
+    from transformers.models.auto import modeling_auto
+
+    types = {cfg.model_type, getattr(cfg.get_text_config(), "model_type", None)}
+    names: set[str] = set()
+    for table, mapping in vars(modeling_auto).items():
+        if table.startswith("MODEL_") and table.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            for model_type in types & mapping.keys():
+                value = mapping[model_type]
+                names.update([value] if isinstance(value, str) else value)
+    return frozenset(names)
 
 
 def _by_suffix(keys) -> dict[str, list[str]]:
@@ -187,7 +204,7 @@ def _meta_model(path: Path, cfg):
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg)
+            return AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise DraftboardError(f"target {path}: config.json does not describe a causal LM: {one_line(exc)}") from exc
 
@@ -235,7 +252,7 @@ def check_weights(path: str | Path) -> HeadLocation | None:
     cfg = model_config(path)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     check_sizes(text.to_dict(), f"target {path} config.json")
-    files = _safetensors_files(path)
+    files = safetensors_files(path)
     if not files:
         return None
     stored, where = safetensors_shapes(files)
@@ -284,7 +301,7 @@ class CheckedTarget:
             cache.put_checks(self.key, self.to_json(Path(path)), target=digest)
 
     def to_json(self, path: Path) -> dict:
-        files = _safetensors_files(path)
+        files = safetensors_files(path)
 
         def place(where: tuple[str, Path]) -> list:
             return [where[0], files.index(where[1])]
@@ -298,7 +315,7 @@ class CheckedTarget:
         """None unless `data` has the shape `to_json` writes and names files the folder still has
         (a damaged or hand-edited cache entry is a miss: the checks run again)."""
         try:
-            files = _safetensors_files(path)  # the folder's own index, checked inside it as on a miss
+            files = safetensors_files(path)  # the folder's own index, checked inside it as on a miss
             heads = data["heads"]
             if heads is not None:
                 places = [(str(heads[r][0]), int(heads[r][1])) for r in ("embed", "lm_head")]
@@ -390,7 +407,7 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     if any((path / name).is_file() for name in _TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     return None
 
 
@@ -433,7 +450,7 @@ def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", line
     if dtype not in DTYPES:
         raise DraftboardError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]), trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         raise DraftboardError(f"target {path}: cannot load: {one_line(exc)}") from exc
     model.to(device).eval()

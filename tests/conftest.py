@@ -367,13 +367,27 @@ def start_ui(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def serving_pair(tmp_path_factory):
+def code_ran_marker(tmp_path_factory):
+    """The file the code planted in the serving pairs' folders (hostile.plant_code) writes when anything
+    imports it. Every offline eval, engine eval (vLLM, llama.cpp's converter and server), doctor and worker
+    test on those folders drives them; at the session's end the file must not exist (issue 48, S1)."""
+    marker = tmp_path_factory.mktemp("planted") / "code-ran"
+    yield marker
+    assert not marker.exists(), "a command ran code planted in a checkpoint folder"
+
+
+@pytest.fixture(scope="session")
+def serving_pair(tmp_path_factory, code_ran_marker):
     """demo.serving_pair (a Qwen3 target, a block-8 drafter trained against it, 8 held-out prompts)
-    and the offline eval of its prompts (`offline.json`): ~35 s, built once for the session."""
+    and the offline eval of its prompts (`offline.json`): ~35 s, built once for the session. Both
+    folders carry a `.py` and `auto_map` entries naming it (hostile.plant_code), as z-lab's drafters do."""
     from demo.serving_pair import MAX_NEW_TOKENS, build_serving_pair
+    from hostile import plant_code
     from tracker.cli import main
 
     root = build_serving_pair(tmp_path_factory.mktemp("serving-pair"))
+    for folder in ("target", "drafter"):
+        plant_code(root / folder, code_ran_marker)
     assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
                  str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-log",
                  "--cache-dir", str(root / "cache"), "--out", str(root / "offline.json")]) == 0
@@ -398,14 +412,17 @@ def vllm_served_pair(serving_pair, vllm_python, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def hybrid_serving_pair(tmp_path_factory):
+def hybrid_serving_pair(tmp_path_factory, code_ran_marker):
     """demo.serving_pair in the Qwen3-Next layout vLLM serves on these CPUs (3 Gated DeltaNet layers +
     1 full attention, a small MoE), its block-8 drafter, 8 held-out prompts, and the offline eval of
     them in bf16, the dtype vLLM's CPU GDN kernels take (`offline-bf16.json`): ~60 s, built once."""
     from demo.serving_pair import MAX_NEW_TOKENS, build_serving_pair
+    from hostile import plant_code
     from tracker.cli import main
 
     root = build_serving_pair(tmp_path_factory.mktemp("hybrid-pair"), family="qwen3_next")
+    for folder in ("target", "drafter"):
+        plant_code(root / folder, code_ran_marker)
     assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
                  str(root / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "bf16", "--no-log",
                  "--cache-dir", str(root / "cache"), "--out", str(root / "offline-bf16.json")]) == 0

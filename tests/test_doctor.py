@@ -224,7 +224,11 @@ def test_a_drafter_precision_difference_says_so_and_the_doctor_can_match_it(pair
     assert by_name["environment"]["severity"] == CRITICAL and "precision" in by_name["environment"]["verdict"]
     assert main([*base, "--drafter-precision", "bf16-autocast"]) == 0
     by_name = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
-    assert by_name["environment"]["severity"] in (OK, WARNING) and by_name["layer_offset"]["severity"] == OK
+    assert by_name["environment"]["severity"] in (OK, WARNING)
+    # Under bf16 autocast the two conventions' gap is near the interval's edge on some CPUs (AMX-bf16:
+    # [-0.250, +0.005] over 32 prompts): never critical, and z-lab's convention still drafts better.
+    layer = by_name["layer_offset"]
+    assert layer["severity"] in (OK, WARNING) and "off-by-one minus z-lab -" in layer["evidence"], layer
 
 
 def test_the_transformers_version_matters_on_the_fallback_and_the_kernels_versions_on_the_fast_path():

@@ -262,16 +262,26 @@ def test_a_managed_engine_gets_none_of_the_workers_secrets(monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_JOBS_URI", "postgresql+psycopg://jobs:s3cret@db/jobs")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:p'w@mlflow.internal/")
     monkeypatch.setenv("DRAFTBOARD_LOG_NOTE", "retry with password=hunter3")
+    # issue 48 S2: names no deny-list foresaw, and a password with a '/' in it: an allow-list now
+    monkeypatch.setenv("PGPASSWORD", "pgsecret")
+    monkeypatch.setenv("PGPASSFILE", "/home/board/.pgpass")
+    monkeypatch.setenv("DRAFTBOARD_ALERT_WEBHOOK", "https://hooks.example/T000/B000/hooksecret")
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", "https://hooks.slack.example/services/slacksecret")
+    monkeypatch.setenv("VLLM_DB", "postgresql://admin:pa/sl@db/x")  # allowed by name, refused by value
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     env = engine_environment()
     for name in ("MLFLOW_TRACKING_PASSWORD", "HF_TOKEN", "DATABASE_URL", "DRAFTBOARD_JOBS_URI", "MLFLOW_TRACKING_URI",
-                 "DRAFTBOARD_LOG_NOTE"):
+                 "DRAFTBOARD_LOG_NOTE", "PGPASSWORD", "PGPASSFILE", "DRAFTBOARD_ALERT_WEBHOOK", "SLACK_WEBHOOK_URL",
+                 "VLLM_DB"):
         assert name not in env, name
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PATH"] == os.environ["PATH"]
+    assert env["OPENBLAS_CORETYPE"] == "Haswell" and env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
     # what the engine's own process sees (a probe runs with the same environment)
     from evaluators.engines.server import finish_probe, start_probe
 
     seen = finish_probe(start_probe(sys.executable, "import json, os; print(json.dumps({'env': dict(os.environ)}))"))
-    leaked = [s for s in ("hunter2", "pw@", "s3cret", "hunter3", "p'w") for v in seen["env"].values() if s in v]
+    leaked = [s for s in ("hunter2", "pw@", "s3cret", "hunter3", "p'w", "pgsecret", "pgpass", "hooksecret",
+                          "slacksecret", "pa/sl") for v in seen["env"].values() if s in v]
     assert leaked == []
 
 
@@ -357,3 +367,13 @@ def test_counts_larger_than_the_completion_allows_are_refused_before_anything_is
                                                                                  "histogram": None}):
         with pytest.raises(EngineError, match="more than its completion allows"):
             EngineReply(completion_ids=[5, 6, 7], draft_tokens=7, **counts)
+
+
+def test_no_managed_engine_is_told_to_trust_a_folders_code():
+    """Issue 48 S1: vLLM and SGLang run a folder's `auto_map` code only with --trust-remote-code; no managed
+    server is started with it (llama.cpp's server reads GGUF files, which hold no code)."""
+    from evaluators.engines.run import ENGINES
+
+    for name, engine in ENGINES.items():
+        argv = engine.server_argv("python", "/t", "/d", 8000, 7, "float32", 512, "cpu")
+        assert not [a for a in argv if "trust" in a.lower() and "remote" in a.lower()], name

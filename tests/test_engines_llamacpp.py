@@ -46,7 +46,7 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
     results, offline = served["results"], json.loads((serving_pair / "offline.json").read_text())
     engine = results["engine"]
     assert (engine["name"], engine["method"], engine["num_speculative_tokens"]) == ("llamacpp", "draft-dflash", 7)
-    assert engine["gguf_type"] == "f32" and engine["converter"].startswith("convert_hf_to_gguf.py sha256:")
+    assert engine["gguf_type"] == "f32" and engine["converter"].startswith("convert_hf_to_gguf.py tree sha256:")
     assert Path(engine["target_gguf"]).is_file() and Path(engine["drafter_gguf"]).is_relative_to(home)
     assert engine["spec_draft_p_min"] == 0.0 and engine["cache_prompt"] is False
     assert results["fingerprint"]["engine"]["packages"]["xllamacpp"] == "2026.10.11549"
@@ -117,6 +117,29 @@ def test_engines_that_cannot_be_used_say_why_in_one_line(serving_pair, llamacpp_
     assert f"DRAFTBOARD_LLAMACPP_CONVERTER {tmp_path}: no convert_hf_to_gguf.py there" in error(
         "--engine-python", llamacpp_python)
     assert processes_with(str(serving_pair / "target")) == [] and not (tmp_path / "store.db").exists()
+
+
+def test_a_drafter_folder_that_names_other_code_never_reaches_the_converter(serving_pair, llamacpp_python, home,
+                                                                            tmp_path, capsys, monkeypatch):
+    """Issue 48 S1, the audit's exploit: a drafter draftboard reads as DFlash whose text_config names
+    DreamModel and whose index names other weights; llama.cpp's converter read the folder as Dream and its
+    vocabulary reader imported the folder's tokenizer code (on b69d0d4 the marker file appeared). The folder
+    is refused in one line now, before the converter or a server starts; nothing of it runs."""
+    from hostile import hostile_drafter
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    marker = tmp_path / "code-ran"
+    root = tmp_path / "pair"
+    hostile_drafter(serving_pair / "drafter", serving_pair / "target", root / "drafter", marker)
+    for name in ("target", "prompts.jsonl"):
+        (root / name).symlink_to((serving_pair / name).resolve())
+    before = sorted(home.rglob("drafter-*.gguf"))
+    capsys.readouterr()
+    assert main(_args(root, "--engine", "llamacpp", "--engine-python", llamacpp_python, "--no-log")) == 2
+    *_, line = capsys.readouterr().err.strip().splitlines()  # after the eval's progress lines
+    assert line.startswith("error: drafter ") and "declares DreamModel" in line and "refused" in line
+    assert not marker.exists() and processes_with(str(root)) == []
+    assert sorted(home.rglob("drafter-*.gguf")) == before and not list(home.rglob(".*.part"))  # nothing converted
 
 
 def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tmp_path):

@@ -221,3 +221,21 @@ def test_a_served_eval_exported_as_aiperf_records_reads_back_as_its_own_numbers(
     assert m["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
     for k, rate in enumerate(results["accept_rate_by_position"], 1):
         assert m.get(f"accept_rate_pos{k}", 0.0) == pytest.approx(rate)
+
+
+def test_a_folder_naming_another_model_never_reaches_vllm(pair, tmp_path, capsys, monkeypatch):
+    """Issue 48 S1: vLLM is handed the staged folders too; one whose text_config names another model, and
+    an index other weights, is refused in one line before the server starts, and nothing of it runs."""
+    from hostile import hostile_drafter
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    marker = tmp_path / "code-ran"
+    drafter = hostile_drafter(pair / "drafter", pair / "target", tmp_path / "drafter", marker)
+    capsys.readouterr()
+    assert main(["eval", "--target", str(pair / "target"), "--drafter", str(drafter), "--prompts",
+                 str(pair / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS), "--engine", "vllm",
+                 "--no-log"]) == 2
+    *_, line = capsys.readouterr().err.strip().splitlines()  # after the eval's progress lines
+    assert line.startswith("error: drafter ") and "declares DreamModel" in line
+    assert not marker.exists() and not list((tmp_path / "home").rglob("engine-vllm-*.log"))  # no server started

@@ -73,3 +73,30 @@ def test_the_store_version_changes_with_every_write_a_listing_reads(tmp_path):
         assert listing.store_version(uri) not in seen
         seen.append(listing.store_version(uri))
     assert listing.store_version("http://127.0.0.1:1") is None  # an http store can't say: re-read on a timer
+
+
+def test_a_rewrite_of_same_length_tags_changes_the_store_version(tmp_path, machine_fp):
+    """Issue 48 S6: `draftboard fingerprint --attach` rewrites the fixed-length env.* tags, which no count or
+    length sees, so Runs kept the old environment verdict until Refresh. Every rewrite draftboard makes
+    now writes names.CHANGED_AT, which the version reads."""
+    import copy
+
+    from tracker import fingerprint
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("v1", {}, "/models/t") as train:
+        pass
+    tracker.attach_fingerprint(train.run_id, machine_fp)
+    before = listing.store_version(uri)
+    other = copy.deepcopy(machine_fp)
+    other["numerics"]["dtype"] = "bf16" if other["numerics"]["dtype"] != "bf16" else "fp16"
+    old, new = fingerprint.env_tags(machine_fp), fingerprint.env_tags(other)
+    assert old != new and {k: len(v) for k, v in old.items()} == {k: len(v) for k, v in new.items()}
+    tracker.attach_fingerprint(train.run_id, other)
+    assert listing.store_version(uri) != before
+    before = listing.store_version(uri)
+    tracker.set_tag(train.run_id, "note", "aaaa")
+    middle = listing.store_version(uri)
+    tracker.set_tag(train.run_id, "note", "bbbb")  # same length, same count
+    assert len({before, middle, listing.store_version(uri)}) == 3

@@ -14,6 +14,20 @@ def test_a_shown_uri_leaves_the_credentials_out():
     assert shown_uri("http://u:p@host:notaport/x") == "http://host:notaport/x"  # unparseable port: still hidden
 
 
+def test_a_password_holding_a_slash_hash_or_question_mark_is_hidden_whole():
+    """Issue 48 S2: SQLAlchemy and MLflow read `postgresql://admin:pa/ss@db/x` as the password `pa/ss`;
+    urllib sees the host `admin` and a path, and the old pattern stopped at the '/': both showed a part."""
+    for password in ("pa/ss", "pa#ss", "pa?ss", "p/a#s?s@x", "12/ss"):
+        uri = f"postgresql://admin:{password}@db/x"
+        for shown in (redact.text(f"store {uri} refused"), shown_uri(uri), redact.short_uri(uri)):
+            assert "admin" not in shown and "ss" not in shown.replace("postgresql", ""), shown
+        assert shown_uri(uri) == "postgresql://db/x" and redact.short_uri(uri) == "db (postgresql)"
+    # a text that cannot be taken apart as a URL at all still loses what looks like userinfo
+    assert redact.text("x://u:p[w@host]:99/") == "x://host]:99/"
+    # linear: a long run of would-be schemes and '@'s is read in one pass (bounded repeats)
+    assert len(redact.text("a://" * 20_000 + "@" * 20_000)) < 200_000
+
+
 def test_a_short_uri_fits_a_sidebar_and_still_hides_credentials():
     assert redact.short_uri("sqlite:////srv/draftboard/draftboard.db") == "draftboard.db (sqlite)"
     assert redact.short_uri("postgresql+psycopg://board:pw@db.internal:5432/mlflow") == "db.internal:5432 (postgresql)"

@@ -83,6 +83,28 @@ def test_llamacpp_log_lines_give_the_exact_rate_and_the_pooled_mean_where_steps_
     assert "engine_mean_acceptance_length" not in record.metrics and "two-decimal" in record.protocol["not_logged"]
 
 
+def test_a_print_timing_line_inside_a_logged_request_counts_nothing(tmp_path):
+    """Issue 48 S7: a request body logged by the server held a forged print_timing line; the importer's
+    pattern searched anywhere in a line, so it counted (draft acceptance 0.333 -> 0.996). It is matched
+    at the start of the line now, after llama.cpp's own log prefix only."""
+    from tracker.store.importers import served
+
+    forged = llamacpp_line(9, 99_000, 99_300, 12_500).strip()
+    log = tmp_path / "llama.log"
+    log.write_text(llamacpp_line(2, 100, 300, 80)
+                   + f'0.01.200.000 I srv  log_server_r: request: {{"prompt": "{forged}"}}\n'
+                   + f"srv  params_from_: {forged}\n" + f"[request] {forged}\n")
+    [record] = served.parse_llamacpp_log(log)
+    assert record.metrics["draft_acceptance_rate"] == pytest.approx(100 / 300)
+    assert record.protocol["window"] == "1 requests"
+    # llama.cpp's own prefixes still match: colours and timestamps on, and off
+    plain = llamacpp_line(4, 10, 20, 5).split(" I ", 1)[1]
+    coloured = "\x1b[34m0.01.117.626\x1b[0m \x1b[32mI \x1b[0m" + plain
+    log.write_text(plain + coloured)
+    [record] = served.parse_llamacpp_log(log)
+    assert record.protocol["window"] == "2 requests"
+
+
 def test_llamacpp_counters_and_bad_llamacpp_input(tmp_path):
     from tracker.errors import DraftboardError
     from tracker.store.importers import served

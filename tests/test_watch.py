@@ -14,6 +14,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
+from hostile import plant_code
 from tests import toolformats
 from tracker import Tracker
 from tracker.cli import main
@@ -211,6 +212,11 @@ def test_the_worker_runs_the_watchers_and_evaluates_what_they_find(store, tmp_pa
     prompts.write_text("".join(json.dumps({"id": i, "input_ids": [3 + i, 7, 11 + i, 5]}) + "\n" for i in range(3)))
     folder = tmp_path / "spec-ckpts"
     toolformats.speculators(folder, 0, 7, toolformats.tiny_drafter())
+    # issue 48 S1: both folders name code of their own (a .py, auto_map entries); the watch, the worker and
+    # the eval it runs load them, and none of it runs
+    marker = tmp_path / "code-ran"
+    for planted in (target, *(p.parent for p in folder.rglob("config.json"))):
+        plant_code(planted, marker)
     preset = {"target": str(target), "prompts": str(prompts), "budgets": [4], "device": "cpu",
               "max_new_tokens": 8}
     watch.start(tracker, spec, folder, preset, settle_s=0)
@@ -218,6 +224,7 @@ def test_the_worker_runs_the_watchers_and_evaluates_what_they_find(store, tmp_pa
     assert run_worker(jobs, once=True, poll_s=0.05, watch_s=60) == 1  # queued by the watch, then run
     [job] = JobQueue(jobs).list()
     assert job.params["checkpoint_step"] == 7 and job.state == "succeeded", job.error
+    assert not marker.exists()
     assert [c.step for c in tracker.checkpoints(spec)] == [7]
     [ev] = tracker.client.search_runs([tracker.experiment_id], f"tags.`{names.TRAIN_RUN_ID}` = '{spec}'")
     assert ev.data.tags[names.CHECKPOINT_STEP] == "7" and ev.data.metrics["tau"] >= 1

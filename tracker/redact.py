@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 MASK = "•••• (masked)"
 HIDDEN = "***"  # a secret's value inside a longer text
@@ -25,9 +25,14 @@ _SECRET_WORDS = {"password", "passwd", "secret", "secrets", "credential", "crede
 _SECRET_LAST = {"token", "key", "pwd", "pass", "auth", "authorization", "cookie"}
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
 
-# scheme://userinfo@ : the userinfo is everything up to the last '@' before the host ends (a password
-# may hold a quote: `postgresql://u:pa'ss@db`).
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#\"<>]*@)")
+# scheme://userinfo@ : the userinfo is everything up to the last '@' before the URL ends (whitespace, a
+# double quote, < or >). A password may hold a quote, '@', '/', '?' or '#' as written: SQLAlchemy and
+# MLflow read `postgresql://admin:pa/ss@db/x` as the password `pa/ss`, where urllib sees a host `admin`
+# and a path; so a text is hidden as the most permissive reader would take it apart. Scheme and
+# userinfo are bounded, so no match looks at more than a few hundred characters: linear time.
+MAX_USERINFO = 512
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://)(?P<userinfo>[^\s\"<>]{0,%d}@)"
+                           % MAX_USERINFO)
 # key=value (a query string, a DSN, a command line); the key is judged by is_secret_key.
 _PAIR = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,'\"]+)")
 
@@ -53,35 +58,27 @@ def is_secret_key(key: str) -> bool:
 def short_uri(uri: str) -> str:
     """A store URI in a few characters, for a narrow column: `draftboard.db (sqlite)`, `host:5000
     (http)`; the whole of `shown_uri` otherwise."""
+    shown = shown_uri(uri)
     try:
-        parts = urlsplit(uri)
+        parts = urlsplit(shown)  # taken apart only once the userinfo is gone, however it was written
         port = parts.port
     except ValueError:
-        return shown_uri(uri)
+        return shown
     if parts.scheme == "sqlite" or (parts.scheme in ("", "file") and parts.path):
         name = parts.path.rstrip("/").rsplit("/", 1)[-1]
-        return text(f"{name} ({parts.scheme or 'file'})") if name else shown_uri(uri)
+        return f"{name} ({parts.scheme or 'file'})" if name else shown
     if parts.hostname:
         host = parts.hostname + (f":{port}" if port is not None else "")
-        return text(f"{host} ({parts.scheme.split('+')[0]})")
-    return shown_uri(uri)
+        return f"{host} ({parts.scheme.split('+')[0]})"
+    return shown
 
 
 def shown_uri(uri: str) -> str:
     """A store or queue URI as a page or a printed command may show it: its user and password left
-    out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)."""
-    try:
-        parts = urlsplit(uri)
-        port = parts.port
-    except ValueError:  # not a URL we can take apart: hide what looks like userinfo anyway
-        return text(uri)
-    if parts.username is None and parts.password is None:
-        return text(uri)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if port is not None:
-        netloc += f":{port}"
-    return text(urlunsplit(parts._replace(netloc=netloc)))
+    out (MLflow reads an http store's from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), by
+    the same rule as any text, so a URI that urllib takes apart otherwise than SQLAlchemy (a '/' in
+    the password) or cannot take apart at all still shows no userinfo."""
+    return text(uri)
 
 
 def text(value: object) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING, Check
-from evaluators.drafter import DFLASH2, LM_HEAD_KEYS, StoredDrafter, TargetDims, open_drafter, stored_drafter
+from evaluators.drafter import ARCHITECTURES, DFLASH2, LM_HEAD_KEYS, StoredDrafter, TargetDims, open_drafter, stored_drafter
 from evaluators.target import TargetHeads
 from evaluators.weights import read_safetensors
 from tracker.errors import DraftboardError
@@ -67,7 +67,7 @@ def architecture(drafter: str | Path, heads: TargetHeads, num_layers: int) -> Ch
     evidence = (f"fc {_shape(stored.shapes['fc.weight'])} = {cfg.n_tapped} tapped layers x hidden {cfg.hidden_size}; "
                 f"{cfg.num_hidden_layers} drafter layers, block {cfg.block_size}, family {cfg.family}; no own "
                 f"lm_head or embedding")
-    if cfg.family == DFLASH2 and "DFlash2DraftModel" not in (stored.raw_config.get("architectures") or []):
+    if cfg.family == DFLASH2 and ARCHITECTURES[DFLASH2] not in (stored.raw_config.get("architectures") or []):
         return Check(ARCHITECTURE, CRITICAL, "a DFlash2 checkpoint whose config does not name DFlash2DraftModel: vLLM "
                      "picks its DFlash2 speculator by that name and would serve it as plain DFlash", evidence,
                      'set "architectures": ["DFlash2DraftModel"] in its config.json')

@@ -14,6 +14,9 @@ from tracker.errors import DraftboardError
 
 FULL_ATTENTION = "full_attention"
 DFLASH, DFLASH2 = "dflash", "dflash2"  # results `drafter.family`
+# The `architectures` name each family's checkpoints carry (z-lab's model classes): vLLM picks DFlash2's
+# speculator and llama.cpp's converter its DFlashModel by it.
+ARCHITECTURES = {DFLASH: "DFlashDraftModel", DFLASH2: "DFlash2DraftModel"}
 # DFlash2's own fields (z-lab 07ebd93 DFlash2DraftModel / CandidateSelector), read as `_draft_value` reads them.
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SLIDING_ATTENTION = "sliding_attention"
@@ -236,7 +239,7 @@ class DrafterConfig:
         is_causal = d.get("is_causal")
         architectures = d.get("architectures") if isinstance(d.get("architectures"), list) else []
         dflash2 = {name: as_int(draft(name), f"dflash_config.{name}") for name in DFLASH2_FIELDS}
-        family = DFLASH2 if "DFlash2DraftModel" in architectures or any(
+        family = DFLASH2 if ARCHITECTURES[DFLASH2] in architectures or any(
             v is not None for v in dflash2.values()) else DFLASH
         return cls(
             hidden_size=hidden,
@@ -281,7 +284,7 @@ class DrafterConfig:
         if self.family == DFLASH2:
             dflash.update({name: getattr(self, name) for name in DFLASH2_FIELDS})
         d: dict[str, Any] = {
-            "architectures": ["DFlash2DraftModel" if self.family == DFLASH2 else "DFlashDraftModel"],
+            "architectures": [ARCHITECTURES[self.family]],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,

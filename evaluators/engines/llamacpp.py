@@ -27,14 +27,16 @@ import json
 import os
 import re
 import signal
-import struct
 import subprocess
 from pathlib import Path
 
+from evaluators.engines import gguf_fields
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
 from evaluators.engines.server import engine_environment
+from evaluators.engines.staging import Staged
 from evaluators.target import content_digest
 from tracker import config, lifecycle
+from tracker.errors import DraftboardError
 from tracker.measurement import engine_metrics as em
 
 NAME = "llamacpp"
@@ -46,7 +48,7 @@ PREFIX_CACHE_OFF = '"cache_prompt": false in every request'
 # The first llama.cpp builds with DFlash (PR #22105, between b9831 and b9837) and DFlash2 (#27342 /
 # #27816, between b10645 and b10662).
 DFLASH_BUILD, DFLASH2_BUILD = 9837, 10662
-MAX_GGUF_FIELDS = 4096  # a drafter GGUF holds a few dozen metadata fields and tensors
+ARCH_FIELD, TARGET_LAYERS = "general.architecture", ".target_layers"  # the fields doctor reads
 
 # llama.cpp's server embedded by xllamacpp, run in the engine's Python: the fields `llama-server`'s
 # flags set (-m, -md, --spec-type draft-dflash, --spec-draft-n-max, --spec-draft-p-min, --metrics) on
@@ -124,32 +126,54 @@ def build_number(text: str | None) -> int | None:
 
 
 def drafter_target_layers(path: str | Path) -> list[int] | None:
-    """The target layers a drafter GGUF taps (`dflash.target_layers`: target_layer_ids + 1), read by
-    llama.cpp's own reader (the `gguf` package); None when the file does not say. The header's counts
-    are checked before the reader allocates anything for them."""
-    import gguf
-
+    """The target layers a drafter GGUF taps (`<arch>.target_layers`: target_layer_ids + 1), read by a
+    bounded reader (gguf_fields); None when the file does not say, an EngineError when it says something
+    else than a list of layer numbers."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(24)
-        if len(head) < 24 or head[:4] != b"GGUF":
-            raise EngineError(f"{path}: not a GGUF file")
-        tensors, fields = struct.unpack("<QQ", head[8:])
-        if tensors > MAX_GGUF_FIELDS or fields > MAX_GGUF_FIELDS:
-            raise EngineError(f"{path}: {tensors} tensors / {fields} metadata fields is not a drafter GGUF")
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, IndexError, struct.error) as exc:
-        raise EngineError(f"{path}: not a readable GGUF file ({str(exc)[:120]})") from None
-    arch = reader.get_field("general.architecture")
-    field = reader.get_field(f"{arch.contents() if arch else 'dflash'}.target_layers")
-    return [int(v) for v in field.contents()] if field is not None else None
+        fields = gguf_fields.read_fields(path, lambda key: key == ARCH_FIELD or key.endswith(TARGET_LAYERS))
+    except DraftboardError as exc:
+        raise EngineError(str(exc)) from None
+    arch = fields.get(ARCH_FIELD)
+    key = f"{arch if isinstance(arch, str) else 'dflash'}{TARGET_LAYERS}"
+    layers = fields.get(key)
+    if layers is None:
+        return None
+    if not isinstance(layers, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in layers):
+        raise EngineError(f"{path}: {key} is {str(layers)[:60]!r}, not a list of layer numbers")
+    return layers
 
 
 # --------------------------------------------------------------------------- conversion
 
 
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+# The converter's code: its script and the two packages it imports (convert_hf_to_gguf.py puts the tree's
+# own gguf-py first on sys.path unless NO_LOCAL_GGUF is set, which the engine environment never passes).
+CONVERTER_TREE = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+GGUF_VERSION = "import importlib.metadata as m\ntry: print(m.version('gguf'))\nexcept m.PackageNotFoundError: print('none')"
+
+
+def converter_digest(script: Path) -> str:
+    """sha256 over every file of the converter's tree (CONVERTER_TREE), by relative path and content: a
+    changed `conversion/` or `gguf-py/` makes new GGUF files, never reuses the old ones."""
+    root, h = script.parent, hashlib.sha256()
+    for part in CONVERTER_TREE:
+        top = root / part
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()
+                                                     and "__pycache__" not in p.parts)
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def engine_gguf_version(python: str) -> str:
+    """The `gguf` package the engine's Python has installed ('none' without one): part of the cache key."""
+    try:
+        done = subprocess.run([python, "-I", "-c", GGUF_VERSION], capture_output=True, text=True, timeout=60,
+                              env=engine_environment(), stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    version = done.stdout.strip()[:40] if done.returncode == 0 else ""
+    return version or "unknown"
 
 
 def converter_script(folder: str | None = None) -> Path:
@@ -165,9 +189,11 @@ def converter_script(folder: str | None = None) -> Path:
     return script
 
 
-def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, target: Path | None) -> None:
+def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, target: Path | None,
+             shown: str) -> None:
     """One conversion into `out`, written whole: the converter writes a file of this process's own,
-    renamed into place once it exits 0; a refusal is one line naming the converter's reason. The
+    renamed into place once it exits 0; a refusal is one line naming the converter's reason and the
+    folder `source` was staged from (`shown`). The
     converter dies with the eval (SIGKILL on the parent's death): a killed eval leaves no converter."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
     argv = [python, str(script), str(source), "--outfile", str(tmp), "--outtype", outtype]
@@ -179,7 +205,7 @@ def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, t
                               **lifecycle.child_popen_kwargs(signal.SIGKILL))
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
-        raise EngineError(f"llama.cpp's converter did not finish {source} within {CONVERT_TIMEOUT_S:g} s") from None
+        raise EngineError(f"llama.cpp's converter did not finish {shown} within {CONVERT_TIMEOUT_S:g} s") from None
     except OSError as exc:
         raise EngineError(f"llama.cpp's converter could not start ({python}): {exc.strerror}") from None
     if done.returncode != 0 or not tmp.is_file():
@@ -187,16 +213,18 @@ def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, t
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
         reason = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines
                       else f"exit code {done.returncode}")
-        raise EngineError(f"llama.cpp's converter refused {source}: {reason[:300]}")
+        raise EngineError(f"llama.cpp's converter refused {shown}: {reason[:300]}")
     os.replace(tmp, out)
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
-    """The target and drafter as GGUF files, converted by llama.cpp's own converter in the engine's
+def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
+    """The staged target and drafter as GGUF files, converted by llama.cpp's own converter in the engine's
     Python and cached by content digest (the eval's cache folder, `gguf/`), so a sweep of checkpoints
     converts the target once. Returns (target GGUF, drafter GGUF, what was recorded)."""
+    target, drafter = Path(folders.target), Path(folders.drafter)
     script = converter_script()
-    version = _file_digest(script)[:12]
+    gguf_version = engine_gguf_version(python)
+    version = hashlib.sha256(f"{converter_digest(script)} gguf {gguf_version}".encode()).hexdigest()[:12]
     outtype = GGUF_TYPES[dtype]
     folder = cache / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
@@ -206,11 +234,12 @@ def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, pro
     for i, (kind, out) in enumerate(paths.items()):
         progress(f"{NAME}: converting to GGUF", i, len(paths))
         if not out.is_file():
-            _convert(python, script, Path(drafter if kind == "drafter" else target).resolve(), out, outtype,
-                     Path(target).resolve() if kind == "drafter" else None)
+            drafting = kind == "drafter"
+            _convert(python, script, drafter if drafting else target, out, outtype, target if drafting else None,
+                     folders.drafter_source if drafting else folders.target_source)
     progress(f"{NAME}: converting to GGUF", len(paths), len(paths))
     return str(paths["target"]), str(paths["drafter"]), {
-        "converter": f"convert_hf_to_gguf.py sha256:{version}", "gguf_type": outtype,
+        "converter": f"convert_hf_to_gguf.py tree sha256:{version} (engine gguf {gguf_version})", "gguf_type": outtype,
         "target_gguf": str(paths["target"]), "drafter_gguf": str(paths["drafter"])}
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from evaluators import metrics
 from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
-from evaluators.engines import gdn, llamacpp, sglang, vllm
+from evaluators.engines import gdn, llamacpp, sglang, staging, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
 from evaluators.engines.server import ManagedServer, check_python, finish_probe, start_probe
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
@@ -108,7 +108,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     cfg = text_config(s.target)
     tokenizer = load_tokenizer(s.target)
     prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
-    drafter = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size)).config
+    checked = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size))
+    drafter = checked.config
     block = drafter.block_size
     n_spec = e.num_speculative_tokens or block - 1
     if not 1 <= n_spec <= block - 1:
@@ -132,30 +133,33 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     progress("load", 1, 1)
 
     server, probes, prepared, served = None, {}, {}, (s.target, s.drafter)
-    if e.managed:
-        # What the server loads (llama.cpp: GGUF files converted here), then the server; the engine's
-        # own Python reports its versions and, for a hybrid, its GDN code while it starts.
-        *served, prepared = engine.prepare(python, str(Path(s.target).resolve()), str(Path(s.drafter).resolve()),
-                                           s.dtype, Path(s.cache_dir) if s.cache_dir else config.cache_dir(), progress)
-        probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
-                  "gdn": start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
-        log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
-        server = ManagedServer(
-            e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
-                                                    max_model_len, device),
-            log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
-    start = time.perf_counter()
-    try:
-        with server or contextlib.nullcontext():
-            info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, request, engine,
-                                                                  tuple(served), hybrid, n_spec, device, progress,
-                                                                  start)
-        report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
-    finally:
-        for proc in probes.values():  # an eval that failed early leaves no probe behind
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with contextlib.ExitStack() as stack:
+        if e.managed:
+            # What the server loads: the folders as draftboard checked them (staging: no code, no other
+            # weight files, the architectures it decided), converted to GGUF for llama.cpp; then the
+            # server; the engine's own Python reports its versions and, for a hybrid, its GDN code.
+            cache = Path(s.cache_dir) if s.cache_dir else config.cache_dir()
+            folders = stack.enter_context(staging.staged(s.target, s.drafter, checked, cache))
+            *served, prepared = engine.prepare(python, folders, s.dtype, cache, progress)
+            probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
+                      "gdn": start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
+            log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
+            server = ManagedServer(
+                e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
+                                                        max_model_len, device),
+                log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
+        start = time.perf_counter()
+        try:
+            with server or contextlib.nullcontext():
+                info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, request, engine,
+                                                                      tuple(served), hybrid, n_spec, device,
+                                                                      progress, start)
+            report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
+        finally:
+            for proc in probes.values():  # an eval that failed early leaves no probe behind
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     linear_attention = gdn.record(e.name, gdn_probe, logged, engine.gdn_functions_from_log(logged),
                                   info.settings).to_dict() if hybrid else None
 

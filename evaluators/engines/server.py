@@ -44,11 +44,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# What an engine, its probe or llama.cpp's converter may inherit of the eval's environment: an allow-list,
+# so a credential under a name nobody foresaw (PGPASSWORD, a webhook URL, the queue's DSN) stays home.
+# The process's own basics, the accelerator's and the math libraries' settings, the hub cache folders
+# (offline: see OFFLINE), and each engine's own documented variables.
+ENGINE_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ", "LANG", "LANGUAGE", "TERM", "HOSTNAME",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "XDG_CACHE_HOME",
+    "TRITON_CACHE_DIR"})
+ENGINE_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "NCCL_", "OPENBLAS_", "MKL_", "KMP_", "GOMP_",
+                       "TORCHINDUCTOR_", "VLLM_", "SGLANG_", "LLAMA_", "GGML_")
+# A folder is served as staged (evaluators.engines.staging): nothing is fetched from a hub.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def engine_environment() -> dict[str, str]:
-    """This process's environment without its secrets (MLflow's password, tokens, a store or queue URL
-    with a password in it): the engine serves local folders on loopback and needs none of them (least
-    privilege; tracker.redact says what a secret looks like)."""
-    return redact.without_secrets(os.environ)
+    """The environment an engine, a probe of it or llama.cpp's converter runs in: the allowed variables
+    of this process's (ENGINE_ENV_NAMES, ENGINE_ENV_PREFIXES) that hold no secret by their value either
+    (tracker.redact), and no hub access. Least privilege: it serves staged folders on loopback."""
+    allowed = {k: v for k, v in os.environ.items() if k in ENGINE_ENV_NAMES or k.startswith(ENGINE_ENV_PREFIXES)}
+    return {**redact.without_secrets(allowed), **OFFLINE}
 
 
 def start_probe(python: str, code: str) -> subprocess.Popen | None:

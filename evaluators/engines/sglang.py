@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
+from evaluators.engines.staging import Staged
 
 NAME = "sglang"
 SETTINGS = ("dtype", "disable_radix_cache", "mamba_ssm_dtype", "attention_backend", "disable_cuda_graph",
@@ -53,9 +54,9 @@ def server_env(device: str) -> dict[str, str]:
     return {}
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
-    """What the managed server loads: SGLang loads the transformers folders as they are."""
-    return target, drafter, {}
+def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
+    """What the managed server loads: SGLang loads the staged transformers folders as they are."""
+    return folders.target, folders.drafter, {}
 
 
 def managed_settings(device: str, dtype: str) -> dict:

@@ -29,6 +29,7 @@ import json
 import re
 
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
+from evaluators.engines.staging import Staged
 from tracker.measurement import engine_metrics as em
 
 NAME = "vllm"
@@ -59,9 +60,9 @@ def server_env(device: str) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1"} if device == "cpu" else {}  # GiB of KV cache
 
 
-def prepare(python: str, target: str, drafter: str, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
-    """What the managed server loads: vLLM loads the transformers folders as they are."""
-    return target, drafter, {}
+def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> tuple[str, str, dict]:
+    """What the managed server loads: vLLM loads the staged transformers folders as they are."""
+    return folders.target, folders.drafter, {}
 
 
 def managed_settings(device: str, dtype: str) -> dict:

@@ -55,11 +55,16 @@ VLLM_LOG_LINE = re.compile(
 SGLANG_LOG_LINE = re.compile(
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]{1,64})?\] Decode batch(?: \[\d{1,18}\])?, "
     r"[^\n]{0,2048}?accept len: (?P<accept_len>[\d.]{1,24}), accept rate: (?P<rate>[\d.]{1,24})")
-# llama.cpp, once per request: "slot print_timing: id  0 | task 2 | draft acceptance = 0.20974 (   56
-# accepted /   267 generated), mean len =  2.44" (mean len = 1 + accepted / verify steps).
+# llama.cpp, once per request (`server-context.cpp` print_timing through `SLT_INF`, "slot %12.*s: id %2d |
+# task %d | "): "slot print_timing: id  0 | task 2 | draft acceptance = 0.20974 (   56 accepted /   267
+# generated), mean len =  2.44" (mean len = 1 + accepted / verify steps). Matched at the start of the line,
+# after the logger's optional prefix (`common/log.cpp`: colour codes, an "M.ss.mmm.uuu " timestamp, the
+# level letter "I "), so a request's text holding such a line counts nothing; every repeat bounded.
 LLAMACPP_LOG_LINE = re.compile(
-    r"print_timing: [^\n]{0,200}?draft acceptance = (?P<ratio>[\d.]+) \(\s*(?P<accepted>\d+) accepted /\s*"
-    r"(?P<generated>\d+) generated\), mean len =\s*(?P<mean>[\d.]+)")
+    rf"{_COLOUR}(?:\d{{1,9}}\.\d\d\.\d{{3}}\.\d{{3}}{_COLOUR} )?{_COLOUR}(?:I {_COLOUR})?"
+    r"slot print_timing: id {1,2}-?\d{1,9} \| task -?\d{1,18} \| "
+    r"draft acceptance = (?P<ratio>[\d.]{1,24}) \( {0,18}(?P<accepted>\d{1,18}) accepted / {0,18}"
+    r"(?P<generated>\d{1,18}) generated\), mean len = {0,18}(?P<mean>[\d.]{1,24}|nan|inf)")
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from mlflow.entities import Metric, Param, Run, RunData, RunInfo, RunTag
 
+from tracker.store import names
 from tracker.store.history import readonly_connection, readonly_engine
 
 _OF_RUNS = "run_uuid IN (SELECT run_uuid FROM runs WHERE lifecycle_stage = 'active' AND experiment_id IN :ids)"
@@ -58,14 +59,16 @@ def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
 # What changes when anything a listing reads changes: a run added, ended, deleted or restored, a tag,
 # param or metric written. Counts and maxima over MLflow's own tables (a few ms at 10,000 runs), so a
 # cache keyed by it re-reads the store only when the store changed. A tag overwritten with a value of
-# the same length is the one write it misses; the dashboard's own writes refresh its caches directly.
+# the same length changes no count or length: draftboard's rewrites (Tracker.set_tag, attaching a
+# fingerprint) also write names.CHANGED_AT, whose largest value is read here.
 _VERSION_SQL = (
     "SELECT (SELECT COUNT(*) FROM runs), (SELECT MAX(start_time) FROM runs), (SELECT MAX(end_time) FROM runs), "
     "(SELECT COUNT(*) FROM runs WHERE lifecycle_stage = 'active'), "
     "(SELECT COUNT(*) FROM tags), (SELECT SUM(LENGTH(key) + LENGTH(value)) FROM tags), "
     "(SELECT COUNT(*) FROM params), "
     "(SELECT COUNT(*) FROM latest_metrics), (SELECT MAX(timestamp) FROM latest_metrics), "
-    "(SELECT SUM(step) FROM latest_metrics)"
+    "(SELECT SUM(step) FROM latest_metrics), "
+    f"(SELECT MAX(value) FROM tags WHERE key = '{names.CHANGED_AT}')"
 )
 
 

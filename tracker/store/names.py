@@ -8,6 +8,7 @@ here, so a family such as `ddtree_tau_b{B}` is spelled exactly once. Standard li
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,15 @@ TOOL_VERSION = "draftboard.tool_version"  # the release of that stack (speculato
 DEMO = "draftboard.demo"
 WATCH = "draftboard.watch"  # the checkpoint folder a watcher scans for this run (tracker/jobs/watch.py)
 WATCH_REFUSED = "draftboard.watch_refused"  # why the worker refused this run's watch (it is never scanned)
+# When a run's tags were last rewritten in place (ns since the epoch, 20 digits, so the largest sorts last
+# as text): a rewrite of fixed-length tags (env.*) changes no count or length the store's change check
+# reads (tracker.store.listing.store_version), so every rewrite writes this too.
+CHANGED_AT = "draftboard.changed_at"
+
+
+def changed_at() -> str:
+    """A CHANGED_AT value: now."""
+    return f"{time.time_ns():020d}"
 
 ENV_HASH = "env.hash"
 ENV_LINEAR_ATTN = "env.linear_attn"

@@ -331,7 +331,7 @@ class Tracker:
         self.run(run_id)
         fp = fingerprints.capture() if fingerprint is None else fingerprint
         fingerprints.check(fp, f"the fingerprint for run {run_id}")
-        tags = [RunTag(k, v) for k, v in fingerprints.env_tags(fp).items()]
+        tags = [*(RunTag(k, v) for k, v in fingerprints.env_tags(fp).items()), RunTag(names.CHANGED_AT, names.changed_at())]
         self._write(lambda: self.client.log_dict(run_id, fp, names.FINGERPRINT_ARTIFACT),
                     f"writing {names.FINGERPRINT_ARTIFACT} to run {run_id}")
         self._write(lambda: self.client.log_batch(run_id, tags=tags, synchronous=True),
@@ -348,7 +348,8 @@ class Tracker:
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         """One tag on an existing run, under the retry policy."""
-        self._write(lambda: self.client.set_tag(run_id, key, value), f"tagging run {run_id} with {key}")
+        tags = [RunTag(key, value), RunTag(names.CHANGED_AT, names.changed_at())]  # a rewrite the change check sees
+        self._write(lambda: self.client.log_batch(run_id, tags=tags, synchronous=True), f"tagging run {run_id} with {key}")
 
     def write_json(self, run_id: str, artifact: str, obj: Any) -> None:
         """Store obj as the run's JSON artifact `artifact` (replacing it), under the retry policy."""

@@ -128,7 +128,7 @@ def parse_llamacpp_log(path: str | Path) -> list[ImportedEval]:
     accepted = generated = steps = n = 0
     exact = True
     for lineno, line in _lines(path):
-        m = em.LLAMACPP_LOG_LINE.search(line[:MAX_LINE])
+        m = em.LLAMACPP_LOG_LINE.match(line[:MAX_LINE])
         if not m:
             continue
         where = f"{path}:{lineno}"
