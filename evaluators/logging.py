@@ -35,6 +35,9 @@ def metric_values(results: dict) -> dict[str, float]:
     for budget, d in results["ddtree"].items():
         out[names.ddtree_tau_metric(int(budget))] = float(d["tau"])
         out[names.dds_metric(int(budget))] = float(d["dds"])
+    for level in results.get("load") or ():
+        out.update({names.load_metric(level["concurrency"], field): float(level[field])
+                    for field in names.LOAD_FIELDS if level.get(field) is not None})
     return out
 
 

@@ -4,8 +4,8 @@ import json
 
 import streamlit as st
 
-from tracker.dashboard import (charts, curve_chart, doctor_view, lineage, metric_docs, recipe, reconcile_view, ui,
-                               watch_form)
+from tracker.dashboard import (charts, curve_chart, doctor_view, lineage, load_view, metric_docs, recipe,
+                               reconcile_view, ui, watch_form)
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.tables import (
@@ -81,6 +81,21 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
             ui.refresh()
             st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
+
+
+def load_section(run) -> None:
+    results = ui.eval_results_loader(cfg.store_uri)(run)
+    frame = load_view.levels_frame(results)
+    if frame is None:
+        return
+    st.markdown("**Under load**", help="`draftboard eval --engine vllm --concurrency ...`: the same prompts with "
+                "several requests in flight, with the drafter and with the target alone (docs/DESIGN.md, Load sweeps)")
+    st.dataframe(frame, hide_index=True, key="detail_load", column_config={
+        name: (st.column_config.NumberColumn(name, help=what, format="%.3f" if name != "requests in flight" else "%d")
+               if name in ("requests in flight", "mean acceptance length", "tok/s, drafter", "tok/s, target alone",
+                           "speedup") else st.column_config.Column(name, help=what))
+        for name, what in load_view.COLUMNS.items()})
+    ui.bullet_list(load_view.flag_lines(results), "Flagged under load", alert=st.warning)
 
 
 def reconcile_section(run) -> None:
@@ -228,6 +243,7 @@ with tabs[1]:
         if positions.empty and trees.empty:
             st.info("This run has no per-position or DDTree results.")
         if reconcile_view.is_engine_eval(run):
+            load_section(run)
             reconcile_section(run)
 
 with tabs[2]:

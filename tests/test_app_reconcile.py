@@ -126,3 +126,28 @@ def test_compare_draws_every_engine_of_one_checkpoint_side_by_side(tmp_path, mon
 
     at = run_page("pages/compare.py", runs=ids["offline"], compare_view="Engines")  # no engine eval chosen
     assert "No engine evals among these runs" in page_text(at)
+
+
+def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, monkeypatch):
+    """Issue 49: a served eval's `load` section, one row per level with the numbers' definitions as column
+    help, and every flag a sentence (the prompt id is user text, escaped)."""
+    from evaluators.engines import load
+    from test_load import vllm_reply
+
+    engine, offline = evals()
+    hostile = "<img src=x onerror=alert(1)>"
+    at_1 = [vllm_reply(list(range(10)), [3, 1])]
+    requests = [load.Request(hostile, [1], at_1[0])]
+    healthy = load.Arm([load.Served(hostile, at_1[0].completion_ids, at_1[0], 0.5)], 1.0, 0.4)
+    collapsed = vllm_reply(list(range(10)), [0, 0, 0, 0, 0])
+    slow = load.Arm([load.Served(hostile, collapsed.completion_ids, collapsed, 0.9)], 2.0, 0.4)
+    alone = load.Arm([load.Served(hostile, list(range(10)), None, 1.0)], 4.0, 0.5)
+    engine["load"] = [load.level_record(1, healthy, alone, load.flags(requests, 1, healthy, alone, True, {}), True),
+                      load.level_record(8, slow, alone, load.flags(requests, 8, slow, alone, True, {}), True)]
+    at, text, _, _ = served_detail(tmp_path, monkeypatch, engine, offline)
+    [table] = [df.value for df in at.dataframe if "requests in flight" in df.value.columns]
+    assert list(table["requests in flight"]) == [1, 8] and list(table["speedup"]) == [4.0, 2.0]
+    assert list(table["flags"]) == [0, 2] and "Under load" in text and "Flagged under load" in text
+    assert f"concurrency 8: prompt {hostile}: acceptance collapse over 5 steps" in text  # as a reader sees it
+    [flagged] = [w.value for w in at.warning if "Flagged under load" in w.value]
+    assert "\\<img" in flagged and "<img" not in flagged.replace("\\<img", "")  # its source: escaped, inert

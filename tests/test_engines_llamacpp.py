@@ -7,6 +7,7 @@ draft length capped at 3, and engines that cannot be used.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -140,6 +141,36 @@ def test_a_drafter_folder_that_names_other_code_never_reaches_the_converter(serv
     assert line.startswith("error: drafter ") and "declares DreamModel" in line and "refused" in line
     assert not marker.exists() and processes_with(str(root)) == []
     assert sorted(home.rglob("drafter-*.gguf")) == before and not list(home.rglob(".*.part"))  # nothing converted
+
+
+def test_an_eval_stopped_while_it_converts_leaves_no_converter(serving_pair, llamacpp_python, tmp_path):
+    """Issue 48 (also): a cancel reaches an eval while llama.cpp's converter runs (a fresh cache, so the
+    target converts first). The eval is sent SIGTERM alone, as a worker's cancel does first: it exits through
+    its cleanup (the converter killed, its partial file and the staged folders removed), no server starts."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_engine_clients import wait_gone
+    from waiting import wait_until
+
+    home = tmp_path / "home"
+    env = {**os.environ, "DRAFTBOARD_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 's.db'}"}
+    eval_ = subprocess.Popen([sys.executable, "-m", "tracker.cli", *_args(serving_pair, "--engine", "llamacpp",
+                                                                         "--engine-python", llamacpp_python, "--no-log")],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: processes_with(str(home), b"convert_hf_to_gguf.py"), timeout=120, what="the converter")
+        eval_.send_signal(signal.SIGTERM)
+        assert eval_.wait(timeout=30) != 0
+        assert wait_gone(str(home), 10) == []  # converter (its argv names the cache) and any server: gone
+        # the cancel ran the eval's cleanup: no GGUF, finished or partial, and no staged folder
+        assert not list(home.rglob("*.gguf*")) and not list(home.rglob("staged/*"))
+    finally:
+        if eval_.poll() is None:
+            eval_.kill()
+        for pid in processes_with(str(home)):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tmp_path):

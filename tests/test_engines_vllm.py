@@ -104,6 +104,36 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_s
           f"{[round(d['margin'], 3) for d in parted]}")
 
 
+def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_served_pair):
+    """Issue 49: the eval's prompts with 1 and 4 requests in flight on one 4-slot server, then the target
+    alone. Each request's own counts at 4 in flight equal its counts one at a time (vLLM's per-request
+    metrics; measured identical on these CPUs), the counters moved by their sum at each level, greedy
+    completions equal concurrency 1's and the target alone's, and the speedup is what the two arms measured."""
+    results = json.loads(vllm_served_pair.read_text())
+    assert results["engine"]["max_num_seqs"] == 4 and _engine_processes(pair) == []
+    alone = {p["id"]: p for p in results["prompts"]}  # the eval's own pass: one request at a time
+    assert [level["concurrency"] for level in results["load"]] == [1, 4]
+    for level in results["load"]:
+        assert level["counters_checked"] is True and level["flags"] == [], level["flags"]
+        for p in level["prompts"]:
+            assert (p["engine_drafts"], p["engine_accepted"], p["completion_ids"]) == \
+                (alone[p["id"]]["engine_drafts"], alone[p["id"]]["engine_accepted"], alone[p["id"]]["completion_ids"])
+            assert p["latency_s"] > 0
+        pooled = 1 + sum(p["engine_accepted"] for p in level["prompts"]) / sum(p["engine_drafts"] for p in level["prompts"])
+        assert level["engine_mean_acceptance_length"] == pytest.approx(pooled)
+        assert level["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
+        tokens = sum(len(p["completion_ids"]) for p in level["prompts"])
+        assert level["tokens_per_s"] == pytest.approx(tokens / level["wall_s"])
+        assert level["speedup"] == pytest.approx(level["tokens_per_s"] / level["tokens_per_s_target_alone"])
+        print(f"concurrency {level['concurrency']}: {level['tokens_per_s']:.1f} tok/s with the drafter, "
+              f"{level['tokens_per_s_target_alone']:.1f} alone: {level['speedup']:.2f}x (load average "
+              f"{level['load_average_1m']:.1f} / {level['load_average_1m_target_alone']:.1f})")
+    logged = MlflowClient(f"sqlite:///{vllm_served_pair.parent / 'store.db'}").search_runs(
+        [e.experiment_id for e in MlflowClient(f"sqlite:///{vllm_served_pair.parent / 'store.db'}").search_experiments()])
+    metrics = next(r.data.metrics for r in logged if "load_c4_speedup" in r.data.metrics)
+    assert metrics["load_c4_speedup"] == pytest.approx(results["load"][1]["speedup"])
+
+
 @pytest.fixture(scope="module")
 def served(pair, vllm_python, tmp_path_factory):
     """A vLLM server a team already runs (started here with the same argv a managed eval uses)."""
@@ -122,9 +152,9 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
     prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()]
     sampling = EngineRequest(max_tokens=MAX_NEW, stop_token_ids=(bytetok.EOS,))
     for p in prompts[:4]:
-        before = client._counters()
+        before = client.counters()
         reply = client.generate(p["input_ids"], sampling)
-        after = client._counters()
+        after = client.counters()
         assert reply.source == "vllm metrics.speculative_decoding"
         assert reply.drafts == after.drafts - before.drafts
         assert reply.accepted == after.accepted - before.accepted
@@ -184,12 +214,12 @@ def test_a_spec_acceptance_folder_of_this_servers_answers_imports_with_its_count
 
     client = vllm.VLLMClient(served.url)
     prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines()][:4]
-    before, results = client._counters(), []
+    before, results = client.counters(), []
     for p in prompts:
         body = {"model": client.info().model, "prompt": p["input_ids"], "max_tokens": MAX_NEW, "temperature": 0}
         reply = client.post_json("/v1/completions", body)
         results.append((reply["usage"]["prompt_tokens"], reply["metrics"]["speculative_decoding"]))
-    after = client._counters()
+    after = client.counters()
     evalformats.spec_acceptance(tmp_path / "served", results)
     (record,) = spec_acceptance.parse_folder(tmp_path / "served")
     drafts, accepted = after.drafts - before.drafts, after.accepted - before.accepted

@@ -27,12 +27,13 @@ def test_cli_parses_back_exactly_what_a_job_says():
     params = eval_params(drafter=nasty, budgets=[16, 4, 8], max_new_tokens=64, linear_attn="fallback",
                          checkpoint_step=1200, train_run_id="abc", reference="z-lab", device="cuda", dtype="bf16",
                          drafter_precision="bf16-autocast", no_log=True, enable_thinking=False,
-                         completions="/data/c.jsonl", name="n", engine="vllm", num_speculative_tokens=5)
+                         completions="/data/c.jsonl", name="n", engine="vllm", num_speculative_tokens=5,
+                         concurrency=[8, 1, 4])
     args = eval_job.cli_args(params)
     assert args[0] == "eval" and nasty in args  # one argument, never split or quoted
     parsed = _eval_parse(args[1:])
     assert {name: getattr(parsed, name) for name in params} == {
-        **params, "budgets": (4, 8, 16)}  # sorted, as the CLI's tuple
+        **params, "budgets": (4, 8, 16), "concurrency": (1, 4, 8)}  # sorted, as the CLI's tuples
     # The CLI's defaults are the spec's, and the fixed flags of docs/DESIGN.md are all there.
     defaults = _eval_parse(["--target", "t", "--drafter", "d", "--prompts", "p"])
     assert (defaults.max_new_tokens, defaults.budgets, defaults.dtype, defaults.linear_attn, defaults.device) == \
@@ -44,7 +45,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
         "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--temperature", "--top-p", "--top-k", "--samples",
         "--seeds", "--seed", "--engine", "--engine-python", "--engine-url", "--engine-port",
-        "--num-speculative-tokens"]
+        "--num-speculative-tokens", "--concurrency"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 

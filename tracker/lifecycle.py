@@ -113,6 +113,25 @@ def _stop_when_orphaned(parent: int, poll_s: float = LIVENESS_POLL_S, grace_s: f
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def raise_exit(signum, _frame) -> None:
+    """A signal handler: the signal becomes SystemExit, so `finally` blocks and context managers run."""
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """While inside: SIGTERM (a worker's cancel) raises SystemExit in the main thread, so what the code
+    started or wrote is stopped and removed on the way out; the previous handler after."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live there
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def child_popen_kwargs(pdeathsig: int = signal.SIGTERM) -> dict:
     """Popen keyword arguments for a child that dies with this process and stops only when told.
 

@@ -139,6 +139,16 @@ class EngineClient(ABC):
     def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
         """One completion of token ids, with the engine's counts for exactly this request."""
 
+    def counters(self) -> em.SpecTotals | None:
+        """The server's spec-decode counters now (summed over its engines); None where it exposes none."""
+        return None
+
+    @property
+    def counts_per_request(self) -> bool:
+        """Whether each reply carries that request's own counts, whatever else is in flight (a load sweep
+        needs them); an engine whose counts come from counter deltas has them only at concurrency 1."""
+        return False
+
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         return json.loads(self._call(path, None, timeout) or b"null")
 

@@ -64,7 +64,7 @@ p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_D
 p.speculative.draft.n_max = a["n_max"]
 p.speculative.draft.p_min = a["p_min"]
 p.n_ctx = a["n_ctx"]
-p.n_parallel = 1
+p.n_parallel = a["slots"]
 p.endpoint_metrics = True
 p.endpoint_props = True
 p.hostnames = ["127.0.0.1"]
@@ -81,11 +81,11 @@ LAST_BLOCK = "cut"
 
 
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int, device: str) -> list[str]:
+                max_model_len: int, device: str, slots: int = 1) -> list[str]:
     """xllamacpp's embedded server for a managed eval: the GGUF pair `prepare` wrote, n_max = the
-    eval's draft length (block_size - 1 unless given, not llama.cpp's default 3), p_min 0, one slot."""
+    eval's draft length (block_size - 1 unless given, not llama.cpp's default 3), p_min 0, `slots` slots."""
     args = {"target": target, "drafter": drafter, "n_max": num_speculative_tokens, "p_min": 0.0,
-            "n_ctx": max_model_len, "port": port, "threads": THREADS}
+            "n_ctx": max_model_len, "port": port, "threads": THREADS, "slots": slots}
     return [python, "-c", SERVE, json.dumps(args)]
 
 
@@ -93,10 +93,10 @@ def server_env(device: str) -> dict[str, str]:
     return {}
 
 
-def managed_settings(device: str, dtype: str) -> dict:
+def managed_settings(device: str, dtype: str, slots: int = 1) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
     return {"dtype": dtype, "spec_draft_p_min": 0.0, "cache_type_k_draft": "f16 (llama.cpp's default)",
-            "threads": THREADS, "cache_prompt": False, "n_parallel": 1}
+            "threads": THREADS, "cache_prompt": False, "n_parallel": slots}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:
@@ -208,6 +208,9 @@ def _convert(python: str, script: Path, source: Path, out: Path, outtype: str, t
         raise EngineError(f"llama.cpp's converter did not finish {shown} within {CONVERT_TIMEOUT_S:g} s") from None
     except OSError as exc:
         raise EngineError(f"llama.cpp's converter could not start ({python}): {exc.strerror}") from None
+    except BaseException:  # a cancel (SystemExit) or an interrupt: subprocess.run killed the converter
+        tmp.unlink(missing_ok=True)
+        raise
     if done.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
@@ -264,13 +267,13 @@ class LlamaCppClient(EngineClient):
                           settings={"n_ctx": generation.get("n_ctx") if isinstance(generation, dict) else None})
 
     def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
-        before = self._counters()
+        before = self.counters()
         greedy = request.temperature == 0
         body = {"prompt": input_ids, "n_predict": request.max_tokens, "temperature": request.temperature,
                 "top_k": 1 if greedy else max(request.top_k, 0), "top_p": request.top_p, "min_p": 0.0,
                 "repeat_penalty": 1.0, "seed": 0, "return_tokens": True, "cache_prompt": False}
         reply = self.post_json("/completion", body)
-        after = self._counters()
+        after = self.counters()
         try:
             ids = [int(t) for t in reply["tokens"]]
             types = str(reply["generation_settings"].get("speculative.types"))
@@ -289,5 +292,5 @@ class LlamaCppClient(EngineClient):
                               "not averaged (another client on this server?)")
         return counted
 
-    def _counters(self) -> em.SpecTotals:
+    def counters(self) -> em.SpecTotals:
         return em.spec_totals(em.prometheus_samples(self.get_text("/metrics")), em.LLAMACPP_COUNTERS)

@@ -21,13 +21,13 @@ from urllib.parse import urlsplit
 from evaluators import metrics
 from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
-from evaluators.engines import gdn, llamacpp, sglang, staging, vllm
+from evaluators.engines import gdn, llamacpp, load, sglang, staging, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
 from evaluators.engines.server import ManagedServer, check_python, finish_probe, start_probe
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
-from tracker import config
+from tracker import config, lifecycle
 from tracker.environment import fingerprint
 from tracker.measurement import engine_metrics as em
 from tracker.measurement.uncertainty import results_uncertainty
@@ -45,12 +45,24 @@ class EngineSettings:
     url: str | None = None  # attached: a running server
     port: int | None = None  # managed: listen here instead of a free port
     num_speculative_tokens: int | None = None  # default: block_size - 1
+    concurrency: tuple[int, ...] = ()  # a load sweep's levels (evaluators.engines.load); () for none
 
     def __post_init__(self):
         if self.name not in config.ENGINES:
             raise EngineError(f"--engine must be one of {', '.join(config.ENGINES)}, got {self.name!r}")
         if self.url and self.python:
             raise EngineError("--engine-url attaches to a running server; --engine-python starts one: give one")
+        if not all(isinstance(c, int) and 1 <= c <= config.MAX_CONCURRENCY for c in self.concurrency):
+            raise EngineError(f"--concurrency: each level must be an integer from 1 to {config.MAX_CONCURRENCY}, "
+                              f"got {list(self.concurrency)}")
+        if self.concurrency and self.name != vllm.NAME:
+            raise EngineError(f"--concurrency: a load sweep runs on vLLM so far (per-request counts at any "
+                              f"concurrency); {self.name} is measured one request at a time")
+
+    @property
+    def slots(self) -> int:
+        """Requests a managed server takes at once: the sweep's largest level, else 1."""
+        return max(self.concurrency, default=1)
 
     @property
     def managed(self) -> bool:
@@ -139,6 +151,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             # weight files, the architectures it decided), converted to GGUF for llama.cpp; then the
             # server; the engine's own Python reports its versions and, for a hybrid, its GDN code.
             cache = Path(s.cache_dir) if s.cache_dir else config.cache_dir()
+            stack.enter_context(lifecycle.sigterm_exits())  # a cancel while converting still cleans up
             folders = stack.enter_context(staging.staged(s.target, s.drafter, checked, cache))
             *served, prepared = engine.prepare(python, folders, s.dtype, cache, progress)
             probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
@@ -146,14 +159,15 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
             server = ManagedServer(
                 e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
-                                                        max_model_len, device),
+                                                        max_model_len, device, e.slots),
                 log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
         start = time.perf_counter()
         try:
             with server or contextlib.nullcontext():
-                info, replies, logged, started_s, requests_s = _serve(server, url, e, s, prompts, request, engine,
-                                                                      tuple(served), hybrid, n_spec, device,
-                                                                      progress, start)
+                info, replies, logged, started_s, requests_s, drafted = _serve(
+                    server, url, e, s, prompts, request, engine, tuple(served), hybrid, n_spec, device, progress, start)
+            alone = _target_alone(e, s, python, engine, served[0], n_spec, max_model_len, device, log_dir, prompts,
+                                  replies, request, progress) if drafted and server else {}
             report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
         finally:
             for proc in probes.values():  # an eval that failed early leaves no probe behind
@@ -165,6 +179,9 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
 
     results = _results(prompts, replies, block, stops, s)
     results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
+    if drafted:
+        results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings)
+        results["definitions"].update(load.DEFINITIONS)
     # The engine's own end-of-generation rule (vLLM and SGLang count their last step whole, as `full`
     # does; llama.cpp drafts no further than `cut`): an offline eval under the other rule differs
     # there, and the protocol says so rather than claiming the eval's own rule.
@@ -201,7 +218,7 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         logged = engine.settings_from_log(log)
         info.draft_model = info.draft_model or served[1]
         info.method = info.method or "dflash"
-        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype]), **info.settings}
+        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype], e.slots), **info.settings}
     _check_serves(info, *served, n_spec)
     if hybrid and em.prefix_cache(info.settings):
         raise EngineError(f"{e.name} at {info.url} caches prefixes on a hybrid target: a cached prefix resumes "
@@ -220,7 +237,35 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
                                   f"{server.log_tail()}") from None
             raise
         progress(f"{e.name}: requests", i, len(prompts))
-    return info, replies, logged, started_s, time.perf_counter() - t_requests
+    requests_s = time.perf_counter() - t_requests
+    drafted: dict[int, load.Arm] = {}
+    if e.concurrency:
+        client.cross_check = False  # at concurrency > 1 the counters move for several requests: checked per level
+        sweep = load.requests_of(prompts, replies)
+        for level in e.concurrency:
+            drafted[level] = load.drafter_arm(client, sweep, request, level, checked=server is not None,
+                                              progress=lambda i, c=level: progress(f"{e.name}: concurrency {c}", i,
+                                                                                   len(sweep)))
+    return info, replies, logged, started_s, requests_s, drafted
+
+
+def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, target: str, n_spec: int,
+                  max_model_len: int, device: str, log_dir: Path | None, prompts, replies, request: EngineRequest,
+                  progress: Progress) -> dict[int, load.Arm]:
+    """The load sweep's other arm: the same server settings without the drafter, started after the drafter's
+    server stopped, the same prompts at the same levels."""
+    log = (log_dir or config.logs_dir()) / f"engine-{e.name}-alone-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
+    server = ManagedServer(
+        e.name, lambda port: engine.server_argv(python, target, None, port, n_spec, config.DTYPES[s.dtype],
+                                                max_model_len, device, e.slots),
+        log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
+    sweep = load.requests_of(prompts, replies)
+    with server:
+        client = CLIENTS[e.name](server.url)
+        return {level: load.target_arm(client.complete, sweep, request, level,
+                                       lambda i, c=level: progress(f"{e.name}: target alone, concurrency {c}", i,
+                                                                   len(sweep)))
+                for level in e.concurrency}
 
 
 def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], s: EvalSettings) -> dict:
@@ -259,3 +304,12 @@ def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], 
     }
     results.update(results_uncertainty(rows))
     return results
+
+
+def _load(e: EngineSettings, s: EvalSettings, prompts, replies, drafted: dict, alone: dict, cache: dict) -> list[dict]:
+    """The results' `load` list: one record per level, flags against concurrency 1 and the target alone."""
+    sweep = load.requests_of(prompts, replies)
+    return [load.level_record(level, drafted[level], alone.get(level),
+                              load.flags(sweep, level, drafted[level], alone.get(level), s.temperature == 0, cache),
+                              checked=e.managed)
+            for level in e.concurrency]

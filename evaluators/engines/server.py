@@ -136,7 +136,7 @@ class ManagedServer:
         argv = list(self.argv_for(self.port))
         self.log.parent.mkdir(parents=True, exist_ok=True)
         if threading.current_thread() is threading.main_thread():  # signal handlers live there
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, lifecycle.raise_exit)
         try:
             self.proc, self.pgid = _launch(argv, self.log, {**engine_environment(), **self.env})
             self._wait_healthy()
@@ -201,10 +201,6 @@ class ManagedServer:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
-
-
-def _raise_exit(signum, _frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -39,17 +39,19 @@ NAME = "vllm"
 LAST_BLOCK = "full"
 
 
-def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int, device: str) -> list[str]:
+def server_argv(python: str, target: str, drafter: str | None, port: int, num_speculative_tokens: int, dtype: str,
+                max_model_len: int, device: str, slots: int = 1) -> list[str]:
     """`vllm serve` for a managed eval: exact numbers first (the eval's dtype, eager on CPU, no
     prefix caching, so one prompt's acceptance never depends on the one before), per-request
-    statistics on. vLLM 0.32 picks DFlash2's model class from the drafter's architectures, so the
-    method is `dflash` for both families."""
-    spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    statistics on, `slots` sequences at a time (a load sweep's largest level). vLLM 0.32 picks DFlash2's
+    model class from the drafter's architectures, so the method is `dflash` for both families. Without
+    a drafter: the same server serving the target alone (a load sweep's other arm)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
-            "--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed",
-            "--no-enable-prefix-caching", "--max-num-seqs", "1", "--disable-uvicorn-access-log"]
+            "--no-enable-prefix-caching", "--max-num-seqs", str(slots), "--disable-uvicorn-access-log"]
+    if drafter is not None:
+        spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+        argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
     if device == "cpu":
         # The CPU backend reserves --gpu-memory-utilization of the node's memory (0.92 by default).
         argv += ["--enforce-eager", "--gpu-memory-utilization", "0.2"]
@@ -65,9 +67,9 @@ def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> 
     return folders.target, folders.drafter, {}
 
 
-def managed_settings(device: str, dtype: str) -> dict:
+def managed_settings(device: str, dtype: str, slots: int = 1) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
-    return {"dtype": dtype, "enable_prefix_caching": False, "cuda_graphs": device != "cpu", "max_num_seqs": 1}
+    return {"dtype": dtype, "enable_prefix_caching": False, "cuda_graphs": device != "cpu", "max_num_seqs": slots}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:
@@ -195,10 +197,7 @@ class VLLMClient(EngineClient):
                           draft_model=None, method=None, num_speculative_tokens=n_spec,
                           settings={"max_model_len": served.get("max_model_len"), **cache})
 
-    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
-        """With `cross_check` (managed: no other client), the request's own statistics must equal the
-        deltas of vLLM's Prometheus counters around it, or the reply is refused."""
-        before = None if self._per_request and not self.cross_check else self._counters()
+    def _complete(self, input_ids: list[int], request: EngineRequest) -> tuple[list[int], dict]:
         body = {"model": self._model, "prompt": input_ids, "max_tokens": request.max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
                 "stop_token_ids": list(request.stop_token_ids), "return_token_ids": True,
@@ -206,20 +205,37 @@ class VLLMClient(EngineClient):
         reply = self.post_json("/v1/completions", body)
         try:
             choice = reply["choices"][0]
-            ids = [int(t) for t in choice["token_ids"]]
+            return [int(t) for t in choice["token_ids"]], reply
         except (KeyError, IndexError, TypeError, ValueError):
             raise EngineError(f"vllm at {self.url}: a completion without token_ids (vLLM older than 0.10?)") from None
+
+    def complete(self, input_ids: list[int], request: EngineRequest) -> list[int]:
+        if self._model is None:
+            models = (self.get_json("/v1/models") or {}).get("data") or []
+            self._model = models[0].get("id") if models and isinstance(models[0], dict) else None
+        return self._complete(input_ids, request)[0]
+
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
+        """With `cross_check` (managed: no other client), the request's own statistics must equal the
+        deltas of vLLM's Prometheus counters around it, or the reply is refused."""
+        before = None if self._per_request and not self.cross_check else self.counters()
+        ids, reply = self._complete(input_ids, request)
         stats = ((reply.get("metrics") or {}).get("speculative_decoding")) if isinstance(reply, dict) else None
         if stats:
             self._per_request = True
             reply = _from_request_stats(ids, stats)
             if not self.cross_check:
                 return reply
-            return _checked(reply, reply_from_deltas(ids, before, self._counters(), "vllm /metrics deltas"))
+            return _checked(reply, reply_from_deltas(ids, before, self.counters(), "vllm /metrics deltas"))
         self._per_request = False
-        return reply_from_deltas(ids, before, self._counters(), "vllm /metrics deltas")
+        return reply_from_deltas(ids, before, self.counters(), "vllm /metrics deltas")
 
-    def _counters(self) -> em.SpecTotals:
+    @property
+    def counts_per_request(self) -> bool:
+        """Whether each reply carries its own counts (--per-request-spec-decode-metrics detailed)."""
+        return bool(self._per_request)
+
+    def counters(self) -> em.SpecTotals:
         return em.vllm_totals(em.prometheus_samples(self.get_text("/metrics")))
 
 

@@ -35,12 +35,13 @@ def cmd_eval(args) -> int:
         from evaluators.engines.run import EngineSettings, evaluate_engine
 
         engine = EngineSettings(args.engine, python=args.engine_python, url=args.engine_url, port=args.engine_port,
-                                num_speculative_tokens=args.num_speculative_tokens)
+                                num_speculative_tokens=args.num_speculative_tokens,
+                                concurrency=tuple(args.concurrency or ()))
         results = _run_staged(lambda s, progress: evaluate_engine(s, engine, progress), settings, args.out)
     elif any(getattr(args, k) is not None for k in ("engine_python", "engine_url", "engine_port",
-                                                     "num_speculative_tokens")):
-        raise DraftboardError("--engine-python, --engine-url, --engine-port and --num-speculative-tokens need "
-                              "--engine vllm|sglang|llamacpp")
+                                                     "num_speculative_tokens", "concurrency")):
+        raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens and "
+                              "--concurrency need --engine vllm|sglang|llamacpp")
     else:
         results = _run_staged(evaluate, settings, args.out)
     run_id = None
@@ -71,6 +72,11 @@ def cmd_eval(args) -> int:
               f"{results['engine_mean_acceptance_length']:.3f} (1 + accepted / drafts)  timing: engine start "
               f"{timing['engine_start_s']:.1f}s, requests {timing['requests_s']:.1f}s"
               + (f"  run: {run_id}" if run_id else ""))
+        for level in results.get("load") or ():
+            print(f"  concurrency {level['concurrency']}: mean acceptance length "
+                  f"{level['engine_mean_acceptance_length']:.3f}, {level['tokens_per_s']:.1f} tok/s with the drafter, "
+                  f"{level['tokens_per_s_target_alone']:.1f} target alone: speedup {level['speedup']:.2f}x"
+                  + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
     else:
         print(f"linear attention: {results['fingerprint']['numerics']['linear_attention_path']}  "
               f"timing: target {timing['target_s']:.1f}s, drafter {timing['drafter_s']:.1f}s"

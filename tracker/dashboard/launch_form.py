@@ -93,7 +93,7 @@ def check_path(path: str, roots: Sequence[Path], what: str) -> str:
 def parse_budgets(text: str) -> list[int]:
     """`4,8,16` -> [4, 8, 16] (each at most config.MAX_BUDGET); DraftboardError on anything else."""
     try:
-        return eval_job.parse_budgets(text)
+        return eval_job.parse_ints("budgets", text)
     except ValueError as exc:
         raise DraftboardError(f"budgets: {exc}") from None
 

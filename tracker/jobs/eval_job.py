@@ -30,10 +30,10 @@ from tracker.errors import DraftboardError
 
 KIND = "eval"
 
-# What an EvalField holds: free text, a non-negative integer, a finite non-negative number, DDTree
-# budgets ("4,8,16" on the command line, a list in params), a store_true flag, or an on/off switch
-# (--x / --no-x).
-TEXT, INT, FLOAT, BUDGETS, FLAG, SWITCH = "text", "int", "float", "budgets", "flag", "switch"
+# What an EvalField holds: free text, a non-negative integer, a finite non-negative number, integers
+# from 1 to the field's `upper` (DDTree budgets, load levels: "4,8,16" on the command line, a sorted
+# list in params), a store_true flag, or an on/off switch (--x / --no-x).
+TEXT, INT, FLOAT, INTS, FLAG, SWITCH = "text", "int", "float", "ints", "flag", "switch"
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class EvalField:
     required: bool = False
     path: bool = False  # names a file or folder the eval reads: checked against the allowed roots
     job: bool = True  # a queued job may set it (False: the eval would write where the job says)
-    metavar: str | None = None
+    metavar: str | None = None  # INTS: an example list
+    upper: int = 0  # INTS: the largest item
+    unit: str = ""  # INTS: what one item is, in messages
 
     @property
     def flag(self) -> str:
@@ -61,8 +63,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               "folder of them (one file per dataset), or hf:NAME[:CONFIG]:SPLIT", required=True, path=True),
     EvalField("completions", TEXT, "reuse fixed continuations: JSON lines or a previous results JSON", path=True),
     EvalField("max_new_tokens", INT, default=256),
-    EvalField("budgets", BUDGETS, f"DDTree node budgets, e.g. 4,8,16,32 (each at most {config.MAX_BUDGET})",
-              default=config.DEFAULT_BUDGETS),
+    EvalField("budgets", INTS, f"DDTree node budgets (each at most {config.MAX_BUDGET})",
+              default=config.DEFAULT_BUDGETS, metavar="4,8,16,32", upper=config.MAX_BUDGET, unit="budget"),
     EvalField("device", TEXT, "default: cuda if available", choices=config.DEVICES),
     EvalField("dtype", TEXT, "the target's dtype (its features), and the drafter's unless --drafter-precision",
               default="fp32", choices=config.EVAL_DTYPES),
@@ -115,6 +117,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               metavar="URL"),
     EvalField("engine_port", INT, "managed mode: listen on this loopback port (default: a free one)", job=False),
     EvalField("num_speculative_tokens", INT, "draft tokens per engine step (default: block size - 1)", metavar="N"),
+    EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
+              "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
+              upper=config.MAX_CONCURRENCY, unit="concurrency level"),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)
@@ -140,11 +145,11 @@ def _checked(field: EvalField, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise ValueError(f"must be a finite number >= 0, got {value!r}")
         return float(value)
-    if field.kind == BUDGETS:
+    if field.kind == INTS:
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError(f"must be a non-empty list of integers, got {value!r}")
-        if not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= config.MAX_BUDGET for b in value):
-            raise ValueError(f"each budget must be an integer from 1 to {config.MAX_BUDGET}, got {list(value)!r}")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= field.upper for b in value):
+            raise ValueError(f"each {field.unit} must be an integer from 1 to {field.upper}, got {list(value)!r}")
         return sorted(set(value))
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str) or not text.strip() or "\0" in text:
@@ -157,21 +162,22 @@ def _checked(field: EvalField, value: Any) -> Any:
     return text
 
 
-def parse_budgets(text: str) -> list[int]:
-    """`4,8,16` -> [4, 8, 16] (sorted, unique); ValueError saying what is wrong."""
+def parse_ints(name: str, text: str) -> list[int]:
+    """`4,8,16` -> [4, 8, 16] (sorted, unique) for the INTS field `name`; ValueError saying what is wrong."""
+    field = FIELDS[name]
     try:
-        budgets = [int(part) for part in str(text).replace(" ", "").split(",") if part]
+        values = [int(part) for part in str(text).replace(" ", "").split(",") if part]
     except ValueError:
-        raise ValueError(f"budgets must be comma-separated integers like 4,8,16, got {text!r}") from None
-    return _checked(FIELDS["budgets"], budgets)
+        raise ValueError(f"{name} must be comma-separated integers like {field.metavar}, got {text!r}") from None
+    return _checked(field, values)
 
 
 def _arg_type(field: EvalField) -> Callable[[str], Any]:
     """The argparse `type` of a flag: the same checks a job's params get."""
     def convert(text: str) -> Any:
         try:
-            if field.kind == BUDGETS:
-                return tuple(parse_budgets(text))
+            if field.kind == INTS:
+                return tuple(parse_ints(field.name, text))
             number = float if field.kind == FLOAT else int
             try:
                 value = number(text)
@@ -195,7 +201,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | N
             kwargs.update(action=argparse.BooleanOptionalAction, default=None)
         else:
             kwargs.update(default=field.default, required=field.required)
-            if field.kind in (INT, FLOAT, BUDGETS):
+            if field.kind in (INT, FLOAT, INTS):
                 kwargs["type"] = _arg_type(field)
             if field.choices is not None:
                 kwargs["choices"] = field.choices
@@ -250,6 +256,7 @@ _WORDS: dict[str, Callable[[Any], str]] = {
     "scoring": "{} scoring".format,
     "enable_thinking": lambda on: "thinking on" if on else "thinking off",
     "num_speculative_tokens": "{} draft tokens".format,
+    "concurrency": lambda levels: "concurrency " + ",".join(map(str, levels)),
     "completions": lambda _: "fixed continuations",
 }
 
@@ -271,8 +278,8 @@ def setting_words(params: Mapping[str, Any]) -> list[str]:
         value, default = params.get(name), FIELDS[name].default
         if value is None:
             continue
-        if FIELDS[name].kind == BUDGETS:
-            value, default = tuple(int(b) for b in value), tuple(default)
+        if FIELDS[name].kind == INTS:
+            value, default = tuple(int(b) for b in value), tuple(default or ())
         if value != default:
             words.append(word(value))
     return [w for w in words if w]
@@ -288,7 +295,7 @@ def cli_args(params: Mapping[str, Any]) -> list[str]:
             args += [field.flag] if value else []
         elif field.kind == SWITCH:
             args.append(field.flag if value else "--no-" + field.flag[2:])
-        elif field.kind == BUDGETS:
+        elif field.kind == INTS:
             args += [field.flag, ",".join(map(str, value))]
         else:
             args += [field.flag, str(value)]

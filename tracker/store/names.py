@@ -127,6 +127,15 @@ def family_values(metrics: dict[str, float], family: str) -> dict[int, float]:
     return dict(sorted(found.items()))
 
 
+# A load sweep's numbers per level (results `load`, DESIGN.md "Load sweeps"): `load_c{C}_{field}`.
+LOAD_FIELDS = ("engine_mean_acceptance_length", "tokens_per_s", "tokens_per_s_target_alone", "speedup")
+
+
+def load_metric(concurrency: int, field: str) -> str:
+    """`load_c4_speedup`: a load sweep's `field` at `concurrency` requests in flight."""
+    return f"load_c{concurrency}_{field}"
+
+
 _CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"
 
 

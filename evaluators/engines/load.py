@@ -1,0 +1,203 @@
+"""A load sweep (`draftboard eval --engine vllm ... --concurrency 1,4,8`): the eval's prompts served with
+that many requests in flight, level by level, with the drafter and then with the target alone, into the
+results' `load` section (docs/DESIGN.md, "Load sweeps").
+
+- In flight: at a level of c, c client threads take the prompts in order, each sending its next request as
+  soon as its last one returned, so c requests are in flight until fewer than c prompts are left. The
+  server has as many slots as the largest level (vLLM `--max-num-seqs`).
+- Counts: each request's own, from its reply (vLLM `--per-request-spec-decode-metrics detailed` gives them
+  per request at any concurrency); around the whole level the engine's counters must move by exactly their
+  sum (managed: no other client), or the level is refused, as a single request is at concurrency 1.
+- Speed: a level's tokens/s = its completion tokens / its wall time (first request sent to last reply);
+  each request's latency and tokens/s beside. The target alone is the same prompts at the same level on the
+  same server settings without the drafter, started after; speedup = tokens/s with the drafter / without.
+  The box's 1-minute load average is recorded with each arm: a busy box moves both.
+- Flags per request (`flags`): a greedy completion that differs from the same prompt's at concurrency 1
+  or from the target alone's at the same level (first differing token), counts that differ from
+  concurrency 1's (batch composition moved acceptance: vLLM RFC #54506), and the collapse signature
+  (nothing accepted over at least COLLAPSE_STEPS steps where concurrency 1 accepted at least COLLAPSE_FLOOR
+  per step: SGLang #36537, vLLM #53919), with the cache settings that were on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from evaluators.engines.base import EngineClient, EngineError, EngineReply, EngineRequest
+
+COLLAPSE_STEPS = 4  # verify steps without one accepted token: not a hard prompt's bad luck
+COLLAPSE_FLOOR = 0.5  # ... where the same prompt accepted at least this many tokens per step at concurrency 1
+# The results' `definitions` of the `load` section's numbers.
+DEFINITIONS = {
+    "load.engine_mean_acceptance_length": "1 + the level's accepted draft tokens / its verify steps, pooled over its "
+                                          "requests (each request's own counts)",
+    "load.tokens_per_s": "completion tokens of the level's requests / the level's wall time (first request sent to "
+                         "last reply), drafter on, `concurrency` requests in flight",
+    "load.tokens_per_s_target_alone": "the same prompts at the same level on the same server settings without the "
+                                      "drafter, started after the drafter's (managed servers only)",
+    "load.speedup": "tokens_per_s / tokens_per_s_target_alone, both from this eval",
+}
+CACHE_SETTINGS = ("enable_prefix_caching", "mamba_cache_mode", "disable_radix_cache", "radix_cache_strategy",
+                  "cache_prompt")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt of the sweep: what is sent, and what concurrency 1 (the eval's own pass) got for it."""
+
+    id: str
+    input_ids: list[int]
+    alone: EngineReply  # its reply at concurrency 1
+
+
+@dataclass
+class Served:
+    """One request at one level: its reply (None for the target alone: ids only) and its time."""
+
+    id: str
+    completion_ids: list[int]
+    reply: EngineReply | None
+    latency_s: float
+
+
+@dataclass
+class Arm:
+    """One level of one arm (drafter on, or the target alone): every request, the level's wall time."""
+
+    served: list[Served]
+    wall_s: float
+    load_average_1m: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(s.completion_ids) for s in self.served)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def in_flight(requests: Sequence[Request], level: int, send: Callable[[Request], tuple[list[int], EngineReply | None]],
+              progress: Callable[[int], None]) -> Arm:
+    """`requests` through `send` with `level` in flight; the served requests in the prompts' order."""
+    load = os.getloadavg()[0]
+    done, lock = [0], threading.Lock()
+
+    def one(r: Request) -> Served:
+        t0 = time.perf_counter()
+        ids, reply = send(r)
+        served = Served(r.id, ids, reply, time.perf_counter() - t0)
+        with lock:
+            done[0] += 1
+            progress(done[0])
+        return served
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=level, thread_name_prefix=f"load-{level}") as pool:
+        served = list(pool.map(one, requests))  # the first failure is raised here, the rest still finish
+    return Arm(served, time.perf_counter() - start, load)
+
+
+def check_totals(client: EngineClient, before, arm: Arm, level: int) -> None:
+    """The engine's counters moved around the level by exactly the sum of its requests' own counts."""
+    after = client.counters()
+    if before is None or after is None:
+        raise EngineError(f"{client.name} at {client.url} exposes no spec-decode counters to check concurrency "
+                          f"{level} against")
+    moved = tuple(round(getattr(after, k) - getattr(before, k)) for k in ("drafts", "draft_tokens", "accepted"))
+    own = [s.reply for s in arm.served]
+    summed = (sum(r.drafts for r in own), sum(r.draft_tokens for r in own), sum(r.accepted for r in own))
+    if summed != moved:
+        raise EngineError(f"at concurrency {level} the requests' own counts (steps, draft tokens, accepted) sum to "
+                          f"{summed}, but {client.name}'s counters moved by {moved}: refused, not averaged (another "
+                          "client on this server, or counts given to the wrong request)")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if a == b else n
+
+
+def flags(requests: Sequence[Request], level: int, arm: Arm, alone: Arm | None, greedy: bool,
+          cache: dict) -> list[dict]:
+    """What each request of a level shows against concurrency 1 and the target alone (see the module)."""
+    out: list[dict] = []
+    others = {s.id: s for s in alone.served} if alone else {}
+    for r, s in zip(requests, arm.served):
+        reply = s.reply
+        if greedy and level > 1:
+            first = _first_difference(s.completion_ids, r.alone.completion_ids)
+            if first is not None:
+                out.append({"id": r.id, "flag": "completion differs from concurrency 1", "first_difference": first})
+            elif (reply.drafts, reply.accepted) != (r.alone.drafts, r.alone.accepted):
+                out.append({"id": r.id, "flag": "counts differ from concurrency 1",
+                            "steps": [reply.drafts, r.alone.drafts], "accepted": [reply.accepted, r.alone.accepted]})
+        if greedy and s.id in others:
+            first = _first_difference(s.completion_ids, others[s.id].completion_ids)
+            if first is not None:
+                out.append({"id": r.id, "flag": "completion differs from the target alone", "first_difference": first})
+        if (reply.drafts >= COLLAPSE_STEPS and reply.accepted == 0 and r.alone.drafts
+                and r.alone.accepted / r.alone.drafts >= COLLAPSE_FLOOR):
+            out.append({"id": r.id, "flag": "acceptance collapse", "steps": reply.drafts,
+                        "accepted_per_step_at_concurrency_1": round(r.alone.accepted / r.alone.drafts, 4),
+                        "cache": {k: cache[k] for k in CACHE_SETTINGS if k in cache}})
+    return out
+
+
+def level_record(level: int, arm: Arm, alone: Arm | None, found: list[dict], checked: bool) -> dict:
+    """One object of the results' `load` list (docs/DESIGN.md, "Load sweeps")."""
+    drafts = sum(s.reply.drafts for s in arm.served)
+    accepted = sum(s.reply.accepted for s in arm.served)
+    alone_tps = alone.tokens_per_s if alone else None
+    return {
+        "concurrency": level,
+        "prompts": [{"id": s.id, "engine_drafts": s.reply.drafts, "engine_draft_tokens": s.reply.draft_tokens,
+                     "engine_accepted": s.reply.accepted, "completion_ids": s.completion_ids,
+                     "latency_s": s.latency_s,
+                     "tokens_per_s": len(s.completion_ids) / s.latency_s if s.latency_s > 0 else None}
+                    for s in arm.served],
+        "engine_mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "completion_tokens": arm.completion_tokens, "wall_s": arm.wall_s, "tokens_per_s": arm.tokens_per_s,
+        "tokens_per_s_target_alone": alone_tps,
+        "speedup": arm.tokens_per_s / alone_tps if alone_tps else None,
+        "wall_s_target_alone": alone.wall_s if alone else None,
+        "load_average_1m": arm.load_average_1m,
+        "load_average_1m_target_alone": alone.load_average_1m if alone else None,
+        "counters_checked": checked,
+        "flags": found,
+    }
+
+
+def requests_of(prompts, replies: Sequence[EngineReply]) -> list[Request]:
+    return [Request(p.id, p.input_ids, r) for p, r in zip(prompts, replies)]
+
+
+def drafter_arm(client: EngineClient, requests: Sequence[Request], request: EngineRequest, level: int,
+                checked: bool, progress: Callable[[int], None]) -> Arm:
+    """One level with the drafter: each request's own counts; the level's totals checked against the
+    server's counters where no other client can move them (`checked`)."""
+    if level > 1 and not client.counts_per_request:
+        raise EngineError(f"{client.name} at {client.url} gives no per-request counts at concurrency {level} (only "
+                          "counter deltas, exact one request at a time): start vLLM with "
+                          "--per-request-spec-decode-metrics detailed")
+    before = client.counters() if checked else None
+
+    def send(r: Request) -> tuple[list[int], EngineReply]:
+        reply = client.generate(r.input_ids, request)
+        return reply.completion_ids, reply
+
+    arm = in_flight(requests, level, send, progress)
+    if checked:
+        check_totals(client, before, arm, level)
+    return arm
+
+
+def target_arm(complete: Callable[[list[int], EngineRequest], list[int]], requests: Sequence[Request],
+               request: EngineRequest, level: int, progress: Callable[[int], None]) -> Arm:
+    """One level of the target alone: completions and time only."""
+    return in_flight(requests, level, lambda r: (complete(r.input_ids, request), None), progress)

@@ -1,0 +1,113 @@
+"""evaluators/engines/load.py: a load sweep's requests in flight, its records and its flags, on replies as
+vLLM writes them (`metrics.speculative_decoding` of a completion with per-request metrics detailed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from evaluators.engines import load, vllm
+from tracker.cli import main
+
+
+def vllm_reply(ids: list[int] | None, per_step: list[int], block: int = 8):
+    """A reply's counts through vLLM's client, from the stats object vLLM 0.32 attaches to a completion
+    (`ids`: its tokens, by default as many as its steps made: the prefill's, then accepted + 1 per step)."""
+    ids = list(range(1 + sum(a + 1 for a in per_step))) if ids is None else ids
+    histogram = [per_step.count(k) for k in range(block)]
+    stats = {"num_spec_steps": len(per_step), "num_draft_tokens": len(per_step) * (block - 1),
+             "num_accepted_draft_tokens": sum(per_step), "acceptance_histogram": histogram,
+             "per_step_accepted": per_step, "mean_acceptance_length": 1 + sum(per_step) / max(len(per_step), 1)}
+    return vllm._from_request_stats(ids, stats)
+
+
+def test_requests_are_in_flight_level_at_a_time_and_come_back_in_order():
+    live, most, lock = [0], [0], threading.Lock()
+
+    def send(r):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return [int(r.id)] * 3, None
+
+    requests = [load.Request(str(i), [i], vllm_reply(None, [1, 1, 1])) for i in range(10)]
+    seen = []
+    arm = load.in_flight(requests, 4, send, seen.append)
+    assert most[0] == 4 and [s.id for s in arm.served] == [str(i) for i in range(10)]
+    assert sorted(seen) == list(range(1, 11)) and arm.completion_tokens == 30
+    assert arm.tokens_per_s == pytest.approx(30 / arm.wall_s) and arm.wall_s >= 0.05 * 3
+
+
+def _arm(replies, latency=0.5, wall=2.0):
+    served = [load.Served(str(i), r.completion_ids, r, latency) for i, r in enumerate(replies)]
+    return load.Arm(served, wall, 0.0)
+
+
+def test_a_level_record_pools_its_requests_own_counts_and_divides_the_two_arms():
+    """Hand-worked: two requests, 3 + 1 steps accepting 4+2+0 and 7 tokens: 1 + 13 / 4 = 4.25; 21
+    completion tokens in 2 s with the drafter, in 5 s alone: 10.5 vs 4.2 tok/s, speedup 2.5."""
+    replies = [vllm_reply(list(range(12)), [4, 2, 0]), vllm_reply(list(range(9)), [7])]
+    alone = load.Arm([load.Served(str(i), r.completion_ids, None, 1.0) for i, r in enumerate(replies)], 5.0, 0.0)
+    record = load.level_record(4, _arm(replies), alone, [], checked=True)
+    assert record["engine_mean_acceptance_length"] == pytest.approx(1 + 13 / 4)
+    assert (record["tokens_per_s"], record["tokens_per_s_target_alone"]) == (10.5, 4.2)
+    assert record["speedup"] == pytest.approx(2.5)
+    assert [p["engine_drafts"] for p in record["prompts"]] == [3, 1] and record["prompts"][0]["tokens_per_s"] == 24
+    unmeasured = load.level_record(4, _arm(replies), None, [], checked=False)
+    assert unmeasured["speedup"] is None and unmeasured["tokens_per_s_target_alone"] is None
+
+
+def test_the_flags_name_what_moved_and_a_healthy_level_has_none():
+    a, b, c = list(range(10)), list(range(20, 30)), [1] * 12
+    at_1 = [vllm_reply(a, [3, 1]), vllm_reply(b, [2, 2]), vllm_reply(c, [2, 2, 1])]
+    requests = [load.Request(str(i), [i], r) for i, r in enumerate(at_1)]
+    healthy = _arm([vllm_reply(r.completion_ids, r.accepted_per_step) for r in at_1])
+    same_alone = load.Arm([load.Served(str(i), r.completion_ids, None, 1.0) for i, r in enumerate(at_1)], 3.0, 0.0)
+    assert load.flags(requests, 4, healthy, same_alone, greedy=True, cache={}) == []
+    # request 0: another completion from token 3; 1: the same completion in other steps; 2: collapsed
+    # (SGLang #36537's signature: accept length 1.00 over every step, with the prefix cache on)
+    moved = _arm([vllm_reply(a[:3] + [0] + a[4:], [3, 1]), vllm_reply(b, [1, 1, 0]), vllm_reply(c, [0, 0, 0, 0, 0])])
+    other_alone = load.Arm([load.Served("0", a, None, 1.0), load.Served("1", b[:2] + [0] + b[3:], None, 1.0),
+                            load.Served("2", c, None, 1.0)], 3.0, 0.0)
+    found = load.flags(requests, 4, moved, other_alone, greedy=True, cache={"enable_prefix_caching": True, "dtype": "x"})
+    assert [(f["id"], f["flag"]) for f in found] == [
+        ("0", "completion differs from concurrency 1"), ("0", "completion differs from the target alone"),
+        ("1", "counts differ from concurrency 1"), ("1", "completion differs from the target alone"),
+        ("2", "counts differ from concurrency 1"), ("2", "acceptance collapse")]
+    assert found[0]["first_difference"] == 3 and found[3]["first_difference"] == 2
+    assert found[2]["steps"] == [3, 2] and found[5]["steps"] == 5 and found[5]["cache"] == {"enable_prefix_caching": True}
+    # sampled: completions may differ by design; only the collapse is flagged
+    assert [f["flag"] for f in load.flags(requests, 4, moved, other_alone, greedy=False, cache={})] == \
+        ["acceptance collapse"]
+    # a prompt that accepted little at concurrency 1 is not a collapse when it accepts nothing under load
+    weak = [load.Request("w", [0], vllm_reply(c, [0, 0, 1, 0, 0]))]
+    assert load.flags(weak, 4, _arm([vllm_reply(c, [0, 0, 0, 0, 0])]), None, greedy=False, cache={}) == []
+
+
+@pytest.mark.parametrize("levels, message", [
+    ("0", "each concurrency level must be an integer from 1 to 64"),
+    ("1,-4", "each concurrency level must be an integer from 1 to 64"),
+    ("1,100000", "each concurrency level must be an integer from 1 to 64"),
+    ("1,four", "concurrency must be comma-separated integers like 1,4,8"),
+])
+def test_bad_levels_are_one_line_before_anything_starts(levels, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),
+              "--engine", "vllm", "--concurrency", levels])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    ((), "--concurrency need --engine"),
+    (("--engine", "llamacpp"), "a load sweep runs on vLLM so far"),
+])
+def test_a_sweep_without_an_engine_that_can_run_it_is_refused(extra, message, tmp_path, capsys):
+    assert main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),
+                 "--concurrency", "1,4", "--no-log", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
