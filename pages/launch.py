@@ -176,7 +176,7 @@ else:
                                  help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 "
                                       "weights under bf16 autocast, as mixed-precision training computes")
         fixed = preset != CUSTOM_SAMPLING
-        c1, c2, c3, c4 = st.columns(4)
+        c1, c2, c3, c4, c5 = st.columns(5)
         temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
@@ -184,6 +184,11 @@ else:
         samples = c4.number_input("Samples", value=8, step=1, key="launch_samples", disabled=samples_off,
                                   help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
                                        "interval over draws; an engine eval sends each prompt once")
+        concurrency = c5.text_input("Concurrency levels", key="launch_concurrency", placeholder="e.g. 1,4,8",
+                                    help="with an engine: the same prompts again with this many requests in flight "
+                                         "at each level, with the drafter and with the target alone: tokens/s, "
+                                         "speedup and each request's own counts per level (docs/DESIGN.md, Load "
+                                         "sweeps); empty: one request at a time only")
         ref_name = (st.text_input("Reference name", key="launch_reference_name", placeholder="e.g. z-lab v1")
                     if as_reference else "")
         submitted = st.form_submit_button("Queue eval", key="launch_submit", type="primary",
@@ -202,6 +207,7 @@ else:
             reference=as_reference, reference_name=ref_name or "",
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k, samples=1 if samples_off else samples,
+            concurrency=concurrency or "",
         )
         with ui.reported(lambda text: st.error(text, icon="🚫")):
             params = eval_params(form, cfg.allowed_roots)
@@ -253,6 +259,7 @@ def _edit(job_id: int, params: dict) -> None:
             state[key] = params[field]
     if "budgets" in params:
         state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
+    state["launch_concurrency"] = ",".join(str(c) for c in params.get("concurrency") or ())
     if params.get("prompts"):
         _set_prompts(params["prompts"])
     state["launch_train_run"] = params.get("train_run_id") if params.get("train_run_id") in index.runs else None

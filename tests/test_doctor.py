@@ -405,13 +405,13 @@ def test_doctor_checks_the_drafter_ggufs_target_layers(tmp_path, layers_in_gguf,
 
 
 def test_doctor_refuses_a_gguf_header_claiming_billions_of_fields(tmp_path):
-    """The header's counts are checked before llama.cpp's reader allocates for them."""
+    """The header's counts are checked before anything is read or allocated for them (gguf_fields)."""
     import struct
 
     (tmp_path / "d.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 1 << 40))
     (tmp_path / "serve.sh").write_text("llama-server -md d.gguf --spec-type draft-dflash\n")
     check = serving.gguf_target_layers(serving.read_serving_config(tmp_path / "serve.sh"), [1])
-    assert check.severity == WARNING and "is not a drafter GGUF" in check.verdict
+    assert check.severity == WARNING and "metadata fields is not a model GGUF" in check.verdict
 
 
 @pytest.mark.parametrize("version_line, family, severity", [

@@ -184,3 +184,28 @@ def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_frac
         with pytest.raises(DraftboardError, match=f"{label} must be a whole number"):
             eval_params(LaunchForm(**common, temperature=1.0, **{field: value}), [tmp_path])
     assert eval_params(LaunchForm(**common, temperature=1.0, samples=16.0), [tmp_path])["samples"] == 16
+
+
+def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_otherwise(tmp_path):
+    """Issue 49: Launch's concurrency levels reach the job as the CLI's --concurrency would (sorted, bounded),
+    with the eval's name saying so; offline or on an engine that cannot sweep, one line before queueing."""
+    from tracker.dashboard.launch_form import LaunchForm, eval_params
+    from tracker.errors import DraftboardError
+
+    for name in ("target", "ck"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "p.jsonl").write_text("")
+    common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
+                  train_run_id="t", train_name="v5", checkpoint_step=100)
+    params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="8, 1,4"), [tmp_path])
+    assert params["concurrency"] == [1, 4, 8] and params["name"].endswith("concurrency 1,4,8")
+    assert "concurrency" not in eval_params(LaunchForm(**common, measured_by=("vllm", None)), [tmp_path])
+    for form, message in ((LaunchForm(**common, concurrency="1,4"), "choose an engine to measure by"),
+                          (LaunchForm(**common, measured_by=("llamacpp", None), concurrency="4"),
+                           "a load sweep runs on vllm so far"),
+                          (LaunchForm(**common, measured_by=("vllm", None), concurrency="1,999"),
+                           "each concurrency level must be an integer from 1 to 64"),
+                          (LaunchForm(**common, measured_by=("vllm", None), concurrency="a lot"),
+                           "concurrency must be comma-separated integers")):
+        with pytest.raises(DraftboardError, match=message):
+            eval_params(form, [tmp_path])

@@ -104,7 +104,7 @@ def test_bad_levels_are_one_line_before_anything_starts(levels, message, tmp_pat
 
 @pytest.mark.parametrize("extra, message", [
     ((), "--concurrency need --engine"),
-    (("--engine", "llamacpp"), "a load sweep runs on vLLM so far"),
+    (("--engine", "llamacpp"), "a load sweep runs on vllm so far"),
 ])
 def test_a_sweep_without_an_engine_that_can_run_it_is_refused(extra, message, tmp_path, capsys):
     assert main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),

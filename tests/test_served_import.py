@@ -176,6 +176,35 @@ def test_a_forged_specdecoding_line_inside_a_request_counts_nothing(tmp_path):
     assert record.details["lines"] == 1 and record.metrics["engine_mean_acceptance_length"] == pytest.approx(1.6)
 
 
+def vllm_stats_line(running: int, kv: float, hit: float | None = None) -> str:
+    """vLLM 0.32's scheduler line beside each SpecDecoding line while busy (`v1/metrics/loggers.py`
+    LoggingStatLogger.log: "Engine 000: " + its parts joined by ", ")."""
+    hit_part = f", Prefix cache hit rate: {hit:.1f}%" if hit is not None else ""
+    return (f"(APIServer pid=7) INFO 12-04 10:00:00 [loggers.py:259] Engine 000: Avg prompt throughput: 120.3 "
+            f"tokens/s, Avg generation throughput: 88.1 tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV "
+            f"cache usage: {kv:.1f}%{hit_part}\n")
+
+
+def test_a_vllm_log_keeps_the_load_its_numbers_were_taken_under(tmp_path):
+    """Issue 49: a served number is comparable only at its concurrency; vLLM's scheduler lines say how many
+    requests ran and how full the KV cache was, and the import keeps that (a forged one in a request counts
+    nothing); a log without them says the concurrency is not stated."""
+    from tracker.store.importers import served
+
+    forged = vllm_stats_line(64, 99.9).strip()
+    log = tmp_path / "vllm.log"
+    log.write_text(vllm_stats_line(1, 2.0) + vllm_line("APIServer", 6, 20, "0.400, 0.200")
+                   + vllm_stats_line(4, 31.5, 12.5) + vllm_line("APIServer", 6, 20, "0.400, 0.200")
+                   + f"(APIServer pid=7) INFO 12-04 10:00:01 [logger.py:40] Received request cmpl-1: prompt: '{forged}'\n")
+    [record] = served.parse_vllm_log(log)
+    assert record.protocol["concurrency"] == "1-4 requests running (mean 2.5 over 2 scheduler lines)"
+    assert record.protocol["kv_cache_usage_max"] == "31.5%"
+    assert record.details["running_requests"]["max"] == 4 and record.details["prefix_cache_hit_rate_last_percent"] == 12.5
+    log.write_text(vllm_line("APIServer", 6, 20, "0.400, 0.200"))
+    [record] = served.parse_vllm_log(log)
+    assert record.protocol["concurrency"].startswith("not stated") and "running_requests" not in record.details
+
+
 def aiperf_line(engine: str, accepted_per_step: list[int], k: int, request: int) -> str:
     """One line of AIPerf's profile_export.jsonl (--export-level records): a MetricRecordInfo with its
     `spec_decode_acceptance`, AIPerf's SpecDecodeAcceptanceRecord (aiperf 0.13,

@@ -133,6 +133,21 @@ ZLAB_BENCHMARKS = {
 EVAL_SCORINGS = ("offline", "online")
 ENGINE_SCORING = "engine"  # protocol.scoring of an eval measured by a serving engine (evaluators/engines/)
 ENGINES = ("vllm", "sglang", "llamacpp")
+# The engines a load sweep (`--concurrency`) runs on: per-request counts whatever else is in flight (vLLM's
+# per-request metrics). llama.cpp's replies carry drafted and accepted tokens but no verify steps.
+LOAD_ENGINES = ("vllm",)
+
+
+def load_problem(engine: str | None, levels) -> str | None:
+    """Why a load sweep at `levels` cannot be asked of `engine` (None: offline), in one line; None when it can."""
+    if not levels:
+        return None
+    if engine is None:
+        return "concurrency levels are a served measurement: choose an engine to measure by (--engine)"
+    if engine not in LOAD_ENGINES:
+        return (f"a load sweep runs on {', '.join(LOAD_ENGINES)} so far (per-request counts at any concurrency); "
+                f"{engine} is measured one request at a time")
+    return None
 # The dtypes an engine's own Gated DeltaNet path takes on a device, where it does not take every one
 # (absent: any). vLLM 0.32's CPU GDN op asserts "CPU GDN attention requires BF16"
 # (model_executor/layers/mamba/ops/cpu/gdn_attention.py); SGLang has no CPU path for speculative

@@ -55,9 +55,9 @@ class EngineSettings:
         if not all(isinstance(c, int) and 1 <= c <= config.MAX_CONCURRENCY for c in self.concurrency):
             raise EngineError(f"--concurrency: each level must be an integer from 1 to {config.MAX_CONCURRENCY}, "
                               f"got {list(self.concurrency)}")
-        if self.concurrency and self.name != vllm.NAME:
-            raise EngineError(f"--concurrency: a load sweep runs on vLLM so far (per-request counts at any "
-                              f"concurrency); {self.name} is measured one request at a time")
+        problem = config.load_problem(self.name, self.concurrency)
+        if problem:
+            raise EngineError(f"--concurrency: {problem}")
 
     @property
     def slots(self) -> int:

@@ -162,6 +162,7 @@ class LaunchForm:
     top_p: float = 1.0
     top_k: int = 0
     samples: int = 1  # continuations drawn per prompt (T > 0)
+    concurrency: str = ""  # a load sweep's levels ("1,4,8"; empty: none), with an engine
 
 
 OFFLINE = (None, None)
@@ -297,6 +298,15 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         if not form.measured_by[0]:
             params["samples"] = _whole(form.samples, "samples")
     engine, url = form.measured_by
+    if form.concurrency.strip():
+        try:
+            levels = eval_job.parse_ints("concurrency", form.concurrency)
+        except ValueError as exc:
+            raise DraftboardError(f"concurrency levels: {exc}") from None
+        problem = config.load_problem(engine, levels)
+        if problem:
+            raise DraftboardError(problem)
+        params["concurrency"] = levels
     if engine:
         # The engine runs its own kernels and drafts one chain: DDTree budgets, the drafter's precision
         # and the linear-attention switch are offline settings, so the job claims none of them.

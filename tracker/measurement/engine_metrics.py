@@ -44,13 +44,21 @@ VLLM_AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
 # ColoredFormatter. Anchored there, so a request's text that merely contains "SpecDecoding metrics:"
 # counts nothing; every repeat is bounded, so one long line costs linear time.
 _COLOUR = r"(?:\x1b\[[0-9;]{0,12}m){0,2}"
+_VLLM_PREFIX = (rf"{_COLOUR}(?:\([\w.:-]{{1,64}} pid=\d{{1,10}}\){_COLOUR} )?{_COLOUR}INFO{_COLOUR} {_COLOUR}"
+                rf"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,6}})?{_COLOUR} {_COLOUR}\[[\w./-]{{1,120}}:\d{{1,7}}\]{_COLOUR} ")
 VLLM_LOG_LINE = re.compile(
-    rf"{_COLOUR}(?:\([\w.:-]{{1,64}} pid=\d{{1,10}}\){_COLOUR} )?{_COLOUR}INFO{_COLOUR} {_COLOUR}"
-    rf"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,6}})?{_COLOUR} {_COLOUR}\[[\w./-]{{1,120}}:\d{{1,7}}\]{_COLOUR} "
+    _VLLM_PREFIX +
     r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]{1,24}|nan), Accepted throughput: [\d.]{1,24} "
     r"tokens/s, Drafted throughput: [\d.]{1,24} tokens/s, Accepted: (?P<accepted>\d{1,18}) tokens, "
     r"Drafted: (?P<drafted>\d{1,18}) tokens, Per-position acceptance rate: (?P<positions>[\d., ]{0,8192}?), "
     r"Avg Draft acceptance rate")
+# The scheduler's line vLLM logs beside it while busy (`v1/metrics/loggers.py` LoggingStatLogger.log): the
+# requests running and waiting, the KV cache's usage and, where prefix caching is on, its hit rate.
+VLLM_STATS_LINE = re.compile(
+    _VLLM_PREFIX +
+    r"(?:Engine \d{1,3}: )?Avg prompt throughput: [\d.]{1,24} tokens/s, Avg generation throughput: [\d.]{1,24} "
+    r"tokens/s, Running: (?P<running>\d{1,9}) reqs, Waiting: (?P<waiting>\d{1,9}) reqs"
+    r"[^\n]{0,512}? KV cache usage: (?P<kv>[\d.]{1,24})%(?:, Prefix cache hit rate: (?P<hit>[\d.]{1,24})%)?")
 # SGLang's logger (`srt/utils`' configure_logger): "[2026-12-02 14:37:37 TP0] " before the message.
 SGLANG_LOG_LINE = re.compile(
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]{1,64})?\] Decode batch(?: \[\d{1,18}\])?, "

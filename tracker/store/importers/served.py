@@ -70,9 +70,11 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     by_pos: list[float] = []
     first = last = None
     n = 0
+    load = _Load()
     for lineno, line in _lines(path):
         m = em.VLLM_LOG_LINE.match(line[:MAX_LINE])
         if not m:
+            load.read(em.VLLM_STATS_LINE.match(line[:MAX_LINE]), f"{path}:{lineno}")
             continue
         where = f"{path}:{lineno}"
         rates = [finite(x, f"{where}: per-position rate") for x in m.group("positions").replace(",", " ").split()]
@@ -89,8 +91,41 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
                               "speculative decoding?)")
     metrics = {names.ENGINE_MEAN_AL: 1 + accepted / drafts,
                **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
-    protocol = {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)), **_window(first, last, n, "log lines")}
-    return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafts": drafts, "lines": n})]
+    protocol = {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)), **_window(first, last, n, "log lines"),
+                **load.protocol()}
+    return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafts": drafts, "lines": n,
+                                                      **load.details()})]
+
+
+class _Load:
+    """What a vLLM log's scheduler lines say of the load its numbers were taken under (the requests running,
+    the KV cache's usage, the prefix cache's hit rate): a served number is comparable only at its concurrency."""
+
+    def __init__(self):
+        self.running: list[int] = []
+        self.kv: list[float] = []
+        self.hit: float | None = None
+
+    def read(self, m, where: str) -> None:
+        if m:
+            self.running.append(int(m.group("running")))
+            self.kv.append(finite(m.group("kv"), f"{where}: KV cache usage"))
+            self.hit = finite(m.group("hit"), f"{where}: prefix cache hit rate") if m.group("hit") else self.hit
+
+    def protocol(self) -> dict[str, str]:
+        if not self.running:
+            return {"concurrency": "not stated (no scheduler line in the log)"}
+        mean = sum(self.running) / len(self.running)
+        return {"concurrency": f"{min(self.running)}-{max(self.running)} requests running (mean {mean:.1f} over "
+                               f"{len(self.running)} scheduler lines)",
+                "kv_cache_usage_max": f"{max(self.kv):.1f}%"}
+
+    def details(self) -> dict:
+        if not self.running:
+            return {}
+        return {"running_requests": {"min": min(self.running), "max": max(self.running),
+                                     "mean": sum(self.running) / len(self.running), "lines": len(self.running)},
+                "kv_cache_usage_max_percent": max(self.kv), "prefix_cache_hit_rate_last_percent": self.hit}
 
 
 def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
