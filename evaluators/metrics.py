@@ -175,3 +175,15 @@ def _as_int_list(values: Sequence[int] | torch.Tensor) -> list[int]:
             raise ValueError(f"expected a 1-D tensor of acceptance lengths, got shape {tuple(values.shape)}")
         return [int(v) for v in values.tolist()]
     return [int(v) for v in values]
+
+
+def decoding_speedup(tpot_target_alone: Sequence[float], tpot_drafter: Sequence[float]) -> dict:
+    """z-lab benchmark.py's "Decoding speedup": the mean over prompts of the target alone's time per output
+    token over the mean of the drafter's (each TPOT = decoding time after the first token / output tokens,
+    the first included); its throughputs are 1 / those means, as z-lab prints them."""
+    if not tpot_target_alone or len(tpot_target_alone) != len(tpot_drafter):
+        raise ValueError("decoding_speedup needs one target-alone and one drafter time per prompt")
+    alone, drafted = sum(tpot_target_alone) / len(tpot_target_alone), sum(tpot_drafter) / len(tpot_drafter)
+    return {"speedup": alone / drafted if drafted > 0 else None, "tokens_per_s": 1 / drafted if drafted > 0 else None,
+            "tokens_per_s_target_alone": 1 / alone if alone > 0 else None,
+            "time_per_output_token_s": drafted, "time_per_output_token_s_target_alone": alone}

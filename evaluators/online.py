@@ -12,6 +12,12 @@ rolls back the attention layers and the short-conv states only (transformers 5.2
 block with rejected drafts the recurrent state still holds them and the next verify pass sees
 slightly different hidden states.
 
+Each run also times its decoding as z-lab's `benchmark.py` does (`time_per_output_token`: the time
+from the first token to the end over the output tokens, the first one included), and
+`target_alone_generate` is the same loop at block size 1 (one target forward per token, no drafter, no
+hidden states), so `--scoring online` reports z-lab's "Decoding speedup" = mean TPOT of the target alone /
+mean TPOT with the drafter over the prompts (`decoding_speedup`).
+
 `check_lossless` runs that loop and plain greedy decoding side by side and measures exactly
 that: per prompt, whether the completions agree, the first divergence, how many blocks agree,
 and the largest difference between the features the loop used and a full forward over the same
@@ -20,6 +26,7 @@ tokens, split by whether the previous block rejected drafts.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +45,14 @@ class OnlineRun:
     # per block after the first: (the previous block rejected drafts, max |used - full forward|);
     # filled only when the loop is asked to measure it
     feature_gaps: list[tuple[bool, float]] = field(default_factory=list)
+    time_per_output_token: float = 0.0  # s: decoding time (after the first token) / output tokens (z-lab's TPOT)
+
+
+def _clock(device: torch.device | str) -> float:
+    """z-lab's `_cuda_time`: the device's queued work done, then the wall clock."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _tapped(hidden_states, layer_ids: list[int]) -> torch.Tensor:
@@ -105,6 +120,7 @@ def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int],
     seq = list(input_ids) + [int(first.argmax()) if sampling.greedy else _draw(sampling_probs(first, sampling),
                                                                                  generator)]
     feats = _tapped(out.hidden_states, layer_ids).float()  # [1, P, k*H]: features of positions < P
+    decode_start = _clock(dev)
     start, lengths, gaps = P, [], []
     rejected_before = False
     stopped = seq[P] in stops
@@ -144,12 +160,40 @@ def online_generate(target: Target, loaded: LoadedDrafter, input_ids: list[int],
         lengths.append(produced)
         start += produced
         cache.crop(-(cache.get_seq_length() - start))  # keep the verified positions only
-    completion = seq[P:max_length]
+    decode_s = _clock(dev) - decode_start
+    completion = _until_stop(seq[P:max_length], stops)
+    return OnlineRun(completion, lengths, feature_gaps=gaps, time_per_output_token=decode_s / max(len(completion), 1))
+
+
+def _until_stop(completion: list[int], stops: set[int]) -> list[int]:
     for i, t in enumerate(completion):
         if t in stops:
-            completion = completion[: i + 1]
-            break
-    return OnlineRun(completion, lengths, gaps)
+            return completion[: i + 1]
+    return completion
+
+
+@torch.no_grad()
+def target_alone_generate(target: Target, input_ids: list[int], max_new_tokens: int,
+                          stops: set[int]) -> tuple[list[int], float]:
+    """z-lab's `dflash_generate` at block size 1, greedy: prefill, then one cached target forward per token
+    until a stop token or the limit; (the completion, its time per output token as `online_generate`'s)."""
+    from transformers import DynamicCache
+
+    model, dev = target.model, target.device
+    P, max_length = len(input_ids), len(input_ids) + max_new_tokens
+    cache = DynamicCache(config=model.config)
+    out = model(torch.tensor([input_ids], device=dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    seq = list(input_ids) + [int(out.logits[0, -1].argmax())]
+    decode_start = _clock(dev)
+    start = P
+    while start + 1 < max_length and seq[start] not in stops:
+        out = model(torch.tensor([[seq[start]]], device=dev), past_key_values=cache, use_cache=True,
+                    position_ids=torch.tensor([[start]], device=dev))
+        seq.append(int(out.logits[0, -1].argmax()))
+        start += 1
+    decode_s = _clock(dev) - decode_start
+    completion = _until_stop(seq[P:max_length], stops)
+    return completion, decode_s / max(len(completion), 1)
 
 
 @dataclass

@@ -8,7 +8,7 @@ view is computed and sent. To add a view, define `def my_view() -> None` (it may
 
 import streamlit as st
 
-from tracker.dashboard import charts, curve_chart, metric_docs, recipe, report, ui
+from tracker.dashboard import charts, curve_chart, load_view, metric_docs, recipe, report, ui
 from tracker.dashboard.compare import (
     TITLES,
     best_evals,
@@ -307,9 +307,34 @@ def engines_view() -> None:
                                     for name in ("settings that differ", "verdict")})
 
 
+@st.fragment
+def load_curves_view() -> None:
+    frame = load_view.load_curves(index, [index.runs[r] for r in chosen])
+    if frame.empty:
+        st.info("No load sweeps among these runs: measure a checkpoint with several requests in flight with "
+                "`draftboard eval --engine vllm|llamacpp --concurrency 1,4,8` (or Concurrency levels on the Launch "
+                "page), then choose that eval here.")
+        return
+    st.caption("Each line: one served eval, its prompts at each level with that many requests in flight, with the "
+               "drafter and with the target alone on the same server settings, both measured in that eval "
+               "(docs/DESIGN.md, Load sweeps). Speedup = acceptance length / step cost. Published speedups state no "
+               "concurrency, so none is drawn here.")
+    for y, title, hover in (
+            ("speedup", "speedup (tok/s with the drafter / tok/s of the target alone)", "speedup %{y:.2f}x"),
+            ("engine_mean_acceptance_length", "served mean acceptance length (1 + accepted / steps)",
+             "acceptance length %{y:.3f} tokens / step"),
+            ("step_cost", "step cost (a speculative step's time / a plain decode step's)", "step cost %{y:.2f}")):
+        if frame[y].notna().any():
+            st.plotly_chart(charts.under_load(frame, y, title, hover, colors), config=PLOTLY,
+                            key=f"compare_load_{y}")
+    st.dataframe(frame.drop(columns="owner"), hide_index=True, key="compare_load_table",
+                 column_config={"series": st.column_config.TextColumn(width="large")})
+
+
 VIEWS = {
     "Eval by checkpoint": eval_view,
     "Engines": engines_view,
+    "Under load": load_curves_view,
     "Training curves": train_view,
     "Acceptance by position": position_view,
     "DDTree vs budget": ddtree_view,

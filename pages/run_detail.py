@@ -92,9 +92,11 @@ def load_section(run) -> None:
                 "several requests in flight, with the drafter and with the target alone (docs/DESIGN.md, Load sweeps)")
     st.dataframe(frame, hide_index=True, key="detail_load", column_config={
         name: (st.column_config.NumberColumn(name, help=what, format="%.3f" if name != "requests in flight" else "%d")
-               if name in ("requests in flight", "mean acceptance length", "tok/s, drafter", "tok/s, target alone",
-                           "speedup") else st.column_config.Column(name, help=what))
+               if name in load_view.NUMBERS else st.column_config.Column(name, help=what))
         for name, what in load_view.COLUMNS.items()})
+    crossing = load_view.break_even_line(results)
+    if crossing:
+        st.caption(crossing)
     ui.bullet_list(load_view.flag_lines(results), "Flagged under load", alert=st.warning)
 
 

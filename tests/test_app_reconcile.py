@@ -3,11 +3,25 @@ prompts: the hand-worked pair of tests/test_reconcile.py, logged as two eval run
 
 from __future__ import annotations
 
+import base64
+import json
+
+import numpy as np
+
 import pytest
 from apptest import page_text, run_page, serve
 from test_reconcile import _hybrid, evals
+
+from evaluators.logging import load_metric_values
 from tracker.store import names
 from tracker.store.tracker import Tracker
+
+
+def _values(array) -> list:
+    """A plotly figure's array as sent to the browser (a list, or plotly's typed-array encoding)."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return list(array)
 
 
 def log_pair(tmp_path, engine: dict, offline: dict) -> tuple[str, dict[str, str]]:
@@ -20,7 +34,7 @@ def log_pair(tmp_path, engine: dict, offline: dict) -> tuple[str, dict[str, str]
         tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
         with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags, fingerprint=results.get(
                               "fingerprint"), params={"engine": "vllm"} if scoring == "engine" else {}) as run:
-            run.log_metrics({"tau": results["tau"]}, step=0)
+            run.log_metrics({"tau": results["tau"], **load_metric_values(results)}, step=0)
             run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
             ids[name] = run.run_id
     return uri, ids
@@ -107,7 +121,7 @@ def test_compare_draws_every_engine_of_one_checkpoint_side_by_side(tmp_path, mon
         tags = {names.protocol_tag("scoring"): results["protocol"]["scoring"],
                 names.protocol_tag("prompt_digest"): "abc123"}
         with tracker.eval_run(name, target="t", checkpoint=str(tmp_path / "drafter"), tags=tags) as run:
-            run.log_metrics({"tau": results["tau"]}, step=0)
+            run.log_metrics({"tau": results["tau"], **load_metric_values(results)}, step=0)
             run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
             ids[name] = run.run_id
     serve(monkeypatch, uri, tmp_path / "home", tmp_path)
@@ -132,22 +146,39 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     """Issue 49: a served eval's `load` section, one row per level with the numbers' definitions as column
     help, and every flag a sentence (the prompt id is user text, escaped)."""
     from evaluators.engines import load
+    from evaluators.engines.base import InFlightCounts
     from test_load import vllm_reply
 
     engine, offline = evals()
     hostile = "<img src=x onerror=alert(1)>"
     at_1 = [vllm_reply(list(range(10)), [3, 1])]
     requests = [load.Request(hostile, [1], at_1[0])]
-    healthy = load.Arm([load.Served(hostile, at_1[0].completion_ids, at_1[0], 0.5)], 1.0, 0.4)
+    healthy = load.Arm([load.Served(hostile, at_1[0].completion_ids, InFlightCounts.of(at_1[0]), 0.5)], 1.0, 0.4, 2)
     collapsed = vllm_reply(list(range(10)), [0, 0, 0, 0, 0])
-    slow = load.Arm([load.Served(hostile, collapsed.completion_ids, collapsed, 0.9)], 2.0, 0.4)
+    slow = load.Arm([load.Served(hostile, collapsed.completion_ids, InFlightCounts.of(collapsed), 0.9)], 2.0, 0.4, 5)
     alone = load.Arm([load.Served(hostile, list(range(10)), None, 1.0)], 4.0, 0.5)
     engine["load"] = [load.level_record(1, healthy, alone, load.flags(requests, 1, healthy, alone, True, {}), True),
                       load.level_record(8, slow, alone, load.flags(requests, 8, slow, alone, True, {}), True)]
-    at, text, _, _ = served_detail(tmp_path, monkeypatch, engine, offline)
+    engine["load_break_even_concurrency"] = 6.5
+    at, text, _, ids = served_detail(tmp_path, monkeypatch, engine, offline)
     [table] = [df.value for df in at.dataframe if "requests in flight" in df.value.columns]
     assert list(table["requests in flight"]) == [1, 8] and list(table["speedup"]) == [4.0, 2.0]
     assert list(table["flags"]) == [0, 2] and "Under load" in text and "Flagged under load" in text
+    assert list(table["step cost"]) == [pytest.approx(3 / 4), pytest.approx(1 / 2)]  # tau / speedup
+    assert "speedup crosses 1 at about 6.5 requests in flight" in text
     assert f"concurrency 8: prompt {hostile}: acceptance collapse over 5 steps" in text  # as a reader sees it
     [flagged] = [w.value for w in at.warning if "Flagged under load" in w.value]
     assert "\\<img" in flagged and "<img" not in flagged.replace("\\<img", "")  # its source: escaped, inert
+
+    # Compare's "Under load": speedup, served acceptance and step cost against concurrency, from the logged
+    # load_c{C}_{field} metrics, one line for the eval; an offline eval alone has no sweep to draw
+    at = run_page("pages/compare.py", runs=ids["served"], compare_view="Under load")
+    assert not at.exception, [e.message for e in at.exception]
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert [c["layout"]["yaxis"]["title"]["text"].split(" (")[0] for c in charts] == [
+        "speedup", "served mean acceptance length", "step cost"]
+    [line] = charts[0]["data"]
+    assert (_values(line["x"]), _values(line["y"])) == ([1, 8], [4.0, 2.0])
+    assert "break-even" in json.dumps(charts[0]["layout"]["annotations"])
+    at = run_page("pages/compare.py", runs=ids["offline"], compare_view="Under load")
+    assert "No load sweeps among these runs" in page_text(at)

@@ -35,10 +35,11 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(serving_pair, llamacpp_python, home, tmp_path_factory) -> dict:
-    """A managed `draftboard eval --engine llamacpp` of the Qwen3 pair, with default settings."""
+    """A managed `draftboard eval --engine llamacpp` of the Qwen3 pair, with default settings, swept at 1
+    and 4 requests in flight (a 4-slot server, then the target alone on the same settings)."""
     out = tmp_path_factory.mktemp("llamacpp-eval") / "engine.json"
     assert main(_args(serving_pair, "--engine", "llamacpp", "--engine-python", llamacpp_python, "--no-log",
-                      "--out", str(out))) == 0
+                      "--concurrency", "1,4", "--out", str(out))) == 0
     return {"path": out, "results": json.loads(out.read_text())}
 
 
@@ -63,6 +64,35 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
     report = json.loads(capsys.readouterr().out)
     assert report["completions_equal"] == 8 and report["unexplained"] == 0.0, report["verdict"]
     assert report["gap"] == pytest.approx(sum(report["parts"].values()))
+
+
+def test_a_llamacpp_load_sweep_counts_each_request_and_takes_each_levels_steps_from_its_counters(served):
+    """Issue 49 on llama.cpp: each reply's own drafted and accepted tokens at 1 and 4 in flight (its
+    `timings`), their sums equal to what the server's counters moved, the level's verify steps from those
+    counters (replies carry none), and the speedup from the two arms of the same eval."""
+    results = served["results"]
+    assert results["engine"]["n_parallel"] == 4
+    alone = {p["id"]: p for p in results["prompts"]}  # the eval's own pass, one request at a time
+    assert [level["concurrency"] for level in results["load"]] == [1, 4]
+    for level in results["load"]:
+        assert level["counters_checked"] is True
+        drafted = sum(p["engine_draft_tokens"] for p in level["prompts"])
+        accepted = sum(p["engine_accepted"] for p in level["prompts"])
+        assert all(p["engine_drafts"] is None and "prompt_ms" in p["engine_timings"] for p in level["prompts"])
+        assert level["engine_mean_acceptance_length"] == pytest.approx(1 + accepted / level["engine_steps"])
+        assert drafted >= level["engine_steps"] * 1 and level["speedup"] == pytest.approx(
+            level["tokens_per_s"] / level["tokens_per_s_target_alone"])
+        assert level["step_cost"] == pytest.approx(level["engine_mean_acceptance_length"] / level["speedup"])
+        unflagged = {p["id"] for p in level["prompts"]} - {f["id"] for f in level["flags"]}
+        for i in unflagged:  # what no flag names is what concurrency 1 gave, token for token and count for count
+            p = next(p for p in level["prompts"] if p["id"] == i)
+            assert (p["completion_ids"], p["engine_draft_tokens"], p["engine_accepted"]) == \
+                (alone[i]["completion_ids"], alone[i]["engine_draft_tokens"], alone[i]["engine_accepted"])
+        print(f"llama.cpp concurrency {level['concurrency']}: tau {level['engine_mean_acceptance_length']:.3f}, "
+              f"{level['tokens_per_s']:.1f} tok/s with the drafter, {level['tokens_per_s_target_alone']:.1f} alone: "
+              f"{level['speedup']:.2f}x; flags {[(f['id'], f['flag']) for f in level['flags']]}")
+    at_1 = results["load"][0]
+    assert at_1["flags"] == [] and at_1["engine_steps"] == sum(p["engine_drafts"] for p in results["prompts"])
 
 
 def test_llamacpps_default_draft_length_caps_acceptance(served, serving_pair, llamacpp_python, home, tmp_path,

@@ -104,7 +104,7 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_s
           f"{[round(d['margin'], 3) for d in parted]}")
 
 
-def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_served_pair):
+def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_served_pair, serving_pair, capsys):
     """Issue 49: the eval's prompts with 1 and 4 requests in flight on one 4-slot server, then the target
     alone. Each request's own counts at 4 in flight equal its counts one at a time (vLLM's per-request
     metrics; measured identical on these CPUs), the counters moved by their sum at each level, greedy
@@ -118,13 +118,15 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
         for p in level["prompts"]:
             assert (p["engine_drafts"], p["engine_accepted"], p["completion_ids"]) == \
                 (alone[p["id"]]["engine_drafts"], alone[p["id"]]["engine_accepted"], alone[p["id"]]["completion_ids"])
-            assert p["latency_s"] > 0
+            assert p["latency_s"] > 0 and p["engine_timings"]["time_to_first_token_ms"] > 0  # vLLM's own
+            assert p["engine_accepted_per_step"] == alone[p["id"]]["engine_accepted_per_step"]  # step for step
         pooled = 1 + sum(p["engine_accepted"] for p in level["prompts"]) / sum(p["engine_drafts"] for p in level["prompts"])
         assert level["engine_mean_acceptance_length"] == pytest.approx(pooled)
         assert level["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
         tokens = sum(len(p["completion_ids"]) for p in level["prompts"])
         assert level["tokens_per_s"] == pytest.approx(tokens / level["wall_s"])
         assert level["speedup"] == pytest.approx(level["tokens_per_s"] / level["tokens_per_s_target_alone"])
+        assert level["step_cost"] == pytest.approx(level["engine_mean_acceptance_length"] / level["speedup"])
         print(f"concurrency {level['concurrency']}: {level['tokens_per_s']:.1f} tok/s with the drafter, "
               f"{level['tokens_per_s_target_alone']:.1f} alone: {level['speedup']:.2f}x (load average "
               f"{level['load_average_1m']:.1f} / {level['load_average_1m_target_alone']:.1f})")
@@ -132,6 +134,14 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
         [e.experiment_id for e in MlflowClient(f"sqlite:///{vllm_served_pair.parent / 'store.db'}").search_experiments()])
     metrics = next(r.data.metrics for r in logged if "load_c4_speedup" in r.data.metrics)
     assert metrics["load_c4_speedup"] == pytest.approx(results["load"][1]["speedup"])
+    # reconcile per level: the requests at 4 in flight against the offline eval of the same prompts
+    capsys.readouterr()
+    assert main(["reconcile", str(vllm_served_pair), str(serving_pair / "offline.json"), "--concurrency", "4",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["completions_equal"] == len(alone) and report["unexplained"] == 0.0, report["verdict"]
+    assert report["engine_mean_acceptance_length"] == pytest.approx(results["load"][1]["engine_mean_acceptance_length"])
+    assert main(["reconcile", str(vllm_served_pair), str(serving_pair / "offline.json"), "--concurrency", "16"]) == 2
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +254,15 @@ def test_a_served_eval_exported_as_aiperf_records_reads_back_as_its_own_numbers(
     assert first["num_accepted_draft_tokens"] == row["engine_accepted"]
     assert main(["export-results", run.info.run_id, "--format", "aiperf", "--out", str(out),
                  "--tracking-uri", store]) == 2  # never over a file that exists
+    # a load sweep's level: the same requests at 4 in flight, each step as vLLM listed it
+    at_4 = tmp_path / "at4.jsonl"
+    assert main(["export-results", run.info.run_id, "--format", "aiperf", "--concurrency", "4", "--out", str(at_4),
+                 "--tracking-uri", store]) == 0
+    level = [json.loads(line)["spec_decode_acceptance"] for line in at_4.read_text().splitlines()]
+    assert [r["per_step_accepted"] for r in level] == [p["engine_accepted_per_step"] for p in results["load"][1]["prompts"]]
+    assert main(["export-results", run.info.run_id, "--format", "aiperf", "--concurrency", "8", "--out",
+                 str(tmp_path / "at8.jsonl"), "--tracking-uri", store]) == 2  # a level it did not measure
+    assert not (tmp_path / "at8.jsonl").exists()
     back = f"sqlite:///{tmp_path / 'back.db'}"
     assert main(["import-results", str(out), "--format", "aiperf", "--tracking-uri", back]) == 0
     [imported] = [r for e in MlflowClient(back).search_experiments() for r in MlflowClient(back).search_runs([e.experiment_id])]

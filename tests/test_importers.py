@@ -64,6 +64,7 @@ def test_zlab_benchmark_log_gives_tau_and_rates_per_dataset(tmp_path, tracker, t
     assert gsm8k.metrics[names.accept_rate_metric(1)] == pytest.approx(sum(HIST_16[2:]) / 100)
     assert gsm8k.metrics[names.accept_rate_metric(15)] == pytest.approx(0.20)
     assert gsm8k.details["printed"]["speedup"] == 3.89 and math500.details["printed"]["dflash_tok_s"] == 200.0
+    assert gsm8k.metrics["decoding_speedup"] == 3.89  # the quantity `--scoring online` measures, by the same name
     assert math500.protocol["block_size"] == "2" and math500.metrics[names.accept_rate_metric(1)] == 0.5
 
     run_ids = results.log_imported(tracker, [gsm8k, math500], source=log, fmt=zlab_benchmark.FORMAT,

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from evaluators.engines import load, vllm
+from evaluators.engines.base import InFlightCounts
 from tracker.cli import main
 
 
@@ -20,7 +21,7 @@ def vllm_reply(ids: list[int] | None, per_step: list[int], block: int = 8):
     stats = {"num_spec_steps": len(per_step), "num_draft_tokens": len(per_step) * (block - 1),
              "num_accepted_draft_tokens": sum(per_step), "acceptance_histogram": histogram,
              "per_step_accepted": per_step, "mean_acceptance_length": 1 + sum(per_step) / max(len(per_step), 1)}
-    return vllm._from_request_stats(ids, stats)
+    return vllm._from_request_stats(ids, stats, {"time_to_first_token_ms": 3.0})
 
 
 def test_requests_are_in_flight_level_at_a_time_and_come_back_in_order():
@@ -44,8 +45,8 @@ def test_requests_are_in_flight_level_at_a_time_and_come_back_in_order():
 
 
 def _arm(replies, latency=0.5, wall=2.0):
-    served = [load.Served(str(i), r.completion_ids, r, latency) for i, r in enumerate(replies)]
-    return load.Arm(served, wall, 0.0)
+    served = [load.Served(str(i), r.completion_ids, InFlightCounts.of(r), latency) for i, r in enumerate(replies)]
+    return load.Arm(served, wall, 0.0, steps=sum(r.drafts for r in replies))
 
 
 def test_a_level_record_pools_its_requests_own_counts_and_divides_the_two_arms():
@@ -58,8 +59,36 @@ def test_a_level_record_pools_its_requests_own_counts_and_divides_the_two_arms()
     assert (record["tokens_per_s"], record["tokens_per_s_target_alone"]) == (10.5, 4.2)
     assert record["speedup"] == pytest.approx(2.5)
     assert [p["engine_drafts"] for p in record["prompts"]] == [3, 1] and record["prompts"][0]["tokens_per_s"] == 24
+    assert record["step_cost"] == pytest.approx(4.25 / 2.5) and record["engine_steps"] == 4
+    assert record["prompts"][0]["engine_timings"] == {"time_to_first_token_ms": 3.0}
+    assert [p["engine_accepted_per_step"] for p in record["prompts"]] == [[4, 2, 0], [7]]
     unmeasured = load.level_record(4, _arm(replies), None, [], checked=False)
     assert unmeasured["speedup"] is None and unmeasured["tokens_per_s_target_alone"] is None
+    assert unmeasured["step_cost"] is None
+
+
+def test_a_level_whose_replies_count_no_steps_takes_its_steps_from_the_counters():
+    """llama.cpp: a reply's drafted and accepted tokens, no steps; the level's 4 steps are the counters'
+    move, so 1 + 13 / 4 again, and each request's engine_drafts is null, not a guess."""
+    own = [InFlightCounts(list(range(12)), None, 21, 6, {"prompt_ms": 1.5}), InFlightCounts(list(range(9)), None, 7, 7, {})]
+    arm = load.Arm([load.Served(str(i), c.completion_ids, c, 0.5) for i, c in enumerate(own)], 2.0, 0.0, steps=4)
+    record = load.level_record(4, arm, None, [], checked=True)
+    assert record["engine_mean_acceptance_length"] == pytest.approx(1 + 13 / 4)
+    assert [p["engine_drafts"] for p in record["prompts"]] == [None, None]
+    assert [p["engine_draft_tokens"] for p in record["prompts"]] == [21, 7]
+
+
+@pytest.mark.parametrize("speedups, crossing", [
+    ({1: 2.5, 4: 1.5, 16: 0.5}, 10.0),  # 1.5 at 4, 0.5 at 16: 1 at 4 + 0.5 / 1.0 * 12 = 10
+    ({1: 2.5, 4: 1.5}, None),  # still paying at the last level
+    ({1: 0.8, 4: 0.6}, None),  # never paid
+    ({1: 2.0, 4: 1.0}, 4.0),  # exactly even at a measured level
+    ({1: 2.0, 4: None}, None),  # the target alone not measured
+    ({1: 1.0, 4: 0.5}, 1.0),  # even already at the first level
+])
+def test_break_even_is_where_speedup_crosses_one_between_measured_levels(speedups, crossing):
+    records = [{"concurrency": c, "speedup": s} for c, s in speedups.items()]
+    assert load.break_even(records) == (pytest.approx(crossing) if crossing is not None else None)
 
 
 def test_the_flags_name_what_moved_and_a_healthy_level_has_none():
@@ -89,6 +118,21 @@ def test_the_flags_name_what_moved_and_a_healthy_level_has_none():
     assert load.flags(weak, 4, _arm([vllm_reply(c, [0, 0, 0, 0, 0])]), None, greedy=False, cache={}) == []
 
 
+def test_replies_without_steps_are_compared_and_flagged_by_drafted_tokens():
+    """llama.cpp's reply shape (drafted and accepted tokens): 35 drafted (5 steps of 7 at concurrency 1)
+    with nothing accepted is a collapse; 14 drafted (2 steps) is not yet one; other drafted tokens than
+    concurrency 1's are named as draft_tokens."""
+    c = [1] * 12
+    requests = [load.Request("0", [0], vllm_reply(c, [2, 2, 1, 2, 1]))]
+    collapsed = load.Arm([load.Served("0", c, InFlightCounts(c, None, 35, 0, {}), 0.5)], 1.0, 0.0, steps=5)
+    found = load.flags(requests, 4, collapsed, None, greedy=True, cache={"cache_prompt": False})
+    assert [f["flag"] for f in found] == ["counts differ from concurrency 1", "acceptance collapse"]
+    assert found[0]["draft_tokens"] == [35, 35] and found[0]["accepted"] == [0, 8]
+    assert found[1]["steps"] is None and found[1]["cache"] == {"cache_prompt": False}
+    early = load.Arm([load.Served("0", c, InFlightCounts(c, None, 14, 0, {}), 0.5)], 1.0, 0.0, steps=2)
+    assert [f["flag"] for f in load.flags(requests, 4, early, None, greedy=False, cache={})] == []
+
+
 @pytest.mark.parametrize("levels, message", [
     ("0", "each concurrency level must be an integer from 1 to 64"),
     ("1,-4", "each concurrency level must be an integer from 1 to 64"),
@@ -104,7 +148,8 @@ def test_bad_levels_are_one_line_before_anything_starts(levels, message, tmp_pat
 
 @pytest.mark.parametrize("extra, message", [
     ((), "--concurrency need --engine"),
-    (("--engine", "llamacpp"), "a load sweep runs on vllm so far"),
+    (("--engine", "sglang"), "a load sweep runs on vllm, llamacpp so far"),
+    (("--engine", "llamacpp", "--engine-url", "http://127.0.0.1:9"), "llamacpp's replies carry no verify steps"),
 ])
 def test_a_sweep_without_an_engine_that_can_run_it_is_refused(extra, message, tmp_path, capsys):
     assert main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),

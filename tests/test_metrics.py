@@ -100,3 +100,18 @@ def test_the_engine_walk_counts_what_the_last_step_accepted_past_the_limit():
     # A stop token at index 4 ends the walk there (it never anchors a block); the step that accepted
     # it and what followed counts whole: anchors 0, 3 and [3, 1].
     assert engine_walk(lengths, 5, 4, stopped=True) == [3, 1]
+
+
+def test_decoding_speedup_is_zlabs_ratio_of_mean_times_per_output_token():
+    """Hand-worked, z-lab benchmark.py's _print_decode_summary: TPOTs 0.02 and 0.04 s alone (mean 0.03), 0.01
+    and 0.01 with the drafter (mean 0.01): speedup 3.0, 33.3 vs 100 tok/s (not the mean of per-prompt ratios,
+    which would be 3.0 too here, but 2.0 and 4.0 apart)."""
+    from evaluators.metrics import decoding_speedup
+
+    d = decoding_speedup([0.02, 0.04], [0.01, 0.01])
+    assert d["speedup"] == pytest.approx(3.0) and d["tokens_per_s"] == pytest.approx(100.0)
+    assert d["tokens_per_s_target_alone"] == pytest.approx(1 / 0.03)
+    skewed = decoding_speedup([0.02, 0.04], [0.01, 0.03])  # per prompt 2.0 and 1.33: means first, then the ratio
+    assert skewed["speedup"] == pytest.approx(0.03 / 0.02)
+    with pytest.raises(ValueError):
+        decoding_speedup([0.02], [])

@@ -101,5 +101,11 @@ def test_online_scoring_equals_offline_where_the_cache_is_exact(pair, tmp_path):
         for row in online["prompts"]:
             assert row["acceptance_lengths"] == row["offline_acceptance_lengths"]
         assert online["tau"] == pytest.approx(online["offline"]["tau"], abs=1e-12)
+        # z-lab's decoding speedup, its target alone (block size 1) timed in the same process: lossless, so
+        # every completion is the drafter loop's
+        decoding = online["decoding"]
+        assert decoding["target_alone_equal"] == len(prompts) and decoding["speedup"] > 0
+        assert online["decoding_speedup"] == pytest.approx(decoding["time_per_output_token_s_target_alone"]
+                                                           / decoding["time_per_output_token_s"])
     for p, row in zip(prompts, online["prompts"]):  # cut: the lossless loop's, block for block
         assert (row["completion_ids"], row["acceptance_lengths"]) == lossless_generate(target, drafter, p, MAX_NEW, {eos})

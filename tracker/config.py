@@ -134,11 +134,13 @@ EVAL_SCORINGS = ("offline", "online")
 ENGINE_SCORING = "engine"  # protocol.scoring of an eval measured by a serving engine (evaluators/engines/)
 ENGINES = ("vllm", "sglang", "llamacpp")
 # The engines a load sweep (`--concurrency`) runs on: per-request counts whatever else is in flight (vLLM's
-# per-request metrics). llama.cpp's replies carry drafted and accepted tokens but no verify steps.
-LOAD_ENGINES = ("vllm",)
+# per-request metrics; llama.cpp's replies carry drafted and accepted tokens, its verify steps are counted
+# per level by its counters, exact only on a server draftboard manages).
+LOAD_ENGINES = ("vllm", "llamacpp")
+LOAD_MANAGED_ONLY = ("llamacpp",)
 
 
-def load_problem(engine: str | None, levels) -> str | None:
+def load_problem(engine: str | None, levels, attached: bool = False) -> str | None:
     """Why a load sweep at `levels` cannot be asked of `engine` (None: offline), in one line; None when it can."""
     if not levels:
         return None
@@ -147,7 +149,12 @@ def load_problem(engine: str | None, levels) -> str | None:
     if engine not in LOAD_ENGINES:
         return (f"a load sweep runs on {', '.join(LOAD_ENGINES)} so far (per-request counts at any concurrency); "
                 f"{engine} is measured one request at a time")
+    if attached and engine in LOAD_MANAGED_ONLY:
+        return (f"{engine}'s replies carry no verify steps, so a level's steps come from its counters, which only a "
+                "server draftboard starts has to itself: drop --engine-url")
     return None
+
+
 # The dtypes an engine's own Gated DeltaNet path takes on a device, where it does not take every one
 # (absent: any). vLLM 0.32's CPU GDN op asserts "CPU GDN attention requires BF16"
 # (model_executor/layers/mamba/ops/cpu/gdn_attention.py); SGLang has no CPU path for speculative

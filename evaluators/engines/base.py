@@ -80,6 +80,7 @@ class EngineReply:
     accepted_per_step: list[int] | None = None  # ordered, where the engine reports steps
     source: str = ""  # which of the engine's reports the counts came from
     reported_mean: float | None = None  # the engine's own per-request number, under its own definition
+    timings: dict[str, float] = field(default_factory=dict)  # the engine's own per-request timings (TIMINGS)
 
     def __post_init__(self):
         # Each verify step adds at least one token to the completion: counts past its length are not an
@@ -118,6 +119,38 @@ class EngineReply:
         return [j for j, c in enumerate(self.histogram) for _ in range(c)]
 
 
+@dataclass(frozen=True)
+class InFlightCounts:
+    """One request's own counts while others are in flight (a load sweep): what its reply says. `steps` is
+    None where the reply does not count verify steps (llama.cpp: drafted and accepted tokens only); a
+    level's steps then come from the server's counters (evaluators.engines.load)."""
+
+    completion_ids: list[int]
+    steps: int | None
+    draft_tokens: int
+    accepted: int
+    timings: dict[str, float]
+    accepted_per_step: list[int] | None = None  # in order, where the reply lists its steps (vLLM detailed)
+
+    @classmethod
+    def of(cls, reply: EngineReply) -> InFlightCounts:
+        return cls(reply.completion_ids, reply.drafts, reply.draft_tokens, reply.accepted, reply.timings,
+                   reply.accepted_per_step)
+
+
+def engine_timings(found: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """The named per-request timings an engine's reply carries (its own fields, its own definitions: the
+    results' `definitions` say which), finite and non-negative; what is missing or not a number is left out."""
+    if not isinstance(found, dict):
+        return {}
+    out = {}
+    for name in names:
+        value = found.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e12:
+            out[name] = float(value)
+    return out
+
+
 class EngineClient(ABC):
     """One engine's HTTP API. Each engine's module (`vllm`, `sglang`) also holds what a managed server
     needs: `server_argv`, `server_env`, `managed_settings` and `aux_layers_from_log`; and, for hybrid
@@ -148,6 +181,16 @@ class EngineClient(ABC):
         """Whether each reply carries that request's own counts, whatever else is in flight (a load sweep
         needs them); an engine whose counts come from counter deltas has them only at concurrency 1."""
         return False
+
+    def generate_in_flight(self, input_ids: list[int], request: EngineRequest) -> InFlightCounts:
+        """One completion with other requests in flight: its reply's own counts, no counter deltas."""
+        if not self.counts_per_request:
+            raise EngineError(f"{self.name} at {self.url} gives no per-request counts with other requests in flight")
+        return InFlightCounts.of(self.generate(input_ids, request))
+
+    def complete(self, input_ids: list[int], request: EngineRequest) -> list[int]:
+        """One completion's token ids from a server without a drafter (a load sweep's target alone)."""
+        raise EngineError(f"{self.name}: draftboard does not serve the target alone on this engine")
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         return json.loads(self._call(path, None, timeout) or b"null")

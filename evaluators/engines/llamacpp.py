@@ -31,7 +31,8 @@ import subprocess
 from pathlib import Path
 
 from evaluators.engines import gguf_fields
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
+from evaluators.engines.base import (EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, InFlightCounts,
+                                     engine_timings, reply_from_deltas)
 from evaluators.engines.server import engine_environment
 from evaluators.engines.staging import Staged
 from evaluators.target import content_digest
@@ -59,10 +60,11 @@ import xllamacpp as x
 a = json.loads(sys.argv[1])
 p = x.CommonParams()
 p.model.path = a["target"]
-p.speculative.draft.mparams.path = a["drafter"]
-p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH]
-p.speculative.draft.n_max = a["n_max"]
-p.speculative.draft.p_min = a["p_min"]
+if a["drafter"] is not None:
+    p.speculative.draft.mparams.path = a["drafter"]
+    p.speculative.types = [x.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH]
+    p.speculative.draft.n_max = a["n_max"]
+    p.speculative.draft.p_min = a["p_min"]
 p.n_ctx = a["n_ctx"]
 p.n_parallel = a["slots"]
 p.endpoint_metrics = True
@@ -76,16 +78,24 @@ signal.pause()
 """
 
 
+# The per-request timings of llama.cpp's reply (`timings`, server-common.cpp `server_slot_stats::to_json`):
+# the slot's prompt processing time, and its generation time over the tokens generated; milliseconds,
+# measured by the engine (no queue time: a request waiting for a slot is not counted).
+TIMINGS = ("prompt_ms", "predicted_per_token_ms", "predicted_ms")
+
+
 # How this engine ends a completion, as a protocol's `last_block` rule: llama.cpp drafts at most the tokens still to come less one (`get_n_draft_max`: min(n_max, n_remaining - 1)) and takes no step where that is 0: the offline `cut` walk, less a last block with no room to draft (tracker.measurement.reconcile).
 LAST_BLOCK = "cut"
 
 
-def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
+def server_argv(python: str, target: str, drafter: str | None, port: int, num_speculative_tokens: int, dtype: str,
                 max_model_len: int, device: str, slots: int = 1) -> list[str]:
     """xllamacpp's embedded server for a managed eval: the GGUF pair `prepare` wrote, n_max = the
-    eval's draft length (block_size - 1 unless given, not llama.cpp's default 3), p_min 0, `slots` slots."""
+    eval's draft length (block_size - 1 unless given, not llama.cpp's default 3), p_min 0, `slots` slots
+    (each gets n_ctx: llama.cpp splits its context over them, so the context asked is n_ctx x slots).
+    Without a drafter: the same server serving the target alone (a load sweep's other arm)."""
     args = {"target": target, "drafter": drafter, "n_max": num_speculative_tokens, "p_min": 0.0,
-            "n_ctx": max_model_len, "port": port, "threads": THREADS, "slots": slots}
+            "n_ctx": max_model_len * slots, "port": port, "threads": THREADS, "slots": slots}
     return [python, "-c", SERVE, json.dumps(args)]
 
 
@@ -266,31 +276,65 @@ class LlamaCppClient(EngineClient):
                           draft_model=None, method=SPEC_TYPE, num_speculative_tokens=None,
                           settings={"n_ctx": generation.get("n_ctx") if isinstance(generation, dict) else None})
 
-    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
-        before = self.counters()
+    def _complete(self, input_ids: list[int], request: EngineRequest) -> tuple[list[int], dict, dict]:
+        """One /completion: its token ids, its `timings` and the speculative types it ran."""
         greedy = request.temperature == 0
         body = {"prompt": input_ids, "n_predict": request.max_tokens, "temperature": request.temperature,
                 "top_k": 1 if greedy else max(request.top_k, 0), "top_p": request.top_p, "min_p": 0.0,
                 "repeat_penalty": 1.0, "seed": 0, "return_tokens": True, "cache_prompt": False}
         reply = self.post_json("/completion", body)
-        after = self.counters()
         try:
             ids = [int(t) for t in reply["tokens"]]
             types = str(reply["generation_settings"].get("speculative.types"))
-            timings = reply["timings"]
-            drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+            timings = reply.get("timings") or {}
+            if not isinstance(timings, dict):
+                raise TypeError
         except (KeyError, TypeError, ValueError, AttributeError):
             raise EngineError(f"llamacpp at {self.url}: a completion without tokens, settings and timings (a "
                               "llama.cpp older than return_tokens?)") from None
-        if SPEC_TYPE not in types.split(","):  # /props shows the request defaults, a reply what ran
+        return ids, timings, {"types": types}
+
+    def _drafted(self, timings: dict, ran: dict) -> tuple[int, int]:
+        """The reply's own drafted and accepted tokens, from a server that ran DFlash."""
+        if SPEC_TYPE not in ran["types"].split(","):  # /props shows the request defaults, a reply what ran
             raise EngineError(f"llamacpp at {self.url} runs no DFlash speculative decoding (speculative.types "
-                              f"{types[:60]!r}); start it with -md DRAFTER.gguf --spec-type {SPEC_TYPE}")
+                              f"{ran['types'][:60]!r}); start it with -md DRAFTER.gguf --spec-type {SPEC_TYPE}")
+        try:
+            return int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        except (TypeError, ValueError):
+            raise EngineError(f"llamacpp at {self.url}: timings.draft_n is not a count") from None
+
+    def generate(self, input_ids: list[int], request: EngineRequest) -> EngineReply:
+        """At concurrency 1: the counters' deltas around the request (steps, per position), which must equal
+        the reply's own drafted and accepted tokens."""
+        before = self.counters()
+        ids, timings, ran = self._complete(input_ids, request)
+        after = self.counters()
+        drafted, accepted = self._drafted(timings, ran)
         counted = reply_from_deltas(ids, before, after, "llama.cpp /metrics deltas = timings.draft_n")
         if (counted.draft_tokens, counted.accepted) != (drafted, accepted):
             raise EngineError(f"llamacpp's counters moved by {counted.draft_tokens} drafted / {counted.accepted} "
                               f"accepted around the request, but its reply says {drafted} / {accepted}: refused, "
                               "not averaged (another client on this server?)")
+        counted.timings = engine_timings(timings, TIMINGS)
         return counted
+
+    @property
+    def counts_per_request(self) -> bool:
+        return True  # drafted and accepted tokens, in every reply (no steps: generate_in_flight)
+
+    def generate_in_flight(self, input_ids: list[int], request: EngineRequest) -> InFlightCounts:
+        """The reply's own drafted and accepted tokens; its verify steps are not in the reply (the level's
+        come from the counters)."""
+        ids, timings, ran = self._complete(input_ids, request)
+        drafted, accepted = self._drafted(timings, ran)
+        if min(drafted, accepted) < 0 or accepted > min(drafted, len(ids)):
+            raise EngineError(f"llamacpp at {self.url}: {accepted} accepted of {drafted} drafted tokens for "
+                              f"{len(ids)} generated; refused")
+        return InFlightCounts(ids, None, drafted, accepted, engine_timings(timings, TIMINGS))
+
+    def complete(self, input_ids: list[int], request: EngineRequest) -> list[int]:
+        return self._complete(input_ids, request)[0]
 
     def counters(self) -> em.SpecTotals:
         return em.spec_totals(em.prometheus_samples(self.get_text("/metrics")), em.LLAMACPP_COUNTERS)

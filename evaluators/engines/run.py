@@ -55,7 +55,7 @@ class EngineSettings:
         if not all(isinstance(c, int) and 1 <= c <= config.MAX_CONCURRENCY for c in self.concurrency):
             raise EngineError(f"--concurrency: each level must be an integer from 1 to {config.MAX_CONCURRENCY}, "
                               f"got {list(self.concurrency)}")
-        problem = config.load_problem(self.name, self.concurrency)
+        problem = config.load_problem(self.name, self.concurrency, attached=bool(self.url))
         if problem:
             raise EngineError(f"--concurrency: {problem}")
 
@@ -181,6 +181,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
     if drafted:
         results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings)
+        results["load_break_even_concurrency"] = load.break_even(results["load"])
         results["definitions"].update(load.DEFINITIONS)
     # The engine's own end-of-generation rule (vLLM and SGLang count their last step whole, as `full`
     # does; llama.cpp drafts no further than `cut`): an offline eval under the other rule differs
@@ -253,7 +254,8 @@ def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, targe
                   max_model_len: int, device: str, log_dir: Path | None, prompts, replies, request: EngineRequest,
                   progress: Progress) -> dict[int, load.Arm]:
     """The load sweep's other arm: the same server settings without the drafter, started after the drafter's
-    server stopped, the same prompts at the same levels."""
+    server stopped, the same prompts at the same levels. First the prompts one at a time, untimed: the
+    drafter's server had the eval's own pass before its levels (a fresh server's first requests are slow)."""
     log = (log_dir or config.logs_dir()) / f"engine-{e.name}-alone-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
     server = ManagedServer(
         e.name, lambda port: engine.server_argv(python, target, None, port, n_spec, config.DTYPES[s.dtype],
@@ -262,6 +264,8 @@ def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, targe
     sweep = load.requests_of(prompts, replies)
     with server:
         client = CLIENTS[e.name](server.url)
+        load.target_arm(client.complete, sweep, request, 1,
+                        lambda i: progress(f"{e.name}: target alone, warming up", i, len(sweep)))
         return {level: load.target_arm(client.complete, sweep, request, level,
                                        lambda i, c=level: progress(f"{e.name}: target alone, concurrency {c}", i,
                                                                    len(sweep)))

@@ -28,11 +28,18 @@ from pathlib import Path
 import json
 import re
 
-from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, reply_from_deltas
+from evaluators.engines.base import (EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest, engine_timings,
+                                     reply_from_deltas)
 from evaluators.engines.staging import Staged
 from tracker.measurement import engine_metrics as em
 
 NAME = "vllm"
+
+
+# The per-request timings of vLLM's reply (`metrics`, --enable-per-request-metrics; vLLM's
+# `build_per_request_timing_metrics`): first token - scheduled, (last - first token) / (tokens - 1),
+# scheduled - queued, last - first token; milliseconds, measured by the engine.
+TIMINGS = ("time_to_first_token_ms", "mean_itl_ms", "queue_time_ms", "generation_time_ms")
 
 
 # How this engine ends a completion, as a protocol's `last_block` rule: vLLM counts its last step whole (it drafts a whole block at every step and stops once the tokens are out).
@@ -48,7 +55,8 @@ def server_argv(python: str, target: str, drafter: str | None, port: int, num_sp
     a drafter: the same server serving the target alone (a load sweep's other arm)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
-            "--no-enable-prefix-caching", "--max-num-seqs", str(slots), "--disable-uvicorn-access-log"]
+            "--no-enable-prefix-caching", "--max-num-seqs", str(slots), "--disable-uvicorn-access-log",
+            "--enable-per-request-metrics"]
     if drafter is not None:
         spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
         argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
@@ -220,15 +228,20 @@ class VLLMClient(EngineClient):
         deltas of vLLM's Prometheus counters around it, or the reply is refused."""
         before = None if self._per_request and not self.cross_check else self.counters()
         ids, reply = self._complete(input_ids, request)
-        stats = ((reply.get("metrics") or {}).get("speculative_decoding")) if isinstance(reply, dict) else None
+        metrics = reply.get("metrics") if isinstance(reply, dict) else None
+        metrics = metrics if isinstance(metrics, dict) else {}
+        timings = engine_timings(metrics, TIMINGS)
+        stats = metrics.get("speculative_decoding")
         if stats:
             self._per_request = True
-            reply = _from_request_stats(ids, stats)
+            reply = _from_request_stats(ids, stats, timings)
             if not self.cross_check:
                 return reply
             return _checked(reply, reply_from_deltas(ids, before, self.counters(), "vllm /metrics deltas"))
         self._per_request = False
-        return reply_from_deltas(ids, before, self.counters(), "vllm /metrics deltas")
+        reply = reply_from_deltas(ids, before, self.counters(), "vllm /metrics deltas")
+        reply.timings = timings
+        return reply
 
     @property
     def counts_per_request(self) -> bool:
@@ -239,14 +252,14 @@ class VLLMClient(EngineClient):
         return em.vllm_totals(em.prometheus_samples(self.get_text("/metrics")))
 
 
-def _from_request_stats(ids: list[int], stats: dict) -> EngineReply:
+def _from_request_stats(ids: list[int], stats: dict, timings: dict[str, float]) -> EngineReply:
     steps = stats.get("per_step_accepted")
     return EngineReply(completion_ids=ids, drafts=int(stats["num_spec_steps"]),
                        draft_tokens=int(stats["num_draft_tokens"]), accepted=int(stats["num_accepted_draft_tokens"]),
                        histogram=[int(c) for c in stats["acceptance_histogram"]],
                        accepted_per_step=[int(a) for a in steps] if steps is not None else None,
                        source="vllm metrics.speculative_decoding",
-                       reported_mean=stats.get("mean_acceptance_length"))
+                       reported_mean=stats.get("mean_acceptance_length"), timings=timings)
 
 
 def _checked(reply: EngineReply, counted: EngineReply) -> EngineReply:

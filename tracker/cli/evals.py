@@ -66,6 +66,11 @@ def cmd_eval(args) -> int:
         print(f"sampled: {mc['draws_per_prompt']} draws per prompt; over the draws alone (prompts held fixed) "
               f"{mc_low:.3f}-{mc_high:.3f}" + (f"; the offline expectation {offline['tau']:.3f}" if "monte_carlo"
                                                 in offline else ""))
+    if (results.get("decoding") or {}).get("speedup"):
+        d = results["decoding"]
+        print(f"decoding speedup {d['speedup']:.2f}x (z-lab's: mean time per output token of the target alone "
+              f"{d['time_per_output_token_s_target_alone'] * 1e3:.2f} ms / with the drafter "
+              f"{d['time_per_output_token_s'] * 1e3:.2f} ms, one request at a time, this machine)")
     timing = results["timing"]
     if "engine" in results:
         print(f"{results['engine']['name']} {results['engine']['version']}: mean acceptance length "
@@ -73,10 +78,13 @@ def cmd_eval(args) -> int:
               f"{timing['engine_start_s']:.1f}s, requests {timing['requests_s']:.1f}s"
               + (f"  run: {run_id}" if run_id else ""))
         for level in results.get("load") or ():
+            alone = (f"{level['tokens_per_s_target_alone']:.1f} target alone: speedup {level['speedup']:.2f}x, step "
+                     f"cost {level['step_cost']:.2f}" if level["speedup"] else "target alone not measured (attached)")
             print(f"  concurrency {level['concurrency']}: mean acceptance length "
                   f"{level['engine_mean_acceptance_length']:.3f}, {level['tokens_per_s']:.1f} tok/s with the drafter, "
-                  f"{level['tokens_per_s_target_alone']:.1f} target alone: speedup {level['speedup']:.2f}x"
-                  + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
+                  f"{alone}" + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
+        if results.get("load_break_even_concurrency") is not None:
+            print(f"  the drafter stops paying at about {results['load_break_even_concurrency']:.1f} requests in flight")
     else:
         print(f"linear attention: {results['fingerprint']['numerics']['linear_attention_path']}  "
               f"timing: target {timing['target_s']:.1f}s, drafter {timing['drafter_s']:.1f}s"
@@ -199,9 +207,12 @@ def _add_margins(report: dict, offline: dict) -> None:
 
 
 def cmd_reconcile(args) -> int:
+    from tracker.measurement.levels import level_results
     from tracker.measurement.reconcile import reconcile, reconcile_engines
 
     engine, offline = _results_of(args.engine_eval, args.tracking_uri), _results_of(args.offline_eval, args.tracking_uri)
+    if args.concurrency is not None:  # one level of the engine eval's load sweep, read as an eval of its own
+        engine = level_results(engine, args.concurrency)
     if isinstance(offline, dict) and (offline.get("protocol") or {}).get("scoring") == "engine":
         if args.margins:
             raise DraftboardError("--margins reads an offline eval's drafter: reconcile an engine eval with one")
@@ -290,9 +301,10 @@ def cmd_export_results(args) -> int:
         results = tracker.read_json(args.run_id, names.EVAL_RESULTS_ARTIFACT)
     except DraftboardError as exc:
         raise DraftboardError(f"run {args.run_id}: no eval results to export ({exc})") from None
-    records = aiperf_records(results)
+    records = aiperf_records(results, args.concurrency)
     write_whole(out, "".join(json.dumps(record) + "\n" for record in records))
-    say(f"wrote {out}: {len(records)} request record(s) of run {args.run_id} (AIPerf profile_export.jsonl; "
+    level = f" at {args.concurrency} requests in flight" if args.concurrency else ""
+    say(f"wrote {out}: {len(records)} request record(s) of run {args.run_id}{level} (AIPerf profile_export.jsonl; "
         "draftboard import-results --format aiperf reads it back)")
     return 0
 
@@ -380,6 +392,8 @@ def add_commands(sub) -> None:
     p.add_argument("--margins", action="store_true",
                    help="at each acceptance difference, the offline drafter's logit margin (reloads the offline "
                         "eval's target and drafter: a near-tie points to numerics, a wide margin to another context)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="the engine eval's load-sweep level with C requests in flight instead of its own pass")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_reconcile)
 
@@ -396,6 +410,8 @@ def add_commands(sub) -> None:
                                               "aiperf (AIPerf's profile_export.jsonl records)")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--format", required=True, choices=["aiperf"])
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="a load sweep's level: its requests at C in flight (default: the eval's own pass)")
     p.add_argument("--out", required=True, help="the file to write (refused if it exists)")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_export_results)

@@ -110,6 +110,18 @@ def accept_by_position(frame: pd.DataFrame, colors: Mapping[str, str] | None = N
     return _layout(fig, "draft position k (1 = first token after the anchor)", "acceptance rate (fraction of blocks)")
 
 
+def under_load(frame: pd.DataFrame, y: str, y_title: str, hover: str,
+               colors: Mapping[str, str] | None = None) -> go.Figure:
+    """A load sweep's `y` against requests in flight, one line per eval (`load_view.load_curves`); speedup
+    gets the break-even line at 1."""
+    fig = _per_checkpoint(frame.dropna(subset=[y]), "concurrency", y, f"%{{x}} in flight<br>{hover}", colors)
+    fig.update_xaxes(type="log", dtick=0.30102999566)  # levels 1, 2, 4, 8, ... evenly spaced
+    if y == "speedup":
+        fig.add_hline(y=1.0, line=dict(color="#888", dash="dot", width=1), annotation_text="break-even",
+                      annotation_position="bottom right")
+    return _layout(fig, "requests in flight (concurrency)", y_title)
+
+
 def ddtree_vs_budget(frame: pd.DataFrame, colors: Mapping[str, str] | None = None,
                      span: tuple[int, int] | None = None) -> go.Figure:
     """DDTree acceptance length against node budget (log2 x axis), the axis over `span` when given

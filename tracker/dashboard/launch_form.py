@@ -303,7 +303,7 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
             levels = eval_job.parse_ints("concurrency", form.concurrency)
         except ValueError as exc:
             raise DraftboardError(f"concurrency levels: {exc}") from None
-        problem = config.load_problem(engine, levels)
+        problem = config.load_problem(engine, levels, attached=bool(url))
         if problem:
             raise DraftboardError(problem)
         params["concurrency"] = levels

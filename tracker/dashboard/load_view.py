@@ -1,10 +1,17 @@
-"""Run detail's load sweep: a served eval's `load` section (`draftboard eval --engine vllm --concurrency
-1,4,8`, evaluators/engines/load.py) as one row per level, each column named with its definition, and its
-flags as sentences (prompt ids are user text: the page escapes them)."""
+"""A load sweep as the dashboard shows it (`draftboard eval --engine vllm --concurrency 1,4,8`,
+evaluators/engines/load.py): Run detail's `load` section as one row per level, each column named with its
+definition, and its flags as sentences (prompt ids are user text: the page escapes them); Compare's curves
+of served acceptance, speedup and step cost against concurrency, one line per eval, from the logged
+`load_c{C}_{field}` metrics (no results file is read)."""
 
 from __future__ import annotations
 
 import pandas as pd
+
+from tracker.dashboard.compare import eval_series
+from tracker.dashboard.compare_deltas import scoring_note
+from tracker.dashboard.index import RunIndex, RunInfo
+from tracker.store import names
 
 # Column -> what it is (the page's column help; the definitions are the results' own, DESIGN.md "Load sweeps").
 COLUMNS = {
@@ -14,12 +21,18 @@ COLUMNS = {
     "tok/s, drafter": "completion tokens / the level's wall time (first request sent to last reply)",
     "tok/s, target alone": "the same prompts at the same level on the same server settings without the drafter",
     "speedup": "tok/s with the drafter / tok/s of the target alone, both measured in this eval",
+    "step cost": "mean acceptance length / speedup: a speculative step's time over a plain decode step's, as the "
+                 "two arms' wall clocks imply; speedup = acceptance length / step cost, so a lost speedup shows "
+                 "here as lost acceptance or a dearer step",
     "counts checked": "the engine's counters moved by exactly the sum of the requests' own counts",
     "flags": "requests whose completion or counts moved against concurrency 1 or the target alone, or whose "
              "acceptance collapsed",
     "load average": "the box's 1-minute load average when each arm started (drafter / target alone): a busy box "
                     "moves both numbers",
 }
+
+NUMBERS = ("requests in flight", "mean acceptance length", "tok/s, drafter", "tok/s, target alone", "speedup",
+           "step cost")  # the columns drawn as numbers
 
 
 def levels_frame(results: dict | None) -> pd.DataFrame | None:
@@ -38,10 +51,20 @@ def levels_frame(results: dict | None) -> pd.DataFrame | None:
         "tok/s, drafter": level.get("tokens_per_s"),
         "tok/s, target alone": level.get("tokens_per_s_target_alone"),
         "speedup": level.get("speedup"),
+        "step cost": level.get("step_cost"),
         "counts checked": "yes" if level.get("counters_checked") else "no (attached server)",
         "flags": len(level.get("flags") or ()),
         "load average": load_average(level),
     } for level in levels if isinstance(level, dict)], columns=list(COLUMNS))
+
+
+def break_even_line(results: dict | None) -> str | None:
+    """Where the drafter stops paying, if inside the measured levels."""
+    crossing = (results or {}).get("load_break_even_concurrency")
+    if not isinstance(crossing, (int, float)) or isinstance(crossing, bool):
+        return None
+    return (f"Break-even: speedup crosses 1 at about {crossing:.1f} requests in flight (linear between the two "
+            "measured levels around it); above it, serving this checkpoint's drafter costs more than it buys.")
 
 
 def flag_lines(results: dict | None) -> list[str]:
@@ -51,7 +74,26 @@ def flag_lines(results: dict | None) -> list[str]:
         for flag in level.get("flags") or () if isinstance(level, dict) else ():
             if not isinstance(flag, dict):
                 continue
+            collapsed = flag.get("flag") == "acceptance collapse"
             detail = (f" from token {flag['first_difference']}" if "first_difference" in flag else
-                      f" over {flag['steps']} steps" if flag.get("flag") == "acceptance collapse" else "")
+                      f" over {flag['steps']} steps" if collapsed and flag.get("steps") is not None else
+                      f" over {flag.get('draft_tokens')} drafted tokens" if collapsed else "")
             lines.append(f"concurrency {level.get('concurrency')}: prompt {flag.get('id')}: {flag.get('flag')}{detail}")
     return lines
+
+
+def load_curves(index: RunIndex, chosen: list[RunInfo]) -> pd.DataFrame:
+    """One row per (eval, level) of every load sweep among the chosen runs' evals (a training run's: each
+    checkpoint's): the eval's label (its engine named) as the series, its run as the owner of its colour."""
+    rows, seen = [], set()
+    for run in chosen:
+        for label, evals in eval_series(index, run):
+            for ev in evals:
+                levels = names.load_levels(ev.metrics)
+                if not levels or ev.run_id in seen:
+                    continue
+                seen.add(ev.run_id)
+                series = index.eval_label(ev) + scoring_note(ev) if run.kind == "train" else label
+                rows += [{"series": series, "owner": run.run_id, "concurrency": c, **values}
+                         for c, values in levels.items()]
+    return pd.DataFrame(rows, columns=["series", "owner", "concurrency", *names.LOAD_FIELDS])

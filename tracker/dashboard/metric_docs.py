@@ -69,6 +69,12 @@ _FIXED = {
     "acc": MetricDoc("acc", "Training token accuracy", "fraction",
                      "fraction of masked block positions whose argmax equals the label, as logged by the "
                      "trainer.", True),
+    names.DECODING_SPEEDUP: MetricDoc(
+        names.DECODING_SPEEDUP, "Decoding speedup (z-lab's)", "× vs target alone",
+        "z-lab benchmark.py's \"Decoding speedup\": the mean over prompts of the target alone's time per output "
+        "token over the mean with the drafter, one request at a time, each timed from its first token (`--scoring "
+        "online` times both loops in one process; an imported z-lab log keeps the one it printed). Depends on the "
+        "hardware: compare it only within one environment.", True),
     "lr": MetricDoc("lr", "Learning rate", "", "the optimizer's learning rate at this step."),
     "grad_norm": MetricDoc("grad_norm", "Gradient norm", "", "global gradient norm before clipping."),
     **{name: MetricDoc(name, *rest) for name, *rest in (

@@ -81,6 +81,9 @@ def checkpoint_artifact(step: int) -> str:
 # The scalars `draftboard eval` logs under their own names.
 EVAL_SCALARS = ("tau", "tau_pooled", "tau_all_anchors", "streak")
 ENGINE_MEAN_AL = "engine_mean_acceptance_length"  # an engine eval's own number (DESIGN.md, "Engine evals")
+# z-lab benchmark.py's "Decoding speedup" (mean TPOT alone / with the drafter, batch 1): `--scoring online`
+# measures it, `import-results --format zlab-benchmark` keeps the one z-lab printed (DESIGN.md)
+DECODING_SPEEDUP = "decoding_speedup"
 
 _ACCEPT_RATE = "accept_rate_pos"
 _DDTREE_TAU = "ddtree_tau_b"
@@ -128,12 +131,25 @@ def family_values(metrics: dict[str, float], family: str) -> dict[int, float]:
 
 
 # A load sweep's numbers per level (results `load`, DESIGN.md "Load sweeps"): `load_c{C}_{field}`.
-LOAD_FIELDS = ("engine_mean_acceptance_length", "tokens_per_s", "tokens_per_s_target_alone", "speedup")
+LOAD_FIELDS = ("engine_mean_acceptance_length", "tokens_per_s", "tokens_per_s_target_alone", "speedup", "step_cost")
 
 
 def load_metric(concurrency: int, field: str) -> str:
     """`load_c4_speedup`: a load sweep's `field` at `concurrency` requests in flight."""
     return f"load_c{concurrency}_{field}"
+
+
+_LOAD_METRIC = re.compile(rf"load_c([1-9][0-9]{{0,3}})_({'|'.join(LOAD_FIELDS)})")
+
+
+def load_levels(metrics: Mapping[str, float]) -> dict[int, dict[str, float]]:
+    """{concurrency: {field: value}} of a load sweep's logged metrics, by level."""
+    found: dict[int, dict[str, float]] = {}
+    for name, value in metrics.items():
+        m = _LOAD_METRIC.fullmatch(name) if name.startswith("load_c") else None
+        if m:
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return dict(sorted(found.items()))
 
 
 _CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"

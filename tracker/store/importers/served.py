@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tracker import config
 from tracker.measurement import engine_metrics as em
+from tracker.measurement.levels import level_results
 from tracker.errors import DraftboardError
 from tracker.untrusted.jsonlines import records
 from tracker.store import names
@@ -285,15 +286,17 @@ PARSERS = {VLLM_LOG: parse_vllm_log, SGLANG_LOG: parse_sglang_log, LLAMACPP_LOG:
            PROMETHEUS: parse_prometheus, AIPERF: parse_aiperf}
 
 
-def aiperf_records(results: dict) -> list[dict]:
+def aiperf_records(results: dict, concurrency: int | None = None) -> list[dict]:
     """A served eval's requests as AIPerf's profile_export.jsonl records, one per prompt, each checked
-    with AIPerf's invariants (`_aiperf_record`). An offline eval has no served requests: DraftboardError."""
+    with AIPerf's invariants (`_aiperf_record`): the eval's own pass, or with `concurrency` that level of its
+    load sweep (`load`). An offline eval has no served requests: DraftboardError."""
     engine = results.get("engine")
     if not isinstance(engine, dict) or not engine.get("name"):
         raise DraftboardError("not a served eval: AIPerf records are a serving engine's requests (an offline "
                               "eval has none)")
     try:
-        return [_aiperf_line(row, engine) for row in results["prompts"]]
+        rows = (results if concurrency is None else level_results(results, concurrency))["prompts"]
+        return [_aiperf_line(row, engine) for row in rows]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # results are read from the store: untrusted
         raise DraftboardError(f"the eval's results are not a served eval's per-prompt records ({exc!r:.80})") from None
 

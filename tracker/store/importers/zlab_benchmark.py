@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite, rates_above
 
 FORMAT = "zlab-benchmark"
@@ -144,6 +145,8 @@ def _record(section: _Section, dataset: str, where: str) -> ImportedEval:
     metrics: dict[str, float] = {}
     if tau is not None:
         metrics = {"tau": tau, "streak": tau - 1}
+    if "speedup" in values:  # benchmark.py's "Decoding speedup": the quantity `--scoring online` measures
+        metrics[names.DECODING_SPEEDUP] = values["speedup"]
     protocol = dict(section.stated)
     details: dict = {"printed": values}
     if section.histogram is not None:
@@ -153,6 +156,6 @@ def _record(section: _Section, dataset: str, where: str) -> ImportedEval:
         metrics.update(rates_above(section.histogram, block_size))
         protocol["block_size"] = str(block_size)
         details["accept_len_fraction"] = section.histogram[1:]  # lengths 1..block_size, like accept_len_histogram
-    if not metrics:
+    if tau is None and section.histogram is None:
         raise DraftboardError(f"{where}: the summary has no acceptance length")
     return ImportedEval(dataset, metrics, protocol, details)
