@@ -39,6 +39,7 @@ from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_
 from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
                                deferred_tokenizer, greedy_continuations, held_heads, layer_hidden_states_batch,
                                load_target, sampled_continuations)
+from tracker.measurement import context
 from tracker.measurement.uncertainty import draws_interval, results_uncertainty
 from tracker.environment import fingerprint, linear_attn
 from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
@@ -74,6 +75,7 @@ class EvalSettings:
     samples: int = 1  # T > 0: continuations drawn per prompt (the offline expectation's draws)
     seeds: int = 1  # T > 0, --scoring online: runs of the sampled loop per prompt
     seed: int = 0
+    context_buckets: tuple[int, ...] = ()  # tau_by_context's edges; (): octaves of the prompts' contexts
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -100,6 +102,10 @@ class EvalSettings:
             raise DraftboardError(f"--seed must be >= 0, got {self.seed}")
         if not self.sampling.greedy and self.completions:
             raise DraftboardError("a sampled eval (--temperature > 0) draws its own continuations; drop --completions")
+        try:
+            self.context_buckets = context.check_edges(self.context_buckets) if self.context_buckets else ()
+        except ValueError as exc:
+            raise DraftboardError(f"--context-buckets: {exc}") from None
         if self.seeds > 1 and self.scoring != "online":
             raise DraftboardError("--seeds counts runs of the online loop (--scoring online); offline, --samples "
                                   "sets the continuations drawn per prompt")
@@ -226,6 +232,18 @@ def _target_features(target: Target, walked: list[Walked], seqs: list[list[int]]
                 writer.write(n, feats)
             done += len(batch)
             progress("target: features", done, len(seqs))
+
+
+def _by_context(walked: list[Walked], rows: list[dict], edges: tuple[int, ...]) -> dict:
+    """`tau_by_context` of the walks and `tau_all_anchors_by_context` of every anchor (tracker.measurement.context),
+    over `edges` or octaves of the walks' contexts."""
+    walks = [(context.walk_contexts(len(r["input_ids"]), r["acceptance_lengths"]), r["acceptance_lengths"])
+             for r in rows]
+    anchors = [(context.anchor_contexts(len(w.input_ids), w.n_anchors), [int(a) for a in w.chain[:w.n_anchors]])
+               for w in walked]
+    edges = edges or context.default_edges(c for contexts, _ in walks for c in contexts)
+    return {"context_buckets": list(edges), "tau_by_context": context.by_context(walks, edges),
+            "tau_all_anchors_by_context": context.by_context(anchors, edges)}
 
 
 def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: list[Walked], last_block: str,
@@ -552,6 +570,8 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         else:
             _score_online_sampled(results, target(), loaded, walked, s, stops, block, progress)
         drafter_s += time.perf_counter() - t_online
+    if sampling.greedy:  # the walks as scored (online: the loop's); a sampled eval's blocks are expectations
+        results.update(_by_context(walked, results["prompts"], s.context_buckets))
     if target.target is not None and facts.note_warnings(linear_attn.FALLBACK_WARNINGS.messages):
         cache.put_fingerprint(facts.key, {"part": facts.part, "resolution": facts.resolution}, target=digest)
         fp = fingerprint.with_target_part(here, facts.part)

@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from tracker.dashboard import (charts, curve_chart, doctor_view, lineage, load_view, metric_docs, recipe,
+from tracker.dashboard import (charts, context_view, curve_chart, doctor_view, lineage, load_view, metric_docs, recipe,
                                reconcile_view, ui, watch_form)
 from tracker.dashboard.compare import run_acceptance
 from tracker.dashboard.escape import md, md_code
@@ -81,6 +81,17 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
             ui.refresh()
             st.toast(f"{md(run.name)} is now a {target_kind} run")
             st.rerun()
+
+
+def context_section(run) -> None:
+    frame = context_view.context_frame(ui.eval_results_loader(cfg.store_uri)(run))
+    if frame is None:
+        return
+    st.markdown("**Acceptance by context length**", help="`tau_by_context`: the mean acceptance length of the blocks "
+                "in each context-length bucket (`--context-buckets`; docs/DESIGN.md, Load, context and families): "
+                "a checkpoint can hold at 1K and fall at 16K while one mean tau hides it")
+    st.dataframe(frame, hide_index=True, key="detail_context", column_config={
+        name: st.column_config.Column(name, help=what) for name, what in context_view.COLUMNS.items()})
 
 
 def load_section(run) -> None:
@@ -244,6 +255,7 @@ with tabs[1]:
             st.plotly_chart(charts.ddtree_vs_budget(trees, colors), key="detail_ddtree")
         if positions.empty and trees.empty:
             st.info("This run has no per-position or DDTree results.")
+        context_section(run)
         if reconcile_view.is_engine_eval(run):
             load_section(run)
             reconcile_section(run)

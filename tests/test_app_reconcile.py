@@ -160,12 +160,18 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     engine["load"] = [load.level_record(1, healthy, alone, load.flags(requests, 1, healthy, alone, True, {}), True),
                       load.level_record(8, slow, alone, load.flags(requests, 8, slow, alone, True, {}), True)]
     engine["load_break_even_concurrency"] = 6.5
+    # Issue 50: the engine's steps by context length (a 10-token prompt, blocks 3, 1, 4: contexts 11, 14, 15)
+    from tracker.measurement.context import by_context, walk_contexts
+    engine["engine_tau_by_context"] = by_context([(walk_contexts(10, [3, 1, 4]), [3, 1, 4])], [0, 12, 16])
     at, text, _, ids = served_detail(tmp_path, monkeypatch, engine, offline)
     [table] = [df.value for df in at.dataframe if "requests in flight" in df.value.columns]
     assert list(table["requests in flight"]) == [1, 8] and list(table["speedup"]) == [4.0, 2.0]
     assert list(table["flags"]) == [0, 2] and "Under load" in text and "Flagged under load" in text
     assert list(table["step cost"]) == [pytest.approx(3 / 4), pytest.approx(1 / 2)]  # tau / speedup
     assert "speedup crosses 1 at about 6.5 requests in flight" in text
+    [by_context] = [df.value for df in at.dataframe if "context (tokens)" in df.value.columns]
+    assert list(by_context["context (tokens)"]) == ["[0, 12)", "[12, 16)", "[16, ∞)"]
+    assert list(by_context["blocks"]) == [1, 2, 0] and by_context["tau (engine steps)"].tolist()[:2] == [3.0, 2.5]
     assert f"concurrency 8: prompt {hostile}: acceptance collapse over 5 steps" in text  # as a reader sees it
     [flagged] = [w.value for w in at.warning if "Flagged under load" in w.value]
     assert "\\<img" in flagged and "<img" not in flagged.replace("\\<img", "")  # its source: escaped, inert

@@ -28,12 +28,13 @@ def test_cli_parses_back_exactly_what_a_job_says():
                          checkpoint_step=1200, train_run_id="abc", reference="z-lab", device="cuda", dtype="bf16",
                          drafter_precision="bf16-autocast", no_log=True, enable_thinking=False,
                          completions="/data/c.jsonl", name="n", engine="vllm", num_speculative_tokens=5,
-                         concurrency=[8, 1, 4])
+                         concurrency=[8, 1, 4], context_buckets=[2048, 0, 512])
     args = eval_job.cli_args(params)
     assert args[0] == "eval" and nasty in args  # one argument, never split or quoted
     parsed = _eval_parse(args[1:])
     assert {name: getattr(parsed, name) for name in params} == {
-        **params, "budgets": (4, 8, 16), "concurrency": (1, 4, 8)}  # sorted, as the CLI's tuples
+        **params, "budgets": (4, 8, 16), "concurrency": (1, 4, 8),
+        "context_buckets": (0, 512, 2048)}  # sorted, as the CLI's tuples
     # The CLI's defaults are the spec's, and the fixed flags of docs/DESIGN.md are all there.
     defaults = _eval_parse(["--target", "t", "--drafter", "d", "--prompts", "p"])
     assert (defaults.max_new_tokens, defaults.budgets, defaults.dtype, defaults.linear_attn, defaults.device) == \
@@ -45,7 +46,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
         "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--temperature", "--top-p", "--top-k", "--samples",
         "--seeds", "--seed", "--engine", "--engine-python", "--engine-url", "--engine-port",
-        "--num-speculative-tokens", "--concurrency"]
+        "--num-speculative-tokens", "--context-buckets", "--concurrency"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 

@@ -201,8 +201,10 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
     assert params["concurrency"] == [1, 4, 8] and params["name"].endswith("concurrency 1,4,8")
     assert "concurrency" not in eval_params(LaunchForm(**common, measured_by=("vllm", None)), [tmp_path])
     for form, message in ((LaunchForm(**common, concurrency="1,4"), "choose an engine to measure by"),
-                          (LaunchForm(**common, measured_by=("llamacpp", None), concurrency="4"),
-                           "a load sweep runs on vllm so far"),
+                          (LaunchForm(**common, measured_by=("sglang", None), concurrency="4"),
+                           "a load sweep runs on vllm, llamacpp so far"),
+                          (LaunchForm(**common, measured_by=("llamacpp", "http://127.0.0.1:9"), concurrency="4"),
+                           "llamacpp's replies carry no verify steps"),
                           (LaunchForm(**common, measured_by=("vllm", None), concurrency="1,999"),
                            "each concurrency level must be an integer from 1 to 64"),
                           (LaunchForm(**common, measured_by=("vllm", None), concurrency="a lot"),

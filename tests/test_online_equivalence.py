@@ -101,6 +101,15 @@ def test_online_scoring_equals_offline_where_the_cache_is_exact(pair, tmp_path):
         for row in online["prompts"]:
             assert row["acceptance_lengths"] == row["offline_acceptance_lengths"]
         assert online["tau"] == pytest.approx(online["offline"]["tau"], abs=1e-12)
+        # tau by context: every block in one bucket, the buckets pooled back to tau_pooled (a 0,32 split: the
+        # prompts' contexts start below 32 and run past it)
+        for curve, pooled in (("tau_by_context", online["tau_pooled"]),
+                              ("tau_all_anchors_by_context", online["tau_all_anchors"])):
+            rows = online[curve]
+            assert sum(r["blocks"] * (r["tau"] or 0) for r in rows) / sum(r["blocks"] for r in rows) == \
+                pytest.approx(pooled)
+        assert sum(r["blocks"] for r in online["tau_by_context"]) == online["n_blocks"]
+        assert online["context_buckets"][0] == 0 and len(online["context_buckets"]) >= 2
         # z-lab's decoding speedup, its target alone (block size 1) timed in the same process: lossless, so
         # every completion is the drafter loop's
         decoding = online["decoding"]

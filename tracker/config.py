@@ -137,6 +137,7 @@ ENGINES = ("vllm", "sglang", "llamacpp")
 # per-request metrics; llama.cpp's replies carry drafted and accepted tokens, its verify steps are counted
 # per level by its counters, exact only on a server draftboard manages).
 LOAD_ENGINES = ("vllm", "llamacpp")
+MAX_CONTEXT_EDGE = 1 << 24  # --context-buckets: 16M tokens, past any served context
 LOAD_MANAGED_ONLY = ("llamacpp",)
 
 

@@ -29,6 +29,7 @@ from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, lifecycle
 from tracker.environment import fingerprint
+from tracker.measurement import context
 from tracker.measurement import engine_metrics as em
 from tracker.measurement.uncertainty import results_uncertainty
 
@@ -180,7 +181,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     results = _results(prompts, replies, block, stops, s)
     results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
     if drafted:
-        results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings)
+        results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings,
+                                tuple(results["context_buckets"]))
         results["load_break_even_concurrency"] = load.break_even(results["load"])
         results["definitions"].update(load.DEFINITIONS)
     # The engine's own end-of-generation rule (vLLM and SGLang count their last step whole, as `full`
@@ -298,6 +300,8 @@ def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], 
         "accept_len_histogram": summary.accept_len_histogram, "n_blocks": summary.n_blocks, "ddtree": {},
         "engine_mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
         "definitions": {
+            "engine_tau_by_context": context.DEFINITION + "; blocks are the engine's steps, in the order it reported "
+                                     "them (null where it reported none in order)",
             "tau": "per-prompt mean of the engine's per-step acceptance lengths (accepted drafts + 1), averaged "
                    "over prompts",
             "tau_pooled": "every step of every prompt weighted equally",
@@ -307,13 +311,32 @@ def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], 
         "prompts": rows,
     }
     results.update(results_uncertainty(rows))
+    results["context_buckets"], results["engine_tau_by_context"] = _engine_by_context(
+        [(len(p.input_ids), r.accepted_per_step) for p, r in zip(prompts, replies)], s.context_buckets)
     return results
 
 
-def _load(e: EngineSettings, s: EvalSettings, prompts, replies, drafted: dict, alone: dict, cache: dict) -> list[dict]:
+def _engine_by_context(steps: list[tuple[int, list[int] | None]], edges: tuple[int, ...]) -> tuple[list[int], list | None]:
+    """The edges and `engine_tau_by_context` from each request's (prompt length, ordered accepted per step):
+    None where the engine did not report its steps in order (llama.cpp: counts per position only)."""
+    if any(accepted is None for _, accepted in steps):
+        return list(edges), None
+    walks = [(context.walk_contexts(n, [a + 1 for a in accepted]), [a + 1 for a in accepted]) for n, accepted in steps]
+    edges = edges or context.default_edges(c for contexts, _ in walks for c in contexts)
+    return list(edges), context.by_context(walks, edges)
+
+
+def _load(e: EngineSettings, s: EvalSettings, prompts, replies, drafted: dict, alone: dict, cache: dict,
+          edges: tuple[int, ...]) -> list[dict]:
     """The results' `load` list: one record per level, flags against concurrency 1 and the target alone."""
     sweep = load.requests_of(prompts, replies)
-    return [load.level_record(level, drafted[level], alone.get(level),
-                              load.flags(sweep, level, drafted[level], alone.get(level), s.temperature == 0, cache),
-                              checked=e.managed)
-            for level in e.concurrency]
+    records = []
+    for level in e.concurrency:
+        record = load.level_record(level, drafted[level], alone.get(level),
+                                   load.flags(sweep, level, drafted[level], alone.get(level), s.temperature == 0, cache),
+                                   checked=e.managed)
+        _, record["engine_tau_by_context"] = _engine_by_context(
+            [(len(p.input_ids), served.counts.accepted_per_step) for p, served in zip(prompts, drafted[level].served)],
+            edges)
+        records.append(record)
+    return records

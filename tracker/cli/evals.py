@@ -28,6 +28,7 @@ def cmd_eval(args) -> int:
         scoring=args.scoring, limit_per_dataset=args.limit_per_dataset,
         batch_size=args.batch_size, anchor_chunk=args.anchor_chunk, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, samples=args.samples, seeds=args.seeds, seed=args.seed,
+        context_buckets=tuple(args.context_buckets or ()),
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
@@ -60,6 +61,11 @@ def cmd_eval(args) -> int:
           f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  "
           + (f"tau_all_anchors {results['tau_all_anchors']:.3f}  " if results["tau_all_anchors"] is not None else "")
           + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}" for b, d in results["ddtree"].items()))
+    for key in ("tau_by_context", "engine_tau_by_context"):
+        if results.get(key):
+            print(f"{key}: " + "  ".join(
+                f"[{r['from']}, {'∞' if r['to'] is None else r['to']}) {r['tau']:.3f} ({r['blocks']} blocks)"
+                for r in results[key] if r["blocks"]))
     if "monte_carlo" in results:
         mc, offline = results["monte_carlo"], results.get("offline") or {}
         mc_low, mc_high = mc["tau_ci_given_prompts"]

@@ -48,6 +48,7 @@ class EvalField:
     job: bool = True  # a queued job may set it (False: the eval would write where the job says)
     metavar: str | None = None  # INTS: an example list
     upper: int = 0  # INTS: the largest item
+    lower: int = 1  # INTS: the smallest item
     unit: str = ""  # INTS: what one item is, in messages
 
     @property
@@ -117,6 +118,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               metavar="URL"),
     EvalField("engine_port", INT, "managed mode: listen on this loopback port (default: a free one)", job=False),
     EvalField("num_speculative_tokens", INT, "draft tokens per engine step (default: block size - 1)", metavar="N"),
+    EvalField("context_buckets", INTS, "edges of the context-length buckets of tau_by_context (a block's context: "
+              "prompt + completion tokens up to its anchor; default: octaves of the prompts' contexts)",
+              metavar="0,512,2048", upper=config.MAX_CONTEXT_EDGE, lower=0, unit="context bucket edge"),
     EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
               "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
               upper=config.MAX_CONCURRENCY, unit="concurrency level"),
@@ -148,8 +152,9 @@ def _checked(field: EvalField, value: Any) -> Any:
     if field.kind == INTS:
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError(f"must be a non-empty list of integers, got {value!r}")
-        if not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= field.upper for b in value):
-            raise ValueError(f"each {field.unit} must be an integer from 1 to {field.upper}, got {list(value)!r}")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and field.lower <= b <= field.upper for b in value):
+            raise ValueError(f"each {field.unit} must be an integer from {field.lower} to {field.upper}, got "
+                             f"{list(value)!r}")
         return sorted(set(value))
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str) or not text.strip() or "\0" in text:

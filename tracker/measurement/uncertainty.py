@@ -159,6 +159,19 @@ def tau_intervals(per_prompt: Scores, *, resamples: int = RESAMPLES, seed: int =
     )
 
 
+def pooled_interval(sums: Sequence[float], counts: Sequence[float], *, resamples: int = RESAMPLES,
+                    seed: int = SEED, level: float = LEVEL) -> Interval | None:
+    """sum(sums) / sum(counts) with its percentile bootstrap interval, resampling prompts (each prompt's
+    tokens and blocks in one group, e.g. one context bucket: a prompt with none there still counts as drawn);
+    None when no prompt has a block."""
+    total = float(sum(counts))
+    if total <= 0:
+        return None
+    s, c = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of prompts without blocks: nan, skipped
+        return _interval(float(s.sum()) / total, _pooled(s, c, _weights(len(s), resamples, seed)), level)
+
+
 def verdict(delta: Interval) -> str:
     if delta.low > 0:
         return BETTER
