@@ -47,9 +47,6 @@ def test_bad_edges_are_refused(edges):
     ("0,1k", "context_buckets must be comma-separated integers like 0,512,2048"),
 ])
 def test_bad_bucket_edges_are_one_line_before_anything_runs(edges, message, tmp_path, capsys):
-    from tracker.cli import main
+    from test_load import flag_refused
 
-    with pytest.raises(SystemExit) as exit_:
-        main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),
-              "--context-buckets", edges])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert message in flag_refused(tmp_path, capsys, "--context-buckets", edges)

@@ -140,10 +140,16 @@ def test_replies_without_steps_are_compared_and_flagged_by_drafted_tokens():
     ("1,four", "concurrency must be comma-separated integers like 1,4,8"),
 ])
 def test_bad_levels_are_one_line_before_anything_starts(levels, message, tmp_path, capsys):
+    assert message in flag_refused(tmp_path, capsys, "--engine", "vllm", "--concurrency", levels)
+
+
+def flag_refused(tmp_path, capsys, *flags: str) -> str:
+    """`draftboard eval` with `flags` refused by the argument parser (exit 2) before anything runs: its stderr."""
     with pytest.raises(SystemExit) as exit_:
         main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),
-              "--engine", "vllm", "--concurrency", levels])
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+              *flags])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
