@@ -8,7 +8,7 @@ view is computed and sent. To add a view, define `def my_view() -> None` (it may
 
 import streamlit as st
 
-from tracker.dashboard import charts, curve_chart, load_view, metric_docs, recipe, report, ui
+from tracker.dashboard import charts, context_view, curve_chart, load_view, metric_docs, recipe, report, ui
 from tracker.dashboard.compare import (
     TITLES,
     best_evals,
@@ -331,12 +331,29 @@ def load_curves_view() -> None:
                  column_config={"series": st.column_config.TextColumn(width="large")})
 
 
+def context_curves_view() -> None:
+    frame = context_view.context_curves(index, data.picked, ref, results)
+    st.markdown("**Acceptance by context length**", help="tau of the blocks in each context-length bucket (prompt + "
+                "completion tokens up to the block's anchor), pooled over prompts, with its 95% bootstrap interval "
+                "over prompts (docs/DESIGN.md, Load, context and families)")
+    if frame.empty:
+        st.info("No eval among these runs has acceptance by context length: evaluate a checkpoint (greedy) with this "
+                "version of draftboard, or with `--context-buckets 0,512,2048` for edges of your own.")
+        return
+    st.caption("Training runs: the checkpoint drawn by position (picked in the sidebar). Buckets with no block are "
+               "left out; evals on other prompt sets or edges are their own lines, never one.")
+    st.plotly_chart(charts.by_context(frame, colors), key="compare_context", config=PLOTLY)
+    st.download_button("Download (CSV)", csv_bytes(frame), "tau_by_context.csv", "text/csv", key="compare_context_csv",
+                       on_click="ignore")
+
+
 VIEWS = {
     "Eval by checkpoint": eval_view,
     "Engines": engines_view,
     "Under load": load_curves_view,
     "Training curves": train_view,
     "Acceptance by position": position_view,
+    "By context": context_curves_view,
     "DDTree vs budget": ddtree_view,
     "Config": config_view,
     "Data": data_view,

@@ -188,3 +188,9 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     assert "break-even" in json.dumps(charts[0]["layout"]["annotations"])
     at = run_page("pages/compare.py", runs=ids["offline"], compare_view="Under load")
     assert "No load sweeps among these runs" in page_text(at)
+    # Compare's "By context": the engine's steps by context bucket, the empty bucket left out
+    at = run_page("pages/compare.py", runs=ids["served"], compare_view="By context")
+    [chart] = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    [line] = chart["data"]
+    assert (_values(line["x"]), _values(line["y"])) == (["[0, 12)", "[12, 16)"], [3.0, 2.5])
+    assert "(served by vllm)" in line["name"]

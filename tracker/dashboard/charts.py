@@ -122,6 +122,28 @@ def under_load(frame: pd.DataFrame, y: str, y_title: str, hover: str,
     return _layout(fig, "requests in flight (concurrency)", y_title)
 
 
+def by_context(frame: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Acceptance length per context bucket, one line per eval (`context_view.context_curves`), buckets in order
+    of their start, each bucket's 95% interval as an error bar."""
+    fig = go.Figure()
+    fallback: dict[str, str] = {}
+    order = list(dict.fromkeys(frame.sort_values("from", kind="stable")["bucket"]))
+    for series, part in frame.groupby("series", sort=False):
+        ref = series.startswith("reference")
+        fig.add_trace(go.Scatter(
+            x=part["bucket"], y=part["tau"], mode="lines+markers", name=html_text(series),
+            error_y=dict(type="data", symmetric=False, array=(part["high"] - part["tau"]).fillna(0),
+                         arrayminus=(part["tau"] - part["low"]).fillna(0), thickness=1),
+            line=dict(color=REFERENCE_COLOR if ref else series_color(colors, owner_of(part, series), fallback),
+                      dash="dot" if ref else "solid", width=3 if ref else 2),
+            customdata=part["blocks"],
+            hovertemplate="%{fullData.name}<br>context %{x} tokens<br>tau %{y:.3f} tokens / block over "
+                          "%{customdata} blocks<extra></extra>"))
+    fig.update_xaxes(categoryorder="array", categoryarray=order)
+    return _layout(fig, "context length bucket (tokens before the block's first drafted position)",
+                   "tau in the bucket (tokens / block)")
+
+
 def ddtree_vs_budget(frame: pd.DataFrame, colors: Mapping[str, str] | None = None,
                      span: tuple[int, int] | None = None) -> go.Figure:
     """DDTree acceptance length against node budget (log2 x axis), the axis over `span` when given
