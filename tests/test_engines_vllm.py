@@ -146,11 +146,12 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
 
 @pytest.fixture(scope="module")
 def served(pair, vllm_python, tmp_path_factory):
-    """A vLLM server a team already runs (started here with the same argv a managed eval uses)."""
+    """A vLLM server a team already runs (started here with the same argv a managed eval uses), 4 sequences at
+    a time with its prefix cache on (what `--concurrency` and `--prefix-caching` start)."""
     log = tmp_path_factory.mktemp("served") / "vllm.log"
     target, drafter = str(pair / "target"), str((pair / "drafter").resolve())
     with ManagedServer("vllm", lambda port: vllm.server_argv(vllm_python, target, drafter, port, 7, "float32", 512,
-                                                             "cpu"), log,
+                                                             "cpu", slots=4, prefix_caching=True), log,
                         env={**vllm.server_env("cpu"), "VLLM_LOG_STATS_INTERVAL": "1"}) as server:
         yield server
 
@@ -214,6 +215,30 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
         runs["final"].metrics["engine_mean_acceptance_length"])
     assert runs["vllm"].metrics["accept_rate_pos1"] == pytest.approx(runs["final"].metrics["accept_rate_pos1"],
                                                                      abs=1e-3)  # the log prints 3 decimals
+
+
+def test_an_attached_sweep_over_shared_prefixes_counts_its_prefix_cache_hits(pair, served, tmp_path, monkeypatch):
+    """Issue 49, the cache dimension: prompts that share a 136-token prefix (more than one 128-token block of
+    vLLM's CPU cache), swept at 1 and 4 in flight on the attached server with its prefix cache on: each level's
+    hit rate from vLLM's own counters, each request's own counts; the server's setting recorded."""
+    own = [json.loads(line)["input_ids"] for line in (pair / "prompts.jsonl").read_text().splitlines()]
+    prefix = [t for ids in own for t in ids][:136]
+    shared = tmp_path / "shared.jsonl"
+    shared.write_text("".join(json.dumps({"id": f"s{i}", "input_ids": prefix + ids}) + "\n" for i, ids in enumerate(own)))
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", served.url)
+    out = tmp_path / "sweep.json"
+    assert main(["eval", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompts", str(shared),
+                 "--max-new-tokens", str(MAX_NEW), "--engine", "vllm", "--engine-url", served.url,
+                 "--concurrency", "1,4", "--no-log", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert str(results["engine"]["enable_prefix_caching"]).lower() == "true"  # vLLM's own cache_config_info
+    for level in results["load"]:
+        # the eval's own pass cached the prefix: every request of a level finds at least its 128-token block
+        assert level["prefix_cache_hit_rate"] >= 128 / 160 - 1e-9, level["prefix_cache_hit_rate"]
+        assert level["counters_checked"] is False and level["tokens_per_s_target_alone"] is None
+        assert all(p["engine_drafts"] == len(p["engine_accepted_per_step"]) for p in level["prompts"])
+        print(f"prefix cache on, concurrency {level['concurrency']}: hit rate {level['prefix_cache_hit_rate']:.2f}, "
+              f"flags {[(f['id'], f['flag']) for f in level['flags']]}")
 
 
 def test_a_spec_acceptance_folder_of_this_servers_answers_imports_with_its_counters(pair, served, tmp_path):

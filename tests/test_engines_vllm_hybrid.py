@@ -153,3 +153,15 @@ def test_a_hybrid_served_in_fp32_on_cpu_is_refused_before_vllm_starts(hybrid_ser
     assert not (tmp_path / "home" / "logs").exists()  # no engine log: nothing was started
     assert not (tmp_path / "store.db").exists()  # and no run half-logged
     assert processes_with(str(hybrid_serving_pair / "target")) == []
+
+
+def test_prefix_caching_on_a_hybrid_is_refused_before_vllm_starts(hybrid_serving_pair, vllm_python, tmp_path,
+                                                                  capsys, monkeypatch):
+    """Issue 49's cache dimension stops at hybrids: a cached prefix resumes another request's GDN state."""
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
+    capsys.readouterr()
+    assert main([*_args(hybrid_serving_pair, "--dtype", "bf16", "--engine", "vllm", "--engine-python", vllm_python,
+                        "--prefix-caching", "--no-log")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --prefix-caching on a hybrid (Gated DeltaNet) target") and "#53912" in err[-1]
+    assert not (tmp_path / "home" / "logs").exists() and processes_with(str(hybrid_serving_pair / "target")) == []

@@ -153,9 +153,12 @@ def flag_refused(tmp_path, capsys, *flags: str) -> str:
 
 
 @pytest.mark.parametrize("extra, message", [
-    ((), "--concurrency need --engine"),
+    ((), "--concurrency and --prefix-caching need --engine"),
     (("--engine", "sglang"), "a load sweep runs on vllm, llamacpp so far"),
     (("--engine", "llamacpp", "--engine-url", "http://127.0.0.1:9"), "llamacpp's replies carry no verify steps"),
+    (("--engine", "llamacpp", "--prefix-caching"), "llamacpp's cache switch is not offered yet"),
+    (("--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--prefix-caching"),
+     "an attached server keeps its own setting"),
 ])
 def test_a_sweep_without_an_engine_that_can_run_it_is_refused(extra, message, tmp_path, capsys):
     assert main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"),

@@ -139,6 +139,7 @@ ENGINES = ("vllm", "sglang", "llamacpp")
 LOAD_ENGINES = ("vllm", "llamacpp")
 MAX_CONTEXT_EDGE = 1 << 24  # --context-buckets: 16M tokens, past any served context
 LOAD_MANAGED_ONLY = ("llamacpp",)
+PREFIX_CACHE_ENGINES = ("vllm",)  # --prefix-caching: the managed engines whose server draftboard starts with it
 
 
 def load_problem(engine: str | None, levels, attached: bool = False) -> str | None:

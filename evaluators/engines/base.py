@@ -182,6 +182,10 @@ class EngineClient(ABC):
         needs them); an engine whose counts come from counter deltas has them only at concurrency 1."""
         return False
 
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """The server's prefix cache counters now, (tokens queried, tokens found cached); None where it has none."""
+        return None
+
     def generate_in_flight(self, input_ids: list[int], request: EngineRequest) -> InFlightCounts:
         """One completion with other requests in flight: its reply's own counts, no counter deltas."""
         if not self.counts_per_request:

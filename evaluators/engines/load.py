@@ -23,6 +23,8 @@ results' `load` section (docs/DESIGN.md, "Load sweeps").
   concurrency 1's (batch composition moved acceptance: vLLM RFC #54506), and the collapse signature
   (nothing accepted over at least COLLAPSE_STEPS steps where concurrency 1 accepted at least COLLAPSE_FLOOR
   per step: SGLang #36537, vLLM #53919), with the cache settings that were on.
+- Prefix cache (`--prefix-caching`, managed vLLM; any server whose counters say): each level's hit rate, prompt
+  tokens found cached / looked up, from the engine's own counters around the level.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ DEFINITIONS = {
                       "step's, as the two arms' wall clocks imply (speedup = acceptance length / step cost)",
     "load_break_even_concurrency": "where speedup crosses 1 between two measured levels, linear in the level "
                                    "(null: it does not cross inside them)",
+    "load.prefix_cache_hit_rate": "prompt tokens the engine found in its prefix cache / prompt tokens it looked up, "
+                                  "over the level (vLLM's prefix_cache_hits / prefix_cache_queries counters; null "
+                                  "where the engine counts none or looked nothing up)",
     "load.prompts.engine_drafts": "the request's verify steps, from its reply; null where the engine's reply does "
                                   "not count steps (llama.cpp: the level's steps are its counters' move, "
                                   "`engine_steps`)",
@@ -94,6 +99,7 @@ class Arm:
     wall_s: float
     load_average_1m: float
     steps: int | None = None
+    prefix_cache: tuple[float, float] | None = None  # (tokens queried, found cached) over the level; None: no counters
 
     @property
     def completion_tokens(self) -> int:
@@ -216,6 +222,8 @@ def level_record(level: int, arm: Arm, alone: Arm | None, found: list[dict], che
         "load_average_1m": arm.load_average_1m,
         "load_average_1m_target_alone": alone.load_average_1m if alone else None,
         "counters_checked": checked,
+        "prefix_cache_hit_rate": arm.prefix_cache[1] / arm.prefix_cache[0] if arm.prefix_cache and arm.prefix_cache[0]
+        else None,
         "flags": found,
     }
 
@@ -243,12 +251,16 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
                           "counter deltas, exact one request at a time): start vLLM with "
                           "--per-request-spec-decode-metrics detailed")
     before = client.counters() if checked else None
+    cache_before = client.prefix_cache_counters()
 
     def send(r: Request) -> tuple[list[int], InFlightCounts]:
         counts = client.generate_in_flight(r.input_ids, request)
         return counts.completion_ids, counts
 
     arm = in_flight(requests, level, send, progress)
+    cache_after = client.prefix_cache_counters()
+    if cache_before is not None and cache_after is not None:
+        arm.prefix_cache = (cache_after[0] - cache_before[0], cache_after[1] - cache_before[1])
     if checked:
         arm.steps = check_totals(client, before, arm, level)
     else:

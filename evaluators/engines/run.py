@@ -47,6 +47,7 @@ class EngineSettings:
     port: int | None = None  # managed: listen here instead of a free port
     num_speculative_tokens: int | None = None  # default: block_size - 1
     concurrency: tuple[int, ...] = ()  # a load sweep's levels (evaluators.engines.load); () for none
+    prefix_caching: bool = False  # managed vLLM: serve with its prefix cache on (a load sweep's cache dimension)
 
     def __post_init__(self):
         if self.name not in config.ENGINES:
@@ -59,6 +60,17 @@ class EngineSettings:
         problem = config.load_problem(self.name, self.concurrency, attached=bool(self.url))
         if problem:
             raise EngineError(f"--concurrency: {problem}")
+        if self.prefix_caching and self.name not in config.PREFIX_CACHE_ENGINES:
+            raise EngineError(f"--prefix-caching: draftboard starts {', '.join(config.PREFIX_CACHE_ENGINES)} with its "
+                              f"prefix cache on; {self.name}'s cache switch is not offered yet")
+        if self.prefix_caching and self.url:
+            raise EngineError("--prefix-caching starts a server with its prefix cache on; an attached server keeps its "
+                              "own setting (the results record it): drop --prefix-caching")
+
+    @property
+    def server_options(self) -> dict:
+        """What the managed server is started with beyond the eval's own settings (vLLM only: checked above)."""
+        return {"prefix_caching": True} if self.prefix_caching else {}
 
     @property
     def slots(self) -> int:
@@ -136,6 +148,10 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     problem = config.engine_hybrid_problem(e.name, device, s.dtype) if e.managed and hybrid else None
     if problem:
         raise EngineError(problem)
+    if hybrid and e.prefix_caching:
+        raise EngineError("--prefix-caching on a hybrid (Gated DeltaNet) target: a cached prefix resumes another "
+                          "request's recurrent state (vLLM #53912: spec decode with it corrupts output), so draftboard "
+                          "serves hybrids with the prefix cache off")
     stops = sorted(stop_token_ids(s.target, cfg))
     request = EngineRequest.of(s.sampling, s.max_new_tokens, stops)
     longest = max(len(p.input_ids) for p in prompts) + s.max_new_tokens + block
@@ -160,7 +176,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
             server = ManagedServer(
                 e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
-                                                        max_model_len, device, e.slots),
+                                                        max_model_len, device, e.slots, **e.server_options),
                 log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
         start = time.perf_counter()
         try:
@@ -221,7 +237,8 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         logged = engine.settings_from_log(log)
         info.draft_model = info.draft_model or served[1]
         info.method = info.method or "dflash"
-        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype], e.slots), **info.settings}
+        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype], e.slots, **e.server_options),
+                         **info.settings}
     _check_serves(info, *served, n_spec)
     if hybrid and em.prefix_cache(info.settings):
         raise EngineError(f"{e.name} at {info.url} caches prefixes on a hybrid target: a cached prefix resumes "
@@ -261,7 +278,7 @@ def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, targe
     log = (log_dir or config.logs_dir()) / f"engine-{e.name}-alone-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
     server = ManagedServer(
         e.name, lambda port: engine.server_argv(python, target, None, port, n_spec, config.DTYPES[s.dtype],
-                                                max_model_len, device, e.slots),
+                                                max_model_len, device, e.slots, **e.server_options),
         log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
     sweep = load.requests_of(prompts, replies)
     with server:

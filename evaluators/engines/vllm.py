@@ -47,15 +47,17 @@ LAST_BLOCK = "full"
 
 
 def server_argv(python: str, target: str, drafter: str | None, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int, device: str, slots: int = 1) -> list[str]:
+                max_model_len: int, device: str, slots: int = 1, prefix_caching: bool = False) -> list[str]:
     """`vllm serve` for a managed eval: exact numbers first (the eval's dtype, eager on CPU, no
     prefix caching, so one prompt's acceptance never depends on the one before), per-request
     statistics on, `slots` sequences at a time (a load sweep's largest level). vLLM 0.32 picks DFlash2's
     model class from the drafter's architectures, so the method is `dflash` for both families. Without
-    a drafter: the same server serving the target alone (a load sweep's other arm)."""
+    a drafter: the same server serving the target alone (a load sweep's other arm). `prefix_caching`: a load
+    sweep's cache dimension (`--prefix-caching`), asked for by the user on a target whose cache is exact."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
-            "--no-enable-prefix-caching", "--max-num-seqs", str(slots), "--disable-uvicorn-access-log",
+            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching", "--max-num-seqs", str(slots),
+            "--disable-uvicorn-access-log",
             "--enable-per-request-metrics"]
     if drafter is not None:
         spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
@@ -75,9 +77,10 @@ def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> 
     return folders.target, folders.drafter, {}
 
 
-def managed_settings(device: str, dtype: str, slots: int = 1) -> dict:
+def managed_settings(device: str, dtype: str, slots: int = 1, prefix_caching: bool = False) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
-    return {"dtype": dtype, "enable_prefix_caching": False, "cuda_graphs": device != "cpu", "max_num_seqs": slots}
+    return {"dtype": dtype, "enable_prefix_caching": prefix_caching, "cuda_graphs": device != "cpu",
+            "max_num_seqs": slots}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:
@@ -250,6 +253,12 @@ class VLLMClient(EngineClient):
 
     def counters(self) -> em.SpecTotals:
         return em.vllm_totals(em.prometheus_samples(self.get_text("/metrics")))
+
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """vLLM's prefix cache counters now: (tokens queried, tokens found cached); None where it has none."""
+        samples = em.prometheus_samples(self.get_text("/metrics"))
+        queries, hits = em.counter(samples, em.VLLM_PREFIX_QUERIES), em.counter(samples, em.VLLM_PREFIX_HITS)
+        return None if queries is None or hits is None else (queries, hits)
 
 
 def _from_request_stats(ids: list[int], stats: dict, timings: dict[str, float]) -> EngineReply:

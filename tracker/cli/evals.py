@@ -37,12 +37,12 @@ def cmd_eval(args) -> int:
 
         engine = EngineSettings(args.engine, python=args.engine_python, url=args.engine_url, port=args.engine_port,
                                 num_speculative_tokens=args.num_speculative_tokens,
-                                concurrency=tuple(args.concurrency or ()))
+                                concurrency=tuple(args.concurrency or ()), prefix_caching=args.prefix_caching)
         results = _run_staged(lambda s, progress: evaluate_engine(s, engine, progress), settings, args.out)
-    elif any(getattr(args, k) is not None for k in ("engine_python", "engine_url", "engine_port",
-                                                     "num_speculative_tokens", "concurrency")):
-        raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens and "
-                              "--concurrency need --engine vllm|sglang|llamacpp")
+    elif args.prefix_caching or any(getattr(args, k) is not None for k in (
+            "engine_python", "engine_url", "engine_port", "num_speculative_tokens", "concurrency")):
+        raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens, --concurrency "
+                              "and --prefix-caching need --engine vllm|sglang|llamacpp")
     else:
         results = _run_staged(evaluate, settings, args.out)
     run_id = None

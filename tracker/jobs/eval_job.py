@@ -118,6 +118,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               metavar="URL"),
     EvalField("engine_port", INT, "managed mode: listen on this loopback port (default: a free one)", job=False),
     EvalField("num_speculative_tokens", INT, "draft tokens per engine step (default: block size - 1)", metavar="N"),
+    EvalField("prefix_caching", FLAG, "with a managed --engine vllm: serve with its prefix cache on (a load sweep's "
+              "cache dimension: each level's hit rate from vLLM's counters; refused on hybrid targets)", default=False),
     EvalField("context_buckets", INTS, "edges of the context-length buckets of tau_by_context (a block's context: "
               "prompt + completion tokens up to its anchor; default: octaves of the prompts' contexts)",
               metavar="0,512,2048", upper=config.MAX_CONTEXT_EDGE, lower=0, unit="context bucket edge"),

@@ -34,6 +34,8 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# vLLM's prefix cache (`v1/metrics/loggers.py`): prompt tokens looked up, and found cached
+VLLM_PREFIX_QUERIES, VLLM_PREFIX_HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
 LLAMACPP_DRAFTS = "llamacpp:spec_decode_num_drafts"
 LLAMACPP_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens"
 LLAMACPP_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens"
