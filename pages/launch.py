@@ -16,6 +16,7 @@ from tracker.dashboard.launch_form import (
     SAMPLING_PRESETS,
     LaunchForm,
     describe_job,
+    edit_state,
     error_line,
     eval_params,
     form_defaults,
@@ -91,6 +92,8 @@ else:
     if st.session_state.get("launch_edited") is not None:
         st.info(f"The form holds job #{st.session_state['launch_edited']}'s settings: change what you need and "
                 "queue it.", icon="✏️")
+        ui.bullet_list(st.session_state.get("launch_edit_notes") or [], "Not carried into the form",
+                       alert=st.warning)
     # What shapes the form (and pre-fills it) sits above it; the form holds the values, so a submit
     # queues exactly what is shown, and every number is checked then, not clamped by the field.
     c1, c2 = st.columns(2)
@@ -220,6 +223,7 @@ else:
                                  query_params={"run": job.mlflow_run_id}, icon=":material/science:")
             else:
                 st.session_state.pop("launch_edited", None)
+                st.session_state.pop("launch_edit_notes", None)
                 st.success(f"Queued job #{job.id}.", icon="✅")
             unused = unused_settings(form)
             if unused:
@@ -251,21 +255,13 @@ def _edit(job_id: int, params: dict) -> None:
     state = st.session_state
     state["launch_edit_pending"] = True
     state["launch_edited"] = job_id
-    for key, field in (("launch_target", "target"), ("launch_max_new", "max_new_tokens"),
-                       ("launch_device", "device"), ("launch_dtype", "dtype"),
-                       ("launch_precision", "drafter_precision"), ("launch_linear", "linear_attn"),
-                       ("launch_limit", "limit_per_dataset")):
-        if field in params:
-            state[key] = params[field]
-    if "budgets" in params:
-        state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
-    state["launch_concurrency"] = ",".join(str(c) for c in params.get("concurrency") or ())
+    filled, state["launch_edit_notes"] = edit_state(params, measure_choices())
+    state.update(filled)
     if params.get("prompts"):
         _set_prompts(params["prompts"])
     state["launch_train_run"] = params.get("train_run_id") if params.get("train_run_id") in index.runs else None
     state["launch_checkpoint"] = OTHER
     state["launch_drafter_path"] = params.get("drafter", "")
-    state["launch_step"] = params.get("checkpoint_step")
 
 
 @st.fragment(run_every=2 if active else 10)

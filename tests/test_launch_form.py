@@ -211,3 +211,32 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
                            "concurrency must be comma-separated integers")):
         with pytest.raises(DraftboardError, match=message):
             eval_params(form, [tmp_path])
+
+
+def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
+    """Issue 52 (HIGH): Edit on a sampled job filled the form as greedy. Every setting the form has comes back
+    (the sampling preset, its numbers, samples, the engine, the reference); what it has no field for, or what
+    this deployment no longer offers, is a line, never a silent change."""
+    from tracker import config
+    from tracker.dashboard.launch_form import CUSTOM_SAMPLING, OFFLINE, edit_state
+
+    preset = "DFlash paper, T=1"
+    sampled = {"target": "/t", "drafter": "/d", "prompts": "/p", "max_new_tokens": 64, "temperature": 1.0,
+               "top_p": 1.0, "top_k": 0, "samples": 16, "device": "cpu", "dtype": "fp32", "reference": "z-lab v1",
+               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4]}
+    state, notes = edit_state(sampled, [OFFLINE, ("vllm", None)])
+    assert state["launch_sampling"] == preset and config.SAMPLING_PRESETS[preset] == (1.0, 1.0, 0)
+    assert (state["launch_temperature"], state["launch_top_p"], state["launch_top_k"], state["launch_samples"]) == \
+        (1.0, 1.0, 0, 16)
+    assert state["launch_measured_by"] == ("vllm", None) and state["launch_concurrency"] == "1,4"
+    assert (state["launch_reference"], state["launch_reference_name"], state["launch_step"]) == (True, "z-lab v1", 160)
+    assert (state["launch_target"], state["launch_max_new"]) == ("/t", 64) and notes == []
+
+    custom = {**sampled, "top_p": 0.9, "engine_url": "http://gone:8000", "scoring": "online", "seeds": 4}
+    state, notes = edit_state(custom, [OFFLINE, ("vllm", None)])
+    assert state["launch_sampling"] == CUSTOM_SAMPLING and state["launch_top_p"] == 0.9
+    assert state["launch_measured_by"] == OFFLINE
+    assert [n.split(":")[0] for n in notes] == ["measured by vLLM at http", "scoring 'online'", "seeds 4"]
+    greedy, _ = edit_state({"target": "/t", "budgets": [4, 8]}, [OFFLINE])
+    assert greedy["launch_sampling"].startswith("greedy") and greedy["launch_budgets"] == "4,8"
+    assert greedy["launch_reference"] is False and greedy["launch_step"] is None

@@ -254,6 +254,46 @@ def unused_settings(form: LaunchForm) -> list[str]:
     return out
 
 
+# Launch's form fields (session-state keys) and the job params they hold, one to one.
+FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "launch_device": "device",
+               "launch_dtype": "dtype", "launch_precision": "drafter_precision", "launch_linear": "linear_attn",
+               "launch_limit": "limit_per_dataset", "launch_step": "checkpoint_step"}
+# Params the job holds that the form has no field for; Edit names them (a queued-again job takes the default).
+_NOT_IN_FORM = ("scoring", "last_block", "enable_thinking", "completions", "seeds", "seed", "num_speculative_tokens",
+                "batch_size", "anchor_chunk", "context_buckets", "prefix_caching")
+
+
+def edit_state(params: dict, choices: Sequence[tuple[str | None, str | None]]) -> tuple[dict, list[str]]:
+    """What Edit puts in Launch's form for a job's `params` (session-state key -> value), and one line for each
+    setting it cannot put there, saying why, so that queueing again never silently changes the eval."""
+    state = {key: params[field] for key, field in FORM_FIELDS.items() if field in params}
+    state["launch_step"] = params.get("checkpoint_step")
+    notes = []
+    if "budgets" in params:
+        state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
+    state["launch_concurrency"] = ",".join(str(c) for c in params.get("concurrency") or ())
+    chosen = (float(params.get("temperature", 0.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", 0)))
+    state["launch_sampling"] = next((name for name, numbers in SAMPLING_PRESETS.items() if numbers == chosen),
+                                    CUSTOM_SAMPLING)
+    state.update(launch_temperature=chosen[0], launch_top_p=chosen[1], launch_top_k=chosen[2])
+    if "samples" in params:
+        state["launch_samples"] = params["samples"]
+    measured = (params.get("engine"), params.get("engine_url"))
+    if measured in choices:
+        state["launch_measured_by"] = measured
+    else:
+        state["launch_measured_by"] = OFFLINE
+        notes.append(f"measured by {measure_label(measured)}: this deployment no longer offers it (its Python or URL "
+                     "is not configured here), so the form says offline")
+    state["launch_reference"] = bool(params.get("reference"))
+    state["launch_reference_name"] = params.get("reference") or ""
+    for field in _NOT_IN_FORM:
+        if params.get(field) not in (None, False, (), []):
+            notes.append(f"{field} {params[field]!r}: the form has no field for it; queued from here it takes the "
+                         "default (run `draftboard eval` to keep it)")
+    return state, notes
+
+
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     """Validated eval job params (`tracker.jobs.eval_job.validate`); DraftboardError says what is wrong."""
     if form.checkpoint_path:
