@@ -37,6 +37,7 @@ from tracker.store.history import (
     is_database_uri,
     load_histories,
 )
+from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, local_artifact_dir, same_target
 from tracker.dashboard.lineage import mismatches, summarize_rows, train_eval_pairs
 from tracker.dashboard.tables import checkpoints_frame, filter_runs, mlflow_ui_url, runs_display, runs_table, tau_of
@@ -325,6 +326,27 @@ def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_diffe
     # the default there without a word); the step-100 drafter as trained stays one pick away.
     assert data.picked == {"t3": "e3g"}
     assert [e.run_id for e in best_evals(index, index.runs["t3"], index.runs["ref"])] == ["e3g", "e3"]
+
+
+def test_a_small_sampled_check_never_replaces_the_full_greedy_eval_of_a_checkpoint():
+    """Issue 52: a 4-prompt sampled test at step 200, newer than the 16-prompt greedy eval, was drawn as the
+    checkpoint (tau 1.755 for 4.200). At one step the run's own protocol comes first; the side test stays a pick
+    away and its own series."""
+    def tagged(info, **proto):
+        info.tags.update({names.protocol_tag(k): v for k, v in proto.items()})
+        return info
+
+    index = RunIndex([
+        run("t", "train", fp(), name="v5"),
+        tagged(run("full", "eval", fp(), train="t", step=200, metrics={"tau": 4.2}, start=1),
+               datasets='{"gsm8k": 16}', temperature="0.0"),
+        tagged(run("side", "eval", fp(), train="t", step=200, metrics={"tau": 1.755}, start=2),
+               datasets='{"gsm8k": 4}', temperature="1.0", top_p="1.0", top_k="0", samples="16"),
+    ])
+    assert [e.run_id for e in best_evals(index, index.runs["t"], None)] == ["full", "side"]
+    data = compare_data(index, ["t"], None, pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"]))
+    assert data.picked == {"t": "full"}
+    assert data.eval_points.query("key == 'tau'")["series"].nunique() == 2  # two protocols, two lines
 
 
 def test_a_re_evaluation_answering_a_mismatch_is_said_once_and_keeps_the_default_checkpoint():

@@ -41,6 +41,7 @@ import pandas as pd
 from tracker.dashboard import compare_deltas, lineage, metric_docs, recipe, reconcile_view
 from tracker.dashboard.index import DRAFTER_FAMILY_LABELS, RunIndex, RunInfo, same_target
 from tracker.dashboard.lineage import summarize_rows
+from tracker.measurement import protocol
 from tracker.store import names
 
 ResultsLoader = Callable[[RunInfo], "dict | None"]  # eval_results.json of a run, or None
@@ -268,18 +269,30 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
 
 def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
     """A chosen run's evals, the default first: the latest evaluated checkpoint (a re-evaluation of an
-    earlier one never moves the default off the drafter the run ended with); at one step, drawn solid
-    (`series_reason`), then the fewest critical differences from the reference, then from its own
-    training run, then the newest eval."""
+    earlier one never moves the default off the drafter the run ended with); at one step, the run's own
+    protocol before a side test (greedy before sampled, more prompts before fewer: a 4-prompt sampled check
+    never replaces the full greedy eval), drawn solid (`series_reason`), then the fewest critical differences
+    from the reference, then from its own training run, then the newest eval."""
     if run.kind != "train":
         return [run]
 
     def rank(ev: RunInfo) -> tuple:
         own = lineage.vs_training(index, ev)
-        return (-(ev.checkpoint_step or 0), bool(series_reason(index, ev, ref)), len(_critical_vs(ev, ref)),
-                len(own.critical) if own is not None else 0, -(ev.start_time or 0))
+        return (-(ev.checkpoint_step or 0), _side_test(ev), bool(series_reason(index, ev, ref)),
+                len(_critical_vs(ev, ref)), len(own.critical) if own is not None else 0, -(ev.start_time or 0))
 
     return sorted(current_evals(index, run), key=rank)
+
+
+def _side_test(ev: RunInfo) -> tuple[bool, int]:
+    """How far an eval is from a run's main protocol: sampled before greedy, then fewer prompts."""
+    proto = lineage.protocol_of(ev)
+    if proto is None:
+        return (False, 0)
+    sampled = proto.temperature != protocol.UNKNOWN and not protocol.is_greedy(proto)
+    counts = proto.datasets.values() if isinstance(proto.datasets, dict) else ()
+    prompts = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
+    return (sampled, -prompts)
 
 
 def resolution_notes(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -> list[str]:
