@@ -258,6 +258,24 @@ def test_worker_trusts_registered_checkpoints_like_the_dashboard_and_checks_noth
         job_args(spoofed)  # linked to the run, but not one of its checkpoints
 
 
+def test_worker_takes_the_same_first_look_as_launch_before_it_runs_anything(models, tmp_path, monkeypatch):
+    """Issue 52: a job whose prompts file is not one (the demo's progress file) or whose target has no config.json,
+    queued around Launch, is refused by the worker in one line before the eval starts (tracker/jobs/inputs.py)."""
+    root, good, uri = models
+    progress = root / "demo-progress.json"
+    progress.write_text('{"stage": "training"}')
+    bare = root / "bare-target"
+    bare.mkdir(exist_ok=True)
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    monkeypatch.setenv("DRAFTBOARD_ALLOWED_ROOTS", str(root))
+    fine = {"target": str(root / "target"), "drafter": str(good), "prompts": str(root / "prompts.jsonl")}
+    assert "--prompts" in job_args(queue.submit("eval", fine))
+    for params, message in (({**fine, "prompts": str(progress)}, "its first line is not a prompt"),
+                            ({**fine, "target": str(bare)}, "no config.json there")):
+        with pytest.raises(DraftboardError, match=rf"^refused: .*{message}.*; nothing was run$"):
+            job_args(queue.submit("eval", params))
+
+
 # --------------------------------------------------------------------------- shell metacharacters
 
 

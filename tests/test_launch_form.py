@@ -1,6 +1,7 @@
 """The Launch page's logic (tracker.dashboard.launch_form): pre-filled values, job cards, log tails."""
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,17 @@ from test_views import fp, run
 from tracker.dashboard.index import RunIndex
 from tracker.dashboard.launch_form import error_line, form_defaults, result_line, shown_log
 from tracker.events import PREFIX
+
+
+def launch_inputs(root: Path, target: bool = True) -> None:
+    """What Launch takes as a target (its config.json), a checkpoint (`ck`, its safetensors) and prompts, under
+    `root`: real enough for the look the worker takes before an eval (tracker/jobs/inputs.py)."""
+    if target:
+        (root / "target").mkdir()
+        (root / "target" / "config.json").write_text("{}")
+    (root / "ck").mkdir()
+    (root / "ck" / "model.safetensors").write_bytes(b"")
+    (root / "p.jsonl").write_text('{"id": "a", "input_ids": [1, 2, 3]}\n')
 
 
 def test_form_defaults_come_from_the_run_and_the_project_never_an_odd_job(tmp_path):
@@ -67,9 +79,7 @@ def test_evals_are_named_after_their_training_run_step_and_settings(tmp_path):
     from tracker.dashboard.launch_form import LaunchForm, eval_params
     from tracker.store.names import eval_run_name
 
-    for name in ("target", "ck"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "p.jsonl").write_text("")
+    launch_inputs(tmp_path)
     form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
                       train_run_id="t", train_name="drafter-v1 (1 tapped layer)", checkpoint_step=200,
                       dtype="fp32", drafter_precision="bf16-autocast", linear_attn="fallback")
@@ -112,9 +122,7 @@ def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
     from tracker.dashboard.launch_form import LaunchForm, eval_params
     from tracker.errors import DraftboardError
 
-    for name in ("target", "ck"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "p.jsonl").write_text("")
+    launch_inputs(tmp_path)
     common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
                   train_run_id="t", train_name="v5", checkpoint_step=100)
     greedy = eval_params(LaunchForm(**common), [tmp_path])
@@ -142,8 +150,7 @@ def test_a_hybrid_served_by_the_workers_engine_asks_for_a_dtype_it_runs(tmp_path
     for name, family in (("hybrid", "qwen3_next"), ("dense", "qwen3")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(target_config(family).to_dict()))
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "p.jsonl").write_text("")
+    launch_inputs(tmp_path, target=False)
     monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://127.0.0.1:8000")
     common = dict(prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"), device="cpu")
     with pytest.raises(DraftboardError, match=r"^vllm's cpu Gated DeltaNet kernels take bf16 only; this hybrid "
@@ -166,9 +173,7 @@ def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_frac
     from tracker.dashboard.launch_form import LaunchForm, eval_params, unused_settings
     from tracker.errors import DraftboardError
 
-    for name in ("target", "ck"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "p.jsonl").write_text("")
+    launch_inputs(tmp_path)
     common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"))
     assert unused_settings(LaunchForm(**common)) == []
     assert unused_settings(LaunchForm(**common, samples=16)) == [
@@ -192,9 +197,7 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
     from tracker.dashboard.launch_form import LaunchForm, eval_params
     from tracker.errors import DraftboardError
 
-    for name in ("target", "ck"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "p.jsonl").write_text("")
+    launch_inputs(tmp_path)
     common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
                   train_run_id="t", train_name="v5", checkpoint_step=100)
     params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="8, 1,4"), [tmp_path])

@@ -52,6 +52,7 @@ def hostile_store(tmp_path_factory):
     root = home / "models"
     target = root / "target [x](http://attacker.example)"
     target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
     (root / "prompts.jsonl").write_text('{"id": 0, "input_ids": [1, 2, 3]}\n')
     ckpt = root / "ckpt" / "step_100"
     ckpt.mkdir(parents=True)

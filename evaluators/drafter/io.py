@@ -27,7 +27,7 @@ from evaluators.drafter.model import DFlashDrafter, parameter_shapes
 from evaluators.limits import check_sizes
 from evaluators.weights import (INDEX_SUFFIX, SAFETENSORS, SAFETENSORS_INDEX, Shapes, index_shards, inside, one_line,
                                 read_json, read_safetensors, safetensors_header, safetensors_shapes)
-from tracker.config import AUTOCAST_SUFFIX, DRAFTER_PRECISIONS, DTYPES
+from tracker.config import AUTOCAST_SUFFIX, CHECKPOINT_SUFFIXES, DRAFTER_PRECISIONS, DTYPES
 from tracker.errors import DraftboardError
 
 # Prefixes that wrappers put in front of the drafter's keys (DDP, trainer wrappers).
@@ -36,7 +36,7 @@ KEY_PREFIXES = ("module.", "model.", "draft_model.")
 LM_HEAD_KEYS = ("lm_head.weight", "verifier_lm_head.weight")
 # Entries of a .pt dict that may hold the state_dict, in the order they are tried.
 STATE_DICT_ENTRIES = ("state_dict", "model", "model_state_dict", "draft_model", "module")
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+WEIGHT_SUFFIXES = CHECKPOINT_SUFFIXES
 # z-lab's DFlash2DraftModel.from_pretrained key_mapping: the codebooks may be stored without `.weight`.
 BARE_KEYS = {f"candidate_selector.{name}": f"candidate_selector.{name}.weight"
              for name in ("predecessor_codebook", "successor_codebook")}

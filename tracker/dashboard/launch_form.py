@@ -32,7 +32,7 @@ from tracker.dashboard.lineage import eval_settings_of
 from tracker.errors import DraftboardError
 from tracker.events import PREFIX as EVENT_PREFIX
 from tracker.store import names
-from tracker.jobs import eval_job
+from tracker.jobs import eval_job, inputs
 from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobQueue, WorkerInfo
 
 if TYPE_CHECKING:
@@ -304,6 +304,11 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         raise DraftboardError("choose a registered checkpoint or enter a checkpoint path")
     target = check_path(form.target, roots, "target")
     prompts = check_path(form.prompts, roots, "prompts file")
+    # what the worker would refuse in its first second, refused now (tracker/jobs/inputs.py, the worker's own look)
+    problem = inputs.inputs_problem({"target": target, "prompts": prompts,
+                                     **({} if form.checkpoint_path else {"drafter": drafter})})
+    if problem:
+        raise DraftboardError(problem)
     linear = form.linear_attn
     if linear == "match training run":
         linear, why = training_linear_attn(form.training_fingerprint)

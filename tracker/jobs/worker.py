@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.jobs.inputs import inputs_problem
 from tracker.jobs.launchers.base import Execution, JobOutput, LaunchError, Launcher
 from tracker.jobs.launchers.local import LocalLauncher
 from tracker.jobs.queue import CANCELLED, FAILED, KINDS, RUNNING, SUCCEEDED, Job, JobQueue, checked_params
@@ -66,6 +67,9 @@ def job_args(job: Job, environ: dict | None = None) -> list[str]:
                                  trusted=lambda drafter: _registered_checkpoint(job, params, drafter))
             except DraftboardError as exc:
                 raise DraftboardError(f"{exc} of this worker's {config.ROOTS_VAR}") from None
+            problem = inputs_problem(params)  # the paths are this box's: their contents are looked at too
+            if problem:
+                raise DraftboardError(problem)
         return spec.cli_args(params)
     except DraftboardError as exc:
         raise LaunchError(f"refused: {exc}; nothing was run") from exc
