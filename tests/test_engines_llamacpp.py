@@ -205,7 +205,8 @@ def test_an_eval_stopped_while_it_converts_leaves_no_converter(serving_pair, lla
 
 def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tmp_path):
     """llama.cpp's per-request log lines of the managed eval's server (`import-results --format
-    llamacpp-log`) give the pooled mean the eval computed from its counters, and the same draft rate."""
+    llamacpp-log`) give the pooled mean the eval computed from its counters, and the same draft rate: over
+    every request that server answered, the eval's own pass and its load sweep's levels."""
     from mlflow import MlflowClient
 
     log = min((home / "logs").glob("engine-llamacpp-*.log"), key=lambda p: p.stat().st_mtime)  # the first eval's
@@ -214,11 +215,13 @@ def test_the_servers_own_log_imports_to_the_engine_evals_number(served, home, tm
     client = MlflowClient(store)
     [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     results = served["results"]
-    assert run.data.metrics["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
-    rows = results["prompts"]
+    rows = results["prompts"] + [p for level in results["load"] for p in level["prompts"]]
+    steps = sum(p["engine_drafts"] for p in results["prompts"]) + sum(level["engine_steps"] for level in results["load"])
+    assert run.data.metrics["engine_mean_acceptance_length"] == pytest.approx(
+        1 + sum(p["engine_accepted"] for p in rows) / steps)
     assert run.data.metrics["draft_acceptance_rate"] == pytest.approx(
         sum(p["engine_accepted"] for p in rows) / sum(p["engine_draft_tokens"] for p in rows))
-    assert run.data.tags["protocol.backend"] == "llamacpp" and run.data.tags["protocol.window"] == "8 requests"
+    assert run.data.tags["protocol.backend"] == "llamacpp" and run.data.tags["protocol.window"] == f"{len(rows)} requests"
 
 
 def test_llamacpp_and_vllm_on_one_checkpoint_come_apart_through_the_offline_eval(served, vllm_served_pair,

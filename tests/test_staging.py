@@ -87,3 +87,18 @@ def test_a_pickled_drafter_is_not_handed_to_an_engine(serving_pair, tmp_path):
     (drafter / "model.safetensors").unlink()
     with pytest.raises(DraftboardError, match="torch pickle; a managed engine is given only safetensors"):
         staging.stage_drafter(drafter, open_drafter(drafter), tmp_path)
+
+
+def test_automodels_class_name_is_staged_as_the_name_engines_know(serving_pair, tmp_path):
+    """Automodel writes `Qwen3DFlashDraftModel` (issue 51); vLLM's registry and llama.cpp's converter know
+    `DFlashDraftModel`: staged under that name, the rest of the config as it was (a JetSpec's causal flag too)."""
+    drafter = copy_folder(serving_pair / "drafter", tmp_path / "drafter")
+    config = json.loads((drafter / "config.json").read_text())
+    config["architectures"] = ["Qwen3DFlashDraftModel"]
+    config["dflash_config"]["causal"] = True
+    (drafter / "config.json").write_text(json.dumps(config))
+    checked = open_drafter(drafter)
+    assert checked.config.family == "jetspec"
+    (tmp_path / "a").mkdir()
+    staged = json.loads((staging.stage_drafter(drafter, checked, tmp_path / "a") / "config.json").read_text())
+    assert staged["architectures"] == ["DFlashDraftModel"] and staged["dflash_config"]["causal"] is True

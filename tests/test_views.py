@@ -503,9 +503,10 @@ def test_allowed_roots_and_path_checks(tmp_path, monkeypatch):
 
 
 def test_eval_params_match_training_run_and_reference(tmp_path):
-    for name in ("target", "ck", "prompts.jsonl"):
-        (tmp_path / name).mkdir() if name != "prompts.jsonl" else (tmp_path / name).write_text("{}\n")
-    form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "prompts.jsonl"),
+    from test_launch_form import launch_inputs
+
+    launch_inputs(tmp_path)
+    form = LaunchForm(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"),
                       checkpoint_path="/registered/ckpt", train_run_id="t", checkpoint_step=100, budgets="4,8",
                       max_new_tokens=32, linear_attn="match training run", training_fingerprint=fp(path="fast"),
                       reference=True, reference_name="z-lab v1")

@@ -13,10 +13,18 @@ from evaluators.limits import check_sizes
 from tracker.errors import DraftboardError
 
 FULL_ATTENTION = "full_attention"
-DFLASH, DFLASH2 = "dflash", "dflash2"  # results `drafter.family`
+DFLASH, DFLASH2, JETSPEC = "dflash", "dflash2", "jetspec"  # results `drafter.family`
 # The `architectures` name each family's checkpoints carry (z-lab's model classes): vLLM picks DFlash2's
-# speculator and llama.cpp's converter its DFlashModel by it.
-ARCHITECTURES = {DFLASH: "DFlashDraftModel", DFLASH2: "DFlash2DraftModel"}
+# speculator and llama.cpp's converter its DFlashModel by it. JetSpec (NVIDIA Automodel #2913) is DFlash's class
+# with `dflash_config.causal` true: vLLM 0.32's qwen3_dflash and llama.cpp's converter read that flag.
+ARCHITECTURES = {DFLASH: "DFlashDraftModel", DFLASH2: "DFlash2DraftModel", JETSPEC: "DFlashDraftModel"}
+# Other names of those classes: Automodel writes `Qwen3DFlashDraftModel` (serving rewrites it to DFlash's).
+ARCHITECTURE_ALIASES = {"Qwen3DFlashDraftModel": "DFlashDraftModel"}
+# Families sharing DFlash's format whose own code draftboard does not run: refused by name, never read as DFlash.
+# Model-Optimizer's `dflash_config.projector_type`, and the weights each adds (Automodel #2913: Domino's GRU head).
+OTHER_FAMILIES = {"domino": "Domino (a GRU correction head, `prefix_gru` / `embed_proj`, that no engine serves)",
+                  "dspark": "DeepSeek DSpark (an anchor-first layout: `sample_from_anchor` / `bonus_anchor`)"}
+OTHER_FAMILY_WEIGHTS = {"prefix_gru": "domino", "embed_proj": "domino"}
 # DFlash2's own fields (z-lab 07ebd93 DFlash2DraftModel / CandidateSelector), read as `_draft_value` reads them.
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SLIDING_ATTENTION = "sliding_attention"
@@ -70,6 +78,7 @@ class DrafterConfig:
     layer_types: list[str] = field(default_factory=list)  # filled with full_attention
     sliding_window: int | None = None  # effective window (None unless use_sliding_window)
     is_causal: bool | None = None  # z-lab override of the per-layer-type causality
+    causal: bool | None = None  # dflash_config.causal (JetSpec: causal in-block attention), below is_causal
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
@@ -92,9 +101,12 @@ class DrafterConfig:
         return len(self.target_layer_ids)
 
     def layer_attention(self, layer_idx: int) -> tuple[bool, int | None]:
-        """(is_causal, sliding_window) of one layer, as z-lab's Qwen3DFlashAttention."""
+        """(is_causal, sliding_window) of one layer, as z-lab's Qwen3DFlashAttention and vLLM 0.32's
+        `_dflash_layer_causal`: `is_causal` first, then `dflash_config.causal` for every layer, then causal
+        exactly where the layer slides."""
         layer_type = self.layer_types[layer_idx]
-        causal = layer_type == SLIDING_ATTENTION if self.is_causal is None else bool(self.is_causal)
+        override = self.is_causal if self.is_causal is not None else self.causal
+        causal = layer_type == SLIDING_ATTENTION if override is None else bool(override)
         window = self.sliding_window if layer_type == SLIDING_ATTENTION else None
         return causal, window
 
@@ -139,8 +151,9 @@ class DrafterConfig:
             raise DraftboardError(f"{where}: mask_token_id must be >= 0, got {self.mask_token_id}")
         if self.family == DFLASH2:
             self._validate_dflash2()
-        elif self.family != DFLASH:
-            raise DraftboardError(f"{where}: unknown drafter family {self.family!r}; expected {DFLASH} or {DFLASH2}")
+        elif self.family not in (DFLASH, JETSPEC):
+            raise DraftboardError(f"{where}: unknown drafter family {self.family!r}; expected one of "
+                                  f"{', '.join(ARCHITECTURES)}")
 
     def _validate_dflash2(self) -> None:
         where = f"{WHERE} (DFlash2)"
@@ -237,10 +250,11 @@ class DrafterConfig:
         softcap = draft("final_logit_softcapping")
         softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
         is_causal = d.get("is_causal")
-        architectures = d.get("architectures") if isinstance(d.get("architectures"), list) else []
+        causal = dflash.get("causal")
+        if causal is not None and not isinstance(causal, bool):
+            raise DraftboardError(f"{where}: dflash_config.causal must be true or false, got {causal!r:.20}")
         dflash2 = {name: as_int(draft(name), f"dflash_config.{name}") for name in DFLASH2_FIELDS}
-        family = DFLASH2 if ARCHITECTURES[DFLASH2] in architectures or any(
-            v is not None for v in dflash2.values()) else DFLASH
+        family = decide_family(d, dflash, dflash2, causal)
         return cls(
             hidden_size=hidden,
             num_hidden_layers=layers,
@@ -261,6 +275,7 @@ class DrafterConfig:
             layer_types=list(layer_types),
             sliding_window=sliding_window,
             is_causal=None if is_causal is None else bool(is_causal),
+            causal=causal,
             input_embedding_scale=float(draft("input_embedding_scale", 1.0)),
             output_multiplier=float(draft("output_multiplier", 1.0)),
             final_logit_softcapping=softcap,
@@ -283,6 +298,8 @@ class DrafterConfig:
             dflash["final_logit_softcapping"] = self.final_logit_softcapping
         if self.family == DFLASH2:
             dflash.update({name: getattr(self, name) for name in DFLASH2_FIELDS})
+        if self.causal is not None:
+            dflash["causal"] = self.causal
         d: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.family]],
             "model_type": "qwen3",
@@ -311,6 +328,26 @@ class DrafterConfig:
         if self.is_causal is not None:
             d["is_causal"] = self.is_causal
         return d
+
+
+def decide_family(d: dict, dflash: dict, dflash2: dict, causal: bool | None) -> str:
+    """The one decision of a drafter config's family: DFlash2 (its architecture or its fields), JetSpec
+    (`dflash_config.causal` true), else DFlash; a family draftboard does not run, or files that disagree (an
+    architecture naming one family over another's fields), refused in one line."""
+    where = WHERE
+    projector = dflash.get("projector_type")
+    if isinstance(projector, str) and projector.lower() in OTHER_FAMILIES:
+        raise DraftboardError(f"{where}: a {OTHER_FAMILIES[projector.lower()]} drafter (dflash_config.projector_type "
+                              f"{projector!r}): draftboard does not run its own code, so it is refused, not read as DFlash")
+    raw = d.get("architectures") if isinstance(d.get("architectures"), list) else []
+    named = {ARCHITECTURE_ALIASES.get(a, a) for a in raw if isinstance(a, str)}
+    fields = sorted(name for name, v in dflash2.items() if v is not None)
+    if ARCHITECTURES[DFLASH2] in named or fields:
+        if named and ARCHITECTURES[DFLASH2] not in named:
+            raise DraftboardError(f"{where}: architectures name {sorted(named)} but dflash_config holds DFlash2's "
+                                  f"fields ({', '.join(fields)}): the files disagree about the family; refused")
+        return DFLASH2
+    return JETSPEC if causal else DFLASH
 
 
 SPECULATORS_TYPE = "speculators_model_type"

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from evaluators.drafter.config import SPECULATORS_TYPE, WHERE, DrafterConfig, as_int, from_speculators
+from evaluators.drafter.config import (OTHER_FAMILIES, OTHER_FAMILY_WEIGHTS, SPECULATORS_TYPE, WHERE, DrafterConfig,
+                                      as_int, from_speculators)
 from evaluators.drafter.model import DFlashDrafter, parameter_shapes
 from evaluators.limits import check_sizes
 from evaluators.weights import (INDEX_SUFFIX, SAFETENSORS, SAFETENSORS_INDEX, Shapes, index_shards, inside, one_line,
@@ -416,6 +417,11 @@ def _check_against_target(cfg: DrafterConfig, shapes: Shapes, target: TargetDims
 
 
 def _check_keys(expected: Shapes, shapes: Shapes, where: str) -> None:
+    other = next((OTHER_FAMILY_WEIGHTS[part] for k in shapes for part in k.split(".") if part in OTHER_FAMILY_WEIGHTS),
+                 None)
+    if other is not None:  # a family sharing DFlash's files whose own code draftboard does not run
+        raise DraftboardError(f"{where}: a {OTHER_FAMILIES[other]} drafter, by its weight names: draftboard does "
+                              "not run its own code, so it is refused, not read as DFlash")
     missing = [k for k in expected if k not in shapes]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -55,7 +55,8 @@ DEFINITIONS = {
                                    "(null: it does not cross inside them)",
     "load.prefix_cache_hit_rate": "prompt tokens the engine found in its prefix cache / prompt tokens it looked up, "
                                   "over the level (vLLM's prefix_cache_hits / prefix_cache_queries counters; null "
-                                  "where the engine counts none or looked nothing up)",
+                                  "where the engine counts none or looked nothing up); `_target_alone` the same "
+                                  "for the target alone's server",
     "load.prompts.engine_drafts": "the request's verify steps, from its reply; null where the engine's reply does "
                                   "not count steps (llama.cpp: the level's steps are its counters' move, "
                                   "`engine_steps`)",
@@ -108,6 +109,11 @@ class Arm:
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prompt tokens found in the prefix cache / looked up, over the level; None without the counters."""
+        return self.prefix_cache[1] / self.prefix_cache[0] if self.prefix_cache and self.prefix_cache[0] else None
 
 
 def in_flight(requests: Sequence[Request], level: int, send: Callable[[Request], tuple[list[int], InFlightCounts | None]],
@@ -222,8 +228,8 @@ def level_record(level: int, arm: Arm, alone: Arm | None, found: list[dict], che
         "load_average_1m": arm.load_average_1m,
         "load_average_1m_target_alone": alone.load_average_1m if alone else None,
         "counters_checked": checked,
-        "prefix_cache_hit_rate": arm.prefix_cache[1] / arm.prefix_cache[0] if arm.prefix_cache and arm.prefix_cache[0]
-        else None,
+        "prefix_cache_hit_rate": arm.prefix_cache_hit_rate,
+        "prefix_cache_hit_rate_target_alone": alone.prefix_cache_hit_rate if alone else None,
         "flags": found,
     }
 
@@ -251,16 +257,12 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
                           "counter deltas, exact one request at a time): start vLLM with "
                           "--per-request-spec-decode-metrics detailed")
     before = client.counters() if checked else None
-    cache_before = client.prefix_cache_counters()
 
     def send(r: Request) -> tuple[list[int], InFlightCounts]:
         counts = client.generate_in_flight(r.input_ids, request)
         return counts.completion_ids, counts
 
-    arm = in_flight(requests, level, send, progress)
-    cache_after = client.prefix_cache_counters()
-    if cache_before is not None and cache_after is not None:
-        arm.prefix_cache = (cache_after[0] - cache_before[0], cache_after[1] - cache_before[1])
+    arm = _cached(client, lambda: in_flight(requests, level, send, progress))
     if checked:
         arm.steps = check_totals(client, before, arm, level)
     else:
@@ -272,7 +274,18 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
     return arm
 
 
-def target_arm(complete: Callable[[list[int], EngineRequest], list[int]], requests: Sequence[Request],
-               request: EngineRequest, level: int, progress: Callable[[int], None]) -> Arm:
-    """One level of the target alone: completions and time only."""
-    return in_flight(requests, level, lambda r: (complete(r.input_ids, request), None), progress)
+def target_arm(client: EngineClient, requests: Sequence[Request], request: EngineRequest, level: int,
+               progress: Callable[[int], None]) -> Arm:
+    """One level of the target alone: completions, time and the prefix cache's hits."""
+    return _cached(client, lambda: in_flight(requests, level, lambda r: (client.complete(r.input_ids, request), None),
+                                             progress))
+
+
+def _cached(client: EngineClient, run: Callable[[], Arm]) -> Arm:
+    """`run`'s arm with what the server's prefix cache counted around it (tokens looked up, found)."""
+    before = client.prefix_cache_counters()
+    arm = run()
+    after = client.prefix_cache_counters()
+    if before is not None and after is not None:
+        arm.prefix_cache = (after[0] - before[0], after[1] - before[1])
+    return arm

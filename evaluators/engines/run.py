@@ -283,9 +283,9 @@ def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, targe
     sweep = load.requests_of(prompts, replies)
     with server:
         client = CLIENTS[e.name](server.url)
-        load.target_arm(client.complete, sweep, request, 1,
+        load.target_arm(client, sweep, request, 1,
                         lambda i: progress(f"{e.name}: target alone, warming up", i, len(sweep)))
-        return {level: load.target_arm(client.complete, sweep, request, level,
+        return {level: load.target_arm(client, sweep, request, level,
                                        lambda i, c=level: progress(f"{e.name}: target alone, concurrency {c}", i,
                                                                    len(sweep)))
                 for level in e.concurrency}

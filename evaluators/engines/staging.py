@@ -27,11 +27,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
-from evaluators.drafter import ARCHITECTURES, CheckedDrafter
+from evaluators.drafter import ARCHITECTURE_ALIASES, ARCHITECTURES, CheckedDrafter
 from evaluators.target import architecture_names, model_config, safetensors_files
 from evaluators.weights import INDEX_SUFFIX, SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line
 from tracker.errors import DraftboardError
@@ -88,9 +89,10 @@ def _read_json(path: Path, where: str):
         raise DraftboardError(f"{where}: {path.name} is not readable JSON ({one_line(exc)[:120]})") from None
 
 
-def _check_architectures(config: dict, allowed: frozenset[str], where: str, decided: str) -> None:
+def _check_architectures(config: dict, allowed: frozenset[str], where: str, decided: str,
+                         rename: Mapping[str, str]) -> None:
     declared = declared_architectures(config, where)
-    wrong = sorted({name for name in declared if name not in allowed})
+    wrong = sorted({name for name in declared if rename.get(name, name) not in allowed})
     if not declared or wrong:
         said = f"declares {', '.join(wrong)}" if declared else "declares no architectures"
         raise DraftboardError(f"{where}: config.json {said}, but draftboard read it as {decided}: refused (a tool "
@@ -107,17 +109,20 @@ def _link(source: Path, dest: Path) -> None:
 
 
 def _stage(source: Path, into: Path, weights: dict[str, Path], index: dict | None, allowed: frozenset[str],
-           what: str, decided: str) -> Path:
-    """`into` made to hold source's data files and `weights` ({name in the folder: checked file})."""
+           what: str, decided: str, rename: Mapping[str, str] = MappingProxyType({})) -> Path:
+    """`into` made to hold source's data files and `weights` ({name in the folder: checked file}); config.json's
+    architectures written under the names engines know (`rename`: another tool's name for the same class)."""
     where = f"{what} {source}"
     config = _read_json(inside(source, "config.json", "config"), where)
     if not isinstance(config, dict):
         raise DraftboardError(f"{where}: config.json is not a JSON object")
-    _check_architectures(config, allowed, where, decided)
+    _check_architectures(config, allowed, where, decided, rename)
     into.mkdir()
     for name in JSON_FILES:
         if (source / name).is_file():
             data = without_code(_read_json(inside(source, name, "config file"), where))
+            if name == "config.json" and isinstance(data.get("architectures"), list):
+                data["architectures"] = [rename.get(a, a) for a in data["architectures"]]
             (into / name).write_text(json.dumps(data, ensure_ascii=False, indent=1))
     for name in DATA_FILES:
         if (source / name).is_file():
@@ -167,7 +172,7 @@ def stage_drafter(drafter: Path, checked: CheckedDrafter, into: Path) -> Path:
         raise DraftboardError(f"drafter {drafter}: {read.name} is a torch pickle; a managed engine is given only "
                               "safetensors weights (the engine's own loader would unpickle it)")
     return _stage(drafter, into / "drafter", weights, index, frozenset({ARCHITECTURES[family]}), "drafter",
-                  f"a {family} drafter ({ARCHITECTURES[family]})")
+                  f"a {family} drafter ({ARCHITECTURES[family]})", ARCHITECTURE_ALIASES)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from tracker.store.history import latest_metric_steps
 
 LINEAR_ATTN_ICONS = {"fast": "🟢", "partial": "🟡", "fallback": "🟠", "n/a": "⚪"}
 _NO_GPU = (None, "none", "unknown")
-DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2"}  # names.DRAFTER_FAMILY values
+DRAFTER_FAMILY_LABELS = {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec"}  # names.DRAFTER_FAMILY values
 
 
 _READ = "_fingerprint"  # where a RunInfo keeps its fingerprint once read

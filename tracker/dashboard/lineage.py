@@ -115,15 +115,15 @@ def protocol_of(run: RunInfo) -> protocol.Protocol | None:
 def series_key(run: RunInfo) -> tuple[str, ...]:
     """What splits a training run's evals into separate lines besides the environment, each part
     worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1 top_p=0.95 top_k=20`,
-    `block 8`, `online`): greedy and sampled evals, or two samplings, are never one line, so their
-    protocols are never compared with each other either."""
+    `block 8`, `online`, `JetSpec`): greedy and sampled evals, two samplings, or two drafter families (a
+    causal JetSpec beside a DFlash), are never one line, so their protocols are never compared either."""
     proto = protocol_of(run)
     if proto is None:
         return ()
     datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
     thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
     return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, protocol.sampling_text(proto, draws=False),
-            f"block {proto.block_size}", str(proto.scoring))
+            f"block {proto.block_size}", str(proto.scoring), run.drafter_family or "family unknown")
 
 
 def lines_of(index: RunIndex, train_run_id: str) -> dict[tuple, list[RunInfo]]:

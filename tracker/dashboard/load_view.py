@@ -26,7 +26,7 @@ COLUMNS = {
                  "here as lost acceptance or a dearer step",
     "counts checked": "the engine's counters moved by exactly the sum of the requests' own counts",
     "prefix cache hits": "prompt tokens the engine found in its prefix cache / prompt tokens it looked up over the "
-                         "level, from its own counters (– where it counts none)",
+                         "level, from its own counters, with the drafter / the target alone (– where it counts none)",
     "flags": "requests whose completion or counts moved against concurrency 1 or the target alone, or whose "
              "acceptance collapsed",
     "load average": "the box's 1-minute load average when each arm started (drafter / target alone): a busy box "
@@ -55,8 +55,8 @@ def levels_frame(results: dict | None) -> pd.DataFrame | None:
         "speedup": level.get("speedup"),
         "step cost": level.get("step_cost"),
         "counts checked": "yes" if level.get("counters_checked") else "no (attached server)",
-        "prefix cache hits": (f"{level['prefix_cache_hit_rate']:.0%}" if isinstance(level.get("prefix_cache_hit_rate"),
-                                                                                  (int, float)) else "–"),
+        "prefix cache hits": " / ".join(f"{v:.0%}" if isinstance(v, (int, float)) else "–" for v in (
+            level.get("prefix_cache_hit_rate"), level.get("prefix_cache_hit_rate_target_alone"))),
         "flags": len(level.get("flags") or ()),
         "load average": load_average(level),
     } for level in levels if isinstance(level, dict)], columns=list(COLUMNS))

@@ -22,7 +22,7 @@ CHECKPOINT_STEP = "draftboard.checkpoint_step"
 CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
 CHECKPOINT_COUNT = "draftboard.checkpoints"
 REFERENCE_NAME = "draftboard.reference_name"
-DRAFTER_FAMILY = "draftboard.drafter_family"  # `dflash` | `dflash2` (results `drafter.family`)
+DRAFTER_FAMILY = "draftboard.drafter_family"  # `dflash` | `dflash2` | `jetspec` (results `drafter.family`)
 # A hub drafter's repository and commit (`tracker.store.checkpoints.hub_origin`; a published table's, where it
 # says): z-lab retrains drafters in place under the same name, so a name alone is not one drafter.
 DRAFTER_REPO = "draftboard.drafter_repo"
