@@ -589,6 +589,12 @@ def test_a_slow_store_is_read_again_in_the_background_and_only_when_it_changed(t
     monkeypatch.setattr(ui, "BACKGROUND_READ_S", -1.0)
     with tracker.training_run("second", {}, "/models/t") as second:
         pass
+    # Issue 52: a small store read slowly (a demo building on a busy box) is read at once, never shown stale
+    assert second.run_id in ui.run_index(uri).runs and ui.index_age_s(uri) is None
+    first = ui.run_index(uri)
+    monkeypatch.setattr(ui, "BACKGROUND_MIN_RUNS", 0)  # as a large store
+    with tracker.training_run("third", {}, "/models/t") as second:
+        pass
     assert ui.run_index(uri) is first  # the previous read, at once, while the new one is made
     wait_until(lambda: second.run_id in ui.run_index(uri).runs and ui.index_age_s(uri) is None, 60,
                what="the background read landing")

@@ -112,7 +112,8 @@ def _fingerprint_loader(uri: str):
 
 
 _lasting: dict[str, dict] = {}  # per store: what logged-once artifacts decide (RunIndex.lasting)
-BACKGROUND_READ_S = 1.0  # a store whose last read took longer is read again in the background
+BACKGROUND_READ_S = 1.0  # a store whose last read took longer is read again in the background ...
+BACKGROUND_MIN_RUNS = 1000  # ... when it is a large store: a small one read slowly by a busy box is read at once
 
 
 class _Read(NamedTuple):
@@ -131,15 +132,17 @@ def run_index(uri: str) -> RunIndex:
     """Every run (its fingerprint read when first asked); shared by all sessions and pages. Read again
     only when the store changed (`listing.store_version`, a few ms on a database store) or, where the store can't
     say (an http store), after INDEX_TTL_S; diffs of fingerprints already read are kept across
-    reads. A store whose last read took longer than BACKGROUND_READ_S (thousands of runs) is read
-    again in the background while visitors see the previous read (`index_age_s` says how old), so a
-    store that changes while a team works never makes a visitor wait for the whole store again."""
+    reads. A large store (BACKGROUND_MIN_RUNS or more) whose last read took longer than BACKGROUND_READ_S is
+    read again in the background while visitors see the previous read (`index_age_s` says how old), so a
+    store that changes while a team works never makes a visitor wait for the whole store again. A small
+    store is always read at once, however slowly (a demo building on a busy box: the tables follow its
+    banner, never "No runs yet" beside "2 runs so far")."""
     version = _version(uri)
     with _index_lock:
         latest = _indexes.get(uri)
         if latest is not None and latest.version == version:
             return latest.index
-        if latest is not None and latest.took_s > BACKGROUND_READ_S:
+        if latest is not None and latest.took_s > BACKGROUND_READ_S and len(latest.index) >= BACKGROUND_MIN_RUNS:
             if uri not in _reading:
                 _reading.add(uri)
                 threading.Thread(target=_read_in_background, args=(uri,), name="draftboard-index", daemon=True).start()
