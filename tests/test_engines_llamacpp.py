@@ -36,10 +36,13 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(serving_pair, llamacpp_python, home, tmp_path_factory) -> dict:
     """A managed `draftboard eval --engine llamacpp` of the Qwen3 pair, with default settings, swept at 1
-    and 4 requests in flight (a 4-slot server, then the target alone on the same settings)."""
+    and 2 requests in flight (a 2-slot server, then the target alone on the same settings). At 4 in flight this
+    llama.cpp build aborts now and then (`get_sub_batch: failed to add token`: 3 to 4 of 8 sweeps on a busy box,
+    none of 6 on a quiet one; 2 in flight: 8 of 8 fine on the busy box), which would make the suite flaky: the
+    eval reports such a death in one line, led by that line (test_engine_clients)."""
     out = tmp_path_factory.mktemp("llamacpp-eval") / "engine.json"
     assert main(_args(serving_pair, "--engine", "llamacpp", "--engine-python", llamacpp_python, "--no-log",
-                      "--concurrency", "1,4", "--out", str(out))) == 0
+                      "--concurrency", "1,2", "--out", str(out))) == 0
     return {"path": out, "results": json.loads(out.read_text())}
 
 
@@ -67,13 +70,13 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
 
 
 def test_a_llamacpp_load_sweep_counts_each_request_and_takes_each_levels_steps_from_its_counters(served):
-    """Issue 49 on llama.cpp: each reply's own drafted and accepted tokens at 1 and 4 in flight (its
+    """Issue 49 on llama.cpp: each reply's own drafted and accepted tokens at 1 and 2 in flight (its
     `timings`), their sums equal to what the server's counters moved, the level's verify steps from those
     counters (replies carry none), and the speedup from the two arms of the same eval."""
     results = served["results"]
-    assert results["engine"]["n_parallel"] == 4
+    assert results["engine"]["n_parallel"] == 2
     alone = {p["id"]: p for p in results["prompts"]}  # the eval's own pass, one request at a time
-    assert [level["concurrency"] for level in results["load"]] == [1, 4]
+    assert [level["concurrency"] for level in results["load"]] == [1, 2]
     for level in results["load"]:
         assert level["counters_checked"] is True
         drafted = sum(p["engine_draft_tokens"] for p in level["prompts"])

@@ -128,6 +128,7 @@ def test_launch_page_refuses_a_read_only_account(mlflow_server, reader, as_user,
     name, password, _ = reader
     for path in ("target", "drafter"):
         (tmp_path / path).mkdir()
+        (tmp_path / path / "config.json").write_text("{}")  # what Launch's first look asks of both
     (tmp_path / "prompts.jsonl").write_text('{"id": 0, "input_ids": [1, 2]}\n')
     serve(monkeypatch, mlflow_server.uri, tmp_path, tmp_path, allowed_roots=tmp_path)
     as_user(name, password)

@@ -248,14 +248,8 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
     replies: list[EngineReply] = []
     t_requests = time.perf_counter()
     for i, p in enumerate(prompts, 1):
-        try:
+        with _death_told(server, e.name, f"prompt {p.id!r}"):
             replies.append(client.generate(p.input_ids, request))
-        except EngineError:
-            if server and server.exited(within_s=3.0):  # a reset connection is often its last word
-                raise EngineError(f"{e.name} server died mid-run (prompt {p.id!r}, exit code "
-                                  f"{server.proc.returncode}); its log ({server.log}) ends: "
-                                  f"{server.log_tail()}") from None
-            raise
         progress(f"{e.name}: requests", i, len(prompts))
     requests_s = time.perf_counter() - t_requests
     drafted: dict[int, load.Arm] = {}
@@ -263,10 +257,24 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         client.cross_check = False  # at concurrency > 1 the counters move for several requests: checked per level
         sweep = load.requests_of(prompts, replies)
         for level in e.concurrency:
-            drafted[level] = load.drafter_arm(client, sweep, request, level, checked=server is not None,
-                                              progress=lambda i, c=level: progress(f"{e.name}: concurrency {c}", i,
-                                                                                   len(sweep)))
+            with _death_told(server, e.name, f"concurrency {level}"):
+                drafted[level] = load.drafter_arm(client, sweep, request, level, checked=server is not None,
+                                                  progress=lambda i, c=level: progress(f"{e.name}: concurrency {c}",
+                                                                                       i, len(sweep)))
     return info, replies, logged, started_s, requests_s, drafted
+
+
+@contextlib.contextmanager
+def _death_told(server: ManagedServer | None, name: str, where: str):
+    """A request that failed because the managed server died says so, with the last lines of its log (a reset
+    connection is often a server's last word: llama.cpp's DFlash aborts in `get_sub_batch` with parallel slots)."""
+    try:
+        yield
+    except EngineError:
+        if server and server.exited(within_s=3.0):
+            raise EngineError(f"{name} server died mid-run ({where}, exit code {server.proc.returncode}); its log "
+                              f"({server.log}) ends: {server.log_tail()}") from None
+        raise
 
 
 def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, target: str, n_spec: int,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,10 @@ STOP_GRACE_S = 15.0
 PROBE_TIMEOUT_S = 120.0
 HEALTH_POLL_S = 1.0
 LOG_TAIL_LINES = 15
+# The line an engine dies on (an assertion, an abort, a Python traceback), looked for before the debugger's
+# backtrace or interpreter noise that can follow it in the log's last lines.
+_LAST_WORDS = re.compile(r"GGML_ASSERT|: failed to |Traceback|Error:|error:|Aborted|Segmentation fault")
+_LAST_WORDS_WINDOW = 400  # lines from the end searched for them
 KEEPER_POLL_S = 0.2
 
 
@@ -179,11 +184,7 @@ class ManagedServer:
             return False
 
     def log_tail(self) -> str:
-        try:
-            lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
+        return log_tail(self.log)
 
     def stop(self) -> None:
         """Ask the launcher to stop the engine (SIGTERM to its group, SIGKILL after STOP_GRACE_S); if the
@@ -257,3 +258,14 @@ def _keep(pid_fd: int, argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_keep(int(sys.argv[1]), sys.argv[2:]))
+
+
+def log_tail(log: Path) -> str:
+    """An engine log's last lines as one line, led by the line it died on where that lies further up."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    tail = " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
+    died = next((line.strip() for line in reversed(lines[-_LAST_WORDS_WINDOW:]) if _LAST_WORDS.search(line)), None)
+    return f"{died[:300]} … {tail}" if died and died not in tail else tail
