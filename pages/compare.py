@@ -119,6 +119,8 @@ def eval_view() -> None:
                           help="\n\n".join(metric_docs.help_text(k) for k in data.eval_metrics
                                            if metric_docs.family(k) != "accept_rate_pos"))
     ref_label = reference_label(index, ref) if ref is not None else None
+    if ref_label and data.target_note:  # drawn in its own style, its caveat in the legend
+        ref_label += " · other target: shape only"
     cols = st.columns(2)
     for i, key in enumerate(keys):
         with cols[i % 2]:
@@ -404,7 +406,7 @@ with banners:
                                help=md("\n\n".join(data.probe_help)))
                 ui.bullet_list(data.protocol_notes, TITLES["protocol_notes"], st.info, icon="📏")
             ui.bullet_list(data.lineage_banner, TITLES["lineage_banner"], st.warning)
-    if data.reference_note and not data.target_note:
+    if data.reference_note:  # chosen for another target too: whether its line is drawn, or exactly why not
         (st.warning if data.reference_note.startswith("No reference") else st.caption)(md(data.reference_note))
 with st.sidebar:
     # Built when clicked: the report reads every drawn eval's results and every training point.

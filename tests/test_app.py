@@ -290,6 +290,9 @@ def test_compare_says_when_no_reference_matches_the_target(app_env, tmp_path):
         "**Different target: the reference z-lab paper was evaluated for Qwen3.5-4B, the chosen runs for target. "
         "Its numbers describe another model: compare the shapes of the curves, not their values.**"]
     assert not at.info and "published numbers for target" not in page_text(at)
+    # Issue 52: chosen by hand, it still says whether its line is drawn, or exactly why not
+    [why] = [shown(w.value) for w in at.warning]
+    assert why.startswith("No reference number matches: the chosen evals ran on ") and "not drawn" in why
 
 
 def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
