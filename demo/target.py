@@ -12,6 +12,7 @@ trains the target. So neither the drafters nor the evals ever see the target's t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -97,9 +98,26 @@ def training_stream() -> torch.Tensor:
     return torch.cat(parts)
 
 
+MAX_THREADS = 2  # the demo's models are small: more intra-op threads only add contention
+
+
+def cpu_threads(cores: int, load: float) -> int:
+    """Intra-op threads for the cores this process may use and the box's 1-minute load: one per core left free
+    by the other work (at least 1, at most MAX_THREADS). A thread per core on a busy box makes torch's threads
+    wait on each other and on the other work: the walk's demo took 53 min beside load 5-10, 137 s quiet."""
+    return max(1, min(MAX_THREADS, round(cores - load)))
+
+
+@functools.cache
+def _free_threads() -> int:
+    """Decided once per process, before its own work adds to the load it reads."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpu_threads(cores, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+
+
 def use_cpu_threads() -> None:
-    """One intra-op thread per core, at most 2: more threads on 2 cores only add contention."""
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    """`cpu_threads` of this process's cores and the box's load when it first asked."""
+    torch.set_num_threads(_free_threads())
 
 
 def build_target(out_dir: str | Path, *, steps: int = FULL_STEPS, seed: int = 0, progress=None,

@@ -206,3 +206,14 @@ def test_a_dflash_run_does_not_log_dflash2s_settings(target_dir, data, tracker, 
 def test_train_refuses_data_of_another_target(data, tracker, tmp_path):
     with pytest.raises(ValueError, match="prepared from"):
         train_dflash.train(train_dflash.TrainConfig(steps=1), tmp_path, data, tracker, tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("cores, load, threads", [
+    (2, 0.1, 2),  # a quiet 2-core box: a thread per core
+    (2, 1.2, 1),  # one core busy with other work: one thread
+    (8, 7.0, 1),  # the walk's busy laptop (load 5-10): one thread, never eight fighting
+    (16, 0.0, 2),  # a quiet big box: the demo's small models gain nothing past 2
+    (1, 3.0, 1),  # always at least one
+])
+def test_demo_threads_follow_the_cores_left_free(cores, load, threads):
+    assert demo_target.cpu_threads(cores, load) == threads
