@@ -150,6 +150,11 @@ def test_urls_outside_the_allowed_list_and_other_bad_engine_input(files, capsys,
         assert main(_eval_args(files, *extra)) == 2, extra
         line = _one_error(capsys)
         assert message in line and "pw" not in line, line
+    # Issue 51: SGLang overwrites DFlash's acceptance with a simulated one when this is set (SGLang #32595): a
+    # managed eval that would pass it on is refused before an engine starts
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.5")
+    assert main(_eval_args(files, "--engine", "sglang", "--engine-python", sys.executable)) == 2
+    assert "SGLANG_SIMULATE_ACC_LEN is set" in _one_error(capsys)
     assert not _eval_runs(os.environ["MLFLOW_TRACKING_URI"])
 
 

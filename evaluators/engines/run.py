@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from evaluators.datasets import load_benchmark
 from evaluators.drafter import TargetDims, open_drafter
 from evaluators.engines import gdn, llamacpp, load, sglang, staging, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
-from evaluators.engines.server import ManagedServer, check_python, finish_probe, start_probe
+from evaluators.engines.server import (ManagedServer, check_python, finish_probe, simulated_acceptance_problem,
+                                      start_probe)
 from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
@@ -128,6 +130,9 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     `engine_*` counts. Managed: the server is started here and stopped on every exit path."""
     t0 = time.perf_counter()
     check_settings(s, e)
+    problem = simulated_acceptance_problem(os.environ) if e.managed else None
+    if problem:
+        raise EngineError(problem)
     url = None if e.managed else check_url(e.url)
     python = check_python(e.python or config.engine_python(e.name), e.name) if e.managed else None
     cfg = text_config(s.target)

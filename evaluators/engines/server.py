@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from evaluators.engines.base import EngineError
@@ -60,6 +60,9 @@ ENGINE_ENV_NAMES = frozenset({
     "TRITON_CACHE_DIR"})
 ENGINE_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "NCCL_", "OPENBLAS_", "MKL_", "KMP_", "GOMP_",
                        "TORCHINDUCTOR_", "VLLM_", "SGLANG_", "LLAMA_", "GGML_")
+# Variables with which an engine reports acceptance it did not measure: SGLang overwrites DFlash's accepted
+# length with SGLANG_SIMULATE_ACC_LEN after the real compute (SGLang #32595). A managed eval with one set is refused.
+SIMULATED_ACCEPTANCE = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_TOKEN_MODE")
 # A folder is served as staged (evaluators.engines.staging): nothing is fetched from a hub.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -70,6 +73,15 @@ def engine_environment() -> dict[str, str]:
     (tracker.redact), and no hub access. Least privilege: it serves staged folders on loopback."""
     allowed = {k: v for k, v in os.environ.items() if k in ENGINE_ENV_NAMES or k.startswith(ENGINE_ENV_PREFIXES)}
     return {**redact.without_secrets(allowed), **OFFLINE}
+
+
+def simulated_acceptance_problem(environ: Mapping[str, str]) -> str | None:
+    """Why a managed engine started from `environ` would report acceptance it did not measure; None if not."""
+    found = [name for name in SIMULATED_ACCEPTANCE if environ.get(name, "").strip()]
+    if not found:
+        return None
+    return (f"{', '.join(found)} is set: SGLang then overwrites the drafter's acceptance with it after the real "
+            "compute (SGLang #32595), so every served number would be simulated, not measured: unset it")
 
 
 def start_probe(python: str, code: str) -> subprocess.Popen | None:
