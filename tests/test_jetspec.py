@@ -81,6 +81,8 @@ def test_the_family_is_decided_once_from_the_config_and_a_disagreement_is_refuse
         [False, False]
     assert [DrafterConfig.from_dict({**_config(), **sliding}).layer_attention(i)[0] for i in (0, 1)] == [True, False]
     assert DrafterConfig.from_dict({**_config(), "architectures": ["Qwen3DFlashDraftModel"]}).family == DFLASH
+    overruled = DrafterConfig.from_dict({**_config(causal=True), "is_causal": False})  # is_causal is read first
+    assert overruled.family == DFLASH and not overruled.layer_attention(0)[0]
     with pytest.raises(DraftboardError, match="dflash_config.causal must be true or false"):
         DrafterConfig.from_dict(_config(causal="yes"))
     with pytest.raises(DraftboardError, match="Domino .* refused, not read as DFlash"):

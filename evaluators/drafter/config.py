@@ -347,7 +347,8 @@ def decide_family(d: dict, dflash: dict, dflash2: dict, causal: bool | None) -> 
             raise DraftboardError(f"{where}: architectures name {sorted(named)} but dflash_config holds DFlash2's "
                                   f"fields ({', '.join(fields)}): the files disagree about the family; refused")
         return DFLASH2
-    return JETSPEC if causal else DFLASH
+    # JetSpec where its flag decides the attention: z-lab's `is_causal`, read first, may overrule it
+    return JETSPEC if causal and d.get("is_causal") in (None, True) else DFLASH
 
 
 SPECULATORS_TYPE = "speculators_model_type"
