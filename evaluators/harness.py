@@ -237,12 +237,10 @@ def _target_features(target: Target, walked: list[Walked], seqs: list[list[int]]
 def _by_context(walked: list[Walked], rows: list[dict], edges: tuple[int, ...]) -> dict:
     """`tau_by_context` of the walks and `tau_all_anchors_by_context` of every anchor (tracker.measurement.context),
     over `edges` or octaves of the walks' contexts."""
-    walks = [(context.walk_contexts(len(r["input_ids"]), r["acceptance_lengths"]), r["acceptance_lengths"])
-             for r in rows]
+    edges, by_walk = context.by_walks([(len(r["input_ids"]), r["acceptance_lengths"]) for r in rows], edges)
     anchors = [(context.anchor_contexts(len(w.input_ids), w.n_anchors), [int(a) for a in w.chain[:w.n_anchors]])
                for w in walked]
-    edges = edges or context.default_edges(c for contexts, _ in walks for c in contexts)
-    return {"context_buckets": list(edges), "tau_by_context": context.by_context(walks, edges),
+    return {"context_buckets": list(edges), "tau_by_context": by_walk,
             "tau_all_anchors_by_context": context.by_context(anchors, edges)}
 
 

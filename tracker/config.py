@@ -137,12 +137,12 @@ ENGINES = ("vllm", "sglang", "llamacpp")
 # per-request metrics; llama.cpp's replies carry drafted and accepted tokens, its verify steps are counted
 # per level by its counters, exact only on a server draftboard manages).
 LOAD_ENGINES = ("vllm", "llamacpp")
+LOAD_MANAGED_ONLY = ("llamacpp",)
+PREFIX_CACHE_ENGINES = ("vllm",)  # --prefix-caching: the managed engines whose server draftboard starts with it
 MAX_CONTEXT_EDGE = 1 << 24  # --context-buckets: 16M tokens, past any served context
 # What an eval's inputs are at a glance (evaluators read them whole; tracker/jobs/inputs.py looks before queueing):
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")  # a drafter checkpoint file's formats
 PROMPT_KEYS = ("input_ids", "prompt", "messages", "turns")  # a prompt line holds one of them
-LOAD_MANAGED_ONLY = ("llamacpp",)
-PREFIX_CACHE_ENGINES = ("vllm",)  # --prefix-caching: the managed engines whose server draftboard starts with it
 
 
 def load_problem(engine: str | None, levels, attached: bool = False) -> str | None:

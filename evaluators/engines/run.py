@@ -351,9 +351,8 @@ def _engine_by_context(steps: list[tuple[int, list[int] | None]], edges: tuple[i
     None where the engine did not report its steps in order (llama.cpp: counts per position only)."""
     if any(accepted is None for _, accepted in steps):
         return list(edges), None
-    walks = [(context.walk_contexts(n, [a + 1 for a in accepted]), [a + 1 for a in accepted]) for n, accepted in steps]
-    edges = edges or context.default_edges(c for contexts, _ in walks for c in contexts)
-    return list(edges), context.by_context(walks, edges)
+    edges, rows = context.by_walks([(n, [a + 1 for a in accepted]) for n, accepted in steps], edges)
+    return list(edges), rows
 
 
 def _load(e: EngineSettings, s: EvalSettings, prompts, replies, drafted: dict, alone: dict, cache: dict,

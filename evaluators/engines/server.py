@@ -124,6 +124,17 @@ def check_python(python: str | None, engine: str) -> str:
     return str(path)
 
 
+def log_tail(log: Path) -> str:
+    """An engine log's last lines as one line, led by the line it died on where that lies further up."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    tail = " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
+    died = next((line.strip() for line in reversed(lines[-_LAST_WORDS_WINDOW:]) if _LAST_WORDS.search(line)), None)
+    return f"{died[:300]} … {tail}" if died and died not in tail else tail
+
+
 class ManagedServer:
     """Context manager: the server is healthy inside, stopped (with its whole process group) outside.
 
@@ -270,14 +281,3 @@ def _keep(pid_fd: int, argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_keep(int(sys.argv[1]), sys.argv[2:]))
-
-
-def log_tail(log: Path) -> str:
-    """An engine log's last lines as one line, led by the line it died on where that lies further up."""
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    tail = " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-2000:] or "(empty)"
-    died = next((line.strip() for line in reversed(lines[-_LAST_WORDS_WINDOW:]) if _LAST_WORDS.search(line)), None)
-    return f"{died[:300]} … {tail}" if died and died not in tail else tail

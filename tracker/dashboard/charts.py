@@ -85,20 +85,23 @@ def reason_of(part: pd.DataFrame) -> str:
     return str(part["reason"].iloc[0]) if "reason" in part.columns and len(part) else ""
 
 
-def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Mapping[str, str] | None) -> go.Figure:
-    """One line per series (the reference dotted, in REFERENCE_COLOR)."""
+def _per_checkpoint(frame: pd.DataFrame, x: str, y: str, hover: str, colors: Mapping[str, str] | None,
+                    order_by: str | None = None, extra=None) -> go.Figure:
+    """One line per series (the reference dotted, in REFERENCE_COLOR), its points in the order of `order_by`
+    (default: x); `extra(part)` adds trace settings of the chart's own (error bars, hover data)."""
     fig = go.Figure()
     fallback: dict[str, str] = {}
     for series, part in frame.groupby("series", sort=False):
         ref = series.startswith("reference")
         reason = reason_of(part)
-        part = part.sort_values(x)
+        part = part.sort_values(order_by or x, kind="stable")
         fig.add_trace(go.Scatter(
             x=part[x], y=part[y], mode="lines+markers", name=_name(series, reason),
             line=dict(color=REFERENCE_COLOR if ref else series_color(colors, owner_of(part, series), fallback),
                       dash="dash" if reason else ("dot" if ref else "solid"), width=3 if ref else 2),
             marker=dict(symbol="circle-open" if reason else "circle"),
-            hovertemplate=f"%{{fullData.name}}<br>{hover}{_reason_hover(reason)}<extra></extra>"))
+            hovertemplate=f"%{{fullData.name}}<br>{hover}{_reason_hover(reason)}<extra></extra>",
+            **(extra(part) if extra else {})))
     return fig
 
 
@@ -125,20 +128,13 @@ def under_load(frame: pd.DataFrame, y: str, y_title: str, hover: str,
 def by_context(frame: pd.DataFrame, colors: Mapping[str, str] | None = None) -> go.Figure:
     """Acceptance length per context bucket, one line per eval (`context_view.context_curves`), buckets in order
     of their start, each bucket's 95% interval as an error bar."""
-    fig = go.Figure()
-    fallback: dict[str, str] = {}
-    order = list(dict.fromkeys(frame.sort_values("from", kind="stable")["bucket"]))
-    for series, part in frame.groupby("series", sort=False):
-        ref = series.startswith("reference")
-        fig.add_trace(go.Scatter(
-            x=part["bucket"], y=part["tau"], mode="lines+markers", name=html_text(series),
-            error_y=dict(type="data", symmetric=False, array=(part["high"] - part["tau"]).fillna(0),
-                         arrayminus=(part["tau"] - part["low"]).fillna(0), thickness=1),
-            line=dict(color=REFERENCE_COLOR if ref else series_color(colors, owner_of(part, series), fallback),
-                      dash="dot" if ref else "solid", width=3 if ref else 2),
+    fig = _per_checkpoint(
+        frame, "bucket", "tau", "context %{x} tokens<br>tau %{y:.3f} tokens / block over %{customdata} blocks", colors,
+        order_by="from", extra=lambda part: dict(
             customdata=part["blocks"],
-            hovertemplate="%{fullData.name}<br>context %{x} tokens<br>tau %{y:.3f} tokens / block over "
-                          "%{customdata} blocks<extra></extra>"))
+            error_y=dict(type="data", symmetric=False, array=(part["high"] - part["tau"]).fillna(0),
+                         arrayminus=(part["tau"] - part["low"]).fillna(0), thickness=1)))
+    order = list(dict.fromkeys(frame.sort_values("from", kind="stable")["bucket"]))
     fig.update_xaxes(categoryorder="array", categoryarray=order)
     return _layout(fig, "context length bucket (tokens before the block's first drafted position)",
                    "tau in the bucket (tokens / block)")

@@ -257,10 +257,12 @@ def unused_settings(form: LaunchForm) -> list[str]:
 # Launch's form fields (session-state keys) and the job params they hold, one to one.
 FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "launch_device": "device",
                "launch_dtype": "dtype", "launch_precision": "drafter_precision", "launch_linear": "linear_attn",
-               "launch_limit": "limit_per_dataset", "launch_step": "checkpoint_step"}
-# Params the job holds that the form has no field for; Edit names them (a queued-again job takes the default).
-_NOT_IN_FORM = ("scoring", "last_block", "enable_thinking", "completions", "seeds", "seed", "num_speculative_tokens",
-                "batch_size", "anchor_chunk", "context_buckets", "prefix_caching")
+               "launch_limit": "limit_per_dataset"}
+# The params `edit_state` carries besides FORM_FIELDS' (the run's name is derived anew by `eval_params`); every
+# other param a job may hold has no field in the form, and Edit names it (queued again, it takes the default).
+_CARRIED = {*FORM_FIELDS.values(), "drafter", "prompts", "budgets", "checkpoint_step", "train_run_id", "concurrency",
+            "temperature", "top_p", "top_k", "samples", "engine", "engine_url", "reference", "name"}
+_NOT_IN_FORM = tuple(f.name for f in eval_job.JOB_FIELDS if f.name not in _CARRIED)
 
 
 def edit_state(params: dict, choices: Sequence[tuple[str | None, str | None]]) -> tuple[dict, list[str]]:

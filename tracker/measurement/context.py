@@ -60,6 +60,14 @@ def check_edges(edges: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(set(edges)))
 
 
+def by_walks(walks: Sequence[tuple[int, Sequence[int]]], edges: Sequence[int]) -> tuple[tuple[int, ...], list[dict]]:
+    """(the edges used, the rows) of walks given per prompt as (prompt length, acceptance lengths in order):
+    `edges`, or octaves of the walks' contexts when none are given."""
+    pairs = [(walk_contexts(n, lengths), lengths) for n, lengths in walks]
+    edges = tuple(edges) or default_edges(c for contexts, _ in pairs for c in contexts)
+    return edges, by_context(pairs, edges)
+
+
 def by_context(prompts: Sequence[tuple[Sequence[int], Sequence[float]]], edges: Sequence[int]) -> list[dict]:
     """One row per bucket from each prompt's (context lengths, acceptance lengths) of its blocks."""
     edges = check_edges(edges)
