@@ -48,7 +48,7 @@ def target_config(family: str = "qwen3_5"):
     model (`qwen3_next.py`: "No Qwen3Next layer found")."""
     from transformers import Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig
 
-    shared = dict(vocab_size=bytetok.VOCAB_SIZE, num_hidden_layers=4, max_position_embeddings=2048,
+    shared = dict(vocab_size=bytetok.VOCAB_SIZE, num_hidden_layers=4, max_position_embeddings=8192,
                   bos_token_id=bytetok.BOS, eos_token_id=bytetok.EOS, pad_token_id=bytetok.PAD,
                   tie_word_embeddings=False)
     hybrid = ["linear_attention"] * 3 + ["full_attention"]

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from evaluators import long_context
 from evaluators.prompts import Prompt, encode, read_jsonl, token_ids
 from tracker import config
 from tracker.errors import DraftboardError
@@ -73,6 +74,7 @@ class _Row:
     category: str | None
     line: dict  # a prompt line as evaluators.prompts reads it: input_ids | prompt | messages
     where: str  # file:line, for errors
+    source: dict | None = None  # a long-context row as read (evaluators.long_context), for --prompt-tokens
 
 
 # --------------------------------------------------------------------------- rows
@@ -102,10 +104,13 @@ def _file_rows(path: Path, prefix_ids: bool) -> list[_Row]:
     for lineno, row in read_jsonl(path):
         where = f"{path}:{lineno}"
         dataset = _optional_text(row, "dataset", where) or default_dataset
-        pid = _optional_text(row, "question_id", where) or _optional_text(row, "id", where) or str(lineno)
-        line = _first_turn(row["turns"], where) if "turns" in row else row
+        pid = (_optional_text(row, "question_id", where) or _optional_text(row, "id", where)
+               or _optional_text(row, "_id", where) or str(lineno))
+        long = long_context.kind(row) is not None
+        line = (_first_turn(row["turns"], where) if "turns" in row else
+                {"messages": long_context.messages(row, dataset, where)} if long else row)
         rows.append(_Row(f"{dataset}/{pid}" if prefix_ids else pid, dataset,
-                         _optional_text(row, "category", where), line, where))
+                         _optional_text(row, "category", where), line, where, row if long else None))
     return rows
 
 
@@ -167,6 +172,11 @@ def _hf_rows(spec: str) -> list[_Row]:
     rows = []
     for index, row in enumerate(table, 1):
         where = f"{spec} row {index}"
+        if long_context.kind(row) is not None:  # LongBench's `dataset` column names its set, as in its files
+            name = _optional_text(row, "dataset", where) or dataset
+            rows.append(_Row(_optional_text(row, "_id", where) or _optional_text(row, "id", where) or str(index), name,
+                             None, {"messages": long_context.messages(row, name, where)}, where, row))
+            continue
         try:
             turns = to_turns(row)
         except KeyError as exc:
@@ -214,13 +224,26 @@ def _read_rows(spec: str | Path) -> list[_Row]:
 
 
 def load_benchmark(spec: str | Path, tokenizer, vocab_size: int, enable_thinking: bool | None = None,
-                   limit_per_dataset: int | None = None) -> list[Prompt]:
-    """The prompts of a file, folder or `hf:` dataset, tokenized, each with its dataset."""
+                   limit_per_dataset: int | None = None, prompt_tokens: int | None = None) -> list[Prompt]:
+    """The prompts of a file, folder or `hf:` dataset, tokenized, each with its dataset; `prompt_tokens`: a
+    long-context set's prompts made that long (evaluators.long_context)."""
     rows = _read_rows(spec)
     if not rows:
         raise DraftboardError(f"{spec}: no prompts")
     if limit_per_dataset is not None:
         rows = sample_per_dataset(rows, limit_per_dataset, lambda r: r.dataset)
+    if prompt_tokens is not None:
+        plain = next((r for r in rows if r.source is None), None)
+        if plain is not None:
+            raise DraftboardError(f"{plain.where}: --prompt-tokens makes long-context sets long ("
+                                  f"{long_context.LONGBENCH}, {long_context.LONGBENCH_V2}, {long_context.SHAREGPT} "
+                                  "rows); this row is none of them")
+        if tokenizer is None:
+            raise DraftboardError(f"{spec}: --prompt-tokens counts text tokens: the target has no tokenizer")
+        filled = long_context.fitted([(r.source, r.dataset, r.where) for r in rows], tokenizer, prompt_tokens)
+        rows = [replace(r, line={"messages": m}) for r, m in zip(rows, filled)]
+    rows = [replace(r, line=long_context.line(r.line["messages"], tokenizer, r.where)) if r.source else r
+            for r in rows]
     prompts, seen = [], set()
     for row in rows:
         if row.id in seen:

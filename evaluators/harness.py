@@ -42,8 +42,17 @@ from evaluators.target import (CheckedTarget, Target, cache_key, check_target, c
 from tracker.measurement import context
 from tracker.measurement.uncertainty import draws_interval, results_uncertainty
 from tracker.environment import fingerprint, linear_attn
-from tracker.config import DEFAULT_BUDGETS, DTYPES, EVAL_SCORINGS, LAST_BLOCK_RULES, MAX_BUDGET, sampling_problem
+from tracker.config import (
+    DEFAULT_BUDGETS,
+    DTYPES,
+    EVAL_SCORINGS,
+    LAST_BLOCK_RULES,
+    MAX_BUDGET,
+    MAX_CONTEXT_EDGE,
+    sampling_problem,
+)
 from tracker.measurement.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
+from tracker.measurement.protocol import lengths as protocol_lengths
 from tracker.errors import DraftboardError
 
 SCHEMA = "draftboard.eval/1"
@@ -69,6 +78,7 @@ class EvalSettings:
     last_block: str = LAST_BLOCK_RULES[0]
     scoring: str = EVAL_SCORINGS[0]
     limit_per_dataset: int | None = None
+    prompt_tokens: int | None = None  # a long-context set's prompts made this many text tokens long
     temperature: float = 0.0  # z-lab's sampling parameters; T = 0 is greedy
     top_p: float = 1.0
     top_k: int = 0
@@ -90,6 +100,8 @@ class EvalSettings:
             raise DraftboardError(f"--last-block must be one of {', '.join(LAST_BLOCK_RULES)}, got {self.last_block!r}")
         if self.scoring not in EVAL_SCORINGS:
             raise DraftboardError(f"--scoring must be one of {', '.join(EVAL_SCORINGS)}, got {self.scoring!r}")
+        if self.prompt_tokens is not None and not 1 <= self.prompt_tokens <= MAX_CONTEXT_EDGE:
+            raise DraftboardError(f"--prompt-tokens must be from 1 to {MAX_CONTEXT_EDGE}, got {self.prompt_tokens}")
         for name in ("batch_size", "anchor_chunk"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise DraftboardError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -323,6 +335,7 @@ def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int,
     thinking = template_thinking(tokenizer, s.enable_thinking) if templated else None
     return Protocol(
         datasets=datasets, prompt_digest=prompt_digest(p.input_ids for p in prompts),
+        prompt_lengths=protocol_lengths(p.input_ids for p in prompts),
         completions=file_digest(s.completions) if s.completions else GENERATED,
         max_new_tokens=s.max_new_tokens,
         enable_thinking=UNKNOWN if thinking is None else thinking,
@@ -369,7 +382,8 @@ def load_pair(s: EvalSettings, device: str, progress: Progress) -> _Pair:
     prompts: list[Prompt] = []
 
     def read_prompts(cfg) -> None:
-        prompts.extend(load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset))
+        prompts.extend(load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset,
+                                      s.prompt_tokens))
         if s.completions:
             prompts[:] = attach_completions(prompts, s.completions, cfg.vocab_size)
 

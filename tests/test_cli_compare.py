@@ -95,3 +95,22 @@ def test_runs_without_eval_results(tracker, store_uri, machine_fp, base, capsys)
     broken = log(tracker, machine_fp, {"schema": "draftboard.eval/1", "prompts": [{"id": "x"}]})
     assert compare(store_uri, a, broken) == 2
     assert "no per-prompt scores" in capsys.readouterr().err
+
+
+def test_the_same_mean_worse_at_long_contexts_is_shown_per_bucket_and_fails_the_gate(tracker, store_uri, machine_fp,
+                                                                                     capsys):
+    """Issue 50: A walks 1,4,4 and B 3,3,3 on 10-token prompts (contexts 11,12,16 and 11,14,17; edges 0,16): the
+    means agree (3.0), B accepts more below 16 tokens of context (3.0 vs 2.5) and less from 16 on (3.0 vs 4.0)."""
+    def doc(walk):
+        return {"schema": "draftboard.eval/1", "tau": 3.0, "context_buckets": [0, 16],
+                "prompts": [{"id": f"p{i}", "input_ids": list(range(10)), "acceptance_lengths": walk} for i in range(8)]}
+
+    a, b = log(tracker, machine_fp, doc([1, 4, 4])), log(tracker, machine_fp, doc([3, 3, 3]))
+    assert compare(store_uri, a, b) == 0
+    out = capsys.readouterr().out
+    assert "verdict: no detectable difference at this sample size" in out
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("[")]
+    assert rows == [["[0, 16)", "16/16", "2.500", "3.000", "+0.500 [+0.500, +0.500]", "better"],
+                    ["[16, ∞)", "8/8", "4.000", "3.000", "-1.000 [-1.000, -1.000]", "worse"]]
+    assert "intervals Bonferroni over the 2 buckets compared" in out
+    assert compare(store_uri, a, b, "--fail-if-worse") == 1

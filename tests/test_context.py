@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tracker.measurement.context import anchor_contexts, by_context, check_edges, default_edges, walk_contexts
+from tracker.measurement.context import (
+    anchor_contexts,
+    by_context,
+    check_edges,
+    default_edges,
+    paired_by_walks,
+    walk_contexts,
+)
+from tracker.measurement.uncertainty import BETTER, WORSE
 
 
 def test_a_blocks_context_is_the_prompt_the_prefill_token_and_the_blocks_before_it():
@@ -29,13 +37,40 @@ def test_buckets_pool_their_blocks_over_prompts():
     assert by_context([a], [12])[0]["blocks"] == 2  # contexts below the first edge are in no bucket
 
 
+def test_two_walks_are_compared_bucket_by_bucket_where_enough_prompts_have_blocks_on_both_sides():
+    """A walks 3,3,3 (contexts 11, 14, 17), B walks 1,4,4 (contexts 11, 12, 16), on 10-token prompts; edges 0,16.
+    [0,16): A 3,3 (tau 3), B 1,4 (2.5): Δ -0.5 on every prompt, so every resample says -0.5: worse.
+    [16,∞): A 3, B 4: Δ +1.0, better. Both means are 3: one mean τ hides both."""
+    a, b = [(10, [3, 3, 3])] * 4, [(10, [1, 4, 4])] * 4
+    edges, rows = paired_by_walks(a, b, [0, 16])
+    assert edges == (0, 16)
+    assert [(r["from"], r["to"], r["blocks_a"], r["blocks_b"], r["tau_a"], r["tau_b"], r["delta"], r["ci"],
+             r["n_prompts"], r["verdict"]) for r in rows] == [
+        (0, 16, 8, 8, 3.0, 2.5, -0.5, [-0.5, -0.5], 4, WORSE),
+        (16, None, 4, 4, 3.0, 4.0, 1.0, [1.0, 1.0], 4, BETTER)]
+    _, few = paired_by_walks(a[:3], b[:3], [0, 16])  # 3 prompts: under MIN_PROMPTS, nothing compared
+    assert [(r["tau_a"], r["tau_b"], r["delta"], r["verdict"]) for r in few] == [(3.0, 2.5, None, None),
+                                                                                 (3.0, 4.0, None, None)]
+    assert paired_by_walks(a, b, [])[0] == (0, 8, 16)  # octaves of both sides' contexts 11..17
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_by_walks(a, b[:2], [0])
+
+
+def test_a_noisy_bucket_is_no_detectable_difference_at_the_bonferroni_level():
+    """Half the prompts gain a token in the bucket, half lose one: Δ 0, its interval spans it."""
+    a = [(10, [2, 2])] * 8
+    b = [(10, [3, 2]), (10, [1, 2])] * 4
+    (row,) = paired_by_walks(a, b, [0])[1]
+    assert row["delta"] == 0.0 and row["ci"][0] < 0 < row["ci"][1] and row["verdict"] not in (WORSE, BETTER)
+
+
 def test_default_edges_cover_the_contexts_in_octaves():
     assert default_edges([21, 40, 156]) == (0, 16, 32, 64, 128)
     assert default_edges([1]) == (0, 1)
     assert default_edges([]) == (0,)
 
 
-@pytest.mark.parametrize("edges", [[], [-1, 4], [0, 1 << 30], [True]])
+@pytest.mark.parametrize("edges", [[], [-1, 4], [0, 1 << 30], [True], list(range(65))])
 def test_bad_edges_are_refused(edges):
     with pytest.raises(ValueError, match="context bucket edges"):
         check_edges(edges)
@@ -45,6 +80,7 @@ def test_bad_edges_are_refused(edges):
     ("0,-5", "each context bucket edge must be an integer from 0 to 16777216"),
     ("0,99999999999", "each context bucket edge must be an integer from 0 to 16777216"),
     ("0,1k", "context_buckets must be comma-separated integers like 0,512,2048"),
+    (",".join(map(str, range(65))), "context_buckets: at most 64 context bucket edges, got 65"),
 ])
 def test_bad_bucket_edges_are_one_line_before_anything_runs(edges, message, tmp_path, capsys):
     from test_load import flag_refused

@@ -147,10 +147,11 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
 @pytest.fixture(scope="module")
 def served(pair, vllm_python, tmp_path_factory):
     """A vLLM server a team already runs (started here with the same argv a managed eval uses), 4 sequences at
-    a time with its prefix cache on (what `--concurrency` and `--prefix-caching` start)."""
+    a time with its prefix cache on (what `--concurrency` and `--prefix-caching` start), its context the
+    target's 8,192 tokens (the long-context test's prompts)."""
     log = tmp_path_factory.mktemp("served") / "vllm.log"
     target, drafter = str(pair / "target"), str((pair / "drafter").resolve())
-    with ManagedServer("vllm", lambda port: vllm.server_argv(vllm_python, target, drafter, port, 7, "float32", 512,
+    with ManagedServer("vllm", lambda port: vllm.server_argv(vllm_python, target, drafter, port, 7, "float32", 8192,
                                                              "cpu", slots=4, prefix_caching=True), log,
                         env={**vllm.server_env("cpu"), "VLLM_LOG_STATS_INTERVAL": "1"}) as server:
         yield server
@@ -315,3 +316,37 @@ def test_a_folder_naming_another_model_never_reaches_vllm(pair, tmp_path, capsys
     *_, line = capsys.readouterr().err.strip().splitlines()  # after the eval's progress lines
     assert line.startswith("error: drafter ") and "declares DreamModel" in line
     assert not marker.exists() and not list((tmp_path / "home").rglob("engine-vllm-*.log"))  # no server started
+
+
+def test_a_long_document_set_is_served_and_its_curve_by_context_is_vllms_own_steps(pair, served, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """Issue 50: LongBench rows (local text in LongBench's format) made 4,096 tokens long, served by vLLM: the
+    served curve by context is the one computed here from vLLM's own per-step counts, and reconcile puts it
+    beside the offline eval's bucket by bucket."""
+    from test_long_context import _documents, longbench_row, write
+
+    monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", served.url)
+    prompts = write(tmp_path / "narrativeqa.jsonl", [longbench_row(i, d) for i, d in enumerate(_documents(4, 2000))])
+    common = ["eval", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompts", prompts,
+              "--prompt-tokens", "4096", "--max-new-tokens", "32", "--context-buckets", "0,4096,4112", "--no-log"]
+    engine_out, offline_out = tmp_path / "engine.json", tmp_path / "offline.json"
+    assert main([*common, "--engine", "vllm", "--engine-url", served.url, "--out", str(engine_out)]) == 0
+    assert main([*common, "--cache-dir", str(pair / "cache"), "--out", str(offline_out)]) == 0
+    engine = json.loads(engine_out.read_text())
+    assert engine["protocol"]["prompt_lengths"] == json.loads(offline_out.read_text())["protocol"]["prompt_lengths"]
+    sums, counts = [0, 0, 0], [0, 0, 0]
+    for p in engine["prompts"]:  # each step's context: the prompt, the prefill's token, the steps before it
+        done = 0
+        for accepted in p["engine_accepted_per_step"]:
+            context = len(p["input_ids"]) + 1 + done
+            b = 0 if context < 4096 else 1 if context < 4112 else 2
+            sums[b], counts[b], done = sums[b] + accepted + 1, counts[b] + 1, done + accepted + 1
+    rows = engine["engine_tau_by_context"]
+    assert [r["blocks"] for r in rows] == counts and counts[0] == 0 and counts[1] and counts[2]
+    assert [r["tau"] for r in rows[1:]] == pytest.approx([sums[1] / counts[1], sums[2] / counts[2]])
+    capsys.readouterr()
+    assert main(["reconcile", str(engine_out), str(offline_out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["from"], r["blocks_b"]) for r in report["by_context"]] == [(0, 0), (4096, counts[1]), (4112, counts[2])]
+    print("served vs offline by context:", [(r["from"], r["tau_b"], r["tau_a"], r["verdict"])
+                                            for r in report["by_context"]], report["verdict"])

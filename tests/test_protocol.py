@@ -9,10 +9,11 @@ import pytest
 
 from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
-from tracker.measurement.protocol import UNKNOWN, Protocol, diff, file_digest, prompt_digest, text_digest
+from tracker.measurement.protocol import UNKNOWN, Protocol, diff, file_digest, lengths, prompt_digest, text_digest
 
 FULL = Protocol(
-    datasets={"gsm8k": 80, "mbpp": 40}, prompt_digest=prompt_digest([[1, 2, 3], [4, 5]]), completions="generated",
+    datasets={"gsm8k": 80, "mbpp": 40}, prompt_digest=prompt_digest([[1, 2, 3], [4, 5]]),
+    prompt_lengths=lengths([[1, 2, 3], [4, 5]]), completions="generated",
     max_new_tokens=256, enable_thinking=True, chat_template_digest=text_digest("{{ messages }}"), block_size=16,
     temperature=0, top_p=1.0, top_k=0, samples=1, seed=0, stop_token_ids=[151645, 151643], last_block="cut",
     scoring="offline", target_digest="ab12cd34ef56ab12",
@@ -33,7 +34,8 @@ def test_tag_round_trip():
     assert tags["protocol.datasets"] == '{"gsm8k":80,"mbpp":40}'
     assert tags["protocol.enable_thinking"] == "true" and tags["protocol.block_size"] == "16"
     assert tags["protocol.stop_token_ids"] == "[151645,151643]"
-    assert len(tags) == 16 and all(isinstance(v, str) for v in tags.values())
+    assert tags["protocol.prompt_lengths"] == '{"max":3,"median":2,"min":2}'
+    assert len(tags) == 17 and all(isinstance(v, str) for v in tags.values())
     assert Protocol.from_tags(SAMPLED.to_tags()) == SAMPLED
     assert Protocol.from_tags({**tags, "env.hash": "x", "draftboard.kind": "eval"}) == FULL
     assert Protocol.from_tags({"draftboard.kind": "eval"}) == Protocol()
@@ -139,3 +141,13 @@ def test_unknown_on_one_side_is_a_warning():
     assert severities["protocol.prompt_digest"] == "warning"
     assert "protocol.block_size" not in severities
     assert not fingerprint.has_critical(diff(FULL, Protocol()))  # an old run: all warnings
+
+
+def test_prompt_lengths_are_the_distribution_and_a_different_one_is_critical():
+    """Issue 50: acceptance moves with context, so two evals whose prompt lengths differ are not one number."""
+    assert lengths([[1] * 5, [1] * 100, [1] * 7, [1] * 9]) == {"min": 5, "median": 7, "max": 100}
+    long = Protocol(prompt_lengths={"min": 4096, "median": 4097, "max": 4098})
+    (row,) = diff(Protocol(prompt_lengths=lengths([[1] * 40])), long)
+    assert (row.field, row.severity) == ("protocol.prompt_lengths", "critical")
+    with pytest.raises(DraftboardError, match="prompt_lengths must be"):
+        Protocol(prompt_lengths={"min": 1})

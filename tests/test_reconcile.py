@@ -250,3 +250,24 @@ def test_the_cli_reconciles_two_engine_evals(tmp_path, capsys):
                            "--offline is the common reference of two engine evals")):
         assert main(["reconcile", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_served_curve_is_compared_with_the_offline_one_bucket_by_bucket_and_where_they_part_is_named():
+    """Issue 50: 4 prompts of 10 tokens, equal completions; offline walks 3,3,3 (contexts 11, 14, 17), the
+    engine's steps 3,3,1 (the same contexts); edges 0,16. [0,16): 3 and 3 on both sides, Δ 0; [16,∞): offline 3,
+    engine 1 on every prompt, Δ -2: the curves part there, and only there."""
+    completion = list(range(9))
+    offline = {"tau": 3.0, "protocol": {"scoring": "offline", "last_block": "full"}, "context_buckets": [0, 16],
+               "prompts": [{"id": f"p{i}", "input_ids": list(range(10)), "completion_ids": completion,
+                            "acceptance_lengths": [3, 3, 3], "acceptance_lengths_as_engine": [3, 3, 3]}
+                           for i in range(4)]}
+    engine = {"engine_mean_acceptance_length": 7 / 3, "tau": 7 / 3, "protocol": {"scoring": "engine"},
+              "prompts": [{"id": f"p{i}", "input_ids": list(range(10)), "completion_ids": completion,
+                           "acceptance_lengths": [3, 3, 1], "engine_steps_ordered": True} for i in range(4)]}
+    report = reconcile(engine, offline)
+    assert [(r["from"], r["tau_a"], r["tau_b"], r["delta"], r["verdict"]) for r in report["by_context"]] == [
+        (0, 3.0, 3.0, 0.0, "no detectable difference at this sample size"), (16, 3.0, 1.0, -2.0, "worse")]
+    assert "by context the curves part at [16, ∞) engine 1.000 vs offline 3.000" in report["verdict"]
+    for p in engine["prompts"]:
+        p["engine_steps_ordered"] = False  # a histogram has no order: no curve to compare
+    assert reconcile(engine, offline)["by_context"] is None

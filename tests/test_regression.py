@@ -183,3 +183,38 @@ def test_the_check_says_what_it_compared_with_and_a_relative_target_meets_its_re
     steady = logged("steady", "models/t", [[4, 4, 4]] * 8)
     assert regression.check(tracker, steady, said.append) == []
     assert said[1].startswith(f"{regression.REFERENCE}: compared with z-lab (the newest comparable of 1): not worse")
+
+
+def test_the_same_mean_with_a_worse_long_context_bucket_raises_the_alert_naming_the_bucket(tmp_path):
+    """Issue 50: two checkpoints with the same mean tau, the later one accepting less at long contexts and more at
+    short ones. The paired mean says no difference; the bucket [16, ∞) is worse on every prompt: one alert, on the
+    run, naming the bucket. The same pair the other way round alerts on the short bucket."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'store.db'}")
+    with tracker.training_run("v9", {"lr": 1e-3}, "/models/t") as train:
+        train.log_step(1, loss=1.0)
+
+    def logged(step, walk):  # 8 prompts of 10 tokens, one walk each: contexts 11 + the tokens walked before
+        results = {"prompts": [{"id": f"p{i}", "input_ids": list(range(10)), "acceptance_lengths": walk}
+                               for i in range(8)], "context_buckets": [0, 16]}
+        with tracker.eval_run(f"v9 @ step {step}", target="/models/t", train_run_id=train.run_id,
+                              checkpoint_step=step) as ev:
+            ev.log_metrics({"tau": 3.0}, step=step)
+        tracker.write_json(ev.run_id, names.EVAL_RESULTS_ARTIFACT, results)
+        return ev.run_id
+
+    logged(100, [1, 4, 4])  # [0,16): 1,4 at 11, 12; [16,∞): 4 at 16
+    said: list[str] = []
+    later = logged(200, [3, 3, 3])  # [0,16): 3,3 at 11, 14; [16,∞): 3 at 17; the same mean, 3
+    (alert,) = regression.check(tracker, later, said.append)
+    assert (alert.against, alert.bucket, alert.delta, alert.low, alert.high, alert.n_prompts) == (
+        regression.PREVIOUS, "[16, ∞)", -1.0, -1.0, -1.0, 8)
+    assert alert.text == ("v9 @ step 200 is worse than the previous checkpoint v9 @ step 100 at context [16, ∞) "
+                          "while its mean holds: Δτ -1.000 [-1.000, -1.000] (paired bootstrap over 8 prompts, pooled "
+                          "over the bucket's blocks, Bonferroni over the buckets compared)")
+    regression.record(tracker, later, [alert])
+    assert tracker.read_json(later, names.ALERTS_ARTIFACT)["alerts"][0]["bucket"] == "[16, ∞)"
+    (back,) = regression.check(tracker, logged(300, [1, 4, 4]), said.append)
+    assert back.bucket == "[0, 16)" and back.delta == -0.5
+    said.clear()
+    assert regression.check(tracker, logged(400, [1, 4, 4]), said.append) == []  # the same walks: nothing worse
+    assert said[0].endswith("; no context bucket worse (2 compared)")

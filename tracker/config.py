@@ -140,6 +140,7 @@ LOAD_ENGINES = ("vllm", "llamacpp")
 LOAD_MANAGED_ONLY = ("llamacpp",)
 PREFIX_CACHE_ENGINES = ("vllm",)  # --prefix-caching: the managed engines whose server draftboard starts with it
 MAX_CONTEXT_EDGE = 1 << 24  # --context-buckets: 16M tokens, past any served context
+MAX_CONTEXT_BUCKETS = 64  # --context-buckets: edges; a curve of more buckets than that is noise per bucket
 # What an eval's inputs are at a glance (evaluators read them whole; tracker/jobs/inputs.py looks before queueing):
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")  # a drafter checkpoint file's formats
 PROMPT_KEYS = ("input_ids", "prompt", "messages", "turns")  # a prompt line holds one of them

@@ -137,7 +137,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     python = check_python(e.python or config.engine_python(e.name), e.name) if e.managed else None
     cfg = text_config(s.target)
     tokenizer = load_tokenizer(s.target)
-    prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset)
+    prompts = load_benchmark(s.prompts, tokenizer, cfg.vocab_size, s.enable_thinking, s.limit_per_dataset,
+                             s.prompt_tokens)
     checked = open_drafter(s.drafter, TargetDims(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size))
     drafter = checked.config
     block = drafter.block_size

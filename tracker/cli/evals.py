@@ -25,7 +25,7 @@ def cmd_eval(args) -> int:
         max_new_tokens=args.max_new_tokens, budgets=args.budgets, device=args.device, dtype=args.dtype,
         drafter_precision=args.drafter_precision, linear_attn=args.linear_attn,
         enable_thinking=args.enable_thinking, cache_dir=args.cache_dir, last_block=args.last_block,
-        scoring=args.scoring, limit_per_dataset=args.limit_per_dataset,
+        scoring=args.scoring, limit_per_dataset=args.limit_per_dataset, prompt_tokens=args.prompt_tokens,
         batch_size=args.batch_size, anchor_chunk=args.anchor_chunk, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, samples=args.samples, seeds=args.seeds, seed=args.seed,
         context_buckets=tuple(args.context_buckets or ()),
@@ -61,11 +61,12 @@ def cmd_eval(args) -> int:
           f"last block {results['protocol']['last_block']})  streak {results['streak']:.3f}  "
           + (f"tau_all_anchors {results['tau_all_anchors']:.3f}  " if results["tau_all_anchors"] is not None else "")
           + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}" for b, d in results["ddtree"].items()))
+    from tracker.measurement.context import bucket_text
+
     for key in ("tau_by_context", "engine_tau_by_context"):
         if results.get(key):
-            print(f"{key}: " + "  ".join(
-                f"[{r['from']}, {'∞' if r['to'] is None else r['to']}) {r['tau']:.3f} ({r['blocks']} blocks)"
-                for r in results[key] if r["blocks"]))
+            print(f"{key}: " + "  ".join(f"{bucket_text(r)} {r['tau']:.3f} ({r['blocks']} blocks)"
+                                         for r in results[key] if r["blocks"]))
     if "monte_carlo" in results:
         mc, offline = results["monte_carlo"], results.get("offline") or {}
         mc_low, mc_high = mc["tau_ci_given_prompts"]
@@ -258,6 +259,7 @@ def cmd_reconcile(args) -> int:
                                                  for r in shown[:8]))
     for note in (report.get("hybrid") or {}).get("notes", []):
         say(f"hybrid: {note}")
+    _say_buckets(report.get("by_context") or [], "offline", "engine")
     say(report["verdict"])
     return 0
 
@@ -291,7 +293,29 @@ def cmd_compare(args) -> int:
     say(f"delta tau (B - A) {d.value:+.3f}  95% CI [{d.low:+.3f}, {d.high:+.3f}]  "
           f"paired bootstrap over {paired.n_prompts} prompts{draws}")
     say(f"verdict: {paired.verdict}" if paired.verdict == NO_DIFFERENCE else f"verdict: B is {paired.verdict}")
-    return EXIT_CRITICAL_DIFF if args.fail_if_worse and paired.verdict == WORSE else 0
+    buckets = regression.by_context(*results) or []
+    _say_buckets(buckets, "A", "B")
+    worse = paired.verdict == WORSE or any(r["verdict"] == WORSE for r in buckets)
+    return EXIT_CRITICAL_DIFF if args.fail_if_worse and worse else 0
+
+
+def _say_buckets(rows: list[dict], a: str, b: str) -> None:
+    """A paired comparison by context (tracker.measurement.context.paired_by_walks) as a table, B against A."""
+    from tracker.measurement.context import MIN_PROMPTS, bucket_text
+
+    if not rows:
+        return
+    say(format_table(["context (tokens)", f"blocks {a}/{b}", f"tau {a}", f"tau {b}", f"delta tau ({b} - {a})",
+                      "verdict"], [
+        (bucket_text(r), f"{r['blocks_a']}/{r['blocks_b']}", _maybe(r["tau_a"]), _maybe(r["tau_b"]),
+         "-" if r["delta"] is None else f"{r['delta']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]",
+         r["verdict"] or f"not compared (under {MIN_PROMPTS} prompts with blocks on both sides)") for r in rows]))
+    say(f"by context: pooled over each bucket's blocks, paired bootstrap over prompts, intervals Bonferroni over "
+        f"the {sum(r['verdict'] is not None for r in rows)} buckets compared")
+
+
+def _maybe(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def cmd_export_results(args) -> int:
@@ -382,7 +406,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("compare", help="paired bootstrap of two evals on the same prompts: delta tau, interval, verdict")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline eval's MLflow run id")
     p.add_argument("run_b", metavar="RUN_B", help="the eval compared with it")
-    p.add_argument("--fail-if-worse", action="store_true", help="exit 1 when B is significantly worse than A")
+    p.add_argument("--fail-if-worse", action="store_true",
+                   help="exit 1 when B is significantly worse than A, in the mean or in a context bucket")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_compare)
 

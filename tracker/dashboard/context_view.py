@@ -11,7 +11,7 @@ import pandas as pd
 
 from tracker.dashboard.compare_deltas import scoring_note
 from tracker.dashboard.index import RunIndex, RunInfo
-from tracker.measurement.context import DEFINITION
+from tracker.measurement.context import DEFINITION, bucket_text
 
 CURVES = {  # results key -> its column, in the order shown
     "tau_by_context": "tau (walk)",
@@ -40,10 +40,9 @@ def context_frame(results: dict | None) -> pd.DataFrame | None:
     for i, row in enumerate(head):
         if not isinstance(row, dict):
             continue
-        low, high = row.get("from"), row.get("to")
         ci = row.get("ci") if isinstance(row.get("ci"), list) and len(row.get("ci")) == 2 else None
         out.append({
-            "context (tokens)": f"[{low}, {'∞' if high is None else high})",
+            "context (tokens)": bucket_text(row),
             "blocks": row.get("blocks"),
             **{CURVES[key]: _number(rows[i].get("tau")) if i < len(rows) and isinstance(rows[i], dict) else None
                for key, rows in curves.items()},
@@ -79,7 +78,7 @@ def context_curves(index: RunIndex, picked: Mapping[str, str], reference: RunInf
                 continue
             low, high = (row.get("ci") or [None, None]) if isinstance(row.get("ci"), list) else (None, None)
             rows.append({"series": prefix + index.eval_label(ev) + scoring_note(ev), "owner": owner,
-                         "bucket": f"[{row.get('from')}, {'∞' if row.get('to') is None else row.get('to')})",
+                         "bucket": bucket_text(row),
                          "from": row.get("from"), "tau": tau, "low": _number(low), "high": _number(high),
                          "blocks": row.get("blocks")})
     frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)

@@ -50,6 +50,7 @@ class EvalField:
     upper: int = 0  # INTS: the largest item
     lower: int = 1  # INTS: the smallest item
     unit: str = ""  # INTS: what one item is, in messages
+    most: int = 0  # INTS: at most this many items (0: no bound)
 
     @property
     def flag(self) -> str:
@@ -90,6 +91,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               default=config.LAST_BLOCK_RULES[0], choices=config.LAST_BLOCK_RULES),
     EvalField("scoring", TEXT, "offline (teacher-forced, lossless) or online (z-lab's cached loop, batch 1)",
               default=config.EVAL_SCORINGS[0], choices=config.EVAL_SCORINGS),
+    EvalField("prompt_tokens", INT, "long-context sets (LongBench, LongBench v2, ShareGPT rows): make each prompt N "
+              "tokens of text, the middle cut as LongBench cuts it or filled with the set's own documents, never "
+              "padding (docs/DESIGN.md, Acceptance by context length)", metavar="N"),
     EvalField("limit_per_dataset", INT, "at most N prompts per dataset (a fixed-seed sample, as z-lab's "
               "--max-samples)", metavar="N"),
     EvalField("batch_size", INT, "prompts per target batch (continuations and features); default: sized from "
@@ -122,7 +126,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               "cache dimension: each level's hit rate from vLLM's counters; refused on hybrid targets)", default=False),
     EvalField("context_buckets", INTS, "edges of the context-length buckets of tau_by_context (a block's context: "
               "prompt + completion tokens up to its anchor; default: octaves of the prompts' contexts)",
-              metavar="0,512,2048", upper=config.MAX_CONTEXT_EDGE, lower=0, unit="context bucket edge"),
+              metavar="0,512,2048", upper=config.MAX_CONTEXT_EDGE, lower=0, unit="context bucket edge",
+              most=config.MAX_CONTEXT_BUCKETS),
     EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
               "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
               upper=config.MAX_CONCURRENCY, unit="concurrency level"),
@@ -154,6 +159,8 @@ def _checked(field: EvalField, value: Any) -> Any:
     if field.kind == INTS:
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError(f"must be a non-empty list of integers, got {value!r}")
+        if field.most and len(value) > field.most:
+            raise ValueError(f"at most {field.most} {field.unit}s, got {len(value)}")
         if not all(isinstance(b, int) and not isinstance(b, bool) and field.lower <= b <= field.upper for b in value):
             raise ValueError(f"each {field.unit} must be an integer from {field.lower} to {field.upper}, got "
                              f"{list(value)!r}")
@@ -172,6 +179,8 @@ def _checked(field: EvalField, value: Any) -> Any:
 def parse_ints(name: str, text: str) -> list[int]:
     """`4,8,16` -> [4, 8, 16] (sorted, unique) for the INTS field `name`; ValueError saying what is wrong."""
     field = FIELDS[name]
+    if field.most and str(text).count(",") >= field.most:  # counted before a list is built
+        raise ValueError(f"{name}: at most {field.most} {field.unit}s, got {str(text).count(',') + 1}")
     try:
         values = [int(part) for part in str(text).replace(" ", "").split(",") if part]
     except ValueError:

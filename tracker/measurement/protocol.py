@@ -36,6 +36,7 @@ DIGEST_HEX = 16
 class Protocol:
     datasets: dict[str, int | str] | str = UNKNOWN  # {dataset name: prompts (or unknown)}
     prompt_digest: str = UNKNOWN  # prompt_digest() of the prompts' token ids
+    prompt_lengths: dict[str, int] | str = UNKNOWN  # lengths() of the prompts' token ids: their distribution
     completions: str = UNKNOWN  # GENERATED, or file_digest() of a --completions file
     max_new_tokens: int | str = UNKNOWN
     enable_thinking: bool | str = UNKNOWN
@@ -154,6 +155,11 @@ def _check_count(field: str):
     return check
 
 
+def _check_lengths(value):
+    if not isinstance(value, dict) or set(value) != set(LENGTH_KEYS) or not all(_count(v) for v in value.values()):
+        _fail("prompt_lengths", "a {" + ", ".join(LENGTH_KEYS) + "} object of token counts", value)
+
+
 def _check_stop_tokens(value):
     if not isinstance(value, list) or not all(_count(t) for t in value):
         _fail("stop_token_ids", "a list of token ids", value)
@@ -162,6 +168,7 @@ def _check_stop_tokens(value):
 _CHECKS = {
     "datasets": _check_datasets,
     "prompt_digest": _check_text("prompt_digest"),
+    "prompt_lengths": _check_lengths,
     "completions": _check_text("completions"),
     "max_new_tokens": _check_positive("max_new_tokens"),
     "enable_thinking": _check_thinking,
@@ -190,7 +197,7 @@ def _tag_text(value: Any) -> str:
     return str(value)
 
 
-_JSON_FIELDS = ("datasets", "stop_token_ids")
+_JSON_FIELDS = ("datasets", "stop_token_ids", "prompt_lengths")
 _INT_FIELDS = ("max_new_tokens", "block_size", "top_k", "samples", "seed")
 _FLOAT_FIELDS = ("temperature", "top_p")
 
@@ -229,6 +236,17 @@ def prompt_digest(token_ids: Iterable[Sequence[int]]) -> str:
     return _digest("\n".join(lines).encode())
 
 
+LENGTH_KEYS = ("min", "median", "max")
+
+
+def lengths(token_ids: Iterable[Sequence[int]]) -> dict[str, int]:
+    """The prompts' length distribution in tokens: shortest, median (the lower middle one), longest."""
+    sizes = sorted(len(ids) for ids in token_ids)
+    if not sizes:
+        raise DraftboardError("no prompts: no length distribution")
+    return dict(zip(LENGTH_KEYS, (sizes[0], sizes[(len(sizes) - 1) // 2], sizes[-1])))
+
+
 def text_digest(text: str) -> str:
     """Digest of a text such as a chat template."""
     return _digest(text.encode())
@@ -244,11 +262,12 @@ def file_digest(path: str | Path) -> str:
 
 # --------------------------------------------------------------------------- diff
 
-# What a change does to tau: critical fields change the numbers (a different prompt set, thinking
+# What a change does to tau: critical fields change the numbers (a different prompt set or prompt lengths: acceptance
+# moves with context, issue 50; thinking
 # on or off, greedy vs sampled or other sampling cut-offs, block size); warning fields can shift
 # them; scoring offline vs lossless online computes the same number a different way, and so do more
 # draws or another seed (the same expectation, estimated with other noise).
-CRITICAL_FIELDS = ("datasets", "prompt_digest", "enable_thinking", "temperature", "top_p", "top_k", "block_size")
+CRITICAL_FIELDS = ("datasets", "prompt_digest", "prompt_lengths", "enable_thinking", "temperature", "top_p", "top_k", "block_size")
 WARNING_FIELDS = ("max_new_tokens", "chat_template_digest", "last_block", "completions", "stop_token_ids",
                   "target_digest")
 # What only a sampled eval has: at T = 0 on both sides nothing was drawn, so these say nothing.

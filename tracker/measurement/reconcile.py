@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass
 
 from tracker import config
 from tracker.environment import fingerprint, linear_attn
-from tracker.measurement import protocol
+from tracker.measurement import context, protocol
 from tracker.measurement import engine_metrics as em
 from tracker.errors import DraftboardError
+from tracker.measurement.uncertainty import NO_DIFFERENCE
 
 EXACT = 1e-9
 
@@ -216,9 +217,29 @@ def reconcile(engine: dict, offline: dict) -> dict:
                                                                       offline.get("fingerprint") or {})]
         if engine.get("fingerprint") and offline.get("fingerprint") else [],
     }
+    report["by_context"] = by_context(engine, offline, [eng[i] for i in ids], [as_engine[i] for i in ids]) \
+        if ordered else None
     report["hybrid"] = hybrid(engine, offline, report)
     report["verdict"] = verdict(report)
     return report
+
+
+def by_context(engine: dict, offline: dict, engine_rows: list[dict], offline_walks: list[list[int]]) -> list[dict] | None:
+    """The engine's ordered steps (B) against the offline walks counted as the engine counts (A), bucket by
+    bucket (context.paired_by_walks), by the engine eval's edges (else the offline eval's, else octaves); None
+    where a prompt has no token ids."""
+    if not all(_ints(row.get("input_ids"), 0) for row in engine_rows):
+        return None
+    edges = context.results_edges(engine) or context.results_edges(offline)
+    return context.paired_by_walks([(len(row["input_ids"]), walk) for row, walk in zip(engine_rows, offline_walks)],
+                                   [(len(row["input_ids"]), row["acceptance_lengths"]) for row in engine_rows],
+                                   edges)[1]
+
+
+def parting(r: dict) -> list[str]:
+    """The buckets where the served curve parts from the offline one: `[from, to) engine X vs offline Y`."""
+    return [f"{context.bucket_text(row)} engine {row['tau_b']:.3f} vs offline {row['tau_a']:.3f}"
+            for row in r.get("by_context") or () if row["verdict"] not in (None, NO_DIFFERENCE)]
 
 
 def _dtype(results: dict) -> str | None:
@@ -285,6 +306,8 @@ def verdict(r: dict) -> str:
     if not r["offline_as_engine_exact"]:
         tail += ("; " if tail else "") + ("the offline eval has no walk counted as the engine counts (an older or "
                                           "online eval): end of generation is not told apart")
+    if parts := parting(r):
+        tail += ("; " if tail else "") + "by context the curves part at " + ", ".join(parts)
     left = "nothing unexplained" if r["unexplained"] == 0.0 else f"{r['unexplained']:+.3f} unexplained"
     dtypes = (r.get("hybrid") or {}).get("dtypes") or {}
     same = len(set(dtypes.values())) <= 1 or None in dtypes.values()

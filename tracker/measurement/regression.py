@@ -8,7 +8,9 @@ difference").
   `draftboard compare` reads the same function.
 - `check(tracker, run_id)`: the alerts of a logged eval. Previous checkpoint: the eval of its training
   run at the latest earlier step measured the same way (comparable as above; the newest such). Reference:
-  the newest reference of the same target that is comparable.
+  the newest reference of the same target that is comparable. When the mean holds, the same pair is compared
+  per context bucket (`by_context`): a bucket worse beyond its interval (Bonferroni over the buckets compared)
+  raises an alert naming it, so a checkpoint that trades long contexts for short ones is caught.
 - `record(tracker, run_id, alerts)`: `alerts.json` and the tag `draftboard.alert` (one line) on the eval
   run, which Runs and Run detail show.
 - `post(url, alerts)`: one Slack-compatible JSON message (`{"text": ...}`) to the webhook the deployment
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from tracker import redact
 from tracker.environment import fingerprint
-from tracker.measurement import protocol
+from tracker.measurement import context, protocol
 from tracker.untrusted import escape, outgoing
 from tracker.errors import DraftboardError
 from tracker.store import names
@@ -76,11 +78,25 @@ class Alert:
     low: float
     high: float
     n_prompts: int
+    bucket: str = ""  # a context bucket (context.bucket_text) worse while the mean holds; "": the mean is worse
 
     @property
     def text(self) -> str:
-        return (f"{self.name} is worse than the {self.against} {self.against_name}: Δτ {self.delta:+.3f} "
-                f"[{self.low:+.3f}, {self.high:+.3f}] (paired bootstrap over {self.n_prompts} prompts)")
+        where = f" at context {self.bucket} while its mean holds" if self.bucket else ""
+        how = ", pooled over the bucket's blocks, Bonferroni over the buckets compared" if self.bucket else ""
+        return (f"{self.name} is worse than the {self.against} {self.against_name}{where}: Δτ {self.delta:+.3f} "
+                f"[{self.low:+.3f}, {self.high:+.3f}] (paired bootstrap over {self.n_prompts} prompts{how})")
+
+
+def by_context(a: dict, b: dict) -> list[dict] | None:
+    """B against A per context bucket (context.paired_by_walks) on their shared prompts, bucketed by B's edges
+    (else A's, else octaves); None when either eval has no ordered walks (a sampled eval, an engine's histogram)."""
+    walks = [context.results_walks(a), context.results_walks(b)]
+    if None in walks:
+        return None
+    ids = [pid for pid in walks[0] if pid in walks[1]]
+    edges = context.results_edges(b) or context.results_edges(a)
+    return context.paired_by_walks([walks[0][i] for i in ids], [walks[1][i] for i in ids], edges)[1]
 
 
 def check(tracker, run_id: str, say: Callable[[str], None] = lambda line: None) -> list[Alert]:
@@ -130,12 +146,21 @@ def _first_worse(tracker, run, results: dict, candidates: list, against: str,
             continue  # published numbers, another prompt set or environment: not this comparison's
         d = comparison.delta
         name = other.info.run_name or other.info.run_id
-        if comparison.verdict != WORSE:
-            say(f"{against}: compared with {name} (the newest comparable of {len(candidates)}): not worse, Δτ "
-                f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]")
-            return []
-        return [Alert(run.info.run_id, run.info.run_name or run.info.run_id, against, other.info.run_id,
-                      name, d.value, d.low, d.high, comparison.n_prompts)]
+        this = (run.info.run_id, run.info.run_name or run.info.run_id, against, other.info.run_id, name)
+        if comparison.verdict == WORSE:
+            return [Alert(*this, d.value, d.low, d.high, comparison.n_prompts)]
+        rows = by_context(theirs, results)
+        buckets = [row for row in rows or () if row["verdict"] is not None]
+        worse = [Alert(*this, row["delta"], *row["ci"], row["n_prompts"], bucket=context.bucket_text(row))
+                 for row in buckets if row["verdict"] == WORSE]
+        if worse:
+            return worse
+        say(f"{against}: compared with {name} (the newest comparable of {len(candidates)}): not worse, Δτ "
+            f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" + (
+                f"; no context bucket worse ({len(buckets)} compared)" if buckets else
+                "; not compared by context (a side has no ordered walks)" if rows is None else
+                f"; no context bucket has {context.MIN_PROMPTS} prompts with blocks on both sides"))
+        return []
     say(f"{against}: nothing to compare with" if not candidates else
         f"{against}: none of {len(candidates)} compares (another prompt set, protocol or environment, or no "
         "per-prompt results)")

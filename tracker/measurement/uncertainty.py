@@ -172,6 +172,25 @@ def pooled_interval(sums: Sequence[float], counts: Sequence[float], *, resamples
         return _interval(float(s.sum()) / total, _pooled(s, c, _weights(len(s), resamples, seed)), level)
 
 
+def paired_pooled(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]], *,
+                  resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL) -> PairedComparison | None:
+    """Δ of two pooled taus (each prompt's (sums, counts) of one group of blocks, e.g. one context bucket, in
+    the same prompt order on both sides), B - A, the prompts resampled together; None when a side has no block.
+    `n_prompts`: the prompts with a block there on either side."""
+    (sa, ca), (sb, cb) = (np.asarray(x, dtype=np.float64) for x in a), (np.asarray(x, dtype=np.float64) for x in b)
+    if ca.sum() <= 0 or cb.sum() <= 0:
+        return None
+    weights = _weights(len(ca), resamples, seed)
+    everything = np.ones((1, len(ca)))
+
+    def delta(w: np.ndarray) -> np.ndarray:
+        return _pooled(sb, cb, w) - _pooled(sa, ca, w)
+
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample without blocks on a side: nan, skipped
+        interval = _interval(float(delta(everything)[0]), delta(weights), level)
+    return PairedComparison(interval, int(((ca > 0) | (cb > 0)).sum()), verdict(interval))
+
+
 def verdict(delta: Interval) -> str:
     if delta.low > 0:
         return BETTER
