@@ -110,6 +110,8 @@ with st.sidebar:
 
 @st.fragment
 def eval_view() -> None:
+    if data.not_drawn:
+        st.caption("Not on these charts: " + md("; ".join(data.not_drawn)) + ".")
     if not data.eval_metrics:
         st.info("No eval results for these runs yet: evaluate a checkpoint from the Launch page or with "
                 "`draftboard eval --train-run-id ... --checkpoint-step ...`.")

@@ -349,6 +349,21 @@ def test_a_small_sampled_check_never_replaces_the_full_greedy_eval_of_a_checkpoi
     assert data.eval_points.query("key == 'tau'")["series"].nunique() == 2  # two protocols, two lines
 
 
+def test_an_eval_without_a_step_is_off_the_step_axis_and_a_run_with_nothing_to_draw_says_so():
+    """Issue 52: an eval run as the README shows (no training run, no step) was drawn at checkpoint step 0 beside
+    the training curves, and a chosen training run with no eval vanished from the charts without a word."""
+    index = RunIndex([run("t", "train", fp(), name="v6"), run("cli", "eval", fp(), metrics={"tau": 3.1}, name="cli"),
+                      run("t2", "train", fp(), name="v7"),
+                      run("e", "eval", fp(), train="t2", step=40, metrics={"tau": 2.0})])
+    empty = pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
+    data = compare_data(index, ["t", "cli", "t2"], None, empty)
+    assert data.eval_points["run_id"].tolist() == ["e"] and data.eval_points["step"].tolist() == [40]
+    assert data.not_drawn == [
+        "cli: no checkpoint step (it names no training run and step), so it is off the step axis; its numbers are "
+        "in the tables below", "v6: nothing to draw, no eval of its checkpoints yet"]
+    assert compare_data(index, ["t2"], None, empty).not_drawn == []
+
+
 def test_a_re_evaluation_answering_a_mismatch_is_said_once_and_keeps_the_default_checkpoint():
     """Issue 39: after the demo's re-evaluation (step 40, in the training environment), Compare drew step 40
     instead of 200 and added a red banner line for the re-eval beside its resolution note."""

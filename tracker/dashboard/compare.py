@@ -185,6 +185,7 @@ class CompareData:
     reference_note: str = ""  # which reference number the tau line is, or why there is none
     reference_interval: tuple[float, float] | None = None  # the reference tau's 95% interval, when it has one
     resolution_notes: list[str] = field(default_factory=list)  # re-evaluations as trained that the reference is not
+    not_drawn: list[str] = field(default_factory=list)  # chosen runs and evals with no point on the step axis, and why
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -393,7 +394,7 @@ def compare_data(
     # a mismatch but differs from the reference is said once, by its resolution note (which offers the
     # reference that matches it), not again in the banner.
     answered = {by.run_id for run in runs if run.kind == "train" for _, by in lineage.resolutions(index, run)}
-    points, drawn, protocol_notes = [], [], []
+    points, drawn, protocol_notes, not_drawn = [], [], [], []
     for run in runs:
         for label, evals in eval_series(index, run):
             reason = ""
@@ -424,6 +425,10 @@ def compare_data(
                 protocol_notes.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for ev in evals:
                 drawn.append(ev)
+                if ev.checkpoint_step is None:  # never drawn at a step it does not have
+                    not_drawn.append(f"{index.eval_label(ev)}: no checkpoint step (it names no training run and "
+                                     "step), so it is off the step axis; its numbers are in the tables below")
+                    continue
                 bounds = _ci_bounds(ev.metrics)
                 for key, value in ev.metrics.items():
                     if key in bounds["of"]:
@@ -431,9 +436,12 @@ def compare_data(
                     low, high = bounds.get(key, (None, None))
                     points.append({"series": label, "owner": run.run_id, "run_id": ev.run_id,
                                    "train_run_id": ev.train_run_id, "key": key,
-                                   "step": ev.checkpoint_step if ev.checkpoint_step is not None else 0,
+                                   "step": ev.checkpoint_step,
                                    "value": value, "low": low, "high": high, "scoring": compare_deltas.scoring(ev),
                                    "dashed": bool(reason), "reason": reason, "env": ev.env_badges})
+
+    not_drawn += [f"{index.label(run.run_id)}: nothing to draw, no eval of its checkpoints yet" for run in runs
+                  if run.kind == "train" and not eval_series(index, run)]
 
     # Acceptance by position and DDTree: one checkpoint per chosen run.
     positions, trees, picked = [], [], {}
@@ -487,6 +495,7 @@ def compare_data(
         reference_note=ref_tau.note,
         reference_interval=(est.low, est.high) if est is not None and est.has_interval else None,
         resolution_notes=resolution_notes(index, runs, ref),
+        not_drawn=not_drawn,
     )
 
 
