@@ -33,7 +33,7 @@ from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafte
 from evaluators.datasets import load_benchmark
 from evaluators.online import lossless_row, online_generate, target_alone_generate
 from evaluators.prompts import Prompt, attach_completions, template_thinking
-from evaluators.sampling import ONLINE, Sampling, draw_seed
+from evaluators.sampling import ONLINE, Sampling, draw_seed, expected_length
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
                                 score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
 from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
@@ -253,6 +253,30 @@ def _by_context(walked: list[Walked], rows: list[dict], edges: tuple[int, ...]) 
     anchors = [(context.anchor_contexts(len(w.input_ids), w.n_anchors), [int(a) for a in w.chain[:w.n_anchors]])
                for w in walked]
     return {"context_buckets": list(edges), "tau_by_context": by_walk,
+            "tau_all_anchors_by_context": context.by_context(anchors, edges)}
+
+
+def _by_context_sampled(walked: list[Walked], draws: int, edges: tuple[int, ...]) -> dict:
+    """A sampled eval's curves in expectation, like its tau: each continuation's anchors weighted by the probability
+    that its walk puts a block there, at that block's expected length (sampling.expected_walk), a prompt's draws
+    averaged; every anchor's expected length for the all-anchors curve."""
+    walks, anchors = [], []
+    for start in range(0, len(walked), draws):
+        group, n = walked[start:start + draws], len(walked[start].input_ids)
+        walk: tuple[list, list, list] = ([], [], [])
+        every: tuple[list, list, list] = ([], [], [])
+        for w in group:
+            walk[0].extend(context.anchor_contexts(n, w.end))
+            walk[1].extend(w.expected.lengths)
+            walk[2].extend(v / len(group) for v in w.expected.visits)
+            every[0].extend(context.anchor_contexts(n, w.n_anchors))
+            every[1].extend(map(expected_length, w.ratios[:w.n_anchors]))
+            every[2].extend([1 / len(group)] * w.n_anchors)
+        walks.append(walk)
+        anchors.append(every)
+    edges = edges or context.default_edges(c for contexts, _, weights in walks
+                                           for c, weight in zip(contexts, weights) if weight > 0)
+    return {"context_buckets": list(edges), "tau_by_context": context.by_context(walks, edges),
             "tau_all_anchors_by_context": context.by_context(anchors, edges)}
 
 
@@ -582,8 +606,10 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
         else:
             _score_online_sampled(results, target(), loaded, walked, s, stops, block, progress)
         drafter_s += time.perf_counter() - t_online
-    if sampling.greedy:  # the walks as scored (online: the loop's); a sampled eval's blocks are expectations
+    if sampling.greedy:  # the walks as scored (online: the loop's)
         results.update(_by_context(walked, results["prompts"], s.context_buckets))
+    elif s.scoring == "offline":  # in expectation, like its tau (online, its tau is the runs' mean: no curve)
+        results.update(_by_context_sampled(walked, s.samples, s.context_buckets))
     if target.target is not None and facts.note_warnings(linear_attn.FALLBACK_WARNINGS.messages):
         cache.put_fingerprint(facts.key, {"part": facts.part, "resolution": facts.resolution}, target=digest)
         fp = fingerprint.with_target_part(here, facts.part)

@@ -106,6 +106,8 @@ class ExpectedWalk:
     tokens: float  # E[sum of lengths]
     blocks: float  # E[number of blocks]
     histogram: list[float]  # [B]: E[number of blocks of length L], L = 1..B
+    visits: list[float]  # [end]: P(the walk puts a block at anchor a)
+    lengths: list[float]  # [end]: E[that block's length as recorded | it is there]
 
 
 def length_distribution(ratios: Sequence[float]) -> np.ndarray:
@@ -134,11 +136,12 @@ def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block:
     histogram = np.zeros(block)
     mass: dict[int, np.ndarray] = {0: np.ones(1)} if end > 0 else {}  # anchor -> P(reach it after k blocks)
     tau = tokens = blocks = 0.0
+    visits, lengths = [0.0] * end, [0.0] * end
     for a in range(end):
         here = mass.pop(a, None)
         if here is None:
             continue
-        visit = float(here.sum())
+        visit = visits[a] = float(here.sum())
         blocks += visit
         for m, prob in enumerate(length_distribution(ratios[a])):
             if prob == 0.0:
@@ -147,6 +150,7 @@ def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block:
             recorded = min(length, end - a) if cut else length
             histogram[recorded - 1] += visit * prob
             tokens += visit * prob * recorded
+            lengths[a] += prob * recorded
             if a + length >= end:  # the walk ends with this block: its mean is (a + recorded) / (k + 1)
                 tau += prob * float(np.dot(here, (a + recorded) / np.arange(1, len(here) + 1)))
             else:
@@ -154,4 +158,4 @@ def expected_walk(ratios: Sequence[Sequence[float]], end: int, cut: bool, block:
                 if len(nxt) < len(here) + 1:
                     nxt = mass[a + length] = np.pad(nxt, (0, len(here) + 1 - len(nxt)))
                 nxt[1:len(here) + 1] += prob * here
-    return ExpectedWalk(float(tau), float(tokens), float(blocks), histogram.tolist())
+    return ExpectedWalk(float(tau), float(tokens), float(blocks), histogram.tolist(), visits, lengths)

@@ -22,7 +22,14 @@ from evaluators import metrics
 from evaluators.ddtree import ddtree_acceptance_batch
 from evaluators.drafter import DFLASH2, LoadedDrafter, Precision
 from evaluators.prompts import Prompt
-from evaluators.sampling import Sampling, acceptance_ratios, draft_probability, expected_length, expected_walk
+from evaluators.sampling import (
+    ExpectedWalk,
+    Sampling,
+    acceptance_ratios,
+    draft_probability,
+    expected_length,
+    expected_walk,
+)
 from evaluators.target import Target, TargetHeads
 from tracker.errors import DraftboardError
 
@@ -47,6 +54,7 @@ class Walked:
     probs: list[float] | None = None
     ratios: list[list[float]] = field(default_factory=list)
     short_ratios: dict[int, list[float]] = field(default_factory=dict)
+    expected: ExpectedWalk | None = None  # sampled: its walk's expectation (summarize_sampled)
 
     @property
     def id(self) -> str:
@@ -298,7 +306,7 @@ def summarize_sampled(walked: list[Walked], draws: int, block: int, last_block: 
         group = walked[start:start + draws]
         samples = []
         for w in group:
-            ew = expected_walk(w.walk_ratios(), w.end, cut, block)
+            ew = w.expected = expected_walk(w.walk_ratios(), w.end, cut, block)
             samples.append({"seed": w.seed, "completion_ids": w.completion_ids,
                             "tau": ew.tau if ew.blocks else None, "tokens": ew.tokens, "blocks": ew.blocks,
                             "histogram": ew.histogram})

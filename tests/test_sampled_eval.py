@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from evaluators import metrics, scoring
+from evaluators import harness, metrics, scoring
 from evaluators.drafter import open_drafter, save_zlab
 from evaluators.harness import EvalSettings, evaluate
 from evaluators.prompts import Prompt
@@ -89,6 +89,9 @@ def test_at_temperature_zero_the_sampled_scoring_is_the_greedy_eval_bit_for_bit(
         assert a[key] == b[key], key
     assert a["accept_len_histogram"] == b["accept_len_histogram"]
     assert sum(a["accept_len_histogram"][1:]) > 0  # drafts were accepted: the equality covers real blocks
+    # Issue 50: the curves by context in expectation are the greedy ones, bucket by bucket, intervals included.
+    curves = harness._by_context(greedy, a["prompts"], ())
+    assert len(curves["tau_by_context"]) > 1 and harness._by_context_sampled(sampled, 1, ()) == curves
     assert any(p["completion_ids"][-1] in stops for p in a["prompts"])  # and a stop token
 
 
@@ -226,6 +229,10 @@ def test_continuations_are_drawn_once_and_shared_by_every_checkpoint(pair, tmp_p
     assert len({tuple(c) for p in draws(first) for c in p}) > 15  # 20 draws, nearly all different
     proto = protocol.Protocol.from_results(second)
     assert (proto.temperature, proto.top_p, proto.top_k, proto.samples, proto.seed) == (1.0, 0.95, 20, 4, 0)
+    rows = [r for r in first["tau_by_context"] if r["blocks"]]  # in expectation: its blocks and tokens, bucketed
+    assert sum(r["blocks"] for r in rows) == pytest.approx(first["n_blocks"], abs=1e-3 * len(rows))
+    assert sum(r["blocks"] * r["tau"] for r in rows) / sum(r["blocks"] for r in rows) == pytest.approx(
+        first["tau_pooled"], rel=1e-4)
     assert second["ddtree"] == {} and "DFlash2" in second["ddtree_skipped"]
     assert first["ddtree"] == {} and "temperature > 0" in first["ddtree_skipped"]
     greedy = protocol.Protocol.from_results(evaluate(settings(pair, "dflash", tmp_path)))

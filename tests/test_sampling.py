@@ -43,6 +43,9 @@ def test_expected_walk_by_hand():
     ew = expected_walk([[0.5], [1.0], [0.0]], end=3, cut=False, block=2)
     assert ew.tau == pytest.approx(1.5) and ew.blocks == pytest.approx(2.0) and ew.tokens == pytest.approx(3.0)
     assert ew.histogram == pytest.approx([1.0, 1.0])
+    # Where the blocks are: anchor 0 always, anchor 1 after a rejection (.5), anchor 2 after an acceptance (.5);
+    # the block at 0 is 1 or 2 long (E 1.5), at 1 always 2 (r = 1), at 2 always 1 (r = 0).
+    assert ew.visits == pytest.approx([1.0, 0.5, 0.5]) and ew.lengths == pytest.approx([1.5, 2.0, 1.0])
     # Now r = 0.5 everywhere over 2 anchors: [1, then anchor 1: 1 or 2] or [2]
     # P: .5*.5 [1,1] mean 1; .5*.5 [1,2] mean 1.5; .5 [2] mean 2 -> E = .25 + .375 + 1 = 1.625
     ew = expected_walk([[0.5], [0.5]], end=2, cut=False, block=2)

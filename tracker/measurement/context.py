@@ -8,6 +8,8 @@
 - Buckets [from, to) from sorted edges, the last open ([last edge, ∞): `to` null). Per bucket: `blocks` (the
   blocks whose context lies in it), `tau` = their acceptance lengths summed / `blocks` (pooled over
   prompts; null with no block), `ci` its 95% percentile bootstrap interval over prompts.
+- A sampled eval's curves are expectations, like its tau: each block weighted by the probability that its walk
+  puts it there (`blocks` then is their expected number, `tau` expected tokens / expected blocks per bucket).
 - Default edges when none are given: 0 and the powers of two from the shortest context's up to the
   longest's, so every bucket holds blocks of one octave of context.
 """
@@ -15,12 +17,15 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 
 from tracker.config import MAX_CONTEXT_BUCKETS as MAX_BUCKETS
 from tracker.config import MAX_CONTEXT_EDGE as MAX_EDGE
 from tracker.measurement.uncertainty import LEVEL, paired_pooled, pooled_interval
 
+# One prompt's blocks: (context lengths, acceptance lengths) or, weighted by each block's probability, (..., weights)
+Blocks = tuple[Sequence[int], Sequence[float]] | tuple[Sequence[int], Sequence[float], Sequence[float]]
 MIN_PROMPTS = 4  # a bucket's paired comparison needs this many prompts with blocks there on both sides
 DEFINITION = ("per bucket [from, to) of context length (prompt tokens + completion tokens up to and including a "
               "block's anchor): the acceptance lengths of the blocks whose context lies in it, summed / their count "
@@ -72,30 +77,33 @@ def by_walks(walks: Sequence[tuple[int, Sequence[int]]], edges: Sequence[int]) -
     return edges, by_context(pairs, edges)
 
 
-def totals(prompts: Sequence[tuple[Sequence[int], Sequence[float]]], edges: Sequence[int]
+def totals(prompts: Sequence[Blocks], edges: Sequence[int]
            ) -> tuple[list[tuple[int, int | None]], list[list[float]], list[list[float]]]:
     """The buckets' bounds and, per bucket, each prompt's summed acceptance lengths and its block count there
-    ([bucket][prompt] each), from each prompt's (context lengths, acceptance lengths) of its blocks."""
+    ([bucket][prompt] each), from each prompt's (context lengths, acceptance lengths[, weights]) of its blocks: a
+    weight is the block's probability (a sampled eval's expectation), 1 when none is given."""
     edges = check_edges(edges)
     bounds = list(zip(edges, [*edges[1:], None]))
     sums = [[0.0] * len(prompts) for _ in bounds]  # [bucket][prompt]
     counts = [[0.0] * len(prompts) for _ in bounds]
-    for p, (contexts, lengths) in enumerate(prompts):
-        for context, length in zip(contexts, lengths):
+    for p, (contexts, lengths, *weights) in enumerate(prompts):
+        for context, length, weight in zip(contexts, lengths, weights[0] if weights else itertools.repeat(1.0)):
             b = bisect.bisect_right(edges, context) - 1  # the bucket [edges[b], edges[b + 1])
             if b >= 0:
-                sums[b][p] += length
-                counts[b][p] += 1
+                sums[b][p] += weight * length
+                counts[b][p] += weight
     return bounds, sums, counts
 
 
-def by_context(prompts: Sequence[tuple[Sequence[int], Sequence[float]]], edges: Sequence[int]) -> list[dict]:
-    """One row per bucket from each prompt's (context lengths, acceptance lengths) of its blocks."""
+def by_context(prompts: Sequence[Blocks], edges: Sequence[int]) -> list[dict]:
+    """One row per bucket from each prompt's (context lengths, acceptance lengths[, weights]) of its blocks;
+    weighted, `blocks` is their expected number."""
     bounds, sums, counts = totals(prompts, edges)
     rows = []
     for (low, high), s, c in zip(bounds, sums, counts):
         interval = pooled_interval(s, c) if prompts else None
-        rows.append({"from": low, "to": high, "blocks": int(sum(c)),
+        blocks = sum(c)
+        rows.append({"from": low, "to": high, "blocks": int(blocks) if blocks == int(blocks) else round(blocks, 3),
                      "tau": interval.value if interval else None, "ci": interval.bounds() if interval else None})
     return rows
 
