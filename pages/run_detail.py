@@ -84,7 +84,8 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
 
 
 def context_section(run) -> None:
-    frame = context_view.context_frame(ui.eval_results_loader(cfg.store_uri)(run))
+    frame = context_view.context_frame(ui.eval_results_loader(cfg.store_uri)(run) or (
+        ui.imported_details(cfg.store_uri, run) if run.imported else None))
     if frame is None:
         return
     st.markdown("**Acceptance by context length**", help="`tau_by_context`: the mean acceptance length of the blocks "

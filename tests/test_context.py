@@ -86,3 +86,25 @@ def test_bad_bucket_edges_are_one_line_before_anything_runs(edges, message, tmp_
     from test_load import flag_refused
 
     assert message in flag_refused(tmp_path, capsys, "--context-buckets", edges)
+
+
+@pytest.mark.sqlite_only(reason="one store is enough: the page reads what the import wrote")
+def test_an_imported_serving_benchmark_lands_in_buckets_on_run_detail(tmp_path, monkeypatch, capsys):
+    """Issue 50, item 6: speculators' spec_acceptance.py states each request's input length and its ordered steps,
+    so the import places every step at its context, and Run detail tables the curve as it does a measured one."""
+    import evalformats
+    from apptest import run_page, serve
+    from tracker.cli import main
+
+    folder = tmp_path / "served"  # prompt 100: steps accepting 3, 1, 0 (lengths 4, 2, 1 at 101, 105, 107)
+    evalformats.spec_acceptance(folder, [(100, evalformats.vllm_request_metrics([3, 1, 0], 3)),
+                                         (5000, evalformats.vllm_request_metrics([2, 2], 3))])
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    assert main(["import-results", str(folder), "--format", "speculators-spec-acceptance", "--tracking-uri", uri]) == 0
+    run_id = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    serve(monkeypatch, uri, tmp_path, tmp_path)
+    at = run_page("pages/run_detail.py", run=run_id)
+    (table,) = [d.value for d in at.dataframe if "context (tokens)" in d.value.columns]
+    rows = table[table["blocks"] > 0]
+    assert rows["context (tokens)"].tolist() == ["[64, 128)", "[4096, ∞)"]
+    assert rows["tau (engine steps)"].tolist() == pytest.approx([7 / 3, 3.0])

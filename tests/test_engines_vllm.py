@@ -264,6 +264,7 @@ def test_a_spec_acceptance_folder_of_this_servers_answers_imports_with_its_count
     assert record.metrics["engine_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
     assert record.protocol["num_speculative_tokens"] == "7" and record.protocol["n_prompts"] == "4"
     assert record.details["by_position"], "detailed per-step metrics were served"
+    assert sum(r["blocks"] for r in record.details["engine_tau_by_context"]) == drafts  # every step, at its context
 
 
 def test_a_served_eval_exported_as_aiperf_records_reads_back_as_its_own_numbers(vllm_served_pair, tmp_path):

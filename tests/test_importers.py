@@ -306,6 +306,11 @@ def test_spec_acceptance_folder_pools_its_requests_and_keeps_both_slicings(tmp_p
     assert "tau" not in record.metrics and record.protocol["num_speculative_tokens"] == "3"
     assert [row["bucket"] for row in record.details["by_start_length"]] == ["0-4096", "4096-8192"]
     assert record.details["by_position"][0]["bucket"] == "0-256"
+    # Issue 50: the input lengths it states place every step at its context, draftboard's rule: request 1's
+    # steps (lengths 4, 2, 1) at 101, 105, 107; request 2's (3, 3) at 5001, 5004; octave edges from 64.
+    curve = {r["from"]: (r["blocks"], r["tau"]) for r in record.details["engine_tau_by_context"] if r["blocks"]}
+    assert curve == {64: (3, pytest.approx(7 / 3)), 4096: (2, 3.0)}
+    assert record.details["context_buckets"][:3] == [0, 64, 128]
     assert main(["import-results", str(folder), "--format", "speculators-spec-acceptance", "--tracking-uri",
                  tracker.uri]) == 0
     run = tracker.run(capsys.readouterr().out.strip().rsplit(" ", 1)[-1])
@@ -327,6 +332,11 @@ def test_spec_acceptance_raw_line_that_disagrees_with_its_histogram_is_refused(t
     metrics["num_accepted_draft_tokens"] = 4
     evalformats.spec_acceptance(tmp_path, [(10, metrics)])
     with pytest.raises(DraftboardError, match=r"raw_requests.jsonl:1: acceptance_histogram disagrees"):
+        spec_acceptance.parse_folder(tmp_path)
+    metrics = evalformats.vllm_request_metrics([2, 1], 3)
+    metrics["per_step_accepted"] = [2, 2]  # 4 accepted where the counts say 3
+    evalformats.spec_acceptance(tmp_path, [(10, metrics)])
+    with pytest.raises(DraftboardError, match=r"raw_requests.jsonl:1: per_step_accepted must be one count per"):
         spec_acceptance.parse_folder(tmp_path)
 
 

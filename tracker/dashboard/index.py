@@ -187,6 +187,11 @@ class RunInfo:
         return source.get("kind") if isinstance(source, dict) else None
 
     @property
+    def imported(self) -> bool:
+        """An eval another tool measured, imported from its file (`draftboard import-results`)."""
+        return self.tags.get(names.IMPORTED) == "1"
+
+    @property
     def published(self) -> bool:
         """A reference of published numbers (fingerprint source `published`, or the published tag)."""
         return self.kind == "reference" and (self.source_kind == "published"

@@ -38,7 +38,13 @@ from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json
 from tracker.dashboard.launch_form import submit_eval
 from tracker.errors import DraftboardError
 from tracker.store import history, listing
-from tracker.store.names import DOCTOR, DOCTOR_ARTIFACT, EVAL_RESULTS_ARTIFACT, FINGERPRINT_ARTIFACT
+from tracker.store.names import (
+    DOCTOR,
+    DOCTOR_ARTIFACT,
+    EVAL_RESULTS_ARTIFACT,
+    FINGERPRINT_ARTIFACT,
+    IMPORTED_RESULTS_ARTIFACT,
+)
 
 RUN_DETAIL_PAGE = "pages/run_detail.py"
 COMPARE_PAGE = "pages/compare.py"
@@ -196,6 +202,18 @@ def _eval_results(uri: str, run_id: str, artifact_uri: str) -> dict | None:
 
 def eval_results_loader(uri: str):
     return lambda run: _eval_results(uri, run.run_id, run.artifact_uri)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _imported_details(uri: str, run_id: str, artifact_uri: str) -> dict | None:
+    found = read_json_artifact(tracker_for(uri).client, run_id, artifact_uri, IMPORTED_RESULTS_ARTIFACT)
+    details = found.get("details") if isinstance(found, dict) else None
+    return details if isinstance(details, dict) else None
+
+
+def imported_details(uri: str, run) -> dict | None:
+    """What an imported eval's file stated beyond its metrics (`details` of imported_results.json), else None."""
+    return _imported_details(uri, run.run_id, run.artifact_uri)
 
 
 @st.cache_resource(ttl=INDEX_TTL_S, max_entries=64, show_spinner=False)

@@ -65,6 +65,7 @@ ENV_SOURCE = "env.source"
 # --------------------------------------------------------------------------- artifacts
 FINGERPRINT_ARTIFACT = "fingerprint.json"
 EVAL_RESULTS_ARTIFACT = "eval_results.json"
+IMPORTED_RESULTS_ARTIFACT = "imported_results.json"  # an imported eval: {format, dataset, protocol, metrics, details}
 CHECKPOINTS_DIR = "checkpoints"
 WATCH_ARTIFACT = "watch.json"  # a watched run's watch state: folder, eval preset, checkpoints seen
 DOCTOR_ARTIFACT = "doctor.json"  # `draftboard doctor --run`'s report on that run (Run detail's Doctor panel)

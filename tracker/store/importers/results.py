@@ -18,7 +18,6 @@ from tracker.errors import DraftboardError
 from tracker.store import names
 
 IMPORTED_SCORING = "imported"
-RESULTS_ARTIFACT = "imported_results.json"
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
         with tracker.eval_run(label, target=run_target, train_run_id=train_run_id, params=params,
                               checkpoint_step=record.checkpoint_step, fingerprint=fp, tags=tags) as run:
             run.log_metrics(record.metrics, step=0)
-            run.log_json(RESULTS_ARTIFACT, {"format": fmt, "dataset": record.dataset, "protocol": record.protocol,
+            run.log_json(names.IMPORTED_RESULTS_ARTIFACT, {"format": fmt, "dataset": record.dataset, "protocol": record.protocol,
                                             "metrics": record.metrics, "details": record.details})
             run_ids.append(run.run_id)
     return run_ids

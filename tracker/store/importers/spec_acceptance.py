@@ -13,7 +13,10 @@ position). mean_acceptance_length = 1 + accepted / steps; draft_acceptance_rate 
 
 One eval per folder. `raw_requests.jsonl` is the source of truth: from it `engine_mean_acceptance_length`
 (1 + accepted / steps over every request: vLLM's pooled definition, as the served importers log it)
-and `accept_rate_pos{k}` (the fraction of verify steps that accepted at least k drafts). Without it the
+and `accept_rate_pos{k}` (the fraction of verify steps that accepted at least k drafts); where every request
+lists its `per_step_accepted`, `engine_tau_by_context` in the details: each step at its context (the request's
+prompt_tokens + 1 + the tokens its earlier steps produced), draftboard's definition (tracker/measurement/context.py),
+octave buckets. Without it the
 CSVs give the pooled length alone. Where both are there the CSVs must add up to the raw lines (a CSV
 from another run is refused). Both slicings are kept, bucket by bucket, in the run's details. The
 requests' sampling is the server's default (the harness sends none): unknown here.
@@ -25,6 +28,7 @@ import csv
 from pathlib import Path
 
 from tracker import config
+from tracker.measurement import context
 from tracker.measurement import engine_metrics as em
 from tracker.untrusted.jsonlines import records
 from tracker.errors import DraftboardError
@@ -67,6 +71,10 @@ def parse_folder(path: str | Path) -> list[ImportedEval]:
         stepped = [r for r in requests if r.get("per_step_accepted")]
         _agree(tables.get("by_position"), {c: sum(r[c] for r in stepped) for c in _COUNTS}, by_position)
         protocol.update({"num_speculative_tokens": str(k), "n_prompts": str(len(requests))})
+        if requests and all(r["per_step_accepted"] for r in requests):  # each step where it stood: by context
+            edges, tables["engine_tau_by_context"] = context.by_walks(
+                [(r["prompt_tokens"], [a + 1 for a in r["per_step_accepted"]]) for r in requests], ())
+            tables["context_buckets"] = list(edges)
     else:
         totals = {c: sum(row[c] for row in tables["by_start_length"]) for c in _COUNTS}
         if totals["num_spec_steps"] == 0:
@@ -81,9 +89,10 @@ def _raw(file: Path) -> tuple[list[dict], int]:
     requests, k = [], None
     for where, obj in records(file, MAX_LINE_BYTES, "spec_acceptance.py's raw_requests.jsonl"):
         metrics = obj.get("metrics") if isinstance(obj, dict) else None
-        if not isinstance(metrics, dict) or not isinstance(obj.get("prompt_tokens"), int):
+        prompt = obj.get("prompt_tokens") if isinstance(obj, dict) else None
+        if not isinstance(metrics, dict) or isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 0:
             raise DraftboardError(f"{where}: expected {{\"prompt_tokens\": N, \"metrics\": {{...}}}}")
-        request = _request(metrics, where)
+        request = {**_request(metrics, where), "prompt_tokens": prompt}
         if k is not None and request["num_spec_tokens"] != k:
             raise DraftboardError(f"{where}: num_spec_tokens {request['num_spec_tokens']} differs from the "
                                   f"earlier requests' {k}: one server config per import")
@@ -114,7 +123,13 @@ def _request(metrics: dict, where: str) -> dict:
         raise DraftboardError(f"{where}: acceptance_histogram disagrees with num_spec_steps / "
                               "num_accepted_draft_tokens")
     out["acceptance_histogram"] = histogram
-    out["per_step_accepted"] = metrics.get("per_step_accepted") or []
+    steps = metrics.get("per_step_accepted") or []
+    if steps and (not isinstance(steps, list) or len(steps) != out["num_spec_steps"] or sum(steps) !=
+                  out["num_accepted_draft_tokens"] or any(isinstance(a, bool) or not isinstance(a, int) or
+                                                          not 0 <= a <= out["num_spec_tokens"] for a in steps)):
+        raise DraftboardError(f"{where}: per_step_accepted must be one count per verify step (0 to num_spec_tokens), "
+                              "adding up to num_accepted_draft_tokens")
+    out["per_step_accepted"] = steps
     return out
 
 
