@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from evaluators.harness import EvalSettings
+from tracker.measurement import known_bad
 from tracker.measurement.uncertainty import ci_metrics, prompt_score
 from tracker.measurement.protocol import Protocol
 from evaluators.weights import one_line
@@ -58,6 +59,10 @@ def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | Non
     family = (results.get("drafter") or {}).get("family")
     if family:
         tags[names.DRAFTER_FAMILY] = family
+    rows = [known_bad.ROW_BY_ID[r["id"]] for r in (results.get("engine") or {}).get("known_bad") or ()
+            if r.get("id") in known_bad.ROW_BY_ID]
+    if rows:
+        tags[names.KNOWN_BAD] = known_bad.tag_text(rows)[:names.MAX_TAG_CHARS]
     origin = hub_origin(s.drafter)
     if origin is not None:
         tags.update({names.DRAFTER_REPO: origin.repo, names.DRAFTER_REVISION: origin.revision})

@@ -41,6 +41,8 @@ if run.error:
     st.error(f"The run failed: {md(run.error)}")
 if run.alert:
     st.warning(f"**Regression** — {md(run.alert)}", icon="📉")
+if run.known_bad:
+    st.warning(f"**Known-bad serving box** (docs/DESIGN.md, The known-bad table) — {md(run.known_bad)}", icon="⚠️")
 if cfg.mlflow_ui:
     st.link_button("Open in mlflow ui", mlflow_ui_url(run, cfg.mlflow_ui), icon=":material/open_in_new:",
                    help=f"the same run in `mlflow ui` at {md_code(cfg.mlflow_ui)}")

@@ -89,7 +89,8 @@ event = st.dataframe(
         "name": st.column_config.TextColumn("name", width=135),
         "status": st.column_config.TextColumn(
             "status", width=68, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
-                                     "than a reference, by the paired bootstrap (Run detail says by how much)"),
+                                     "than a reference, by the paired bootstrap (Run detail says by how much); ⚠️ the serving box it "
+                                     "measured is in the known-bad table (Run detail says which row, and its source)"),
         "kind": st.column_config.TextColumn("kind", width=75, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
         "drafter": st.column_config.TextColumn("drafter", width=62, help="the drafter's family: DFlash, or DFlash2 "

@@ -310,7 +310,12 @@ def test_an_undecided_layer_check_says_how_many_prompts_would_decide_it():
     # vLLM before 0.28.0 on a GDN target with speculative decoding: not lossless (PR #51812)
     ({"version": "0.27.1rc2+cu128"}, True, {"engine_version": CRITICAL}),
     ({"version": "0.27.1"}, False, {"engine_version": OK}),  # no GDN layers: nothing misaligned
-    ({"vllm_version": "0.28.0"}, True, {"engine_version": OK}),
+    ({"vllm_version": "0.28.0"}, True, {"engine_version": WARNING}),  # its long-context drafter schedule, #54374
+    ({"vllm_version": "0.28.1"}, True, {"engine_version": OK}),
+    # 0.28.0's probabilistic drafting is not lossless (#54282), greedy drafting is
+    ({"version": "0.28.0", "speculative_config": {"method": "dflash", "num_speculative_tokens": 7,
+                                                  "draft_sample_method": "probabilistic"}}, False,
+     {"engine_version": CRITICAL}),
     ({}, True, {"engine_version": WARNING, "model_runner": INFO, "prefix_cache": INFO}),
     ({"env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}, False, {"model_runner": CRITICAL}),  # vLLM #49559
     ({"env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}, True, {"model_runner": OK}),

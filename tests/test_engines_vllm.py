@@ -351,3 +351,31 @@ def test_a_long_document_set_is_served_and_its_curve_by_context_is_vllms_own_ste
     assert [(r["from"], r["blocks_b"]) for r in report["by_context"]] == [(0, 0), (4096, counts[1]), (4112, counts[2])]
     print("served vs offline by context:", [(r["from"], r["tau_b"], r["tau_a"], r["verdict"])
                                             for r in report["by_context"]], report["verdict"])
+
+
+def test_a_served_eval_says_which_known_bad_rows_hold_for_its_box(pair, vllm_served_pair, tmp_path, monkeypatch):
+    """Issue 51, the known-bad table: the real vLLM 0.32.0 box (V1 runner, prefix caching off) matches no row. The
+    same record read as vLLM 0.27.1 serving a hybrid (a box this machine cannot run) matches the GDN-gate row, which
+    the logged eval carries as its tag, and Run detail and Runs show with its source."""
+    from apptest import run_page, serve, shown
+    from evaluators.engines.run import _known_bad
+    from evaluators.harness import EvalSettings
+    from evaluators.logging import log_eval
+    from tracker import Tracker
+    from tracker.store import names
+
+    results = json.loads(vllm_served_pair.read_text())
+    assert results["engine"]["known_bad"] == []
+    old = {**results["engine"], "version": "0.27.1"}
+    (row,) = _known_bad(old, hybrid=True, family=results["drafter"]["family"])
+    assert row["id"] == "vllm-gdn-gates-before-0.28" and row["source"] == "vLLM #54928, fixed by PR #51812"
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    settings = EvalSettings(str(pair / "target"), str(pair / "drafter"), str(pair / "prompts.jsonl"))
+    run_id = log_eval(Tracker(uri), {**results, "engine": {**old, "known_bad": [row]}}, settings)
+    tag = Tracker(uri).run(run_id).data.tags[names.KNOWN_BAD]
+    assert tag.startswith("vllm-gdn-gates-before-0.28: this vLLM misaligns the GDN gates") and "#51812" in tag
+    serve(monkeypatch, uri, tmp_path, tmp_path)
+    (warning,) = [w.value for w in run_page("pages/run_detail.py", run=run_id).warning if "Known-bad" in w.value]
+    assert "(vLLM #54928, fixed by PR #51812)" in shown(warning)
+    table = run_page("pages/runs.py").dataframe[0].value.set_index("run_id")
+    assert table.loc[run_id, "status"].startswith("⚠️")

@@ -267,3 +267,27 @@ def test_an_offline_eval_is_not_exported_as_served_requests(dashboard_store, tmp
                  "--tracking-uri", dashboard_store.uri]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: not a served eval") and not out.exists()
+
+
+def test_a_vllm_log_from_a_known_bad_version_is_tagged_with_the_row_and_a_forged_one_is_not(tmp_path, capsys):
+    """Issue 51, the known-bad table read by the served-number importers: the version vLLM logs at start (its own
+    line, as vLLM 0.32's core.py writes it) is matched against the table; 0.28.0 runs the DFlash drafter on a wrong
+    attention schedule at long contexts (vLLM #54374). The same line inside a request's text names no box."""
+    start = ("(EngineCore pid=6739) INFO 12-04 08:22:52 [core.py:133] Initializing a V1 LLM engine (v{v}) with "
+             "config: model='/models/t', dtype=torch.bfloat16, enable_prefix_caching=False\n")
+    runner = ("(APIServer pid=6721) WARNING 12-04 08:22:45 [vllm.py:725] Model Runner V2 requires Triton; using the "
+              "V1 model runner instead.\n")
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    log = tmp_path / "vllm.log"
+    log.write_text(runner + start.format(v="0.28.0") + vllm_line("APIServer", 6, 20, "0.400, 0.200"))
+    assert main(["import-results", str(log), "--format", "vllm-log", "--tracking-uri", store, "--name", "old"]) == 0
+    forged = start.format(v="0.28.0").strip()
+    log.write_text(start.format(v="0.32.0") + vllm_line("APIServer", 6, 20, "0.400, 0.200")
+                   + f"(APIServer pid=7) INFO 12-04 10:00:01 [logger.py:40] Received request cmpl-1: prompt: '{forged}'\n")
+    assert main(["import-results", str(log), "--format", "vllm-log", "--tracking-uri", store, "--name", "new"]) == 0
+    runs = {r.info.run_name: r for r in _runs(store)}
+    assert runs["old"].data.tags["draftboard.known_bad"].startswith(
+        "vllm-0.28.0-long-context-schedule: vLLM 0.28.0 runs the DFlash drafter on a wrong attention schedule")
+    assert runs["old"].data.tags["protocol.engine_version"] == "0.28.0"
+    assert "draftboard.known_bad" not in runs["new"].data.tags
+    assert runs["new"].data.tags["protocol.engine_version"] == "0.32.0"

@@ -31,17 +31,14 @@ from evaluators.engines import llamacpp
 from evaluators.engines.base import EngineError
 from evaluators.weights import one_line
 from tracker.measurement import engine_metrics as em
+from tracker.measurement import known_bad
 from tracker.errors import DraftboardError
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
 ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "prefix_cache"
-# vLLM before 0.28.0 misaligned GDN gates with speculative tokens in mixed prefill/decode steps, so
-# speculative decoding on a GDN target was not lossless (fixed by vLLM PR #51812; diagnosis #54928).
-VLLM_LOSSLESS_GDN_SPEC = (0, 28, 0)
 VLLM_METHOD, SGLANG_ALGORITHM, LLAMACPP_SPEC_TYPE = "dflash", "DFLASH", "draft-dflash"
 DRAFT_KV_CACHE, GGUF_TARGET_LAYERS, LLAMACPP_BUILD = "draft_kv_cache", "gguf_target_layers", "llamacpp_build"
-# llama.cpp (common/common.h): --spec-draft-n-max defaults to 3, which caps acceptance at 4; a quantized
-# draft KV cache collapses DFlash acceptance unless LLAMA_ATTN_ROT_DISABLE=1 (llama.cpp #25725).
+# llama.cpp (common/common.h): --spec-draft-n-max defaults to 3, which caps acceptance at 4.
 LLAMACPP_DEFAULT_N_MAX = 3
 LLAMACPP_FLAGS = {"--spec-type": "spec_type", "--spec-draft-n-max": "n_max", "--draft-max": "n_max",
                   "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft",
@@ -65,6 +62,19 @@ class ServingConfig:
     defaulted: bool = False  # draft_tokens is the engine's default, not set
     drafter_gguf: str | None = None  # llama.cpp's -md
     build: int | None = None  # llama.cpp's build number; None: not known
+    draft_sample_method: str | None = None  # vLLM's speculative_config draft_sample_method
+    tp_size: int | None = None  # SGLang's --tp-size
+    radix_strategy: str | None = None  # SGLang's --mamba-radix-cache-strategy
+
+    def record(self, hybrid: bool | None, family: str | None = None) -> known_bad.Serving:
+        """What the known-bad table reads of this box (tracker/measurement/known_bad.py)."""
+        return known_bad.Serving(self.engine, self.version, {
+            "hybrid": hybrid, "family": family, "model_runner": self.model_runner, "prefix_cache": self.prefix_cache,
+            # llama.cpp's draft KV cache is f16 unless --cache-type-k-draft says otherwise
+            "draft_cache_type": self.draft_cache_type or ("f16" if self.engine == "llamacpp" else None),
+            "rotation_disabled": self.rotation_disabled if self.engine == "llamacpp" else None,
+            "draft_sample_method": self.draft_sample_method, "tp_size": self.tp_size,
+            "mamba_radix_cache_strategy": self.radix_strategy})
 
 
 def _get(raw: dict, name: str):
@@ -85,7 +95,7 @@ def read_serving_config(path: str | Path) -> ServingConfig:
     if not isinstance(raw, dict):
         raise DraftboardError(f"--serving-config {path}: expected a JSON object")
     if isinstance(raw.get("engine"), dict) and (raw.get("protocol") or {}).get("scoring") == "engine":
-        return _from_engine_eval(raw["engine"])
+        return from_engine_eval(raw["engine"])
     kwargs = _get(raw, "chat_template_kwargs") or {}
     thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
     ssm = _get(raw, "mamba_ssm_dtype")
@@ -93,10 +103,13 @@ def read_serving_config(path: str | Path) -> ServingConfig:
     if _get(raw, "speculative_algorithm") is not None:
         n = _get(raw, "speculative_num_draft_tokens")
         radix_off = _get(raw, "disable_radix_cache")
+        tp = _get(raw, "tp_size") or _get(raw, "tp")
         return ServingConfig("sglang", str(_get(raw, "speculative_algorithm")),
                              int(n) - 1 if isinstance(n, int) else None, ssm, thinking,
                              _text(_get(raw, "version") or _get(raw, "sglang_version")),
-                             prefix_cache=None if radix_off is None else not _flag(radix_off))
+                             prefix_cache=None if radix_off is None else not _flag(radix_off),
+                             tp_size=tp if isinstance(tp, int) and not isinstance(tp, bool) else None,
+                             radix_strategy=_text(_get(raw, "mamba_radix_cache_strategy")))
     spec = _get(raw, "speculative_config") or raw
     if not isinstance(spec, dict) or "method" not in spec:
         raise DraftboardError(f"--serving-config {path}: no speculative config (vLLM: method, num_speculative_tokens;"
@@ -107,7 +120,8 @@ def read_serving_config(path: str | Path) -> ServingConfig:
     return ServingConfig("vllm", str(spec["method"]), n if isinstance(n, int) else None, ssm, thinking,
                          _text(_get(raw, "version") or _get(raw, "vllm_version")),
                          None if v2 is None else ("V2" if _flag(v2) else "V1"),
-                         None if prefix is None else _flag(prefix))
+                         None if prefix is None else _flag(prefix),
+                         draft_sample_method=_text(spec.get("draft_sample_method")))
 
 
 def _text(value) -> str | None:
@@ -144,7 +158,7 @@ def _from_llamacpp_command_line(text: str, path) -> ServingConfig:
                          where="the llama-server command line", drafter_gguf=gguf, build=builds[0] if builds else None)
 
 
-def _from_engine_eval(engine: dict) -> ServingConfig:
+def from_engine_eval(engine: dict) -> ServingConfig:
     """The serving box an engine eval measured: its engine section and GDN record's settings."""
     record = engine.get("linear_attention") if isinstance(engine.get("linear_attention"), dict) else {}
     settings = {**engine, **(record.get("settings") if isinstance(record.get("settings"), dict) else {})}
@@ -214,77 +228,43 @@ def ssm_dtype(serving: ServingConfig) -> Check:
     return Check(SSM_DTYPE, OK, "the served recurrent state is as wide as offline", evidence)
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    """`0.27.1rc2.dev3+cu128` -> (0, 27, 1); None for a version that is not one."""
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) if len(parts) >= 2 else None
+def known_bad_check(name: str, serving: ServingConfig, hybrid: bool | None, family: str | None = None) -> Check:
+    """The rows of the known-bad table (tracker/measurement/known_bad.json) under check `name` against this box:
+    the worst that holds; else, where a row needs what the config does not say, that row at its `unknown`
+    severity; else OK."""
+    record = serving.record(hybrid, family)
+    read = {key for row in known_bad.ROWS if row.check == name and row.engine == serving.engine for key in row.when}
+    evidence = f"{serving.where}: {serving.engine} {serving.version or 'version not stated'}" + "".join(
+        f"; {key} {'not known' if value is None else value}" for key, value in record.settings.items() if key in read)
+    findings = [f for f in known_bad.evaluate(record) if f.row.check == name]
+    held = [f.row for f in findings if f.state == known_bad.MATCH]
+    if held:
+        worst = min(held, key=lambda row: known_bad.SEVERITIES.index(row.severity))
+        return Check(name, worst.severity, "; ".join(row.text for row in held), evidence, worst.fix)
+    open_rows = [f for f in findings if f.state == known_bad.UNDECIDED and f.row.unknown]
+    if open_rows:
+        worst = min(open_rows, key=lambda f: known_bad.SEVERITIES.index(f.row.unknown))
+        missing = sorted({m for f in open_rows for m in f.missing})
+        return Check(name, worst.row.unknown, "not known whether it holds: " + "; ".join(f.row.text for f in open_rows),
+                     evidence, f"state {', '.join(missing)} in the serving config")
+    return Check(name, OK, f"no known-bad {name.replace('_', ' ')} of {serving.engine} holds here", evidence)
 
 
 def engine_version(serving: ServingConfig, hybrid: bool) -> Check:
-    evidence = f"{serving.where}: {serving.engine} {serving.version or 'version not stated'}; target " \
-               f"{'has' if hybrid else 'has no'} Gated DeltaNet layers"
-    if serving.engine != "vllm" or not hybrid:
-        return Check(ENGINE_VERSION, OK, "no engine version is known to break speculative decoding here", evidence)
-    release = _release(serving.version) if serving.version else None
-    if release is None:
-        return Check(ENGINE_VERSION, WARNING, "the vLLM version is not known: before 0.28.0 speculative decoding on a "
-                     "Gated DeltaNet target is not lossless", evidence, "state the version (\"version\": \"0.32.0\")")
-    if release < VLLM_LOSSLESS_GDN_SPEC:
-        return Check(ENGINE_VERSION, CRITICAL, "this vLLM misaligns the GDN gates with speculative tokens in mixed "
-                     "prefill/decode steps: speculative decoding on this hybrid target is not lossless (vLLM #54928)",
-                     evidence, "upgrade to vLLM 0.28.0 or later (PR #51812)")
-    return Check(ENGINE_VERSION, OK, "this vLLM keeps speculative decoding lossless on Gated DeltaNet targets", evidence)
+    return known_bad_check(ENGINE_VERSION, serving, hybrid)
 
 
-def model_runner(serving: ServingConfig) -> Check:
-    evidence = f"{serving.where}: model runner {serving.model_runner or 'not stated'}"
-    if serving.engine != "vllm":
-        return Check(MODEL_RUNNER, OK, f"{serving.engine} has no model runner switch known to break DFlash", evidence)
-    if serving.model_runner == "V2":
-        return Check(MODEL_RUNNER, CRITICAL, "vLLM's V2 model runner gets ~0% acceptance with a DFlash drafter "
-                     "(vLLM #49559, open)", evidence, "serve with VLLM_USE_V2_MODEL_RUNNER=0 (the V1 runner)")
-    return Check(MODEL_RUNNER, OK if serving.model_runner else INFO, "no model runner known to break DFlash"
-                 if serving.model_runner else "the model runner is not stated (VLLM_USE_V2_MODEL_RUNNER=1 breaks "
-                 "DFlash: vLLM #49559)", evidence)
+def model_runner(serving: ServingConfig, family: str | None = None) -> Check:
+    return known_bad_check(MODEL_RUNNER, serving, None, family)
 
 
 def prefix_cache(serving: ServingConfig, hybrid: bool) -> Check:
-    cache = {"vllm": "prefix caching", "sglang": "radix cache"}.get(serving.engine, "the prompt cache")
-    evidence = f"{serving.where}: {cache} {'on' if serving.prefix_cache else 'off' if serving.prefix_cache is False else 'not stated'}"
-    if not hybrid:
-        return Check(PREFIX_CACHE, OK, f"{cache} keeps no recurrent state on a target without Gated DeltaNet layers",
-                     evidence)
-    if serving.prefix_cache:
-        known = ("SGLang's radix cache has committed the wrong recurrent state on hybrid targets (sglang #31850)"
-                 if serving.engine == "sglang" else "vLLM resumes cached GDN states in mamba_cache_mode 'align' "
-                 "(a Triton kernel: it cannot run on CPU)")
-        return Check(PREFIX_CACHE, WARNING, f"{cache} is on for a hybrid target: a cached prefix resumes a recurrent "
-                     f"state another request committed; {known}", evidence,
-                     f"measure with it off ({'--no-enable-prefix-caching' if serving.engine == 'vllm' else '--disable-radix-cache'}) "
-                     "and compare, before quoting served numbers")
-    return Check(PREFIX_CACHE, OK if serving.prefix_cache is False else INFO,
-                 f"{cache} is off" if serving.prefix_cache is False else f"{cache} is not stated", evidence)
+    return known_bad_check(PREFIX_CACHE, serving, hybrid)
 
 
 def draft_kv_cache(serving: ServingConfig) -> Check:
     """llama.cpp: a quantized draft KV cache without the rotation switch collapses DFlash acceptance."""
-    kind = serving.draft_cache_type
-    evidence = f"{serving.where}: --cache-type-k-draft {kind or 'not set (f16)'}; LLAMA_ATTN_ROT_DISABLE " \
-               f"{'1' if serving.rotation_disabled else 'not set'}"
-    if kind and kind.lower().startswith(("q", "iq")) and not serving.rotation_disabled:
-        return Check(DRAFT_KV_CACHE, WARNING, "a quantized draft KV cache with attention rotation on collapses DFlash "
-                     "acceptance (llama.cpp #25725)", evidence,
-                     "serve the draft KV cache in f16, or set LLAMA_ATTN_ROT_DISABLE=1")
-    return Check(DRAFT_KV_CACHE, OK, "the draft KV cache keeps DFlash's acceptance", evidence)
+    return known_bad_check(DRAFT_KV_CACHE, serving, None)
 
 
 def gguf_target_layers(serving: ServingConfig, target_layer_ids: list[int]) -> Check:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, lifecycle
 from tracker.environment import fingerprint
-from tracker.measurement import context
+from tracker.measurement import context, known_bad
 from tracker.measurement import engine_metrics as em
 from tracker.measurement.uncertainty import results_uncertainty
 
@@ -202,6 +203,7 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
 
     results = _results(prompts, replies, block, stops, s)
     results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
+    results["engine"]["known_bad"] = _known_bad(results["engine"], hybrid, drafter.family)
     if drafted:
         results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings,
                                 tuple(results["context_buckets"]))
@@ -225,6 +227,18 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                     "mask_token_id": drafter.mask_token_id, "family": drafter.family},
     })
     return results
+
+
+def _known_bad(engine_record: dict, hybrid: bool, family: str) -> list[dict]:
+    """The rows of the known-bad table that hold for the box this eval measured (tracker/measurement/known_bad.py),
+    each said on stderr as it is found: a number from such a box is not the drafter's."""
+    from evaluators.doctor.serving import from_engine_eval
+
+    rows = known_bad.matches(from_engine_eval(engine_record).record(hybrid, family))
+    for row in rows:
+        print(f"warning: known-bad serving box: {row.id}: {row.text}; {row.fix}", file=sys.stderr)
+    return [{"id": row.id, "severity": row.severity, "effect": row.effect, "source": row.source, "fix": row.fix}
+            for row in rows]
 
 
 def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: EvalSettings, prompts,

@@ -143,8 +143,8 @@ _GDN_LOG = (
     ("gdn_spec_decode_kernel", re.compile(r"GDN spec decode kernel: (\S+)")),
     ("mamba_ssm_cache_dtype", re.compile(r"Reset SSM cache type to (\w+)")),
     ("mamba_ssm_cache_dtype", re.compile(r"Using (\w+) SSM state storage")),
-    ("model_runner", re.compile(r"using the (V\d) model runner")),
-    ("engine_version", re.compile(r"Initializing a V\d LLM engine \(v([\w.+-]+)\)")),
+    ("model_runner", em.VLLM_RUNNER_LINE),
+    ("engine_version", em.VLLM_ENGINE_LINE),
 )
 _ENGINE_CONFIG = re.compile(r"\b(enable_prefix_caching|enforce_eager|dtype)=([\w.]+)")
 _PREFILL_KERNELS = {"CPU": "vllm C++ kernel", "Triton/FLA": "vllm triton (fla copy)", "FlashInfer": "flashinfer",

@@ -201,7 +201,13 @@ class RunInfo:
     def alert(self) -> str | None:
         """The run's regression alert (`draftboard.alert`, tracker/measurement/regression.py), bounded; None without one."""
         text = self.tags.get(names.ALERT)
-        return config.bounded(text, 4000) if text else None
+        return config.bounded(text, names.MAX_TAG_CHARS) if text else None
+
+    @property
+    def known_bad(self) -> str | None:
+        """What the known-bad table says of the serving box this eval measured (`draftboard.known_bad`), bounded."""
+        text = self.tags.get(names.KNOWN_BAD)
+        return config.bounded(text, names.MAX_TAG_CHARS) if text else None
 
     @property
     def step_metric(self) -> str | None:

@@ -216,7 +216,8 @@ def _runs_row(index: RunIndex, run: RunInfo) -> dict:
         "kind": run.kind_label + recipe.step_unit_note(run),
         "drafter": run.drafter_family or "",
         # Title case, as MLflow UI shows it: `Finished` fits a narrow column where `FINISHED` broke mid-word
-        "status": ("📉 " if run.alert else "") + (run.status.title() if run.status else MISSING),
+        "status": ("📉 " if run.alert else "") + ("⚠️ " if run.known_bad else "")
+        + (run.status.title() if run.status else MISSING),
         "target": run.target_name,
         "steps": run.steps,
         "tau": tau_text(index, run),

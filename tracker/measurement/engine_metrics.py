@@ -46,8 +46,19 @@ VLLM_AUX_LAYERS_LOG = "Using auxiliary layers from speculative config: "
 # ColoredFormatter. Anchored there, so a request's text that merely contains "SpecDecoding metrics:"
 # counts nothing; every repeat is bounded, so one long line costs linear time.
 _COLOUR = r"(?:\x1b\[[0-9;]{0,12}m){0,2}"
-_VLLM_PREFIX = (rf"{_COLOUR}(?:\([\w.:-]{{1,64}} pid=\d{{1,10}}\){_COLOUR} )?{_COLOUR}INFO{_COLOUR} {_COLOUR}"
-                rf"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,6}})?{_COLOUR} {_COLOUR}\[[\w./-]{{1,120}}:\d{{1,7}}\]{_COLOUR} ")
+
+
+def _vllm_prefix(level: str) -> str:
+    return (rf"{_COLOUR}(?:\([\w.:-]{{1,64}} pid=\d{{1,10}}\){_COLOUR} )?{_COLOUR}{level}{_COLOUR} {_COLOUR}"
+            rf"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,6}})?{_COLOUR} {_COLOUR}\[[\w./-]{{1,120}}:\d{{1,7}}\]{_COLOUR} ")
+
+
+_VLLM_PREFIX = _vllm_prefix("INFO")
+# What a vLLM server logs at start of the box it is, anchored the same way: its version (`v1/engine/core.py`,
+# INFO), and the V1 runner where V2 cannot run (`config/vllm.py`, a WARNING: without one, 0.32 runs V2 where
+# Triton is).
+VLLM_ENGINE_LINE = re.compile(_VLLM_PREFIX + r"Initializing a V\d LLM engine \(v([\w.+-]{1,40})\)")
+VLLM_RUNNER_LINE = re.compile(_vllm_prefix("WARNING") + r"Model Runner V2 [^;]{0,400}; using the (V\d) model runner")
 VLLM_LOG_LINE = re.compile(
     _VLLM_PREFIX +
     r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]{1,24}|nan), Accepted throughput: [\d.]{1,24} "

@@ -39,7 +39,6 @@ from tracker.measurement.uncertainty import WORSE, PairedComparison, paired_comp
 
 PREVIOUS, REFERENCE = "previous checkpoint", "reference"
 POST_TIMEOUT_S = 10.0
-MAX_TAG_CHARS = 4000  # under MLflow's tag value limit
 
 
 def paired(a: dict, b: dict, *, same_environment: bool = False) -> PairedComparison:
@@ -172,7 +171,7 @@ def record(tracker, run_id: str, alerts: list[Alert]) -> None:
     if not alerts:
         return
     tracker.write_json(run_id, names.ALERTS_ARTIFACT, {"alerts": [asdict(a) for a in alerts]})
-    tracker.set_tag(run_id, names.ALERT, "; ".join(a.text for a in alerts)[:MAX_TAG_CHARS])
+    tracker.set_tag(run_id, names.ALERT, "; ".join(a.text for a in alerts)[:names.MAX_TAG_CHARS])
 
 
 def message(alerts: list[Alert]) -> dict:

@@ -72,6 +72,8 @@ DOCTOR_ARTIFACT = "doctor.json"  # `draftboard doctor --run`'s report on that ru
 DOCTOR = "draftboard.doctor"  # its worst severity: critical | warning | info | ok
 ALERTS_ARTIFACT = "alerts.json"  # an eval's regression alerts (tracker/measurement/regression.py)
 ALERT = "draftboard.alert"  # their text, one line: the eval is worse than its previous checkpoint or a reference
+KNOWN_BAD = "draftboard.known_bad"  # the known-bad table's rows that hold for the serving box an eval measured
+MAX_TAG_CHARS = 4000  # a one-line tag's text is cut here, under MLflow's tag value limit
 
 
 def checkpoint_artifact(step: int) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tracker.errors import DraftboardError
+from tracker.measurement import known_bad
 from tracker.store import names
 
 IMPORTED_SCORING = "imported"
@@ -30,6 +31,7 @@ class ImportedEval:
     details: dict[str, Any] = field(default_factory=dict)  # kept as the run's imported_results.json
     checkpoint_step: int | None = None  # the evaluated checkpoint's training step, where the file names it
     environment: dict[str, Any] = field(default_factory=dict)  # fingerprint fields the files state (dotted)
+    serving: known_bad.Serving | None = None  # what the file states of the serving box (the known-bad table reads it)
 
 
 def finite(value: object, what: str) -> float:
@@ -77,6 +79,9 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
         label = f"{name} · {record.dataset}" if len(evals) > 1 else name
         params = {"import.source": str(Path(source).resolve()), "import.format": fmt, "dataset": record.dataset}
         tags = {names.IMPORTED: "1", **protocol_tags({"dataset": record.dataset, **record.protocol}, fmt)}
+        rows = known_bad.matches(record.serving) if record.serving is not None else []
+        if rows:
+            tags[names.KNOWN_BAD] = known_bad.tag_text(rows)[:names.MAX_TAG_CHARS]
         with tracker.eval_run(label, target=run_target, train_run_id=train_run_id, params=params,
                               checkpoint_step=record.checkpoint_step, fingerprint=fp, tags=tags) as run:
             run.log_metrics(record.metrics, step=0)

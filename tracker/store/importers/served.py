@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tracker import config
 from tracker.measurement import engine_metrics as em
+from tracker.measurement import known_bad
 from tracker.measurement.levels import level_results
 from tracker.errors import DraftboardError
 from tracker.untrusted.jsonlines import records
@@ -72,10 +73,15 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     first = last = None
     n = 0
     load = _Load()
+    box: dict[str, str] = {}  # what the server said at start of the box it is
     for lineno, line in _lines(path):
         m = em.VLLM_LOG_LINE.match(line[:MAX_LINE])
         if not m:
             load.read(em.VLLM_STATS_LINE.match(line[:MAX_LINE]), f"{path}:{lineno}")
+            for key, pattern in (("version", em.VLLM_ENGINE_LINE), ("model_runner", em.VLLM_RUNNER_LINE)):
+                said = pattern.match(line[:MAX_LINE])
+                if said:
+                    box.setdefault(key, said.group(1))
             continue
         where = f"{path}:{lineno}"
         rates = [finite(x, f"{where}: per-position rate") for x in m.group("positions").replace(",", " ").split()]
@@ -93,9 +99,11 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     metrics = {names.ENGINE_MEAN_AL: 1 + accepted / drafts,
                **{names.accept_rate_metric(k + 1): c / drafts for k, c in enumerate(by_pos)}}
     protocol = {"backend": "vllm", "num_speculative_tokens": str(len(by_pos)), **_window(first, last, n, "log lines"),
-                **load.protocol()}
+                **load.protocol(), **({"engine_version": box["version"]} if "version" in box else {})}
     return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafts": drafts, "lines": n,
-                                                      **load.details()})]
+                                                      **load.details()},
+                         serving=known_bad.Serving("vllm", box.get("version"),
+                                                   {"model_runner": box.get("model_runner")}))]
 
 
 class _Load:
