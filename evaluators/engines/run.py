@@ -202,7 +202,10 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                                   info.settings).to_dict() if hybrid else None
 
     results = _results(prompts, replies, block, stops, s)
-    results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention}
+    # The model runner decides which algorithm ran (DFlash2's selector runs on vLLM's V2 only): what the start log
+    # said, never a guess from the version's default (None: not logged, an attached server's own log).
+    results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention,
+                         "model_runner": logged.get("model_runner")}
     results["engine"]["known_bad"] = _known_bad(results["engine"], hybrid, drafter.family)
     if drafted:
         results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings,
@@ -217,7 +220,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     results["protocol"] = dataclasses.replace(protocol, last_block=engine.LAST_BLOCK).to_dict()
     results.update({
         "fingerprint": fingerprint.engine(report, {"engine": e.name, "version": info.version, "url": info.url,
-                                                   "python": python}, s.dtype,
+                                                   "python": python, "model_runner": logged.get("model_runner")},
+                                          s.dtype,
                                           f"{e.name}-native" if hybrid else "n/a", linear_attention),
         "timing": {"engine_start_s": started_s, "requests_s": requests_s, "total_s": time.perf_counter() - t0},
         "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},

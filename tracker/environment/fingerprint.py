@@ -306,6 +306,8 @@ def engine(report: dict | None, source: dict, dtype: str, linear_attention_path:
                            "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
     fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
     fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or packages.get(source.get("engine"))}
+    if source.get("model_runner"):  # vLLM's V1 / V2: which algorithm a DFlash2 checkpoint ran (issue 51)
+        fp["engine"]["model_runner"] = source["model_runner"]
     served_by = {k: v for k, v in packages.items() if k not in PACKAGES and isinstance(v, str)}
     if served_by:  # the engine's own packages (llama.cpp's build says b0-unknown: its wheel's version is the marker)
         fp["engine"]["packages"] = served_by
