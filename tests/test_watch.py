@@ -245,3 +245,26 @@ def test_the_dashboard_form_states_the_whole_watch_and_keeps_what_was_seen(store
     toolformats.specforge_legacy(folder, 0, 20, toolformats.tiny_drafter())
     result = watch.scan(tracker, queue, legacy, now=time.time() + 60)
     assert [f.step for f in result.recorded] == [20] and result.queued == [] and len(queue.list()) == 1
+
+
+def test_torchspec_checkpoints_are_recorded_at_their_iteration_and_never_queued(store, tmp_path, caplog):
+    """Issue 51, layouts: TorchSpec writes `iter_NNNNNNN/` of torch.distributed.checkpoint shards (written here by
+    torch's own DCP writer, as TorchSpec's `save` does). The watcher records each at its iteration; with a preset
+    it queues nothing and says why once: the shards' `.metadata` is a pickle, which draftboard never loads."""
+    tracker, legacy, _ = store
+    jobs = f"sqlite:///{tmp_path / 'jobs.db'}"
+    out = tmp_path / "torchspec" / "checkpoints"
+    model = toolformats.tiny_drafter()
+    for step in (749, 1499):
+        toolformats.torchspec(out, step, model)
+    assert (out / "iter_0000750" / "model" / ".metadata").is_file()  # DCP's own layout
+    with caplog.at_level("INFO", logger="tracker.jobs.watch"):
+        assert _watch(tracker, legacy, out, jobs, "--auto-eval", _preset(tmp_path)) == 0
+        assert _watch(tracker, legacy, out, jobs) == 0  # again: nothing new to say
+    assert [(c.step, c.path.endswith(f"iter_{c.step:07d}")) for c in tracker.checkpoints(legacy)] == [
+        (750, True), (1500, True)]
+    assert JobQueue(jobs).list() == []
+    seen = tracker.read_json(legacy, names.WATCH_ARTIFACT)["seen"]
+    assert {k: (v["layout"], v["not_queued"]) for k, v in seen.items()} == {
+        "iter_0000750": (watch.TORCHSPEC, watch.TORCHSPEC_NOTE), "iter_0001500": (watch.TORCHSPEC, watch.TORCHSPEC_NOTE)}
+    assert sum(watch.TORCHSPEC_NOTE in r.getMessage() for r in caplog.records) == 2  # once per checkpoint

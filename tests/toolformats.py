@@ -55,6 +55,26 @@ def specforge_legacy(output_dir: Path, epoch: int, step: int, model: DFlashDraft
     return folder
 
 
+def torchspec(output_dir: Path, step: int, model: DFlashDrafter) -> Path:
+    """TorchSpec's `training/checkpoint.py` `save(actor, step)`: `iter_{step + 1:07d}/` with the model's and the
+    optimizer's torch.distributed.checkpoint shards, the RNG state, `meta.json`, and the tracker file beside it."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    step_id = step + 1
+    folder = output_dir / f"iter_{step_id:07d}"
+    for part in ("model", "optimizer", "lr_scheduler"):
+        (folder / part).mkdir(parents=True, exist_ok=True)
+    dcp.save({"model_state": {"model": model.state_dict()}}, checkpoint_id=str(folder / "model"))
+    torch.save({"torch": torch.get_rng_state()}, folder / "rng.pt")
+    meta = {"iteration": step_id, "step": step, "inference_id": step, "next_step": step + 1,
+            "next_inference_id": step + 1, "global_step": step_id, "world_size": 1, "timestamp": time.time()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (output_dir / "latest_checkpointed_iteration.txt").write_text(str(step_id))
+    return folder
+
+
 def specforge_runtime(output_dir: Path, run_id: str, step: int, model: DFlashDrafter) -> Path:
     folder = output_dir / f"{run_id}-step{step}"
     folder.mkdir(parents=True)

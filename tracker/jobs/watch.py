@@ -9,6 +9,10 @@ every watched run of the store) looks at the entries of DIR in each tool's layou
   pickle with weights_only=True, or says how to `specforge export` it);
 - speculators `{epoch}/` (config.json + model.safetensors + training_state.json): the
   global_step of training_state.json, else the epoch;
+- TorchSpec `iter_{NNNNNNN}/` (its `training/checkpoint.py` `save`: `model/` as torch.distributed.checkpoint
+  shards, `optimizer/`, `meta.json`): iteration N, the steps done. Recorded (digested as files, nothing loaded),
+  never queued: a DCP checkpoint's `.metadata` is a pickle, and a checkpoint is data; its note says to export it
+  with TorchSpec's `tools/convert_to_hf.py` and watch the exported folder;
 - any other z-lab folder (config.json + model.safetensors) whose name ends in its step.
 
 Symlinks (`-latest`, `-best`, `checkpoint_best`, `epoch{e}_step{N}`) are skipped: they name a
@@ -52,11 +56,16 @@ from tracker.store import adoption, checkpoints, names
 log = logging.getLogger(__name__)
 
 SPECFORGE_LEGACY, SPECFORGE_RUNTIME, SPECULATORS, ZLAB = "specforge-legacy", "specforge-runtime", "speculators", "z-lab"
+TORCHSPEC = "torchspec"
+TORCHSPEC_NOTE = ("not queued: TorchSpec's iter_ folder holds torch.distributed.checkpoint shards, whose .metadata is a "
+                  "pickle draftboard never loads; export it with TorchSpec's tools/convert_to_hf.py and watch the "
+                  "exported folder")
 DEFAULT_SETTLE_S = 30.0
 # Set per checkpoint by the watcher, so a preset may not hold them.
 PER_CHECKPOINT = ("drafter", "train_run_id", "checkpoint_step")
 
 _LEGACY = re.compile(r"^epoch_(\d+)_step_(\d+)$")
+_TORCHSPEC = re.compile(r"^iter_(\d{7})$")
 _RUNTIME = re.compile(r"^.+-step(\d+)$")
 _EPOCH = re.compile(r"^\d+$")
 _TRAILING_STEP = re.compile(r"(\d+)$")
@@ -121,6 +130,8 @@ def classify(entry: Path) -> Found | None:
         return Found(name, entry, int(m.group(2)), SPECFORGE_LEGACY)
     if (m := _RUNTIME.match(name)) and (entry / "training_state.pt").is_file():
         return Found(name, entry, int(m.group(1)), SPECFORGE_RUNTIME)
+    if (m := _TORCHSPEC.match(name)) and (entry / "model").is_dir() and (entry / "meta.json").is_file():
+        return Found(name, entry, int(m.group(1)), TORCHSPEC)
     if _EPOCH.match(name) and zlab and (entry / "training_state.json").is_file():
         return Found(name, entry, _step_of_speculators(entry, int(name)), SPECULATORS)
     if zlab and (m := _TRAILING_STEP.search(name)):
@@ -261,6 +272,12 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
                                              "job_id": None}
             recorded.append(found)
             tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+        if found.layout == TORCHSPEC:  # never an eval's input: say why once
+            if state.preset is not None and seen.get("not_queued") != TORCHSPEC_NOTE:
+                seen["not_queued"] = TORCHSPEC_NOTE
+                log.info("run %s: checkpoint %s %s", run_id, found.path, TORCHSPEC_NOTE)
+                tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+            continue
         if state.preset is not None and seen.get("job_id") is None:
             params = {**state.preset, "drafter": str(found.path),
                       "train_run_id": run_id, "checkpoint_step": seen["step"]}
