@@ -218,3 +218,27 @@ def test_the_same_mean_with_a_worse_long_context_bucket_raises_the_alert_naming_
     said.clear()
     assert regression.check(tracker, logged(400, [1, 4, 4]), said.append) == []  # the same walks: nothing worse
     assert said[0].endswith("; no context bucket worse (2 compared)")
+
+
+def test_an_eval_naming_no_run_is_linked_to_the_run_that_registered_its_bytes(serving_pair, tmp_path, capsys):
+    """Issue 52: an eval run as the README shows (no --train-run-id) of a checkpoint a training run registered is
+    logged as that checkpoint's, at its step, by the content digest the run recorded (one indexed tag search); a
+    copy registered by two runs links to neither and says so."""
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("drafter-v9", {"lr": 1e-3}, str(serving_pair / "target")) as train:
+        train.log_step(1, loss=1.0)
+        train.log_checkpoint(serving_pair / "drafter", 300)
+    args = ["eval", "--target", str(serving_pair / "target"), "--drafter", str(serving_pair / "drafter"), "--prompts",
+            str(serving_pair / "prompts.jsonl"), "--max-new-tokens", "16", "--cache-dir", str(serving_pair / "cache"),
+            "--tracking-uri", uri]
+    assert main(args) == 0
+    ev = tracker.find_runs("eval")[0]
+    assert (ev.data.tags[names.TRAIN_RUN_ID], ev.data.tags[names.CHECKPOINT_STEP]) == (train.run_id, "300")
+    assert f"training run {train.run_id}'s at step 300" in capsys.readouterr().err
+    with tracker.training_run("drafter-v9 again", {"lr": 1e-3}, str(serving_pair / "target")) as other:
+        other.log_checkpoint(serving_pair / "drafter", 10)
+    assert main(args) == 0
+    ev = tracker.find_runs("eval")[0]
+    assert names.TRAIN_RUN_ID not in ev.data.tags and "2 registered checkpoints have these bytes" in \
+        capsys.readouterr().err

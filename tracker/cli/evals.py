@@ -50,8 +50,11 @@ def cmd_eval(args) -> int:
         from tracker.store.tracker import Tracker
 
         tracker = Tracker(args.tracking_uri)
-        run_id = log_eval(tracker, results, settings, train_run_id=args.train_run_id,
-                          checkpoint_step=args.checkpoint_step, reference=args.reference, name=args.name)
+        train_run_id, step = args.train_run_id, args.checkpoint_step
+        if train_run_id is None and args.reference is None:
+            train_run_id, step = _registered_checkpoint(tracker, args.drafter)
+        run_id = log_eval(tracker, results, settings, train_run_id=train_run_id,
+                          checkpoint_step=step, reference=args.reference, name=args.name)
         _regression_alerts(tracker, run_id)
     from tracker.measurement import protocol
 
@@ -98,6 +101,30 @@ def cmd_eval(args) -> int:
               + (f"  run: {run_id}" if run_id else ""))
     emit("result", run_id=run_id, out=args.out)
     return 0
+
+
+def _registered_checkpoint(tracker, drafter: str) -> tuple[str | None, int | None]:
+    """An eval that names no training run is linked to the one that registered these very bytes (the checkpoint's
+    content digest), at its step, and says so; (None, None) when no run, or more than one, registered them."""
+    from tracker.store import checkpoints
+
+    if not Path(drafter).exists():  # a hub id: no bytes here to compare
+        return None, None
+    try:
+        _, sha256 = checkpoints.digest(Path(drafter))
+    except (OSError, DraftboardError):
+        return None, None
+    found = sorted(set(tracker.runs_with_checkpoint(sha256)))
+    if len(found) == 1:
+        (run_id, step), = found
+        say(f"the checkpoint's content digest is training run {run_id}'s at step {step}: the eval is logged as that "
+            "checkpoint's (--train-run-id and --checkpoint-step say otherwise)", file=sys.stderr)
+        return run_id, step
+    if found:
+        say(f"warning: {len(found)} registered checkpoints have these bytes ("
+            + ", ".join(f"{r} step {s}" for r, s in found[:4]) + "): the eval is linked to none; name one with "
+            "--train-run-id and --checkpoint-step", file=sys.stderr)
+    return None, None
 
 
 def _run_staged(run, settings, out: str | None) -> dict:

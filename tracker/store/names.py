@@ -20,6 +20,13 @@ TRAIN_RUN_ID = "draftboard.train_run_id"
 CHECKPOINT = "draftboard.checkpoint"
 CHECKPOINT_STEP = "draftboard.checkpoint_step"
 CHECKPOINT_SHA256 = "draftboard.checkpoint_sha256"
+CHECKPOINT_DIGEST_PREFIX = "draftboard.checkpoint_digest."  # + a registered checkpoint's sha256, on its training run
+
+
+def checkpoint_digest_tag(sha256: str) -> str:
+    """The tag a training run carries for each checkpoint it registered (value: its step), so an eval of the same
+    bytes finds its run and step with one indexed search."""
+    return CHECKPOINT_DIGEST_PREFIX + sha256[:64]
 CHECKPOINT_COUNT = "draftboard.checkpoints"
 REFERENCE_NAME = "draftboard.reference_name"
 DRAFTER_FAMILY = "draftboard.drafter_family"  # `dflash` | `dflash2` | `jetspec` (results `drafter.family`)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from tracker.errors import DraftboardError
 from tracker.store import checkpoints, names
@@ -215,7 +215,9 @@ class TrainingRun(_Run):
 
         def send() -> None:
             self._client.log_dict(self.run_id, record.to_dict(), record.artifact_file)
-            self._client.set_tag(self.run_id, names.CHECKPOINT_COUNT, count)
+            self._client.log_batch(self.run_id, tags=[
+                RunTag(names.CHECKPOINT_COUNT, count),
+                RunTag(names.checkpoint_digest_tag(record.sha256), str(record.step))], synchronous=True)
 
         self._send(send, f"registering checkpoint {record.path} in {self.artifact_uri}")
         return record

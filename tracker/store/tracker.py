@@ -343,8 +343,20 @@ class Tracker:
         self._write(lambda: self.client.log_dict(run_id, record.to_dict(), record.artifact_file),
                     f"registering checkpoint {record.path} on run {run_id}")
         count = str(len(self.checkpoints(run_id)))
-        self._write(lambda: self.client.set_tag(run_id, names.CHECKPOINT_COUNT, count),
+        tags = [RunTag(names.CHECKPOINT_COUNT, count), RunTag(names.checkpoint_digest_tag(record.sha256), str(record.step))]
+        self._write(lambda: self.client.log_batch(run_id, tags=tags, synchronous=True),
                     f"counting the checkpoints of run {run_id}")
+
+    def runs_with_checkpoint(self, sha256: str) -> list[tuple[str, int]]:
+        """(training run, step) of every registered checkpoint with these bytes (its content digest), by one
+        indexed tag search over this experiment and the foreign runs'."""
+        tag = names.checkpoint_digest_tag(sha256)
+        found = []
+        for run in self.find_runs(None, f"tags.`{tag}` LIKE '%'", foreign=True):
+            step = run.data.tags.get(tag, "")
+            if step.isdigit() and run.data.tags.get(names.KIND, "train") == "train":
+                found.append((run.info.run_id, int(step)))
+        return found
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         """One tag on an existing run, under the retry policy."""
