@@ -87,6 +87,16 @@ def test_aliases_map_each_tools_names_to_ours_and_show_both(foreign_runs):
     # SpecForge's simulated_acc_len is not an acceptance length: never shown as tau
     simulated = adoption.canonical_metric(adoption.SPECFORGE, "eval/simulated_acc_len")
     assert simulated.canonical is None and "not an acceptance length" in simulated.note
+    # PR #810's smooth proxies and loss composition keep their own names, each said to be what it is (issue 51)
+    for key in ("train/dflash2/hard_label/expected_accepted_length", "train/dflash2/teacher/expected_accepted_length"):
+        proxy = adoption.canonical_metric(adoption.SPECFORGE, key)
+        assert proxy.canonical is None and proxy.note.startswith("a smooth proxy") and "not tau" in proxy.note
+    for key in ("train/objective/lk_kl_weight", "position_3/objective/loss_weight_share",
+                "train/dflash/objective/loss_weight_share"):
+        assert "loss-composition" in adoption.canonical_metric(adoption.SPECFORGE, key).note
+    # perf/* since PR #810, train/perf/* before it: both SpecForge's runtime
+    for key in ("perf/step_time_s", "train/perf/step_time_s"):
+        assert adoption.detect(RunView("r", "x", {}, {key: 1.0}, {})).tool == adoption.SPECFORGE
     assert adoption.TOOLS[adoption.SPECFORGE_LEGACY].steps.label == "step = micro-batch"
     assert adoption.TOOLS[adoption.SPECULATORS].steps.unit == "optimizer step"
 

@@ -109,6 +109,7 @@ class Tool:
     recipe_metrics: Mapping[str, str] = field(default_factory=dict)  # step-0 config metric -> recipe key
     config_metric_prefixes: tuple[str, ...] = ()  # metrics under these prefixes are config, not curves
     notes: Mapping[str, str] = field(default_factory=dict)  # metric name -> what it is not
+    note_patterns: tuple[tuple[str, str], ...] = ()  # regex of metric names -> what they are not
     step_metric: str | None = None  # a metric on every row whose value is the step (the MLflow step is a row index)
     redefined: Mapping[str, Redefined] = field(default_factory=dict)  # metric name -> its names by release
 
@@ -118,6 +119,13 @@ _HF_RECIPE = {"learning_rate": "lr", "lr_scheduler_type": "lr_schedule", "warmup
               "gradient_accumulation_steps": "accumulation_steps", "per_device_train_batch_size": "batch_size",
               "max_steps": "steps", "seed": "seed"}
 _HF_ALIASES = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm", "eval_loss": "val_loss"}
+# SpecForge PR #810: two smooth acceptance proxies and the objective's composition, drawn under their own names.
+_PROXY_NOTE = ("a smooth proxy of acceptance on recorded training blocks (SpecForge PR #810: the D-PACE surrogate, "
+               "or against the teacher's distribution): not tau, not an acceptance length a serving engine reaches")
+_LOSS_COMPOSITION_NOTE = "how SpecForge weighs its objective (PR #810's loss-composition telemetry): not an accuracy"
+_SPECFORGE_NOTE_PATTERNS = ((r"(train/)?dflash2/(hard_label|teacher)/expected_accepted_length", _PROXY_NOTE),
+                            (r"(train/)?(position_\d+/)?(dflash2?/)?objective/(loss_weight_share|lk_kl_weight)(/.*)?",
+                             _LOSS_COMPOSITION_NOTE))
 _SIMULATED_ACC_LEN_NOTE = ("SpecForge's eval/simulated_acc_len equals eval/avg_acc for DFlash: it is not an "
                            "acceptance length, so it is not shown as tau")
 
@@ -175,6 +183,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
                            (r"position_(\d+)/hard_label/unary_greedy_prefix_survival", "base_survival_pos{}"),
                            (r"train/dflash/hard_label/unary_top(\d+)_recall", "candidate_recall")),
         notes={"eval/simulated_acc_len": _SIMULATED_ACC_LEN_NOTE},
+        note_patterns=_SPECFORGE_NOTE_PATTERNS,
         step_metric="train/optimizer_step",
     ),
     Tool(
@@ -255,7 +264,8 @@ _SPECFORGE_LEGACY_PARAMS = ("block_size", "num_anchors", "loss_decay_gamma", "ma
 _SPECFORGE_TRACKING = re.compile(r"^(tracking\.)?(report_to|wandb_\w+|swanlab_\w+|mlflow_\w+)$")
 _SPECULATORS_METRIC = re.compile(r"^train/(full_acc|eal|position_\d+_acc)$")
 _HF_PARAMS = ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "output_dir")
-_SPECFORGE_RUNTIME_PREFIXES = ("train/perf/", "train/dflash/", "train/dflash2/")
+# PR #810 keeps throughput and timing under perf/ (train/perf/ before it): both are SpecForge's
+_SPECFORGE_RUNTIME_PREFIXES = ("perf/", "train/perf/", "train/dflash/", "train/dflash2/")
 _AUTOMODEL_METRIC = re.compile(r"^train/(accept_len|base_accept_len|base_loss|selector_loss|candidate_recall)$")
 _MODELOPT_METRIC = re.compile(r"^(train_acc/parallel_\d+_step_\d+|estimated_training_ar)$")
 
@@ -327,6 +337,9 @@ def canonical_metric(tool: str | None, key: str, version: str | None = None) -> 
         return Alias(key, None)
     if key in spec.notes:
         return Alias(key, None, spec.notes[key])
+    for pattern, note in spec.note_patterns:
+        if re.fullmatch(pattern, key):
+            return Alias(key, None, note)
     if key in spec.redefined:
         return Alias(key, spec.redefined[key].name(version))
     if key in spec.aliases:
