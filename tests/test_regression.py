@@ -242,3 +242,31 @@ def test_an_eval_naming_no_run_is_linked_to_the_run_that_registered_its_bytes(se
     ev = tracker.find_runs("eval")[0]
     assert names.TRAIN_RUN_ID not in ev.data.tags and "2 registered checkpoints have these bytes" in \
         capsys.readouterr().err
+
+
+def test_a_worse_mean_within_the_spread_of_repeats_raises_no_alert(tmp_path):
+    """Issue 51, item 6: checkpoint 200 is worse than 100 by the paired bootstrap (Δτ -0.125 on every prompt), but
+    checkpoint 100 was measured twice in the same environment and protocol, 0.25 apart: the gap is within what
+    repeats of one checkpoint move, so no alert; without the repeat, the alert."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'store.db'}")
+    with tracker.training_run("v9", {"lr": 1e-3}, "/models/t") as train:
+        train.log_step(1, loss=1.0)
+
+    def logged(step, walk, tau):
+        results = {"prompts": [{"id": f"p{i}", "input_ids": list(range(10)), "acceptance_lengths": walk}
+                               for i in range(8)]}
+        with tracker.eval_run(f"v9 @ step {step}", target="/models/t", train_run_id=train.run_id, checkpoint_step=step,
+                              tags={"protocol.prompt_digest": "abc", "env.critical_key": "k"}) as ev:
+            ev.log_metrics({"tau": tau}, step=step)
+        tracker.write_json(ev.run_id, names.EVAL_RESULTS_ARTIFACT, results)
+        return ev.run_id
+
+    logged(100, [3, 3, 3, 3], 3.0)
+    later = logged(200, [3, 3, 3, 2.5], 2.875)
+    (alert,) = regression.check(tracker, later)
+    assert alert.delta == -0.125 and alert.bucket == ""
+    logged(100, [3, 3, 3, 3], 2.75)  # a repeat of checkpoint 100 that measured 0.25 lower
+    assert regression.repeat_spread(tracker, tracker.run(later)) == (0.0, 1)
+    said: list[str] = []
+    assert regression.check(tracker, later, said.append) == []
+    assert "within the spread of repeats measured the same way (0.250 over 2 evals of one checkpoint)" in said[0]

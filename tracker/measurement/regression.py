@@ -8,7 +8,8 @@ difference").
   `draftboard compare` reads the same function.
 - `check(tracker, run_id)`: the alerts of a logged eval. Previous checkpoint: the eval of its training
   run at the latest earlier step measured the same way (comparable as above; the newest such). Reference:
-  the newest reference of the same target that is comparable. When the mean holds, the same pair is compared
+  the newest reference of the same target that is comparable. Where either checkpoint has repeats measured the same
+  way (`repeat_spread`), a worse mean alerts only beyond their spread. When the mean holds, the same pair is compared
   per context bucket (`by_context`): a bucket worse beyond its interval (Bonferroni over the buckets compared)
   raises an alert naming it, so a checkpoint that trades long contexts for short ones is caught.
 - `record(tracker, run_id, alerts)`: `alerts.json` and the tag `draftboard.alert` (one line) on the eval
@@ -129,6 +130,28 @@ def check(tracker, run_id: str, say: Callable[[str], None] = lambda line: None) 
     return alerts
 
 
+# What makes two evals of one checkpoint repeats: the same environment (nothing critical or warning differs) and
+# the same protocol as far as tau is concerned.
+REPEAT_KEYS = (names.ENV_CRITICAL_KEY, names.ENV_WARNING_KEY, *(names.protocol_tag(field) for field in (
+    "prompt_digest", "temperature", "top_p", "top_k", "samples", "seed", "max_new_tokens", "block_size", "scoring",
+    "last_block")))
+
+
+def repeat_spread(tracker, run) -> tuple[float, int]:
+    """(max - min of tau, their number) over the evals of `run`'s checkpoint (training run and step) measured the
+    same way (REPEAT_KEYS), `run` included; (0.0, 1) without repeats. Nondeterministic kernels (fla's autotuned
+    ones on sm_103: fla #945, #1228) move a tau between repeats; an alert must clear that."""
+    tags = run.data.tags
+    train, step = tags.get(names.TRAIN_RUN_ID), tags.get(names.CHECKPOINT_STEP)
+    if not train or not step or not step.isdigit():
+        return 0.0, 1
+    same = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{_quoted(train)}' and "
+                                                 f"tags.`{names.CHECKPOINT_STEP}` = '{step}'")
+            if all(r.data.tags.get(k) == tags.get(k) for k in REPEAT_KEYS)]
+    taus = [r.data.metrics["tau"] for r in same if isinstance(r.data.metrics.get("tau"), float)]
+    return (max(taus) - min(taus) if len(taus) > 1 else 0.0), max(1, len(taus))
+
+
 def _quoted(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
@@ -147,7 +170,13 @@ def _first_worse(tracker, run, results: dict, candidates: list, against: str,
         name = other.info.run_name or other.info.run_id
         this = (run.info.run_id, run.info.run_name or run.info.run_id, against, other.info.run_id, name)
         if comparison.verdict == WORSE:
-            return [Alert(*this, d.value, d.low, d.high, comparison.n_prompts)]
+            spread, repeats = max(repeat_spread(tracker, run), repeat_spread(tracker, other))
+            if d.high < -spread:
+                return [Alert(*this, d.value, d.low, d.high, comparison.n_prompts)]
+            say(f"{against}: compared with {name}: worse by the paired bootstrap (Δτ {d.value:+.3f} [{d.low:+.3f}, "
+                f"{d.high:+.3f}]), but within the spread of repeats measured the same way ({spread:.3f} over "
+                f"{repeats} evals of one checkpoint): no alert")
+            return []
         rows = by_context(theirs, results)
         buckets = [row for row in rows or () if row["verdict"] is not None]
         worse = [Alert(*this, row["delta"], *row["ci"], row["n_prompts"], bucket=context.bucket_text(row))
