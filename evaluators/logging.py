@@ -39,6 +39,22 @@ def metric_values(results: dict) -> dict[str, float]:
         out[names.ddtree_tau_metric(int(budget))] = float(d["tau"])
         out[names.dds_metric(int(budget))] = float(d["dds"])
     out.update(load_metric_values(results))
+    out.update(context_metric_values(results))
+    return out
+
+
+def context_metric_values(results: dict) -> dict[str, float]:
+    """Each non-empty context bucket's tau and its interval: `ctx{from}_tau` (offline walk), `ctx{from}_engine_tau`
+    (an engine's steps), so a bucket is a curve over checkpoints like any eval metric."""
+    out = {}
+    for key in names.CONTEXT_CURVES:
+        for row in results.get(key) or ():
+            if row.get("tau") is None:
+                continue
+            name = names.context_metric(int(row["from"]), key)
+            out[name] = float(row["tau"])
+            if row.get("ci"):
+                out.update(zip(names.ci_metrics(name), map(float, row["ci"])))
     return out
 
 

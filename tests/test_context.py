@@ -108,3 +108,20 @@ def test_an_imported_serving_benchmark_lands_in_buckets_on_run_detail(tmp_path, 
     rows = table[table["blocks"] > 0]
     assert rows["context (tokens)"].tolist() == ["[64, 128)", "[4096, ∞)"]
     assert rows["tau (engine steps)"].tolist() == pytest.approx([7 / 3, 3.0])
+
+
+def test_each_non_empty_bucket_is_an_mlflow_metric_with_its_interval_under_its_curves_name():
+    """`ctx{from}_tau` (the walk's) and `ctx{from}_engine_tau` (an engine's steps): two definitions, two names; an
+    empty bucket logs nothing; the dashboard says what each is."""
+    from evaluators.logging import context_metric_values
+    from tracker.dashboard import metric_docs
+
+    results = {"tau_by_context": [{"from": 0, "to": 512, "blocks": 3, "tau": 2.5, "ci": [2.0, 3.0]},
+                                  {"from": 512, "to": None, "blocks": 0, "tau": None, "ci": None}],
+               "engine_tau_by_context": [{"from": 512, "to": None, "blocks": 4, "tau": 3.25, "ci": [3.0, 3.5]}]}
+    assert context_metric_values(results) == {
+        "ctx0_tau": 2.5, "ctx0_tau_ci_low": 2.0, "ctx0_tau_ci_high": 3.0,
+        "ctx512_engine_tau": 3.25, "ctx512_engine_tau_ci_low": 3.0, "ctx512_engine_tau_ci_high": 3.5}
+    assert metric_docs.describe("ctx512_engine_tau").title == "Mean acceptance length from 512 tokens of context"
+    assert "the engine's steps" in metric_docs.describe("ctx512_engine_tau").definition
+    assert "the offline walk's blocks" in metric_docs.describe("ctx0_tau").definition

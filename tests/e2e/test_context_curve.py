@@ -27,6 +27,7 @@ def test_compare_draws_a_long_document_evals_curve_by_context(serving_pair, star
     assert len(drawn) >= 2
     (run,) = mlflow.MlflowClient(store).search_runs(
         [e.experiment_id for e in mlflow.MlflowClient(store).search_experiments()])
+    assert {f"ctx{r['from']}_tau" for r in drawn} <= set(run.data.metrics)  # each bucket a metric of its own
     ui, _ = start_ui("--no-worker", children=1, env={"MLFLOW_TRACKING_URI": store})
 
     page.goto(f"http://127.0.0.1:{ui.port}/compare?runs={run.info.run_id}&compare_view=By+context")

@@ -158,6 +158,7 @@ _FAMILIES = {"accept_rate_pos": _accept_rate, "ddtree_tau": _ddtree_tau, "dds": 
 # 95% bounds logged beside a number (`tau_ci_low`, a published `tau_gsm8k_ci_high`).
 _BENCHMARKS = [
     (re.compile(r"^(.+_ci_(?:low|high))$"), lambda name: _bound(name)),
+    (re.compile(r"^(ctx\d{1,8}_(?:engine_)?tau)$"), lambda name: _context(name)),
     (re.compile(r"^tau_(?!pooled$|all_anchors$)([a-z0-9_]+)$"), lambda bench: MetricDoc(
         f"tau_{bench}", f"Mean acceptance length on {bench}", "tokens / block",
         f"`tau` on the {bench} prompts alone (e.g. a published table's per-benchmark column).", True)),
@@ -169,6 +170,16 @@ _BENCHMARKS = [
 
 # Ordering of metric names in pickers: the headline numbers first.
 PREFERRED_ORDER = ["tau", "loss", "acc", "streak", "tau_pooled", "tau_all_anchors"]
+
+
+def _context(name: str) -> MetricDoc:
+    start, curve = names.parse_context_metric(name)
+    what = "the offline walk's blocks" if curve == "tau" else "the engine's steps"
+    return MetricDoc(name, f"Mean acceptance length from {start} tokens of context", "tokens / block",
+                     f"the acceptance length of {what} whose context (prompt + completion tokens up to the block's "
+                     f"anchor) lies in the bucket starting at {start} tokens, pooled over prompts (results "
+                     f"`{'tau_by_context' if curve == 'tau' else 'engine_tau_by_context'}`; the bucket's end is the "
+                     "eval's next edge). Buckets of evals with other edges are other buckets.", True)
 
 
 def _bound(name: str) -> MetricDoc:

@@ -162,6 +162,24 @@ def load_levels(metrics: Mapping[str, float]) -> dict[int, dict[str, float]]:
     return dict(sorted(found.items()))
 
 
+# Acceptance by context length as MLflow metrics, one per non-empty bucket (its start): `ctx4096_tau` (the offline
+# walk's, results `tau_by_context`) and `ctx4096_engine_tau` (an engine's steps, `engine_tau_by_context`): two
+# definitions, two names.
+_CONTEXT_METRIC = re.compile(r"ctx(\d{1,8})_(tau|engine_tau)")
+CONTEXT_CURVES = {"tau_by_context": "tau", "engine_tau_by_context": "engine_tau"}
+
+
+def context_metric(start: int, curve: str) -> str:
+    """`ctx4096_tau`: the bucket starting at `start` tokens of `curve` (a key of CONTEXT_CURVES)."""
+    return f"ctx{start}_{CONTEXT_CURVES[curve]}"
+
+
+def parse_context_metric(name: str) -> tuple[int, str] | None:
+    """(bucket start, `tau` | `engine_tau`) of a context metric, else None."""
+    m = _CONTEXT_METRIC.fullmatch(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 _CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"
 
 
