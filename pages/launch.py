@@ -179,7 +179,7 @@ else:
                                  help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 "
                                       "weights under bf16 autocast, as mixed-precision training computes")
         fixed = preset != CUSTOM_SAMPLING
-        c1, c2, c3, c4, c5 = st.columns(5)
+        c1, c2, c3, c4, c5, c6 = st.columns(6)
         temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
@@ -192,6 +192,10 @@ else:
                                          "at each level, with the drafter and with the target alone: tokens/s, "
                                          "speedup and each request's own counts per level (docs/DESIGN.md, Load "
                                          "sweeps); empty: one request at a time only")
+        prompt_tokens = c6.number_input("Prompt tokens", value=None, step=1, key="launch_prompt_tokens",
+                                        help="long-context sets (LongBench, LongBench v2, ShareGPT rows): each prompt "
+                                             "made N tokens long, its middle cut as LongBench cuts it or filled with "
+                                             "the set's own documents, never padding; empty: each at its own length")
         ref_name = (st.text_input("Reference name", key="launch_reference_name", placeholder="e.g. z-lab v1")
                     if as_reference else "")
         submitted = st.form_submit_button("Queue eval", key="launch_submit", type="primary",
@@ -209,6 +213,7 @@ else:
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
+            prompt_tokens=None if prompt_tokens is None else int(prompt_tokens),
             temperature=float(temperature), top_p=float(top_p), top_k=top_k, samples=1 if samples_off else samples,
             concurrency=concurrency or "",
         )

@@ -31,6 +31,11 @@ def test_real_inputs_pass_and_each_kind_of_wrong_one_is_named(tmp_path):
     assert "empty" in prompts_problem(str(tmp_path / "empty.jsonl"))
     assert "without a config.json or weight files" in checkpoint_problem(str(tmp_path / "target" / ".."))
     assert inputs_problem({**good, "prompts": str(progress)}).startswith("prompts ")
+    # the long-context formats (evaluators/long_context.py) are prompt lines too
+    for row in ({"_id": "x", "input": "q", "context": "a story", "dataset": "narrativeqa"},
+                {"id": "s", "conversations": [{"from": "human", "value": "hi"}]}):
+        prompts.write_text(json.dumps(row) + "\n")
+        assert prompts_problem(str(prompts)) is None
 
 
 def test_the_first_line_is_read_bounded(tmp_path):

@@ -185,10 +185,15 @@ def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_frac
     assert unused_settings(LaunchForm(**common, drafter_family="DFlash2")) == [
         "DDTree budgets (DDTree is not run for a DFlash2 drafter: its candidate selector walks one path)"]
     for field, value, label in (("samples", 2.5, "samples"), ("top_k", 20.7, "top_k"),
-                                ("limit_per_dataset", 3.5, "prompts per dataset")):
+                                ("limit_per_dataset", 3.5, "prompts per dataset"),
+                                ("prompt_tokens", 100.5, "prompt tokens")):
         with pytest.raises(DraftboardError, match=f"{label} must be a whole number"):
             eval_params(LaunchForm(**common, temperature=1.0, **{field: value}), [tmp_path])
     assert eval_params(LaunchForm(**common, temperature=1.0, samples=16.0), [tmp_path])["samples"] == 16
+    # Issue 50: a long-context set's prompt length reaches the job, checked against the target's context
+    assert eval_params(LaunchForm(**common, prompt_tokens=100), [tmp_path])["prompt_tokens"] == 100
+    with pytest.raises(DraftboardError, match="prompt tokens must be a positive integer"):
+        eval_params(LaunchForm(**common, prompt_tokens=0), [tmp_path])
 
 
 def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_otherwise(tmp_path):
@@ -226,7 +231,7 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     preset = "DFlash paper, T=1"
     sampled = {"target": "/t", "drafter": "/d", "prompts": "/p", "max_new_tokens": 64, "temperature": 1.0,
                "top_p": 1.0, "top_k": 0, "samples": 16, "device": "cpu", "dtype": "fp32", "reference": "z-lab v1",
-               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4]}
+               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "prompt_tokens": 4096}
     state, notes = edit_state(sampled, [OFFLINE, ("vllm", None)])
     assert state["launch_sampling"] == preset and config.SAMPLING_PRESETS[preset] == (1.0, 1.0, 0)
     assert (state["launch_temperature"], state["launch_top_p"], state["launch_top_k"], state["launch_samples"]) == \
@@ -234,6 +239,7 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     assert state["launch_measured_by"] == ("vllm", None) and state["launch_concurrency"] == "1,4"
     assert (state["launch_reference"], state["launch_reference_name"], state["launch_step"]) == (True, "z-lab v1", 160)
     assert (state["launch_target"], state["launch_max_new"]) == ("/t", 64) and notes == []
+    assert state["launch_prompt_tokens"] == 4096
 
     custom = {**sampled, "top_p": 0.9, "engine_url": "http://gone:8000", "scoring": "online", "seeds": 4}
     state, notes = edit_state(custom, [OFFLINE, ("vllm", None)])

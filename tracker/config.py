@@ -143,7 +143,9 @@ MAX_CONTEXT_EDGE = 1 << 24  # --context-buckets: 16M tokens, past any served con
 MAX_CONTEXT_BUCKETS = 64  # --context-buckets: edges; a curve of more buckets than that is noise per bucket
 # What an eval's inputs are at a glance (evaluators read them whole; tracker/jobs/inputs.py looks before queueing):
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")  # a drafter checkpoint file's formats
-PROMPT_KEYS = ("input_ids", "prompt", "messages", "turns")  # a prompt line holds one of them
+# a prompt line holds one of them; `conversations` (ShareGPT) and `context` (LongBench, LongBench v2) are the
+# long-context formats evaluators/long_context.py reads
+PROMPT_KEYS = ("input_ids", "prompt", "messages", "turns", "conversations", "context")
 
 
 def load_problem(engine: str | None, levels, attached: bool = False) -> str | None:

@@ -157,6 +157,7 @@ class LaunchForm:
     reference: bool = False
     reference_name: str = ""
     limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
+    prompt_tokens: int | None = None  # a long-context set's prompts made N tokens long (evaluators/long_context.py)
     measured_by: tuple[str | None, str | None] = (None, None)  # (engine, url): measure_choices()
     temperature: float = 0.0  # T > 0: sampled acceptance (docs/DESIGN.md); with top_p, top_k as z-lab applies them
     top_p: float = 1.0
@@ -257,7 +258,7 @@ def unused_settings(form: LaunchForm) -> list[str]:
 # Launch's form fields (session-state keys) and the job params they hold, one to one.
 FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "launch_device": "device",
                "launch_dtype": "dtype", "launch_precision": "drafter_precision", "launch_linear": "linear_attn",
-               "launch_limit": "limit_per_dataset"}
+               "launch_limit": "limit_per_dataset", "launch_prompt_tokens": "prompt_tokens"}
 # The params `edit_state` carries besides FORM_FIELDS' (the run's name is derived anew by `eval_params`); every
 # other param a job may hold has no field in the form, and Edit names it (queued again, it takes the default).
 _CARRIED = {*FORM_FIELDS.values(), "drafter", "prompts", "budgets", "checkpoint_step", "train_run_id", "concurrency",
@@ -326,6 +327,12 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         raise DraftboardError(problem)
     if form.limit_per_dataset is not None and form.limit_per_dataset < 1:
         raise DraftboardError("prompts per dataset must be a positive integer (or empty: all of them)")
+    if form.prompt_tokens is not None and not 1 <= form.prompt_tokens <= config.MAX_CONTEXT_EDGE:
+        raise DraftboardError(f"prompt tokens must be a positive integer up to {config.MAX_CONTEXT_EDGE} (or empty: each "
+                              "prompt at its own length)")
+    if form.prompt_tokens is not None and context is not None and form.prompt_tokens + form.max_new_tokens >= context:
+        raise DraftboardError(f"{form.prompt_tokens} prompt tokens + max new tokens {form.max_new_tokens} do not fit the "
+                              f"target's context of {context} tokens (max_position_embeddings)")
     params = {
         "target": target,
         "drafter": drafter,
@@ -339,6 +346,8 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     }
     if form.limit_per_dataset is not None:
         params["limit_per_dataset"] = _whole(form.limit_per_dataset, "prompts per dataset")
+    if form.prompt_tokens is not None:
+        params["prompt_tokens"] = _whole(form.prompt_tokens, "prompt tokens")
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
         params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=_whole(form.top_k, "top_k"))
         params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none (unused_settings says so)
