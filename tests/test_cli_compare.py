@@ -57,6 +57,9 @@ def test_better_and_worse(tracker, store_uri, machine_fp, base, capsys):
     assert compare(store_uri, b, a) == 0  # worse, but no gate asked for
     assert "verdict: B is worse" in capsys.readouterr().out
     assert compare(store_uri, b, a, "--fail-if-worse") == 1
+    assert compare(store_uri, b[:8], a[:8], "--fail-if-worse") == 1  # unique prefixes, as Runs' search takes them
+    assert compare(store_uri, "0123456789", a) == 2 and "no run with id '0123456789' (or an id starting so)" in \
+        capsys.readouterr().err
 
 
 def test_a_protocol_difference_that_changes_tau_is_refused(tracker, store_uri, machine_fp, base, capsys):

@@ -24,9 +24,16 @@ from tracker.untrusted.escape import say
 FAMILIES = (environment, evals, doctor, imports, service)
 
 
+DESCRIPTION = ("draftboard: evaluate DFlash drafter checkpoints offline or in a serving engine, compare them with "
+               "their environment and protocol, and serve the dashboard")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftboard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="draftboard", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser
+    # `draftboard CMD --help` opens with what the command does: its one-line help, unless it has a description
+    sub.add_parser = lambda name, **kw: add_parser(name, **{"description": kw.get("help"), **kw})
     for family in FAMILIES:
         family.add_commands(sub)
     return parser

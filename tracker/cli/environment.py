@@ -74,6 +74,7 @@ def _load_measured(ref: str, tracking_uri: str | None):
     from tracker.store.tracker import Tracker
 
     tracker = Tracker(tracking_uri)
+    ref = tracker.resolve_run_id(ref)
     tags = tracker.run(ref).data.tags
     is_eval = tags.get(names.KIND) in ("eval", "reference")
     return tracker.fingerprint(ref), Protocol.from_tags(tags) if is_eval else None
@@ -147,8 +148,8 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("env-diff", help="compare fingerprints (e.g. training, offline eval, serving); exit 1 on a "
                                         "critical difference")
-    p.add_argument("a", help="fingerprint JSON file, results JSON or MLflow run id")
-    p.add_argument("b", help="fingerprint JSON file, results JSON or MLflow run id")
+    p.add_argument("a", metavar="A", help="fingerprint JSON file, results JSON or MLflow run id")
+    p.add_argument("b", metavar="B", help="fingerprint JSON file, results JSON or MLflow run id (compared with A)")
     p.add_argument("more", nargs="*", metavar="C", help="more of them, each compared with the one before (at most "
                                                         f"{ENV_DIFF_MAX} in all)")
     p.add_argument("--tracking-uri", default=None)

@@ -190,7 +190,7 @@ def _eval_results(tracker, run_id: str) -> dict:
     from tracker.measurement.uncertainty import prompt_score
     from tracker.store import names
 
-    tracker.run(run_id)
+    run_id = tracker.resolve_run_id(run_id)
     results = tracker.read_json(run_id, names.EVAL_RESULTS_ARTIFACT, missing="not an eval run?")
     records = results.get("prompts") if isinstance(results, dict) else None
     if not isinstance(records, list) or not all(
@@ -354,6 +354,7 @@ def cmd_export_results(args) -> int:
     if out.exists() or not out.parent.is_dir():
         raise DraftboardError(f"--out {out}: give a new file in an existing folder")
     tracker = Tracker(args.tracking_uri)
+    args.run_id = tracker.resolve_run_id(args.run_id)
     try:
         results = tracker.read_json(args.run_id, names.EVAL_RESULTS_ARTIFACT)
     except DraftboardError as exc:
@@ -378,6 +379,7 @@ def cmd_report(args) -> int:
         raise DraftboardError(f"--out {out}: give a file in an existing folder")
     tracker = Tracker(args.tracking_uri)
     index = load_run_index(tracker)
+    args.runs = [tracker.resolve_run_id(r) if r not in index else r for r in args.runs]
     missing = [r for r in args.runs if r not in index]
     if missing:
         raise DraftboardError(f"no run {missing[0]!r} in {redact.shown_uri(tracker.uri)}")
@@ -474,7 +476,8 @@ def add_commands(sub) -> None:
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_export_results)
 
-    p = sub.add_parser("eval", help="evaluate a drafter checkpoint against a target (teacher-forced, T=0)")
+    p = sub.add_parser("eval", help="evaluate a drafter checkpoint against a target: offline (teacher-forced walk), "
+                                    "online (z-lab's cached loop) or in a serving engine (--engine); greedy or sampled")
     eval_job.add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
 

@@ -22,6 +22,7 @@ def cmd_adopt(args) -> int:
     from tracker.store.tracker import Tracker
 
     tracker = Tracker(args.tracking_uri)
+    args.run_id = tracker.resolve_run_id(args.run_id)
     run = tracker.run(args.run_id)
     kind = run.data.tags.get(names.KIND)
     if kind in ("eval", "reference"):
@@ -156,7 +157,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_adopt)
 
     p = sub.add_parser("watch", help="record the checkpoints a training tool writes into DIR as they appear "
-                                     "(z-lab, SpecForge, speculators layouts), optionally queueing their evals")
+                                     "(z-lab, SpecForge, speculators, TorchSpec layouts), optionally queueing their evals")
     p.add_argument("run_id", metavar="RUN_ID", help="the training run the checkpoints belong to")
     p.add_argument("dir", metavar="DIR", help="the folder the tool saves its checkpoints in")
     p.add_argument("--auto-eval", metavar="PRESET", default=None,

@@ -97,6 +97,9 @@ def create_whole(uri: str) -> None:
             building.with_name(building.name + suffix).unlink(missing_ok=True)
 
 
+MIN_ID_PREFIX = 6  # the shortest run id prefix taken for a whole id (one in 16 million ids)
+
+
 class Tracker:
     """Runs, lineage, checkpoints and fingerprints in one MLflow experiment.
 
@@ -261,6 +264,21 @@ class Tracker:
             raise DraftboardError(
                 f"cannot read run {run_id!r} from {self.uri}: {access_problem(exc) or exc.message}"
             ) from exc
+
+    def resolve_run_id(self, ref: str) -> str:
+        """A run id, or the whole id of a unique prefix of one (as Runs' search takes them: at least MIN_ID_PREFIX
+        hex digits; the CLI's commands take either); DraftboardError if it names no run, or several."""
+        try:
+            return self.run(ref).info.run_id
+        except DraftboardError:
+            if not (MIN_ID_PREFIX <= len(ref) < 32 and all(c in "0123456789abcdef" for c in ref)):
+                raise
+        found = [r.info.run_id for r in self.find_runs(foreign=True) if r.info.run_id.startswith(ref)]
+        if len(found) > 1:
+            raise DraftboardError(f"run id prefix {ref!r} names {len(found)} runs in {self.uri}: give more of the id")
+        if not found:
+            raise DraftboardError(f"no run with id {ref!r} (or an id starting so) in {self.uri}")
+        return found[0]
 
     def find_runs(self, kind: str | None = None, filter: str | None = None, *, foreign: bool = False) -> list[Run]:
         """Runs of this experiment, newest first; `filter` is an MLflow search filter string.
