@@ -19,6 +19,8 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
     out = tmp_path / "report.html"
     assert main(["report", ids["v5"], ids["v4"], "--out", str(out), "--tracking-uri", uri]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
+    html = out.read_text()  # issue 52: a file meant for sharing names the store, not where it lies here
+    assert "Store: <code>store.db (sqlite)</code>" in html and str(tmp_path) not in html
 
     requested = []
 

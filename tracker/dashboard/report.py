@@ -148,7 +148,8 @@ def build(index: RunIndex, data: CompareData, tables: EvalTables, *, store: str,
     sections = [
         f"<h1>draftboard report: {_text(runs)}</h1>",
         f"<p>Reference: <b>{_text(reference_label(index, ref) if ref is not None else 'none')}</b>. "
-        f"Store: <code>{_text(redact.shown_uri(store))}</code>. Generated {generated:%Y-%m-%d %H:%M} UTC.</p>",
+        # a file meant for sharing names the store, never where it lies on this machine
+        f"Store: <code>{_text(redact.short_uri(store))}</code>. Generated {generated:%Y-%m-%d %H:%M} UTC.</p>",
         _list([data.target_note] if data.target_note else [], "critical", "Another target"),
         *(_list(getattr(data, name), "critical" if name == "banner" else "warning", title)
           for name, title in TITLES.items()),
