@@ -203,3 +203,27 @@ def test_die_with_parent_hook_sets_the_signal_the_child_gets():
     probe = "import ctypes; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); print(v.value)"
     got = subprocess.run([sys.executable, "-c", probe], preexec_fn=hook, capture_output=True, text=True, check=True)
     assert json.loads(got.stdout) == int(signal.SIGTERM)
+
+
+def test_a_child_that_ends_first_is_reaped_while_the_main_one_runs():
+    """Issue 52 (LOW): the finished demo build stayed a zombie under `draftboard ui` until the ui stopped. The
+    supervisor (run here in the main thread, as `draftboard ui` runs it) reaps a child the moment it ends."""
+    import threading
+
+    quick = lifecycle.Child("demo build", subprocess.Popen([sys.executable, "-c", "pass"]))
+    main = lifecycle.Child("server", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    supervisor = lifecycle.Supervisor([quick, main], main=main, grace_s=5, say=lambda line: None)
+    seen = {}
+
+    def watch():  # while the supervisor runs: is the ended child still a zombie?
+        wait_until(lambda: quick.proc.returncode is not None, 10, 0.1, "the ended child to be reaped")
+        seen["zombie"] = psutil.pid_exists(quick.proc.pid) and \
+            psutil.Process(quick.proc.pid).status() == psutil.STATUS_ZOMBIE
+        seen["main running"] = main.proc.poll() is None
+        supervisor._on_signal(signal.SIGTERM, None)  # then stop, as a SIGTERM would
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    assert supervisor.run() == 0
+    watcher.join()
+    assert seen == {"zombie": False, "main running": True} and main.proc.returncode is not None

@@ -173,7 +173,8 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
             while not self._stop.wait(0.2) and self.main.proc.poll() is None:
-                pass
+                for child in self.children:  # reaped as it ends (the demo build finishes long before the ui)
+                    child.proc.poll()
             self.stop_all()
         finally:
             for sig, handler in previous.items():
