@@ -186,6 +186,7 @@ class CompareData:
     reference_interval: tuple[float, float] | None = None  # the reference tau's 95% interval, when it has one
     resolution_notes: list[str] = field(default_factory=list)  # re-evaluations as trained that the reference is not
     not_drawn: list[str] = field(default_factory=list)  # chosen runs and evals with no point on the step axis, and why
+    off_axis: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=POINT_COLUMNS))  # evals with no step
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -194,6 +195,8 @@ class CompareData:
             parts.append(self.train_curves.assign(chart="training curve", x_name="step"))
         if not self.eval_points.empty:
             parts.append(self.eval_points.assign(chart="eval over checkpoints", x_name="checkpoint step"))
+        if not self.off_axis.empty:
+            parts.append(self.off_axis.assign(chart="eval without a checkpoint step", x_name=""))
         if self.reference is not None:
             parts.append(pd.DataFrame([{"chart": "reference", "series": f"reference: {self.reference.name}",
                                         "run_id": self.reference.run_id, "key": k, "value": v}
@@ -425,10 +428,9 @@ def compare_data(
                 protocol_notes.append(f"{_group_label(index, run, label, group)} (eval): {text}")
             for ev in evals:
                 drawn.append(ev)
-                if ev.checkpoint_step is None:  # never drawn at a step it does not have
+                if ev.checkpoint_step is None:  # never drawn at a step it does not have; exported all the same
                     not_drawn.append(f"{index.eval_label(ev)}: no checkpoint step (it names no training run and "
                                      "step), so it is off the step axis; its numbers are in the tables below")
-                    continue
                 bounds = _ci_bounds(ev.metrics)
                 for key, value in ev.metrics.items():
                     if key in bounds["of"]:
@@ -470,7 +472,8 @@ def compare_data(
         _add_curves(positions, trees, f"reference: {reference_label(index, ref)}", ref.run_id, ref, "", results)
     est = ref_tau.estimate
 
-    eval_points = pd.DataFrame(points, columns=POINT_COLUMNS)
+    off_axis = pd.DataFrame([p for p in points if p["step"] is None], columns=POINT_COLUMNS)
+    eval_points = pd.DataFrame([p for p in points if p["step"] is not None], columns=POINT_COLUMNS)
     if not eval_points.empty:
         eval_points = eval_points.sort_values(["series", "key", "step"], ignore_index=True)
     train_keys = metric_docs.sort_metrics(train_curves["key"].unique()) if not train_curves.empty else []
@@ -496,6 +499,7 @@ def compare_data(
         reference_interval=(est.low, est.high) if est is not None and est.has_interval else None,
         resolution_notes=resolution_notes(index, runs, ref),
         not_drawn=not_drawn,
+        off_axis=off_axis,
     )
 
 
