@@ -8,6 +8,7 @@ behaves as the test needs (waits for a gate file, ignores SIGTERM, fails)."""
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 import threading
@@ -292,3 +293,13 @@ def test_emit_and_parse_event_round_trip(capsys, monkeypatch):
     assert events.parse_event('@@draftboard ["event"]') is None
     assert events.progress_fraction({"event": "progress", "done": 5, "total": 0}) is None
     assert events.progress_fraction({"event": "progress", "done": 20, "total": 16}) == 1.0
+
+
+def test_a_worker_with_nothing_to_do_says_so_in_its_own_words(tmp_path):
+    """Issue 52 (LOW): `draftboard ui`'s worker printed alembic's INFO narration of MLflow creating a new store, and
+    `worker --once` with nothing queued printed a BrokenPipeError traceback from its warm eval process."""
+    env = {**os.environ, "DRAFTBOARD_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 's.db'}"}
+    done = subprocess.run([sys.executable, "-m", "tracker.cli", "worker", "--once", "--watch"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "worker stopped after 0 job(s)" in done.stdout
+    assert "alembic" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -26,7 +26,10 @@ def cmd_worker(args) -> int:
     from tracker.jobs.launchers import make_launcher
     from tracker.jobs.worker import run_worker
 
+    from tracker.jobs.schema import quiet_alembic
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    quiet_alembic()  # MLflow migrating a new store narrates through alembic too
     ray_options = {}
     if args.launcher == "ray":
         runtime_env = json_argument("--ray-runtime-env", args.ray_runtime_env) if args.ray_runtime_env else None

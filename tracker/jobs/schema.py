@@ -244,6 +244,15 @@ def open_engine(uri: str, readonly: bool = False) -> sa.Engine:
 # --------------------------------------------------------------------------- schema migrations
 
 
+def quiet_alembic() -> None:
+    """Alembic narrates every step at INFO ("Context impl SQLiteImpl.", "setup plugin ...": the queue's migrations
+    and MLflow's own of a new store); in a worker's log one line of ours says it all. An application that set
+    alembic's level keeps it."""
+    alembic_log = logging.getLogger("alembic")
+    if alembic_log.level == logging.NOTSET:
+        alembic_log.setLevel(logging.WARNING)
+
+
 def _alembic_config(connection: sa.Connection | None = None):
     from alembic.config import Config
 
@@ -303,11 +312,7 @@ def upgrade_schema(engine: sa.Engine, revision: str = "head") -> None:
     with engine.connect() as conn:
         if schema_revision(conn) == target:
             return  # the common case: one SELECT, no lock
-    # Alembic narrates every step at INFO ("Context impl SQLiteImpl." ...); in a worker's log
-    # one line of ours says it all. An application that set alembic's level keeps it.
-    alembic_log = logging.getLogger("alembic")
-    if alembic_log.level == logging.NOTSET:
-        alembic_log.setLevel(logging.WARNING)
+    quiet_alembic()
     with _migration_lock(engine) as conn:
         config = _alembic_config(conn)
         current = schema_revision(conn)

@@ -239,7 +239,10 @@ def serve(fd: int) -> None:
     # collection between two jobs takes microseconds instead of ~0.25 s, and a host's collections
     # leave these pages shared with the server.
     gc.freeze()
-    sock.send(json.dumps({"devices": _devices()}).encode())
+    try:
+        sock.send(json.dumps({"devices": _devices()}).encode())
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the worker stopped while this process imported (`worker --once` with nothing queued): nothing to serve
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
