@@ -34,6 +34,8 @@ from tracker.dashboard.launch_form import (
 
 OTHER = "__path__"
 
+# The Samples field's starting value, for the sampled presets: at T = 0 left as it was, it is nobody's choice to note.
+SAMPLES_SHOWN = 8
 cfg, index = ui.shared(needs_runs=False)
 PROMPT_CHOICES = {c.value: c.label for c in prompt_choices(index)}
 
@@ -184,7 +186,7 @@ else:
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
         samples_off = fixed and SAMPLING_PRESETS[preset][0] == 0  # a greedy preset: one continuation
-        samples = c4.number_input("Samples", value=8, step=1, key="launch_samples", disabled=samples_off,
+        samples = c4.number_input("Samples", value=SAMPLES_SHOWN, step=1, key="launch_samples", disabled=samples_off,
                                   help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
                                        "interval over draws; an engine eval sends each prompt once")
         concurrency = c5.text_input("Concurrency levels", key="launch_concurrency", placeholder="e.g. 1,4,8",
@@ -214,7 +216,8 @@ else:
             reference=as_reference, reference_name=ref_name or "",
             limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
             prompt_tokens=None if prompt_tokens is None else int(prompt_tokens),
-            temperature=float(temperature), top_p=float(top_p), top_k=top_k, samples=1 if samples_off else samples,
+            temperature=float(temperature), top_p=float(top_p), top_k=top_k,
+            samples=1 if samples_off or (temperature == 0 and samples == SAMPLES_SHOWN) else samples,
             concurrency=concurrency or "",
         )
         with ui.reported(lambda text: st.error(text, icon="🚫")):

@@ -499,6 +499,13 @@ def test_launch_sampling_presets_fill_the_numbers_and_reach_the_job(app_env):
     at.number_input(key="launch_temperature").set_value(0.7)
     at.button(key="launch_submit").click().run()
     assert JobQueue().get(2).params["temperature"] == 0.7
+    # custom at T = 0 with Samples as it was shown: greedy, and no note on a setting nobody chose (issue 52 LOW)
+    at.number_input(key="launch_temperature").set_value(0.0)
+    at.number_input(key="launch_samples").set_value(8)
+    at.number_input(key="launch_max_new").set_value(13)  # another job than the first greedy ones
+    at.button(key="launch_submit").click().run()
+    assert not any("Not part of this eval" in i.value for i in at.info), page_text(at)
+    assert "samples" not in JobQueue().list()[0].params or JobQueue().list()[0].params["samples"] == 1
 
 
 def test_launch_refuses_paths_outside_the_allowed_roots(app_env, tmp_path):
