@@ -5,7 +5,7 @@ drafter training runs that differ as a real team's do (tapped layers, loss weigh
 trained in bf16 while every eval runs fp32, so the environment view has a true mismatch, and a
 DFlash2 drafter with its trained candidate selector); an
 eval of every checkpoint through the real harness; a longer-trained drafter evaluated as the
-`reference (demo)`; and z-lab's published numbers as published reference runs. Nothing is
+`longer-trained drafter (demo)` reference; and z-lab's published numbers as published reference runs. Nothing is
 invented: every number comes from the trainer and the harness, or from a cited publication.
 """
 
@@ -36,7 +36,8 @@ DEMO_DIR = "draftboard-demo"  # in home; not `demo`, the name of this package's 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "draftboard.demo/1"
 _MANIFEST_TMP = f".{MANIFEST}.tmp"  # written, then renamed over the manifest
-REFERENCE_NAME = "reference (demo)"
+# Legends read "reference: longer-trained drafter (demo)", never "reference reference (demo)".
+REFERENCE_NAME = "longer-trained drafter (demo)"
 TARGET_NAME = "qwen35-tiny-stdlib"  # the directory name is what the dashboard shows as the target
 
 

@@ -27,7 +27,7 @@ def test_runs_page_shows_the_demo_runs(demo_env):
     table = run_page("pages/runs.py").dataframe[0].value
     names = set(table["name"])
     assert {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)",
-            "drafter-v4 (DFlash2)", "reference (demo)"} <= names
+            "drafter-v4 (DFlash2)", "longer-trained drafter (demo)"} <= names
     # the DFlash2 drafter and its evals say their family
     assert set(table.loc[table["name"].str.startswith("drafter-v4"), "drafter"]) == {"DFlash2"}
     assert any(name.startswith("z-lab published:") for name in names)
@@ -38,7 +38,7 @@ def test_compare_names_the_bf16_training_mismatch(demo_env):
     exp = client.get_experiment_by_name("draftboard").experiment_id
     v3 = client.search_runs([exp], "attributes.run_name = 'drafter-v3 (uniform loss, bf16)'")[0]
     text = page_text(run_page("pages/compare.py", runs=v3.info.run_id))
-    assert "reference (demo)" in text
+    assert "longer-trained drafter (demo)" in text
     # v3 trained its drafter under bf16 autocast on fp32 features; the demo's evals cast nothing to
     # bf16, so the banner names the drafter's precision, with both values.
     assert "drafter precision fp32 vs its training run: bf16-autocast" in text
@@ -75,7 +75,7 @@ def test_compare_starts_with_the_teams_training_runs_and_the_closest_reference(d
     names = {client.get_run(r).info.run_name for r in at.multiselect(key="compare_runs").value}
     assert names == {"drafter-v1 (1 tapped layer)", "drafter-v2 (2 tapped layers)", "drafter-v3 (uniform loss, bf16)",
                      "drafter-v4 (DFlash2)"}
-    assert at.selectbox(key="compare_reference").options[0].startswith("closest match: reference (demo)")
+    assert at.selectbox(key="compare_reference").options[0].startswith("closest match: longer-trained drafter (demo)")
 
 
 
