@@ -22,7 +22,7 @@ template, as LongBench's `max_len` counts; the template adds a few tokens per tu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from tracker.errors import DraftboardError
 
@@ -160,12 +160,16 @@ def fitted(rows: Sequence[tuple[dict, str, str]], tokenizer, n_tokens: int) -> l
             cache[j] = ids(_document(rows[j][0], rows[j][2]) + "\n\n")
         return cache[j]
 
+    def before(i: int):  # the rows of row i's set and format before it, nearest first, read only as far as needed
+        dataset, form = rows[i][1], kind(rows[i][0])
+        for j in (*range(i - 1, -1, -1), *range(len(rows) - 1, i, -1)):
+            if rows[j][1] == dataset and kind(rows[j][0]) == form:
+                yield j
+
     out = []
     for i, (row, dataset, where) in enumerate(rows):
-        before = [j for j in [*range(i - 1, -1, -1), *range(len(rows) - 1, i, -1)]  # nearest first
-                  if rows[j][1] == dataset and kind(rows[j][0]) == kind(row)]
         if kind(row) == SHAREGPT:
-            out.append(_conversation(row, [rows[j][0] for j in before], ids, tokenizer.decode, n_tokens, where))
+            out.append(_conversation(row, (rows[j][0] for j in before(i)), ids, tokenizer.decode, n_tokens, where))
             continue
         own = _document(row, where)
         room = n_tokens - len(ids(_qa_text(row, dataset, where, ""))) - len(ids(own))
@@ -173,7 +177,7 @@ def fitted(rows: Sequence[tuple[dict, str, str]], tokenizer, n_tokens: int) -> l
             prompt = tokenizer.decode(_middle_cut(ids(_qa_text(row, dataset, where, own)), n_tokens))
         else:
             filler: list[int] = []
-            for j in before:
+            for j in before(i):
                 if len(filler) >= room:
                     break
                 filler = doc_ids(j) + filler
@@ -185,7 +189,7 @@ def fitted(rows: Sequence[tuple[dict, str, str]], tokenizer, n_tokens: int) -> l
     return out
 
 
-def _conversation(row: dict, others: list[dict], ids, decode, n_tokens: int, where: str) -> list[dict]:
+def _conversation(row: dict, others: Iterable[dict], ids, decode, n_tokens: int, where: str) -> list[dict]:
     """A conversation of at most `n_tokens` tokens of text: its own history, then other conversations' exchanges
     before it while whole ones fit; its last question's middle cut when that alone is longer."""
     own = _turns(row, where)
@@ -193,6 +197,7 @@ def _conversation(row: dict, others: list[dict], ids, decode, n_tokens: int, whe
     size = len(ids(last["content"]))
     if size >= n_tokens:
         return [{"role": "user", "content": decode(_middle_cut(ids(last["content"]), n_tokens))}]
+
     def pairs():  # whole exchanges (user, assistant), newest first: its own, then the conversations before it
         for messages in [history, *(_turns(r, where) for r in others)]:
             ex = _exchanges(messages)
