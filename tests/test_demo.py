@@ -1,6 +1,7 @@
 """`draftboard demo --quick` builds a store a plain MLflow client can read, with honest data."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -39,7 +40,8 @@ def test_every_training_run_has_evals_that_show_learning(client):
     for run in _runs(client, "train"):
         if run.data.tags.get("draftboard.kind") != "train" or "reference" in run.info.run_name:
             continue
-        mine = [e for e in evals if e.data.tags["draftboard.train_run_id"] == run.info.run_id]
+        mine = [e for e in evals if e.data.tags["draftboard.train_run_id"] == run.info.run_id
+                and e.data.tags.get("protocol.scoring") != "engine"]  # a served eval's name says its engine
         assert mine, run.info.run_name
         # Named as Launch and Re-evaluate name evals (names.eval_run_name): `<training run> @ step N · <settings>`.
         assert {e.info.run_name for e in mine} == {f"{run.info.run_name} @ step {e.data.tags['draftboard.checkpoint_step']}"
@@ -69,6 +71,42 @@ def test_env_diff_finds_the_bf16_training_run_mismatch(client, demo_home, capsys
     # trained with the drafter under bf16 autocast (target fp32), evaluated in fp32
     line = next(line for line in out.splitlines() if line.startswith("numerics.drafter_precision"))
     assert "bf16-autocast" in line and "fp32" in line and "critical" in line
+
+
+def test_the_demo_serves_its_pair_with_llamacpp_beside_the_offline_eval(demo_home, client, llamacpp_python):
+    """Issue 52: a newcomer's demo shows the served features for real. Its Qwen3 pair, measured offline and by
+    llama.cpp (with a load sweep at 1 and 2 in flight), both evals linked to the pair's training run and step;
+    Run detail's Served vs offline takes the gap apart to nothing unexplained, and Compare's Engines view has
+    the pair's checkpoint."""
+    from demo.served import DRAFTER_NAME
+    from tracker.dashboard import reconcile_view
+    from tracker.dashboard.index import load_run_index
+    from tracker.store.tracker import Tracker
+
+    served = json.loads((demo_home / "draftboard-demo" / "manifest.json").read_text())["served"]
+    assert served["failed"] == {} and set(served["engines"]) == {"llamacpp"}
+    offline, engine = client.get_run(served["offline"]), client.get_run(served["engines"]["llamacpp"])
+    train = client.get_run(offline.data.tags["draftboard.train_run_id"])
+    assert train.info.run_name == DRAFTER_NAME and train.data.tags["draftboard.demo"] == "1"
+    for run in (offline, engine):
+        assert run.data.tags["draftboard.train_run_id"] == train.info.run_id
+        assert run.data.tags["draftboard.checkpoint_step"] == train.data.params["steps"]
+    assert engine.data.tags["protocol.scoring"] == "engine"
+    results = json.loads(open(client.download_artifacts(engine.info.run_id, "eval_results.json")).read())
+    assert results["engine"]["name"] == "llamacpp" and [lv["concurrency"] for lv in results["load"]] == [1, 2]
+    assert all(lv["speedup"] > 0 for lv in results["load"])  # both arms measured, with and without the drafter
+
+    index = load_run_index(Tracker(f"sqlite:///{demo_home / 'draftboard.db'}"))
+    run = index.runs[engine.info.run_id]
+    assert [p.run_id for p in reconcile_view.offline_partners(index, run)] == [offline.info.run_id]
+
+    def load(r):
+        return json.loads(open(client.download_artifacts(r.run_id, "eval_results.json")).read())
+
+    report = reconcile_view.report(run, index.runs[offline.info.run_id], load)
+    assert report["unexplained"] == 0.0 and "nothing unexplained" in report["verdict"], report["verdict"]
+    views = reconcile_view.engines_views(index, [run], load)
+    assert len(views) == 1 and list(views[0].numbers["measured by"]) == ["offline", "llamacpp"]
 
 
 def test_second_build_returns_at_once(demo_home, client):
@@ -229,7 +267,9 @@ def test_run_sh_serves_the_store_every_command_in_its_folder_uses(tmp_path):
 
     script = (Path(__file__).resolve().parents[1] / "scripts" / "run.sh").read_text()
     assert "exec draftboard ui --demo" in script
-    assert not [line for line in script.splitlines() if line.lstrip().startswith("export")]  # moves no store
+    exported = {name for line in script.splitlines() if line.lstrip().startswith("export")
+                for name in re.findall(r"(\w+)=", line)}
+    assert exported == {"DRAFTBOARD_LLAMACPP_PYTHON", "DRAFTBOARD_LLAMACPP_CONVERTER"}  # moves no store
 
     shell = {k: v for k, v in os.environ.items() if k not in ("DRAFTBOARD_HOME", "MLFLOW_TRACKING_URI")}
     fresh = subprocess.run([sys.executable, "-c", "from tracker import config; print(config.store_uri())"],
@@ -262,9 +302,11 @@ def test_the_progress_eta_holds_from_the_first_stage_of_a_measured_build():
     from demo.build import FULL, stage_work
     from tracker.jobs.demo_progress import RUNNING, DemoProgress
 
-    measured = [39, 4, 5, 5, 6, 7, 7, 17, 6]  # target, data, four runs, evals, reference, published
-    work = stage_work(FULL)
-    assert len(work) == len(measured)
+    # target, data, the served evals with llama.cpp (2026-12-06: the pair 14 s, offline 2 s, llama.cpp 10 s), four
+    # runs, evals, reference, published
+    measured = [39, 4, 26, 5, 5, 6, 7, 7, 17, 6]
+    work = stage_work(FULL, {"llamacpp": "python"})
+    assert len(work) == len(measured) and len(stage_work(FULL)) == len(measured) - 1
     elapsed = done = 0.0
     for seconds, share in list(zip(measured, work))[:-1]:
         elapsed, done = elapsed + seconds, done + share

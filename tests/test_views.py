@@ -347,6 +347,12 @@ def test_a_small_sampled_check_never_replaces_the_full_greedy_eval_of_a_checkpoi
     data = compare_data(index, ["t"], None, pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"]))
     assert data.picked == {"t": "full"}
     assert data.eval_points.query("key == 'tau'")["series"].nunique() == 2  # two protocols, two lines
+    # An engine's eval of the same checkpoint (the demo's served pair) is its own line, and the offline walk the
+    # checkpoint drawn, however new the served one.
+    served = tagged(run("served", "eval", fp(), train="t", step=200, metrics={"tau": 4.3}, start=3),
+                    datasets='{"gsm8k": 16}', temperature="0.0", scoring="engine")
+    index = RunIndex([*index.runs.values(), served])
+    assert [e.run_id for e in best_evals(index, index.runs["t"], None)] == ["full", "served", "side"]
 
 
 def test_an_eval_without_a_step_is_off_the_step_axis_and_a_run_with_nothing_to_draw_says_so():
@@ -389,6 +395,11 @@ def test_default_selection_is_the_teams_training_runs_not_the_references_own():
         run("t1", "train", fp(), name="v1", start=1),
     ])
     assert default_selection(index) == ["t3", "t2", "t1"]
+    # Runs of two targets are never comparable: the page starts on the newest run's target.
+    older = RunIndex([*index.runs.values(), run("q", "train", fp(), target="/m/qwen3-tiny-served", name="q", start=0)])
+    assert default_selection(older) == ["t3", "t2", "t1"]
+    newer = RunIndex([run("q", "train", fp(), target="/m/qwen3-tiny-served", name="q", start=7), *index.runs.values()])
+    assert default_selection(newer) == ["q"]
 
 
 def test_a_reference_for_another_target_is_said_first_and_warnings_are_named():

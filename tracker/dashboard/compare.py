@@ -274,8 +274,8 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
 def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
     """A chosen run's evals, the default first: the latest evaluated checkpoint (a re-evaluation of an
     earlier one never moves the default off the drafter the run ended with); at one step, the run's own
-    protocol before a side test (greedy before sampled, more prompts before fewer: a 4-prompt sampled check
-    never replaces the full greedy eval), drawn solid (`series_reason`), then the fewest critical differences
+    protocol before a side test (greedy before sampled, offline before served, more prompts before fewer: a
+    4-prompt sampled check never replaces the full greedy eval), drawn solid (`series_reason`), then the fewest critical differences
     from the reference, then from its own training run, then the newest eval."""
     if run.kind != "train":
         return [run]
@@ -288,15 +288,16 @@ def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunIn
     return sorted(current_evals(index, run), key=rank)
 
 
-def _side_test(ev: RunInfo) -> tuple[bool, int]:
-    """How far an eval is from a run's main protocol: sampled before greedy, then fewer prompts."""
+def _side_test(ev: RunInfo) -> tuple[bool, bool, int]:
+    """How far an eval is from a run's main protocol: sampled before greedy, then served by an engine (its
+    own series, beside the offline walk), then fewer prompts."""
     proto = lineage.protocol_of(ev)
     if proto is None:
-        return (False, 0)
+        return (False, False, 0)
     sampled = proto.temperature != protocol.UNKNOWN and not protocol.is_greedy(proto)
     counts = proto.datasets.values() if isinstance(proto.datasets, dict) else ()
     prompts = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
-    return (sampled, -prompts)
+    return (sampled, reconcile_view.is_engine_eval(ev), -prompts)
 
 
 def resolution_notes(index: RunIndex, runs: Sequence[RunInfo], ref: RunInfo | None) -> list[str]:
@@ -663,10 +664,12 @@ def team_training_runs(index: RunIndex) -> list[RunInfo]:
 
 
 def default_selection(index: RunIndex, limit: int = 6) -> list[str]:
-    """The team's newest training runs (at most `limit`), else the newest evals. The closest
+    """The team's newest training runs (at most `limit`) on the newest one's target, else the newest evals on
+    the newest eval's: runs of two targets are never comparable, so the page starts on one. The closest
     reference comes with them (the Reference picker's default)."""
-    trains = [r.run_id for r in team_training_runs(index)][:limit]
-    return trains or [r.run_id for r in index.of_kind("eval")][:limit]
+    runs = team_training_runs(index) or index.of_kind("eval")
+    first = runs[0].target if runs else None
+    return [r.run_id for r in runs if r.target == first or same_target(r.target, first)][:limit]
 
 
 def ids_from_link(text: str | None, known) -> tuple[list[str], list[str]]:

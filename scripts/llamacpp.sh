@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the real llama.cpp draftboard drives (`--engine llamacpp`): xllamacpp's prebuilt CPU wheel (llama.cpp's
+# server, embedded) in a venv of its own, with what llama.cpp's own GGUF converter needs (torch, transformers,
+# sentencepiece); the converter itself (convert_hf_to_gguf.py, its conversion/ package and gguf-py/) comes from
+# the llama-cpp-python sdist, which ships llama.cpp's tree. Idempotent: a stamp records what was installed.
+# Used by scripts/test.sh (the engine tests) and scripts/run.sh (the demo's served evals). The venv:
+# DRAFTBOARD_LLAMACPP_VENV (default ./.cache/llamacpp-venv); its Python is <venv>/bin/python, the converter
+# <venv>/llama.cpp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
+LLAMACPP_VERSION="xllamacpp==2026.10.11549 llama-cpp-python==0.3.36"
+[ "$(cat "$LLAMACPP_VENV/.draftboard-installed" 2>/dev/null)" = "$LLAMACPP_VERSION" ] && exit 0
+if [ -e "$LLAMACPP_VENV" ] && [ ! -e "$LLAMACPP_VENV/.draftboard-created" ]; then
+  echo "error: $LLAMACPP_VENV exists and this script did not make it; set DRAFTBOARD_LLAMACPP_VENV elsewhere" >&2
+  exit 1
+fi
+rm -rf "$LLAMACPP_VENV" && python3 -m venv "$LLAMACPP_VENV" && touch "$LLAMACPP_VENV/.draftboard-created"
+"$LLAMACPP_VENV/bin/pip" install -q "torch==2.13.0"
+"$LLAMACPP_VENV/bin/pip" install -q "xllamacpp==2026.10.11549" "transformers==5.24.0" "sentencepiece==0.2.3" \
+  "protobuf==7.36.2" "numpy==2.4.6" "safetensors==0.8.0" "PyYAML==6.0.4"
+sdist=$(mktemp -d)
+trap 'rm -rf "$sdist"' EXIT
+"$LLAMACPP_VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist" "llama-cpp-python==0.3.36"
+tar xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist" llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py \
+  llama_cpp_python-0.3.36/vendor/llama.cpp/conversion llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py
+mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp "$LLAMACPP_VENV/llama.cpp"
+echo "$LLAMACPP_VERSION" > "$LLAMACPP_VENV/.draftboard-installed"
