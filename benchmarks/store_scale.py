@@ -28,8 +28,8 @@ Peak RSS of the dashboard's server over all of it.
 
 Ratios: each cost's growth exponent between the two sizes, log(t2 / t1) / log(n2 / n1) (1.0:
 linear); target <= 1.1 for every in-process cost, and diffs per eval <= 1; at the larger size every
-page's first visit <= PAGE_S_TARGET and no slower than MLflow UI's runs list (ratio page / MLflow
-<= 1), and peak RSS < RSS_MB_TARGET.
+page's first visit <= 1.25x the floor's and <= 0.5x MLflow UI's runs list, its next visit <= 1.1x the
+floor's next (FLOOR_TARGET, MLFLOW_TARGET), and peak RSS < RSS_MB_TARGET.
 
 `--server`: the same in-process costs against the deployment of docs/DEPLOY.md, an `mlflow server` on
 PostgreSQL with proxied artifacts and basic auth (scripts/services.sh starts one: its exports name it),
@@ -64,7 +64,10 @@ from tracker.dashboard.index import load_run_index, read_json_artifact
 
 TARGET = "/models/Qwen3.5-4B"
 TARGET_EXPONENT = 1.1
-PAGE_S_TARGET, RSS_MB_TARGET = 2.0, 1024
+# At the larger size each page's first visit at most 1.25x the floor (a one-title Streamlit page measured in the
+# same run), its next visit at most 1.1x the floor's next, and every first visit at most half of MLflow UI's runs
+# list on the same store (issue 52).
+FLOOR_TARGET, MLFLOW_TARGET, RSS_MB_TARGET = {"first": 1.25, "next": 1.1}, 0.5, 1024
 STABLE_MS = 250
 # A page is whole once its title and last element show, no spinner or running script is visible, and
 # that has held for STABLE_MS (Streamlit draws a page in several deltas).
@@ -272,14 +275,19 @@ def main() -> None:
     targets = {**{k: TARGET_EXPONENT for k in exponents}, "diffs_per_eval": 1, "fingerprint_reads_next": 0,
                "fingerprint_reads_first_vs_differing": 1}
     if not args.no_browser:
-        for key in [k for k in b if k.startswith("page_") and k.endswith("_first_s")]:
-            name = key.removesuffix("_s")
-            ratios[name], targets[name] = round(b[key], 2), PAGE_S_TARGET
-            ratios[f"{name}_vs_mlflow_runs_list"] = round(b[key] / b["mlflow_runs_list_first_s"], 2)
-            targets[f"{name}_vs_mlflow_runs_list"] = 1.0
+        for key in [k for k in b if k.startswith("page_") and k.endswith("_s")]:
+            name, visit = key.removesuffix("_s"), "first" if key.endswith("_first_s") else "next"
+            ratios[name] = round(b[key], 2)  # said, not a target: the floor below is this machine's
+            ratios[f"{name}_vs_floor"] = round(b[key] / b[f"streamlit_floor_{visit}_s"], 2)
+            targets[f"{name}_vs_floor"] = FLOOR_TARGET[visit]
+            if visit == "first":
+                ratios[f"{name}_vs_mlflow_runs_list"] = round(b[key] / b["mlflow_runs_list_first_s"], 2)
+                targets[f"{name}_vs_mlflow_runs_list"] = MLFLOW_TARGET
         ratios["dashboard_peak_rss_mb"], targets["dashboard_peak_rss_mb"] = b["dashboard_peak_rss_mb"], RSS_MB_TARGET
-        # Said beside the pages, not a target: no Streamlit page's first visit here is faster than this one's.
+        # The fastest any Streamlit page loads on this machine, first and next: the pages are measured against it.
         ratios["streamlit_floor_first_s"] = round(b["streamlit_floor_first_s"], 2)
+        ratios["streamlit_floor_next_s"] = round(b["streamlit_floor_next_s"], 2)
+        ratios["mlflow_runs_list_first_s"] = round(b["mlflow_runs_list_first_s"], 2)
     ok = all(ratios[k] <= targets[k] for k in targets)
     print(json.dumps({"benchmark": "store_scale", "ratios": ratios, "targets": targets, "ok": ok}))
 

@@ -27,7 +27,7 @@ from tracker.dashboard.compare import (
     without_ddtree,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
-from tracker.dashboard.tables import WRAP_ROW_HEIGHT
+from tracker.dashboard.tables import WRAP_ROW_HEIGHT, cells_text
 
 AUTO = "__closest__"
 NONE = "__none__"
@@ -206,7 +206,7 @@ def train_view() -> None:
                                                smoothing=smoothing, log_x=log_x, x_range=window, zoomable=True),
                               key=f"compare_train_{key}")
     shown = curves[curves["key"].isin(keys)]
-    st.caption(ui.curves_caption(shown))
+    st.caption(ui.curves_caption(shown, zoomable=True))
     # Written when clicked: a CSV of every shown point costs more than drawing them, on every rerun.
     st.download_button("Download shown training data (CSV)", lambda: csv_bytes(shown), "training_curves.csv",
                        "text/csv", key="compare_train_csv", on_click="ignore")
@@ -247,9 +247,8 @@ def ddtree_view() -> None:
 
 def data_view() -> None:
     export = data.export_frame()
-    # Each row fills only its own kind's columns (a training point has no interval, an eval point no budget):
-    # the rest shows blank, not as Streamlit's `None`.
-    st.dataframe(export.astype(str).mask(export.isna(), ""), hide_index=True, key="compare_data_table")
+    # Each row fills only its own kind's columns (a training point has no interval, an eval point no budget).
+    st.dataframe(cells_text(export), hide_index=True, key="compare_data_table")
     st.download_button("Download all shown data (CSV)", lambda: csv_bytes(export), "compare.csv", "text/csv",
                        key="compare_csv", on_click="ignore")
     with st.expander("Metric definitions"):

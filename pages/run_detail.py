@@ -218,7 +218,7 @@ with tabs[0]:
                     st.markdown(f"**{md(key)}**", help=metric_docs.help_text(key))
                     ui.canvas_chart(curve_chart.spec(frame, key, recipe.step_axis_title(index, [run.run_id]),
                                                        colors=colors), key=f"detail_curve_{key}")
-            st.caption(ui.curves_caption(frame[frame["key"].isin(chosen)]))
+            st.caption(ui.curves_caption(frame[frame["key"].isin(chosen)], zoomable=False))
     metrics = metrics_frame(run)
     if not metrics.empty:
         st.dataframe(metrics, hide_index=True, key="detail_metric_table",
@@ -233,11 +233,13 @@ with tabs[1]:
         else:
             # What was measured first (tau, the env check, the evals), where a file sits last: at 1280 px the
             # numbers show without scrolling past a long path.
-            st.dataframe(table, hide_index=True, key="detail_checkpoints",
+            # A row without a size (an eval of a checkpoint never registered) or a tau (not evaluated) reads "—",
+            # not Streamlit's "None".
+            st.dataframe(table.style.format({"size (MB)": "{:.3f}", "tau": "{:.3f}"}, na_rep="—"), hide_index=True,
+                         key="detail_checkpoints",
                          column_order=["step", "tau", "env check", "evals", "size (MB)", "sha256", "path"],
                          column_config={
-                "size (MB)": st.column_config.NumberColumn(format="%.3f"),
-                "tau": st.column_config.NumberColumn("best tau", format="%.3f", help=metric_docs.help_text("tau")),
+                "tau": st.column_config.Column("best tau", help=metric_docs.help_text("tau")),
                 "evals": st.column_config.TextColumn(width="large"),
                 "path": st.column_config.TextColumn(width="medium"),
             })

@@ -16,7 +16,8 @@ open_evals = lineage.open_evals(index)
 if open_evals:
     with st.container(horizontal=True, vertical_alignment="center"):
         st.warning(f"{len(open_evals)} eval(s) ran in a different environment than trained: their numbers are not "
-                   "the drafter as trained.", icon="⚠️")
+                   "the drafter as trained. (Runs flagged 🔴 below counts every row with a 🔴: these evals, their "
+                   "training runs, and evals whose protocol differs.)", icon="⚠️")
         st.page_link(ui.ENVIRONMENTS_PAGE, label="Re-evaluate", icon=":material/replay:")
 
 with st.sidebar:
@@ -52,8 +53,9 @@ cols[3].metric("Runs flagged 🔴", n_bad,
 tau_help = (metric_docs.help_text("tau") + " Shown with its 95% interval over prompts, the number of prompts, the "
             "sampling (T=0: greedy) and the new tokens per prompt; a training run's is its latest evaluated "
             "checkpoint's (`@ step`); published numbers per dataset. The CSV also has `tau latest` and `tau best`.")
+GRID_HEADER_PX = 38  # the grid's header row
 # Widths add up to 1100 px: with the selection column, what a 1600 px screen leaves beside the sidebar (the
-# e2e test measures it). Rows taller than 4rem let the grid wrap text, so names and reasons read whole in
+# e2e test measures it); the kind column wraps "reference · published" between its words, never inside one. Rows taller than 4rem let the grid wrap text, so names and reasons read whole in
 # three lines instead of being cut; the env and protocol reasons get the most room.
 # A page of rows at a time: what the browser is sent and draws stays bounded by what it shows, however
 # large the store (the counts above and the CSV are over every matching run).
@@ -68,6 +70,8 @@ event = st.dataframe(
     key=f"runs_table_{page}",  # a selection belongs to the page it was made on
     hide_index=True,
     row_height=WRAP_ROW_HEIGHT,
+    # Streamlit's "auto" height holds ten rows of its default height, five of these: show up to twelve
+    height=GRID_HEADER_PX + WRAP_ROW_HEIGHT * min(len(shown), 12) + 2,
     on_select="rerun",
     selection_mode="multi-row",
     column_order=[c for c in table.columns if c not in ("critical", "run_id", "tau latest", "tau best", "linear-attn",
@@ -76,7 +80,9 @@ event = st.dataframe(
         "env check": st.column_config.TextColumn(
             "env", help="🔴 what differs critically between an eval and its training run (on a training run's "
                         "row: at which evaluated step). 🟢 re-evaluated: the difference was answered by the same eval "
-                        "repeated in the training run's environment. ⚪ no fingerprint. Empty: no critical difference.",
+                        "repeated in the training run's environment. ✓ the same environment as its training run (on a "
+                        "training run's row: every eval's). ⚪ no fingerprint. Empty: nothing to compare with (no "
+                        "training run, or no eval yet).",
             width=140),
         "protocol check": st.column_config.TextColumn(
             "protocol", help="🔴 how an eval's protocol differs critically from the latest other eval of its training "
@@ -91,16 +97,16 @@ event = st.dataframe(
             "status", width=68, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
                                      "than a reference, by the paired bootstrap (Run detail says by how much); ⚠️ the serving box it "
                                      "measured is in the known-bad table (Run detail says which row, and its source)"),
-        "kind": st.column_config.TextColumn("kind", width=75, help="train / eval / reference; published = numbers from a "
+        "kind": st.column_config.TextColumn("kind", width=90, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
         "drafter": st.column_config.TextColumn("drafter", width=62, help="the drafter's family: DFlash, or DFlash2 "
                                                "(grouped dynamic convs and a candidate selector)"),
         "target": st.column_config.TextColumn("target", width=95, help="the target model (last path component)"),
         "steps": st.column_config.TextColumn("steps", width=45, help="training: the last logged step; eval: the "
                                                              "checkpoint's training step"),
-        "tau": st.column_config.TextColumn("tau", width=140, help=tau_help),
+        "tau": st.column_config.TextColumn("tau", width=130, help=tau_help),
         "environment": st.column_config.TextColumn(
-            "environment", width=125, help="which implementation ran the Gated DeltaNet layers (🟢 fast: fla + "
+            "environment", width=120, help="which implementation ran the Gated DeltaNet layers (🟢 fast: fla + "
                                            "causal-conv1d kernels, 🟠 fallback: torch, 🟡 partial, ⚪ unknown) · the "
                                            "device (GPU model) · the dtype of the target's forward pass"),
         "started": st.column_config.TextColumn("started (UTC)", width=80),

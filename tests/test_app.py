@@ -42,7 +42,9 @@ def test_runs_page_lists_every_run_with_the_known_mismatch(app_env):
     # The landing page says what this is, and what to do about the mismatch.
     assert "draftboard tracks DFlash drafters" in at.caption[0].value
     assert [shown(w.value) for w in at.warning] == [
-        "1 eval(s) ran in a different environment than trained: their numbers are not the drafter as trained."]
+        "1 eval(s) ran in a different environment than trained: their numbers are not the drafter as trained. (Runs "
+        "flagged 🔴 below counts every row with a 🔴: these evals, their training runs, and evals whose protocol "
+        "differs.)"]
     assert [link.proto.page for link in at.get("page_link") if link.proto.label == "Re-evaluate"]
     assert by_id.loc[app_env.ids["published"], "kind"] == "reference · published"
     assert by_id.loc[app_env.ids["published"], "target"] == "Qwen3.5-4B"
@@ -105,6 +107,9 @@ def test_run_detail_shows_checkpoints_fingerprint_and_mlflow_link(app_env):
     assert any(url.startswith("http://mlflow.example:5000/#/experiments/") and url.endswith(app_env.ids["v4"])
                for url in links)
     assert "Critical environment difference" in page_text(at)
+    # Run detail has no From/To step inputs: its caption never asks for them (issue 52), it says where to zoom
+    caption = next(c.value for c in at.caption if "points shown" in c.value)
+    assert "From/To" not in caption and "Compare's Training curves zoom" in caption
     # Values read with 3 decimals, as everywhere else; the sidebar names the store in a word, its URI on hover.
     metrics = next(d for d in at.dataframe if "definition" in d.value.columns)
     assert json.loads(metrics.proto.columns)["value"]["type_config"]["format"] == "%.3f"

@@ -45,7 +45,7 @@ def test_every_training_run_has_evals_that_show_learning(client):
         assert mine, run.info.run_name
         # Named as Launch and Re-evaluate name evals (names.eval_run_name): `<training run> @ step N · <settings>`.
         assert {e.info.run_name for e in mine} == {f"{run.info.run_name} @ step {e.data.tags['draftboard.checkpoint_step']}"
-                                                   f" · fp32 · auto · cpu · {e.data.params['max_new_tokens']} tok"
+                                                   f" · fp32 · cpu · {e.data.params['max_new_tokens']} tok"
                                                    for e in mine}
         steps = sorted(int(e.data.tags["draftboard.checkpoint_step"]) for e in mine)
         assert steps[-1] == int(run.data.params["steps"])

@@ -336,7 +336,7 @@ def test_spec_acceptance_raw_line_that_disagrees_with_its_histogram_is_refused(t
     metrics = evalformats.vllm_request_metrics([2, 1], 3)
     metrics["per_step_accepted"] = [2, 2]  # 4 accepted where the counts say 3
     evalformats.spec_acceptance(tmp_path, [(10, metrics)])
-    with pytest.raises(DraftboardError, match=r"raw_requests.jsonl:1: per_step_accepted must be one count per"):
+    with pytest.raises(DraftboardError, match=r"raw_requests.jsonl:1: per_step_accepted must be one whole count \(0 to \d+\) per verify step"):
         spec_acceptance.parse_folder(tmp_path)
 
 

@@ -86,6 +86,8 @@ def test_evals_are_named_after_their_training_run_step_and_settings(tmp_path):
     params = eval_params(form, [tmp_path])
     assert params["name"] == "drafter-v1 (1 tapped layer) @ step 200 · fp32 · drafter bf16-autocast · fallback · cpu"
     assert eval_run_name("v4", 100, {"dtype": "bf16", "drafter_precision": "bf16"}) == "v4 @ step 100 · bf16"
+    # `auto` is what the badge resolves (fast or fallback): the name never says "auto" beside it
+    assert eval_run_name("v4", 100, {"dtype": "fp32", "linear_attn": "auto", "device": "cpu"}) == "v4 @ step 100 · fp32 · cpu"
 
 
 def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):

@@ -249,7 +249,7 @@ def test_aiperf_records_pool_into_the_engines_number(tmp_path, capsys):
     ({"acceptance_histogram": {"99999": 1}, "num_spec_steps": 1, "num_accepted_draft_tokens": 99999,
       "num_draft_tokens": 99999}, "is not a draft count"),
     ({"acceptance_histogram": {"1": 2}, "num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_draft_tokens": 6,
-      "per_step_accepted": [2, 0, 0]}, "per_step_accepted is not one count per verify step"),
+      "per_step_accepted": [2, 0, 0]}, "per_step_accepted must be one whole count (>= 0) per verify step (2), adding up to 2"),
 ])
 def test_aiperf_records_aiperf_itself_would_reject_are_refused(tmp_path, capsys, record, message):
     log = tmp_path / "profile_export.jsonl"

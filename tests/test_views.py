@@ -199,7 +199,9 @@ def test_runs_table_marks_critical_lineage_mismatches_and_taus():
     # A short reason, without the row's own name: a training run's row says at which step.
     assert table.loc["t4", "env check"] == "🔴 @ 200: linear-attn fallback vs training: fast; dtype fp32 vs training: bf16"
     assert table.loc["e4", "env check"] == "🔴 linear-attn fallback vs training: fast; dtype fp32 vs training: bf16"
-    assert table.loc["e4", "env check"].startswith("🔴") and table.loc["t5", "env check"] == ""
+    assert table.loc["e4", "env check"].startswith("🔴") and table.loc["t5", "env check"] == "✓ evals as trained"
+    # what matches says so (an empty cell read as "not checked"); a run with nothing to compare with stays empty
+    assert table.loc["e5a", "env check"] == "✓ as trained" and table.loc["ref", "env check"] == ""
     # Mismatches are counted from the diff's severities, not from how the cell is drawn.
     assert table["critical"].to_dict() == {"t4": 1, "t5": 0, "e4": 1, "e5a": 0, "e5b": 0, "ref": 0}
     assert tau_of(index, index.runs["t5"]) == (2.2, 2.5)  # latest checkpoint, best
@@ -251,6 +253,8 @@ def test_closest_reference_prefers_same_target_then_fewest_critical_then_warning
 
     choice = closest_reference(RunIndex([train, ev, other]), ["t"])
     assert choice.run_id is None and "no reference was evaluated for Qwen3.5-4B" in choice.message
+    choice = closest_reference(RunIndex([train, ev]), ["t"])  # shown escaped: plain words, no code span
+    assert choice.run_id is None and "`" not in choice.message and "--reference NAME" in choice.message
     assert same_target("/a/Qwen3.5-4B", "Qwen/qwen3.5-4b") and not same_target("/a/X", None)
     index = RunIndex([published])
     assert reference_label(index, published) == "r-pub · published · Qwen3.5-4B"
@@ -559,7 +563,10 @@ def test_describe_job_for_the_queue_list():
               stage="drafter", mlflow_run_id=None, error=None, cancel_requested=False, dedup_key="k")
     view = describe_job(job, {"t": "v4"}, now)
     assert view.title == "🏃 #3 eval v4 @ step 200 · bf16 · fast · cuda · running"  # names.eval_run_name
-    assert view.progress_text == "drafter · 25%" and view.when == "started 30s ago" and view.can_cancel
+    assert view.progress_text == "drafter · 25% of this stage" and view.when == "started 30s ago" and view.can_cancel
+    # A just-started job's one-item stage ("load", 1 of 1) never reads as the eval at 100%
+    loaded = describe_job(Job(**{**job.__dict__, "stage": "load", "progress": 1.0}), {"t": "v4"}, now)
+    assert loaded.progress_text == "load done · the next stage starting"
     queued = describe_job(Job(**{**job.__dict__, "state": QUEUED, "started_at": None, "stage": None,
                                  "progress": 0.0}), {}, now)
     assert queued.progress_text.startswith("waiting for a worker") and queued.when == "queued 5m ago"
@@ -630,3 +637,15 @@ def test_the_ddtree_chart_says_which_drawn_eval_it_has_no_curve_for():
     assert set(data.ddtree["run_id"]) == {"e1"}
     assert without_ddtree(index, data) == [
         "v4 @ step 100 (DFlash2: its candidate selector picks one path; DDTree is measured for DFlash drafters)"]
+
+
+def test_cells_text_shows_compare_data_as_a_reader_reads_it():
+    """Issue 52 (LOW): Compare → Data showed `None` and raw floats. Blank for a cell a row does not fill, a whole
+    number as one, the rest to 4 decimals (the CSV keeps every digit)."""
+    from tracker.dashboard.tables import cells_text
+
+    frame = pd.DataFrame({"step": [200.0, None], "value": [4.844626, 3.0], "series": ["v4", None],
+                          "low": [float("nan"), 0.123456]})
+    assert cells_text(frame).to_dict("records") == [
+        {"step": "200", "value": "4.8446", "series": "v4", "low": ""},
+        {"step": "", "value": "3", "series": "", "low": "0.1235"}]

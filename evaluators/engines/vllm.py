@@ -263,10 +263,12 @@ class VLLMClient(EngineClient):
 
 def _from_request_stats(ids: list[int], stats: dict, timings: dict[str, float]) -> EngineReply:
     steps = stats.get("per_step_accepted")
-    return EngineReply(completion_ids=ids, drafts=int(stats["num_spec_steps"]),
-                       draft_tokens=int(stats["num_draft_tokens"]), accepted=int(stats["num_accepted_draft_tokens"]),
+    drafts, accepted = int(stats["num_spec_steps"]), int(stats["num_accepted_draft_tokens"])
+    return EngineReply(completion_ids=ids, drafts=drafts,
+                       draft_tokens=int(stats["num_draft_tokens"]), accepted=accepted,
                        histogram=[int(c) for c in stats["acceptance_histogram"]],
-                       accepted_per_step=[int(a) for a in steps] if steps is not None else None,
+                       accepted_per_step=em.per_step_counts(steps, drafts, accepted, None, "vLLM's per_step_accepted")
+                       if steps is not None else None,
                        source="vllm metrics.speculative_decoding",
                        reported_mean=stats.get("mean_acceptance_length"), timings=timings)
 

@@ -81,8 +81,10 @@ def closest_reference(index: RunIndex, run_ids: Sequence[str]) -> ReferenceChoic
         return ReferenceChoice(None, message="choose runs to compare")
     targets = sorted({r.target for r in runs if r.target})
     if not refs:
-        return ReferenceChoice(None, message="no reference runs in the store yet (evaluate one with "
-                                             "`draftboard eval ... --reference NAME`)")
+        # Plain words: the page shows the message escaped (it names targets read from the store), so a code
+        # span would read as raw backticks.
+        return ReferenceChoice(None, message="no reference runs in the store yet: evaluate one with draftboard "
+                                             "eval ... --reference NAME, or Launch's 'Log as a reference'")
     same = [ref for ref in refs if any(same_target(ref.target, t) for t in targets)]
     if not same:
         names = ", ".join(sorted({r.target_name for r in runs if r.target})) or "the chosen runs' target"

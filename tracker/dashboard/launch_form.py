@@ -522,7 +522,14 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
     if job.state == RUNNING and job.cancel_requested:
         stage = f"cancelling… ({stage})" if stage else "cancelling…"
     progress = 1.0 if job.state == SUCCEEDED else min(max(job.progress, 0.0), 1.0)
-    text = f"{stage} · {progress:.0%}" if stage else f"{progress:.0%}"
+    # The fraction is the stage's (the eval's progress events count each stage's items): a one-item stage done
+    # at the start ("load") must not read as the eval at 100%.
+    if not stage:
+        text = f"{progress:.0%}"
+    elif job.state == RUNNING and job.stage:
+        text = f"{stage} done · the next stage starting" if progress >= 1.0 else f"{stage} · {progress:.0%} of this stage"
+    else:
+        text = f"{stage} · {progress:.0%}"
     when = (f"finished {_ago(job.finished_at, now)}" if job.finished_at else
             f"started {_ago(job.started_at, now)}" if job.started_at else f"queued {_ago(job.created_at, now)}")
     prompts = p.get("prompts") if isinstance(p, dict) else None

@@ -125,7 +125,11 @@ def env_reason(index: RunIndex, run: RunInfo, found: Sequence[lineage.Lineage]) 
             if run.kind != "train":
                 return f"🟢 re-evaluated as {index.label(answered[0][1].run_id)}"
             return f"🟢 {len(answered)} re-evaluated to match"
-        return ""
+        # Said, not left blank: an empty cell read as "not checked" (issue 52)
+        if run.kind == "train":
+            return "✓ evals as trained" if index.evals_of(run.run_id) else ""
+        train = index.train_of(run)
+        return "✓ as trained" if train is not None and train.has_fingerprint else ""
     parts = []
     for pair in found[:2]:
         reason = summarize_rows(pair.critical, "", "training", limit=2, probe=pair.probe)
@@ -249,6 +253,19 @@ def runs_display(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- run detail
+
+
+def cells_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame whose rows fill different columns, as text to show: a missing cell blank (not Streamlit's `None`), a
+    whole number as one (a step `200`, not `200.0`), any other number to 4 decimals (the CSV keeps every digit)."""
+    def text(value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+            return ""
+        if isinstance(value, float):
+            return str(int(value)) if value.is_integer() else f"{value:.4f}"
+        return str(value)
+
+    return frame.map(text)
 
 
 def mlflow_ui_url(run: RunInfo, base: str) -> str:

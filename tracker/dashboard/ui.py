@@ -361,11 +361,14 @@ def canvas_chart(spec: dict, key: str) -> None:
     _curve_component()(key=key, data=spec, **({"on_zoom_change": zoomed} if spec["zoomable"] else {}))
 
 
-def curves_caption(shown: pd.DataFrame) -> str:
-    """What the training charts hold, in words (Compare and Run detail decimate alike)."""
+def curves_caption(shown: pd.DataFrame, zoomable: bool) -> str:
+    """What the training charts hold, in words (Compare and Run detail decimate alike); how to zoom where the
+    page has From/To step inputs (Compare's `step_window`), else where to."""
     return (f"{len(shown):,} points shown. Each curve keeps the lowest and the highest value of each of "
             f"{CHART_BUCKETS} step ranges (spikes survive); where a curve has at most {2 * CHART_BUCKETS + 2} "
-            "points in the shown steps, every logged point. Narrow From/To step to zoom in at full detail.")
+            "points in the shown steps, every logged point. "
+            + ("Narrow From/To step to zoom in at full detail." if zoomable else
+               "Compare's Training curves zoom into a step range at full detail."))
 
 
 def warm(uri: str) -> str:

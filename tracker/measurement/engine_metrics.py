@@ -100,6 +100,19 @@ def histogram_from_positions(drafts: int, by_position: list[int]) -> list[int]:
     return hist
 
 
+def per_step_counts(values, steps: int, total: int, most: int | None, what: str) -> list[int]:
+    """A request's per-step list (accepted or drafted tokens of each verify step, in order), as the engines'
+    per-request records carry it (vLLM's detailed metrics, spec_acceptance.py, AIPerf): one whole count per
+    step, each at most `most` (the draft length, where known), adding up to the request's `total`."""
+    if (not isinstance(values, list) or len(values) != steps
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 or (most is not None and v > most)
+                   for v in values) or sum(values) != total):
+        bound = f"0 to {most}" if most is not None else ">= 0"
+        raise DraftboardError(f"{what} must be one whole count ({bound}) per verify step ({steps}), adding up to "
+                              f"{total}")
+    return values
+
+
 def positions_from_histogram(histogram: list[int]) -> list[int]:
     """The inverse: c[k] = steps that accepted draft position k (at least k+1 accepted) = the sum of
     h[k+1:], as suffix sums (linear in the positions)."""

@@ -215,12 +215,15 @@ def parse_protocol_tag(tag: str) -> str | None:
 def eval_run_name(train_name: str, step: int, settings: Mapping[str, Any], protocol: Sequence[str] = ()) -> str:
     """`<training run> @ step N · <settings>`: one name for an eval of a checkpoint wherever it is
     shown or logged. Settings: dtype, the drafter's precision where it is not a cast to that dtype,
-    linear-attention mode, device, the serving engine that measured it and, for a sampled eval, its
-    temperature (what is unset is left out); then `protocol`, the words for whatever else differs
-    from the defaults (tracker.jobs.eval_job.setting_words)."""
+    linear-attention mode where one was forced, device, the serving engine that measured it and, for a
+    sampled eval, its temperature (what is unset is left out); then `protocol`, the words for whatever
+    else differs from the defaults (tracker.jobs.eval_job.setting_words)."""
     dtype, precision = settings.get("dtype"), settings.get("drafter_precision")
     temperature = settings.get("temperature")
+    # `auto` is left out: the environment badge beside the name says which implementation really ran, and
+    # a name saying "auto" beside a badge saying "fallback" read as two answers. A forced mode is named.
+    linear_attn = settings.get("linear_attn")
     parts = [dtype, f"drafter {precision}" if precision and precision != dtype else None,
-             settings.get("linear_attn"), settings.get("device"), settings.get("engine"),
+             None if linear_attn == "auto" else linear_attn, settings.get("device"), settings.get("engine"),
              f"T={temperature:g}" if isinstance(temperature, (int, float)) and temperature > 0 else None]
     return " · ".join([f"{train_name} @ step {step}", *(str(p) for p in parts if p), *protocol])

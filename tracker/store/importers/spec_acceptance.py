@@ -124,12 +124,8 @@ def _request(metrics: dict, where: str) -> dict:
                               "num_accepted_draft_tokens")
     out["acceptance_histogram"] = histogram
     steps = metrics.get("per_step_accepted") or []
-    if steps and (not isinstance(steps, list) or len(steps) != out["num_spec_steps"] or sum(steps) !=
-                  out["num_accepted_draft_tokens"] or any(isinstance(a, bool) or not isinstance(a, int) or
-                                                          not 0 <= a <= out["num_spec_tokens"] for a in steps)):
-        raise DraftboardError(f"{where}: per_step_accepted must be one count per verify step (0 to num_spec_tokens), "
-                              "adding up to num_accepted_draft_tokens")
-    out["per_step_accepted"] = steps
+    out["per_step_accepted"] = em.per_step_counts(steps, out["num_spec_steps"], out["num_accepted_draft_tokens"],
+                                                  out["num_spec_tokens"], f"{where}: per_step_accepted") if steps else []
     return out
 
 
