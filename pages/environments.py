@@ -5,7 +5,7 @@ import streamlit as st
 from tracker.dashboard import ui
 from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, unfingerprinted
 from tracker.dashboard.escape import md, md_code
-from tracker.dashboard.lineage import train_eval_pairs
+from tracker.dashboard.lineage import resolved_by, train_eval_pairs
 
 cfg, index = ui.shared()
 st.title("Environments")
@@ -21,7 +21,7 @@ if not pairs:
 else:
     table = pairs_frame(index, pairs)
     redone = table["re-evaluated as"].ne("")
-    n_crit = int(((table["critical"] > 0) & ~redone).sum())
+    n_crit = int((table["critical"] > 0).sum())  # open ones: a re-evaluation's answer counts 0
     if n_crit:
         st.error(f"{n_crit} eval(s) ran in an environment that differs critically from their training run.",
                  icon="⚠️")
@@ -32,7 +32,11 @@ else:
     first = ["check", "eval", "differences", "re-evaluated as"]
     st.dataframe(table, hide_index=True, key="env_pairs",
                  column_order=first + [c for c in table.columns if c not in (*first, "eval_run_id")],
-                 column_config={"differences": st.column_config.TextColumn(width="large")})
+                 column_config={"differences": st.column_config.TextColumn(width="medium"),
+                                "re-evaluated as": st.column_config.TextColumn(width="medium"),
+                                "critical": st.column_config.NumberColumn(
+                                    help="critical differences still open: one a re-evaluation in the training "
+                                         "environment answered counts 0 (its row names the re-evaluation)")})
 
     # -------------------------------------------------------------- re-evaluate
     if not cfg.readonly:
@@ -66,7 +70,9 @@ if not missing.empty:
 st.subheader("Fingerprint matrix", help="one column per run; cells are graded against the baseline column")
 options = list(index.runs)
 if "env_runs" not in st.session_state:
-    first = next((p for p in pairs if p.critical), pairs[0] if pairs else None)
+    # an open mismatch first: a re-evaluated one's red cells are history, shown when chosen (said below)
+    answered = {p.eval.run_id for p in pairs if resolved_by(index, p.eval) is not None}
+    first = next((p for p in pairs if p.critical and p.eval.run_id not in answered), pairs[0] if pairs else None)
     st.session_state["env_runs"] = [first.train.run_id, first.eval.run_id] if first else options[:3]
 else:
     st.session_state["env_runs"] = [r for r in st.session_state["env_runs"] if r in index.runs]
@@ -88,4 +94,9 @@ else:
                         for label, c in matrix.counts.items() if label != matrix.baseline)
     if summary:
         st.caption(md(summary))
+    for r in chosen:
+        by = resolved_by(index, index.runs[r]) if index.runs[r].kind == "eval" else None
+        if by is not None:
+            st.caption(f"{md(labels[r])} was re-evaluated in its training run's environment as "
+                       f"{md(index.label(by.run_id))}, which matches it: its differences here are answered.")
     st.dataframe(matrix.styled(), key="env_matrix", height=min(36 * (len(matrix.values) + 1) + 4, 700))

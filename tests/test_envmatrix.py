@@ -102,10 +102,12 @@ def test_an_eval_redone_in_its_training_environment_no_longer_counts_as_a_mismat
                params=settings(tmp_path, drafter_precision="bf16-autocast"))
     index = RunIndex([run("t", "train", autocast_fp()), original, redo])
     table = pairs_frame(index, train_eval_pairs(index)).set_index("eval_run_id")
-    assert table.loc["e", "critical"] == 1 and table.loc["e", "re-evaluated as"] == "t @ step 200 · fp32 · drafter bf16-autocast"
+    assert table.loc["e", "re-evaluated as"] == "t @ step 200 · fp32 · drafter bf16-autocast"
     assert table.loc["e2", "critical"] == 0 and table.loc["e2", "re-evaluated as"] == ""
-    # Issue 39: the answered row reads as answered (green, as on Runs), its critical fields still counted.
+    # Issue 39: the answered row reads as answered (green, as on Runs); issue 52: its critical count is of open
+    # differences (0), the differences it had still named, as answered.
     assert table.loc["e", "check"] == "🟢" and table.loc["e2", "check"] == "🟢"
+    assert table.loc["e", "critical"] == 0 and table.loc["e", "differences"].startswith("answered: drafter precision")
     # Another measurement (fewer tokens) answers nothing: the mismatch stays open.
     other = run("e2", "eval", autocast_fp(), train="t", step=200,
                 params=settings(tmp_path, drafter_precision="bf16-autocast", max_new_tokens="32"))

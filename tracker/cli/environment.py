@@ -87,7 +87,8 @@ def _print_diff(title: str, rows, same: str) -> None:
         return
     print(format_table(["field", "A", "B", "severity"], [(r.field, r.a_value, r.b_value, r.severity) for r in rows]))
     counts = {s: sum(r.severity == s for r in rows) for s in ("critical", "warning", "info")}
-    print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    print(f"{len(rows)} field{'s' if len(rows) != 1 else ''} differ{'s' if len(rows) == 1 else ''}: "
+          + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
 
 
 def cmd_env_diff(args) -> int:
@@ -111,8 +112,9 @@ def cmd_env_diff(args) -> int:
         _print_diff(f"environment{where}", env_rows, f"no differences (env.hash {fingerprint.env_hash(fa)})")
         proto_rows = []
         if pa is None or pb is None:
-            which = " and ".join(ref for ref, p in ((refs[i - 1], pa), (refs[i], pb)) if p is None)
-            print(f"protocol{where}:\n  not compared: {which} is not an eval (no protocol)")
+            which = [ref for ref, p in ((refs[i - 1], pa), (refs[i], pb)) if p is None]
+            print(f"protocol{where}:\n  not compared: {' and '.join(which)} "
+                  + ("is not an eval (no protocol)" if len(which) == 1 else "are not evals (no protocol)"))
         else:
             proto_rows = protocol.diff(pa, pb)
             _print_diff(f"protocol{where}", proto_rows, "no differences")

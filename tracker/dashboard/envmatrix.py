@@ -143,9 +143,11 @@ def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:
             "training run": index.label(p.train.run_id),
             "eval": index.eval_label(p.eval),
             "step": p.eval.checkpoint_step,
-            "critical": len(crit),
+            # open critical differences: one a re-evaluation answered no longer counts (its row says which)
+            "critical": 0 if p.eval.run_id in redone else len(crit),
             "warning": len(warn),
-            "differences": "no fingerprint to compare" if not p.compared else p.summary() if crit else
+            "differences": "no fingerprint to compare" if not p.compared else
+            ("answered: " if p.eval.run_id in redone else "") + p.summary() if crit else
             ", ".join(field_name(r.field) for r in warn)[:200],
             "re-evaluated as": index.label(redone[p.eval.run_id]) if p.eval.run_id in redone else "",
             "training env": p.train.env_badges,
