@@ -16,6 +16,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch first and pinned: a CPU wheel here; anything depending on torch then finds it
   # satisfied instead of pulling a multi-GB CUDA build.
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -c constraints.txt -e ".[test,ray,postgres]"
+  # setuptools' editable install of this flat layout tells, on every install, that folders named like the
+  # packages may shadow them (an information-only notice, nothing to act on): not shown at each start.
+  PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -c constraints.txt -e ".[test,ray,postgres]"
   echo "$want" > "$stamp"
 fi
