@@ -649,3 +649,17 @@ def test_cells_text_shows_compare_data_as_a_reader_reads_it():
     assert cells_text(frame).to_dict("records") == [
         {"step": "200", "value": "4.8446", "series": "v4", "low": ""},
         {"step": "", "value": "3", "series": "", "low": "0.1235"}]
+
+
+def test_two_evals_of_one_step_never_read_alike_in_compares_tables():
+    """Issue 52 (LOW): two evals of one step made duplicate-looking rows (vs previous checkpoint, per dataset)."""
+    from tracker.dashboard.compare_deltas import by_dataset_frame, told_apart
+
+    index = RunIndex([run("t", "train", fp(), name="v5"),
+                      run("aaaaaa1", "eval", fp(), train="t", step=200, metrics={"tau": 2.0}),
+                      run("bbbbbb2", "eval", fp(), train="t", step=200, metrics={"tau": 2.1}),
+                      run("cccccc3", "eval", fp(), train="t", step=100, metrics={"tau": 1.5})])
+    evals = index.evals_of("t")
+    assert told_apart(index, evals) == {"cccccc3": "v5 @ step 100", "aaaaaa1": "v5 @ step 200 (aaaaaa)",
+                                        "bbbbbb2": "v5 @ step 200 (bbbbbb)"}
+    assert by_dataset_frame(index, evals)["run"].is_unique

@@ -15,6 +15,7 @@ A critical environment or protocol difference makes the verdict "not comparable"
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -199,8 +200,8 @@ def _critical_names(rows: Sequence | None) -> list[str]:
 
 REFERENCE_COLUMNS = ["eval", "dataset", "prompts", "tau", "reference tau", "delta tau", "verdict", "how",
                      "protocol", "run_id"]
-PREVIOUS_COLUMNS = ["series", "step", "previous step", "dataset", "tau", "previous tau", "delta tau", "verdict",
-                    "how", "run_id"]
+PREVIOUS_COLUMNS = ["series", "step", "eval", "previous step", "dataset", "tau", "previous tau", "delta tau",
+                    "verdict", "how", "run_id"]
 DATASET_COLUMNS = ["run", "dataset", "prompts", "tau", "95% interval", "scoring", "run_id"]
 ONLINE_COLUMNS = ["checkpoint", "offline tau", "online tau", "online - offline", "from"]
 SERVED_COLUMNS = ["checkpoint", "offline eval", "engine mean acceptance length", "offline tau", "gap", "pooling",
@@ -248,6 +249,14 @@ def vs_reference_frame(index: RunIndex, evals: Sequence[RunInfo], ref: RunInfo |
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS).astype({"prompts": "Int64"})
 
 
+def told_apart(index: RunIndex, runs: Sequence[RunInfo]) -> dict[str, str]:
+    """Each run's eval label, with its short id where another of `runs` has the same label (two evals of one step:
+    a repeat, a re-evaluation, another protocol), so that their rows never read alike."""
+    labels = {r.run_id: index.eval_label(r) for r in runs}
+    seen = Counter(labels.values())
+    return {run_id: f"{label} ({run_id[:6]})" if seen[label] > 1 else label for run_id, label in labels.items()}
+
+
 def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunInfo]]],
                       results: ResultsLoader | None = None) -> pd.DataFrame:
     """The "vs previous checkpoint" table: each eval of a series against an eval of the previous step
@@ -256,6 +265,7 @@ def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunI
     for label, evals in series:
         ordered = sorted((e for e in evals if e.checkpoint_step is not None), key=lambda e: e.checkpoint_step)
         loaded = {e.run_id: results(e) if results else None for e in ordered}
+        named = told_apart(index, ordered)
         # "Previous" is the previous step: a second eval of a step is never its own predecessor.
         latest_at: dict[int, RunInfo] = {e.checkpoint_step: e for e in ordered}
         steps = sorted(latest_at)
@@ -268,7 +278,8 @@ def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunI
             for dataset in [d for d in after if d in before]:
                 gap = compare(after[dataset], before[dataset], per_prompt(loaded[cur.run_id], dataset),
                               per_prompt(loaded[prev.run_id], dataset), critical)
-                rows.append({"series": label, "step": cur.checkpoint_step, "previous step": prev.checkpoint_step,
+                rows.append({"series": label, "step": cur.checkpoint_step, "eval": named[cur.run_id],
+                             "previous step": prev.checkpoint_step,
                              "dataset": _label(dataset), "tau": after[dataset].text(),
                              "previous tau": before[dataset].text(), "delta tau": gap.delta.text(signed=True),
                              "verdict": gap.verdict, "how": gap.how, "run_id": cur.run_id})
@@ -278,13 +289,13 @@ def vs_previous_frame(index: RunIndex, series: Sequence[tuple[str, Sequence[RunI
 def by_dataset_frame(index: RunIndex, runs: Sequence[RunInfo], results: ResultsLoader | None = None) -> pd.DataFrame:
     """Per-dataset tau of each run with its interval, grouped by dataset (then run). Cells are text, so what
     a publication does not state reads as such (never an empty `None` cell)."""
-    rows = []
+    rows, named = [], told_apart(index, runs)
     for run in runs:
         published = scoring(run) == "published"
         for dataset, est in dataset_estimates(run, results(run) if results else None).items():
             interval = (f"[{est.low:.3f}, {est.high:.3f}]" if est.has_interval
                         else "none published" if published else "not computed")
-            rows.append({"run": index.eval_label(run), "dataset": _label(dataset),
+            rows.append({"run": named[run.run_id], "dataset": _label(dataset),
                          "prompts": str(est.n_prompts) if est.n_prompts is not None else "not stated",
                          "tau": f"{est.value:.3f}", "95% interval": interval, "scoring": scoring(run),
                          "run_id": run.run_id})
