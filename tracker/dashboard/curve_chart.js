@@ -64,7 +64,7 @@ const stepRange = (u, lo, hi) => {
 
 // What uPlot leaves to its hooks on an eval chart: each point's interval as an error bar, and the
 // reference as a dotted horizontal line with its label, its interval a faint band behind it.
-function drawEvalExtras(u, data, text) {
+function drawEvalExtras(u, data, text, paper) {
   const ctx = u.ctx, px = uPlot.pxRatio, { left, top, width, height } = u.bbox;
   ctx.save();
   ctx.beginPath();
@@ -86,7 +86,6 @@ function drawEvalExtras(u, data, text) {
     ctx.lineTo(left + width, y);
     ctx.stroke();
     ctx.setLineDash([]);
-    ctx.fillStyle = text;
     ctx.font = `${12 * px}px sans-serif`;
     ctx.textAlign = "left";
     ctx.textBaseline = "bottom";
@@ -94,7 +93,29 @@ function drawEvalExtras(u, data, text) {
     const number = `: ${ref.value.toFixed(3)}`, room = width - 8 * px;
     let label = ref.label;
     while (label.length > 1 && ctx.measureText(label + number).width > room) label = label.slice(0, -2) + "…";
-    ctx.fillText(label + number, left + 4 * px, y - 3 * px);
+    // Placed where it covers the fewest points (left or right end, above or below the line), on a faint
+    // backing: at the left end above the line it sat on the early checkpoints' points.
+    const w = ctx.measureText(label + number).width, h = 14 * px;
+    const places = [[left + 4 * px, y - 3 * px], [left + width - w - 4 * px, y - 3 * px],
+                    [left + 4 * px, y + h + 1 * px], [left + width - w - 4 * px, y + h + 1 * px]];
+    const covered = ([x, base]) => {
+      let n = 0;
+      for (let si = 1; si < u.data.length; si++) {
+        u.data[si].forEach((v, i) => {
+          if (v == null) return;
+          const px_ = u.valToPos(u.data[0][i], "x", true), py = u.valToPos(v, "y", true);
+          if (px_ >= x - 6 * px && px_ <= x + w + 6 * px && py >= base - h - 6 * px && py <= base + 6 * px) n++;
+        });
+      }
+      return n;
+    };
+    const [tx, ty] = places.reduce((best, p) => covered(p) < covered(best) ? p : best, places[0]);
+    ctx.globalAlpha = 0.75;  // the page's own background (light or dark theme), the points faint behind it
+    ctx.fillStyle = paper;
+    ctx.fillRect(tx - 2 * px, ty - h, w + 4 * px, h + 2 * px);
+    ctx.globalAlpha = 1;
+    ctx.fillStyle = text;
+    ctx.fillText(label + number, tx, ty);
   }
   ctx.lineWidth = 1.5 * px;
   u.series.forEach((shown, si) => {
@@ -176,7 +197,7 @@ function options(data, width, root, setTriggerValue) {
         setTriggerValue("zoom", [Math.max(0, Math.floor(lo)), Math.ceil(hi)]);
       }],
       draw: [(u) => {
-        if (data.markers) drawEvalExtras(u, data, text);
+        if (data.markers) drawEvalExtras(u, data, text, paper);
         root.dataset.drawn = "1";
         root.dataset.reference = data.reference ? "1" : "0";
         root.dataset.series = String(data.series.filter((s) => !s.faint).length);
