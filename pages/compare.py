@@ -8,7 +8,8 @@ view is computed and sent. To add a view, define `def my_view() -> None` (it may
 
 import streamlit as st
 
-from tracker.dashboard import charts, context_view, curve_chart, load_view, metric_docs, recipe, report, ui
+from tracker.dashboard import (charts, context_view, curve_chart, load_view, metric_docs, recipe, reconcile_view, report,
+                               ui)
 from tracker.dashboard.compare import (
     TITLES,
     best_evals,
@@ -288,8 +289,12 @@ def config_view() -> None:
 def engines_view() -> None:
     views = engines_views(index, data, results)
     if not views:
+        owners = reconcile_view.engine_eval_owners(index)
+        elsewhere = (f" This store has engine evals of {md(', '.join(index.label(r) for r in owners[:3]))}"
+                     f"{' and more' if len(owners) > 3 else ''}: choose that run above." if owners else "")
         st.info("No engine evals among these runs: measure a checkpoint as an engine serves it with "
-                "`draftboard eval --engine vllm|sglang|llamacpp` (or from the Launch page), then choose that eval here.")
+                "`draftboard eval --engine vllm|sglang|llamacpp` (or from the Launch page), then choose that eval "
+                f"here.{elsewhere}")
         return
     st.caption("Each checkpoint and prompt set: the offline tau and each engine's own number (two definitions, "
                "named in each row), and each pair of engines' gap in parts, measured through the offline eval of the "

@@ -314,3 +314,16 @@ def test_the_progress_eta_holds_from_the_first_stage_of_a_measured_build():
                                 fraction=done / sum(work), started=1000.0)
         left = sum(measured) - elapsed
         assert progress.eta_s(1000.0 + elapsed) == pytest.approx(left, rel=0.15), (elapsed, left)
+
+
+def test_compare_sends_a_reader_without_engine_evals_to_the_run_that_has_them(demo_home, llamacpp_python, monkeypatch,
+                                                                              tmp_path):
+    """Compare starts on the demo's drafters (one target), which have no engine eval: the Engines view names the
+    run that has them (the served pair's drafter), so a newcomer finds the served features from there."""
+    from apptest import page_text, run_page, serve
+
+    from demo.served import DRAFTER_NAME
+
+    serve(monkeypatch, f"sqlite:///{demo_home / 'draftboard.db'}", demo_home, tmp_path)
+    text = page_text(run_page("pages/compare.py", compare_view="Engines"))
+    assert "No engine evals among these runs" in text and f"This store has engine evals of {DRAFTER_NAME}" in text

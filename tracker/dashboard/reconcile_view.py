@@ -33,6 +33,16 @@ def is_engine_eval(run: RunInfo) -> bool:
     return run.tags.get(SCORING_TAG) == config.ENGINE_SCORING
 
 
+def engine_eval_owners(index: RunIndex) -> list[str]:
+    """The runs to choose on Compare to see the store's engine evals (each one's training run, else the eval),
+    newest first, once each: where the Engines view sends a reader whose chosen runs have none."""
+    def compute() -> list[str]:
+        owners = [run.train_run_id if run.train_run_id in index.runs else run.run_id
+                  for run in index.of_kind("eval") if is_engine_eval(run)]
+        return list(dict.fromkeys(owners))
+    return index.memo(("engine_eval_owners",), compute)
+
+
 def _checkpoint_key(run: RunInfo) -> str | None:
     return run.checkpoint_sha256 or (str(Path(run.checkpoint).resolve()) if run.checkpoint else None)
 
