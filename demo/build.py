@@ -1,12 +1,13 @@
 """`draftboard demo`: a store full of honest data, built on the spot on a CPU.
 
 Stages: a tiny Qwen3.5 target trained on stdlib source; self-distilled training data; where an
-engine is installed, a Qwen3 pair measured offline and served (demo/served.py); four drafter training runs that differ as a real team's do (tapped layers, loss weighting, one
-trained in bf16 while every eval runs fp32, so the environment view has a true mismatch, and a
-DFlash2 drafter with its trained candidate selector); an
-eval of every checkpoint through the real harness; a longer-trained drafter evaluated as the
-`longer-trained drafter (demo)` reference; and z-lab's published numbers as published reference runs. Nothing is
-invented: every number comes from the trainer and the harness, or from a cited publication.
+engine is installed, a Qwen3 pair measured offline and served (demo/served.py); four drafter
+training runs that differ as a real team's do (tapped layers, loss weighting, one trained in bf16
+while every eval runs fp32, so the environment view has a true mismatch, and a DFlash2 drafter with
+its trained candidate selector); an eval of every checkpoint through the real harness; a
+longer-trained drafter evaluated as the `longer-trained drafter (demo)` reference; and z-lab's
+published numbers as published reference runs. Nothing is invented: every number comes from the
+trainer, the harness and the engines, or from a cited publication.
 """
 
 from __future__ import annotations
