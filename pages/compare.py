@@ -28,7 +28,7 @@ from tracker.dashboard.compare import (
     without_ddtree,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
-from tracker.dashboard.tables import WRAP_ROW_HEIGHT, cells_text
+from tracker.dashboard.tables import WRAP_ROW_HEIGHT, cells_text, picker_options
 
 AUTO = "__closest__"
 NONE = "__none__"
@@ -40,21 +40,22 @@ _WRAPPED = {name: st.column_config.TextColumn(width=width) for name, width in (
 cfg, index = ui.shared()
 st.title("Compare")
 
-options = [r.run_id for r in index.of_kind("train", "eval")]
-if not options:
+if not index.of_kind("train", "eval"):
     st.info("No training or eval runs to compare yet: log a training run, or evaluate a checkpoint with "
             "`draftboard eval` (or from the Launch page).")
     st.stop()
-from_url, unknown = ids_from_link(st.query_params.get("runs"), options)
+from_url, unknown = ids_from_link(st.query_params.get("runs"), [r for r in index.runs
+                                                                  if index.runs[r].kind in ("train", "eval")])
 if unknown and "compare_runs" not in st.session_state:
     st.warning(f"No training or eval run with id {', '.join(md_code(r) for r in unknown)} in this store: the link "
                "names runs that do not exist here (deleted, or another store's).", icon="🔗")
 if "compare_runs" not in st.session_state:
     st.session_state["compare_runs"] = from_url or default_selection(index)
-else:  # runs may have been deleted since
-    st.session_state["compare_runs"] = [r for r in st.session_state["compare_runs"] if r in options]
+options, left_out = picker_options(index, ("train", "eval"), keep=st.session_state["compare_runs"])
+st.session_state["compare_runs"] = [r for r in st.session_state["compare_runs"] if r in options]  # deleted since
 chosen = st.multiselect("Runs", options, key="compare_runs", format_func=lambda r: ui.run_option_label(index, r),
                         help="training runs (their curves, and their evals by checkpoint) and single eval runs")
+ui.picker_note(left_out)
 st.query_params["runs"] = ",".join(chosen)
 if not chosen:
     st.info("Choose runs to compare.")

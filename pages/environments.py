@@ -6,6 +6,7 @@ from tracker.dashboard import ui
 from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, unfingerprinted
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.lineage import resolved_by, train_eval_pairs
+from tracker.dashboard.tables import PICKER_RUNS, picker_options
 
 cfg, index = ui.shared()
 st.title("Environments")
@@ -19,7 +20,7 @@ pairs = train_eval_pairs(index)
 if not pairs:
     st.info("No eval is linked to a training run yet (evals carry the tag `draftboard.train_run_id`).")
 else:
-    table = pairs_frame(index, pairs)
+    table = index.memo(("pairs_frame",), lambda: pairs_frame(index, pairs))  # every pair: once per store state
     redone = table["re-evaluated as"].ne("")
     n_crit = int((table["critical"] > 0).sum())  # open ones: a re-evaluation's answer counts 0
     if n_crit:
@@ -42,7 +43,10 @@ else:
     if not cfg.readonly:
         # An eval a re-evaluation already answered is not offered again (its row says *re-evaluated as*).
         answered = set(table.loc[redone, "eval_run_id"])
-        eval_ids = [p.eval.run_id for p in pairs if p.eval.run_id not in answered]
+        # the evals that differ critically first (what there is to repeat), then the rest, as many as a picker
+        # offers (tables.PICKER_RUNS): each option is labelled and sent on every visit
+        open_first = sorted((p for p in pairs if p.eval.run_id not in answered), key=lambda p: not p.critical)
+        eval_ids = [p.eval.run_id for p in open_first[:PICKER_RUNS]]
         if eval_ids:
             pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
                                 format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
@@ -68,15 +72,16 @@ if not missing.empty:
 
 # ------------------------------------------------------------------ matrix
 st.subheader("Fingerprint matrix", help="one column per run; cells are graded against the baseline column")
-options = list(index.runs)
 if "env_runs" not in st.session_state:
     # an open mismatch first: a re-evaluated one's red cells are history, shown when chosen (said below)
-    answered = {p.eval.run_id for p in pairs if resolved_by(index, p.eval) is not None}
+    answered = index.memo(("answered_evals",), lambda: {p.eval.run_id for p in pairs
+                                                         if resolved_by(index, p.eval) is not None})
     first = next((p for p in pairs if p.critical and p.eval.run_id not in answered), pairs[0] if pairs else None)
-    st.session_state["env_runs"] = [first.train.run_id, first.eval.run_id] if first else options[:3]
-else:
-    st.session_state["env_runs"] = [r for r in st.session_state["env_runs"] if r in index.runs]
+    st.session_state["env_runs"] = [first.train.run_id, first.eval.run_id] if first else list(index.runs)[:3]
+options, left_out = picker_options(index, ("train", "eval", "reference"), keep=st.session_state["env_runs"])
+st.session_state["env_runs"] = [r for r in st.session_state["env_runs"] if r in options]  # deleted since
 chosen = st.multiselect("Runs", options, key="env_runs", format_func=lambda r: ui.run_option_label(index, r))
+ui.picker_note(left_out)
 if not chosen:
     st.info("Choose runs to see their fingerprints side by side.")
     st.stop()

@@ -15,19 +15,25 @@ from tracker.dashboard.tables import (
     metrics_frame,
     mlflow_ui_url,
     params_frame,
+    picker_options,
 )
 
 cfg, index = ui.shared()
 
-run_ids = list(index.runs)
 wanted = st.query_params.get("run")
 if wanted and wanted not in index.runs and "detail_run" not in st.session_state:
     st.warning(f"No run with id {md_code(wanted)} in this store: the link names a run that does not exist here "
                "(deleted, or another store's). Showing another run.", icon="🔗")
 trains = index.of_kind("train")
-default = run_ids.index(wanted) if wanted in index.runs else run_ids.index(trains[0].run_id) if trains else 0
-run_id = st.selectbox("Run", run_ids, index=default, key="detail_run",
+shown_first = wanted if wanted in index.runs else trains[0].run_id if trains else next(iter(index.runs))
+run_ids, left_out = picker_options(index, ("train", "eval", "reference"),
+                                   keep=[shown_first, *([st.session_state["detail_run"]] if st.session_state.get(
+                                       "detail_run") in index.runs else [])])
+if st.session_state.get("detail_run") not in run_ids:  # deleted since
+    st.session_state.pop("detail_run", None)
+run_id = st.selectbox("Run", run_ids, index=run_ids.index(shown_first), key="detail_run",
                       format_func=lambda r: ui.run_option_label(index, r))
+ui.picker_note(left_out)
 if st.query_params.get("run") != run_id:
     st.query_params["run"] = run_id
 run = index.runs[run_id]

@@ -663,3 +663,16 @@ def test_two_evals_of_one_step_never_read_alike_in_compares_tables():
     assert told_apart(index, evals) == {"cccccc3": "v5 @ step 100", "aaaaaa1": "v5 @ step 200 (aaaaaa)",
                                         "bbbbbb2": "v5 @ step 200 (bbbbbb)"}
     assert by_dataset_frame(index, evals)["run"].is_unique
+
+
+def test_a_run_picker_offers_the_chosen_and_the_newest_runs_training_runs_first():
+    """Speed at scale (issue 52): every picker option is labelled on the server and sent to the browser on every
+    visit, so a 10,000-run store offers at most `limit`: what is chosen, then training runs, then the rest."""
+    from tracker.dashboard.tables import picker_options
+
+    index = RunIndex([run("e1", "eval", fp(), train="t1", step=1), run("t2", "train", fp()),
+                      run("e0", "eval", fp()), run("t1", "train", fp()), run("r", "reference", fp())])
+    assert picker_options(index, ("train", "eval")) == (["t2", "t1", "e1", "e0"], 0)
+    assert picker_options(index, ("train", "eval"), keep=["e0", "gone"], limit=2) == (["e0", "t2"], 2)
+    assert picker_options(index, ("train", "eval", "reference"), keep=["e0", "e1", "r"], limit=2) == (
+        ["e0", "e1", "r"], 2)  # what is chosen always stays

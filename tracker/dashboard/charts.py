@@ -34,7 +34,11 @@ REFERENCE_COLOR = "#333333"
 def run_colors(index: RunIndex) -> dict[str, str]:
     """Every run's colour: palette slots in the order runs started (a new run never recolours an
     older one); an eval or reference takes its training run's colour; a reference without one is
-    drawn in REFERENCE_COLOR."""
+    drawn in REFERENCE_COLOR. Once per index (every chart of every page reads it)."""
+    return index.memo(("run_colors",), lambda: _run_colors(index))
+
+
+def _run_colors(index: RunIndex) -> dict[str, str]:
     slots: dict[str, str] = {}
     out = {}
     for run in sorted(index.runs.values(), key=lambda r: (r.start_time or 0, r.run_id)):

@@ -457,17 +457,20 @@ class RunIndex:
         return self.label(run.run_id)
 
     def targets(self) -> list[str]:
-        return sorted({r.target for r in self.runs.values() if r.target})
+        return self.memo(("targets",), lambda: sorted({r.target for r in self.runs.values() if r.target}))
 
     def user_tags(self) -> list[str]:
-        """`key=value` of every tag except MLflow's own and draftboard's lineage tags."""
-        out = set()
-        for r in self.runs.values():
-            for key, value in r.tags.items():
-                if key.startswith(("mlflow.", "draftboard.")) or key == names.ENV_HASH:
-                    continue
-                out.add(f"{key}={value}")
-        return sorted(out)
+        """`key=value` of every tag except MLflow's own and draftboard's lineage tags (once per index: the Runs
+        page's filter offers them on every visit)."""
+        def compute() -> list[str]:
+            out = set()
+            for r in self.runs.values():
+                for key, value in r.tags.items():
+                    if key.startswith(("mlflow.", "draftboard.")) or key == names.ENV_HASH:
+                        continue
+                    out.add(f"{key}={value}")
+            return sorted(out)
+        return self.memo(("user_tags",), compute)
 
 
 def load_run_index(tracker, fingerprints: FingerprintLoader | None = None, lasting: dict | None = None) -> RunIndex:

@@ -472,7 +472,14 @@ def mismatch_text(index: RunIndex, pair: Lineage) -> str:
 
 
 def train_eval_pairs(index: RunIndex, run_ids: Sequence[str] | None = None) -> list[Lineage]:
-    """Every (eval, training run) pair, or those touching `run_ids`; critical differences first."""
+    """Every (eval, training run) pair, or those touching `run_ids`; critical differences first. Every pair is
+    derived once per index (Environments reads them on every visit)."""
+    if run_ids is None:
+        return index.memo(("train_eval_pairs",), lambda: _train_eval_pairs(index, None))
+    return _train_eval_pairs(index, run_ids)
+
+
+def _train_eval_pairs(index: RunIndex, run_ids: Sequence[str] | None) -> list[Lineage]:
     wanted = None if run_ids is None else set(run_ids)
     pairs = [p for p in (vs_training(index, ev) for ev in index.of_kind("eval", "reference")) if p is not None
              and (wanted is None or p.eval.run_id in wanted or p.train.run_id in wanted)]

@@ -96,13 +96,29 @@ def filter_runs(index: RunIndex, kinds: Sequence[str] = (), targets: Sequence[st
 # st.dataframe wraps a cell's text only in rows taller than 4rem (64 px; Streamlit 1.67's grid): 68 px holds
 # three lines, so a long run name, reason or verdict reads whole in a narrow column.
 WRAP_ROW_HEIGHT = 68
-RUNS_PAGE_ROWS = 500  # the Runs page shows this many rows at a time
+RUNS_PAGE_ROWS = 200  # the Runs page shows this many rows at a time (what its browser is sent and lays out)
 NOT_SET = "— (not set: the default)"  # a param logged as Python's None
 # The run's name and its tau come right after the two checks, so that at 1280 px the number shows beside
 # what says whether it can be compared; the rest scrolls.
 RUNS_TABLE_COLUMNS = ["env check", "protocol check", "name", "tau", "kind", "drafter", "status", "target", "steps",
                       "tau latest", "tau best", "environment",
                       "linear-attn", "device", "dtype", "started", "detail", "critical", "run_id"]
+
+
+PICKER_RUNS = 1000  # the most runs a page's run picker offers (and sends to the browser) at once
+
+
+def picker_options(index: RunIndex, kinds: Sequence[str], keep: Sequence[str] = (),
+                   limit: int = PICKER_RUNS) -> tuple[list[str], int]:
+    """The run ids a picker offers: `keep` (what is chosen or linked), then the runs of `kinds`, training runs
+    first (an eval is reached through its training run), newest first, up to `limit` in all; and how many
+    were left out. Every option is sent to the browser on every visit and labelled on the server: a store of
+    10,000 runs made a picker the page's largest cost. Left out is never lost: Runs' search finds any run."""
+    ranked = [r.run_id for kind in ("train", *(k for k in kinds if k != "train")) if kind in kinds
+              for r in index.of_kind(kind)]
+    kept = [r for r in keep if r in index.runs]
+    options = list(dict.fromkeys([*kept, *ranked]))
+    return options[:max(limit, len(kept))], max(0, len(options) - max(limit, len(kept)))
 
 
 def team_first(runs: Sequence[RunInfo]) -> list[RunInfo]:

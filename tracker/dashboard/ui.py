@@ -629,12 +629,21 @@ def bullet_list(lines: list[str], title: str, alert=st.error, icon: str = "⚠�
 
 
 def run_option_label(index: RunIndex, run_id: str) -> str:
-    """A run in a picker (plain text: options are not rendered as Markdown)."""
-    run = index.get(run_id)
-    if run is None:
-        return run_id
-    extra = f" · step {run.checkpoint_step}" if run.kind != "train" and run.checkpoint_step is not None else ""
-    return f"{index.label(run_id)} — {run.kind_label}{extra} · {run.target_name}"
+    """A run in a picker (plain text: options are not rendered as Markdown); made once per index."""
+    def label() -> str:
+        run = index.get(run_id)
+        if run is None:
+            return run_id
+        extra = f" · step {run.checkpoint_step}" if run.kind != "train" and run.checkpoint_step is not None else ""
+        return f"{index.label(run_id)} — {run.kind_label}{extra} · {run.target_name}"
+    return index.memo(("option_label", run_id), label)
+
+
+def picker_note(left_out: int) -> None:
+    """Said under a run picker that offers only the newest runs (`tables.picker_options`)."""
+    if left_out:
+        st.caption(f"{left_out:,} older runs are not offered here: find any run on Runs (search by name or id) and "
+                   "open it from there (Open run detail, Compare selected).")
 
 
 def reevaluate(cfg: Settings, index: RunIndex, eval_run_id: str, key: str) -> None:
