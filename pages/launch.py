@@ -36,6 +36,10 @@ OTHER = "__path__"
 
 # The Samples field's starting value, for the sampled presets: at T = 0 left as it was, it is nobody's choice to note.
 SAMPLES_SHOWN = 8
+# The count fields are number inputs of floats shown as typed: Streamlit's integer inputs cut a fraction off in the
+# browser (parseInt) before the server sees it, so "8.5" became 8 in silence; as floats it arrives, and
+# `eval_params` refuses it by name.
+COUNT = {"step": 1.0, "format": "%.15g"}
 cfg, index = ui.shared(needs_runs=False)
 PROMPT_CHOICES = {c.value: c.label for c in prompt_choices(index)}
 
@@ -152,7 +156,7 @@ else:
             drafter_path = c1.text_input("Checkpoint path", key="launch_drafter_path",
                                          placeholder="/path/to/drafter (z-lab directory, .safetensors or .pt)")
             if train is not None:
-                step = c2.number_input("Checkpoint step", value=None, step=1, key="launch_step",
+                step = c2.number_input("Checkpoint step", value=None, **COUNT, key="launch_step",
                                        help="the training step of this checkpoint (links the eval to the curve)")
         else:
             step = pick
@@ -169,9 +173,9 @@ else:
         c1, c2, c3, c4, c5, c6 = st.columns(6)
         budgets = c1.text_input("DDTree budgets", key="launch_budgets",
                                 help="node budgets B for ddtree_tau_b{B}, comma-separated")
-        max_new = c2.number_input("Max new tokens", step=1, key="launch_max_new",
+        max_new = c2.number_input("Max new tokens", **COUNT, key="launch_max_new",
                                   help="tokens generated per prompt by the target; checked against its context")
-        limit = c3.number_input("Prompts per dataset", value=None, step=1, key="launch_limit",
+        limit = c3.number_input("Prompts per dataset", value=None, **COUNT, key="launch_limit",
                                 help="at most N prompts of each dataset, a fixed-seed sample as z-lab's --max-samples "
                                      "draws it (gsm8k has 1,319); empty: every prompt")
         device = c4.selectbox("Device", DEVICES, key="launch_device")
@@ -184,9 +188,9 @@ else:
         c1, c2, c3, c4, c5, c6 = st.columns(6)
         temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
-        top_k = c3.number_input("top_k", step=1, key="launch_top_k", disabled=fixed, help="0: no top-k")
+        top_k = c3.number_input("top_k", **COUNT, key="launch_top_k", disabled=fixed, help="0: no top-k")
         samples_off = fixed and SAMPLING_PRESETS[preset][0] == 0  # a greedy preset: one continuation
-        samples = c4.number_input("Samples", value=SAMPLES_SHOWN, step=1, key="launch_samples", disabled=samples_off,
+        samples = c4.number_input("Samples", value=float(SAMPLES_SHOWN), **COUNT, key="launch_samples", disabled=samples_off,
                                   help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
                                        "interval over draws; an engine eval sends each prompt once")
         concurrency = c5.text_input("Concurrency levels", key="launch_concurrency", placeholder="e.g. 1,4,8",
@@ -194,7 +198,7 @@ else:
                                          "at each level, with the drafter and with the target alone: tokens/s, "
                                          "speedup and each request's own counts per level (docs/DESIGN.md, Load "
                                          "sweeps); empty: one request at a time only")
-        prompt_tokens = c6.number_input("Prompt tokens", value=None, step=1, key="launch_prompt_tokens",
+        prompt_tokens = c6.number_input("Prompt tokens", value=None, **COUNT, key="launch_prompt_tokens",
                                         help="long-context sets (LongBench, LongBench v2, ShareGPT rows): each prompt "
                                              "made N tokens long, its middle cut as LongBench cuts it or filled with "
                                              "the set's own documents, never padding; empty: each at its own length")
@@ -210,12 +214,12 @@ else:
             train_run_id=train.run_id if train else None, train_name=index.label(train.run_id) if train else None,
             drafter_family=train.drafter_family if train else None,
             checkpoint_step=step,
-            budgets=budgets, max_new_tokens=int(max_new), device=device, dtype=dtype,
+            budgets=budgets, max_new_tokens=max_new, device=device, dtype=dtype,
             drafter_precision=precision, linear_attn=linear,
             training_fingerprint=train.fingerprint if train else None,
             reference=as_reference, reference_name=ref_name or "",
-            limit_per_dataset=None if limit is None else int(limit), measured_by=measured_by,
-            prompt_tokens=None if prompt_tokens is None else int(prompt_tokens),
+            limit_per_dataset=limit, measured_by=measured_by,
+            prompt_tokens=prompt_tokens,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k,
             samples=1 if samples_off or (temperature == 0 and samples == SAMPLES_SHOWN) else samples,
             concurrency=concurrency or "",

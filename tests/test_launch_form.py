@@ -188,7 +188,8 @@ def test_launch_says_what_a_sampled_or_greedy_eval_will_not_use_and_refuses_frac
         "DDTree budgets (DDTree is not run for a DFlash2 drafter: its candidate selector walks one path)"]
     for field, value, label in (("samples", 2.5, "samples"), ("top_k", 20.7, "top_k"),
                                 ("limit_per_dataset", 3.5, "prompts per dataset"),
-                                ("prompt_tokens", 100.5, "prompt tokens")):
+                                ("prompt_tokens", 100.5, "prompt tokens"), ("max_new_tokens", 12.5, "max new tokens"),
+                                ("samples", float("inf"), "samples")):
         with pytest.raises(DraftboardError, match=f"{label} must be a whole number"):
             eval_params(LaunchForm(**common, temperature=1.0, **{field: value}), [tmp_path])
     assert eval_params(LaunchForm(**common, temperature=1.0, samples=16.0), [tmp_path])["samples"] == 16

@@ -15,6 +15,7 @@ results could never be logged (the worker usually logs with the same account).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -137,7 +138,8 @@ def form_defaults(index: RunIndex, run: RunInfo | None) -> dict:
 
 @dataclass
 class LaunchForm:
-    """What the Launch page collects."""
+    """What the Launch page collects. Its counts come as the page's number inputs give them (floats, so a
+    fraction is seen): `eval_params` takes each as a whole number or refuses it."""
 
     target: str
     prompts: str
@@ -146,9 +148,9 @@ class LaunchForm:
     train_run_id: str | None = None
     train_name: str | None = None  # the training run's label: names the eval (names.eval_run_name)
     drafter_family: str | None = None  # the training run's (`RunInfo.drafter_family`): DFlash2 runs no DDTree
-    checkpoint_step: int | None = None
+    checkpoint_step: float | None = None
     budgets: str = DEFAULT_BUDGETS
-    max_new_tokens: int = eval_job.FIELDS["max_new_tokens"].default
+    max_new_tokens: float = eval_job.FIELDS["max_new_tokens"].default
     device: str = "cpu"
     dtype: str = "fp32"
     drafter_precision: str | None = None  # None: the drafter cast to `dtype`
@@ -156,13 +158,13 @@ class LaunchForm:
     training_fingerprint: dict | None = None
     reference: bool = False
     reference_name: str = ""
-    limit_per_dataset: int | None = None  # at most N prompts per dataset (a fixed-seed sample)
-    prompt_tokens: int | None = None  # a long-context set's prompts made N tokens long (evaluators/long_context.py)
+    limit_per_dataset: float | None = None  # at most N prompts per dataset (a fixed-seed sample)
+    prompt_tokens: float | None = None  # a long-context set's prompts made N tokens long (evaluators/long_context.py)
     measured_by: tuple[str | None, str | None] = (None, None)  # (engine, url): measure_choices()
     temperature: float = 0.0  # T > 0: sampled acceptance (docs/DESIGN.md); with top_p, top_k as z-lab applies them
     top_p: float = 1.0
-    top_k: int = 0
-    samples: int = 1  # continuations drawn per prompt (T > 0)
+    top_k: float = 0
+    samples: float = 1  # continuations drawn per prompt (T > 0)
     concurrency: str = ""  # a load sweep's levels ("1,4,8"; empty: none), with an engine
 
 
@@ -233,7 +235,8 @@ def target_is_hybrid(target: str) -> bool:
 
 def _whole(value, label: str) -> int:
     """A form's count as an int; a fraction is refused, never rounded."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
         raise DraftboardError(f"{label} must be a whole number, got {value!r:.20}")
     return int(value)
 
@@ -317,37 +320,40 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         linear, why = training_linear_attn(form.training_fingerprint)
         if linear is None:
             raise DraftboardError(f"linear-attention path: {why}")
-    if not isinstance(form.max_new_tokens, int) or form.max_new_tokens < 1:
+    max_new = _whole(form.max_new_tokens, "max new tokens")
+    limit = None if form.limit_per_dataset is None else _whole(form.limit_per_dataset, "prompts per dataset")
+    prompt_tokens = None if form.prompt_tokens is None else _whole(form.prompt_tokens, "prompt tokens")
+    if max_new < 1:
         raise DraftboardError("max new tokens must be a positive integer")
     context = target_context(target)
-    if context is not None and form.max_new_tokens >= context:
-        raise DraftboardError(f"max new tokens {form.max_new_tokens} leaves no room for a prompt in the target's "
+    if context is not None and max_new >= context:
+        raise DraftboardError(f"max new tokens {max_new} leaves no room for a prompt in the target's "
                               f"context of {context} tokens (max_position_embeddings)")
     if problem := config.hub_dataset_problem(prompts):
         raise DraftboardError(problem)
-    if form.limit_per_dataset is not None and form.limit_per_dataset < 1:
+    if limit is not None and limit < 1:
         raise DraftboardError("prompts per dataset must be a positive integer (or empty: all of them)")
-    if form.prompt_tokens is not None and not 1 <= form.prompt_tokens <= config.MAX_CONTEXT_EDGE:
+    if prompt_tokens is not None and not 1 <= prompt_tokens <= config.MAX_CONTEXT_EDGE:
         raise DraftboardError(f"prompt tokens must be a positive integer up to {config.MAX_CONTEXT_EDGE} (or empty: each "
                               "prompt at its own length)")
-    if form.prompt_tokens is not None and context is not None and form.prompt_tokens + form.max_new_tokens >= context:
-        raise DraftboardError(f"{form.prompt_tokens} prompt tokens + max new tokens {form.max_new_tokens} do not fit the "
+    if prompt_tokens is not None and context is not None and prompt_tokens + max_new >= context:
+        raise DraftboardError(f"{prompt_tokens} prompt tokens + max new tokens {max_new} do not fit the "
                               f"target's context of {context} tokens (max_position_embeddings)")
     params = {
         "target": target,
         "drafter": drafter,
         "prompts": prompts,
-        "max_new_tokens": int(form.max_new_tokens),
+        "max_new_tokens": max_new,
         "budgets": parse_budgets(form.budgets),
         "device": form.device,
         "dtype": form.dtype,
         "drafter_precision": form.drafter_precision,
         "linear_attn": linear,
     }
-    if form.limit_per_dataset is not None:
-        params["limit_per_dataset"] = _whole(form.limit_per_dataset, "prompts per dataset")
-    if form.prompt_tokens is not None:
-        params["prompt_tokens"] = _whole(form.prompt_tokens, "prompt tokens")
+    if limit is not None:
+        params["limit_per_dataset"] = limit
+    if prompt_tokens is not None:
+        params["prompt_tokens"] = prompt_tokens
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
         params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=_whole(form.top_k, "top_k"))
         params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none (unused_settings says so)
@@ -376,7 +382,7 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     if form.train_run_id:
         params["train_run_id"] = form.train_run_id
         if form.checkpoint_step is not None:
-            params["checkpoint_step"] = int(form.checkpoint_step)
+            params["checkpoint_step"] = _whole(form.checkpoint_step, "checkpoint step")
             if form.train_name:
                 params["name"] = names.eval_run_name(form.train_name, params["checkpoint_step"], params,
                                                      eval_job.setting_words(params))
