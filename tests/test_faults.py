@@ -281,7 +281,7 @@ def test_dashboard_restart_shows_the_same_running_job_and_progress(models, worke
     before = dashboard()
     (title,), (bar,) = before
     assert "step_300" in title and title.rstrip("*").endswith("running"), title
-    assert bar == (75, "target: features · 75%"), bar
+    assert bar == (75, "target: features · 75% of this stage"), bar
     assert dashboard() == before  # restarted: the queue lives in the database, not in the dashboard
     still = queue.get(job.id)
     assert (still.state, still.pid, still.worker_id, still.started_at) == \
