@@ -9,7 +9,8 @@ logs it (about 20 runs/s here: the 10,000-run store takes ~8 minutes to build).
 
 Measured per size, in this process, as the dashboard's first visitor and the next one:
 - index: `load_run_index` (every run, its tags and metrics; fingerprint.json only when asked), first
-  read and the next (fingerprints kept, as the dashboard keeps them);
+  read and the next (fingerprints kept, as the dashboard keeps them; each next cost the median of
+  NEXT_ROUNDS reads);
 - runs table, first: `tables.runs_table` over every run plus the landing page's open-mismatch count
   on a fresh index (an eval whose `env.critical_key` equals its training run's is settled by the tags;
   the others are diffed against it once, their two fingerprint.json files read);
@@ -24,7 +25,8 @@ navigation to the page whole
 (its title shown, its last element drawn, Streamlit's script ended, unchanged for STABLE_MS, which is
 taken off): Runs (the landing page), Run detail of a training run (its checkpoints), Compare of 2
 and of 20 runs, Environments; MLflow UI's runs list until its runs are listed; and the floor, a
-one-title Streamlit page served beside them (the fastest any Streamlit page loads on this machine).
+one-title Streamlit page served beside them (the fastest any Streamlit page loads on this machine),
+measured first in each round, after a navigation that starts the browser's own machinery.
 Peak RSS of the dashboard's server over all of it.
 
 Ratios: each cost's growth exponent between the two sizes, log(t2 / t1) / log(n2 / n1) (1.0:
@@ -158,13 +160,17 @@ def measure(uri: str) -> dict:
         out["diffs"], out["evals"], out["open_mismatches"] = len(calls), len(index.of_kind("eval")), open_evals
         differing = [ev for ev in index.of_kind("eval") if lineage.vs_training(index, ev).critical]
         out["differing_and_their_training_runs"] = len(differing) + len({ev.train_run_id for ev in differing})
-        t = time.perf_counter()
-        index = load_run_index(tracker, fingerprints, lasting)
-        out["index_next_s"] = time.perf_counter() - t
+        # Next reads, as the pages' next visits: the median of NEXT_ROUNDS (one read at 10,000 runs swung 1.1-1.8 s)
+        took: dict[str, list[float]] = {"index_next_s": [], "runs_next_s": []}
+        for _ in range(NEXT_ROUNDS):
+            t = time.perf_counter()
+            index = load_run_index(tracker, fingerprints, lasting)
+            took["index_next_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            tables.runs_table(index, list(index.runs.values()))
+            took["runs_next_s"].append(time.perf_counter() - t)
+        out.update({key: statistics.median(values) for key, values in took.items()})
         out["fingerprint_reads_next"] = len(reads) - out["fingerprint_reads_first"]
-        t = time.perf_counter()
-        tables.runs_table(index, list(index.runs.values()))
-        out["runs_next_s"] = time.perf_counter() - t
         out["runs"] = len(index)
     finally:
         fingerprint.diff = real
@@ -186,6 +192,7 @@ def browse(home: Path, uri: str) -> dict:
         "compare_20": ("/compare?runs=" + ",".join(r.run_id for r in (trains[:10] + evals[:10])), "Compare", DRAWN),
         "environments": ("/environments", "Environments", '[data-testid="stDataFrame"]'),
     }
+    listed = min(10, len(index))
     procs, urls = start_servers(home, uri, home)
     rss = PeakRss({"draftboard": procs["draftboard"]}, {"draftboard": "tracker.serve"})
     rss.start()
@@ -201,20 +208,19 @@ def browse(home: Path, uri: str) -> dict:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
             context = browser.new_context(viewport=VIEWPORT)
+            # The browser's own first navigation (its renderer and network stack starting) is paid by none of
+            # the pages measured.
+            page = context.new_page()
+            page.goto("data:text/html,<title>warm</title>")
+            page.close()
             # A first visit happens once; next visits are NEXT_ROUNDS rounds of every page, the floor and MLflow
             # UI, each cost the median of its rounds (one round on a busy 2-core box swung the floor by 2x).
             for visit, rounds in (("first", 1), ("next", NEXT_ROUNDS)):
                 took: dict[str, list[float]] = {}
                 for _ in range(rounds):
-                    for name, (path, title, last) in pages.items():
-                        page = context.new_page()
-                        page.set_default_timeout(300_000)
-                        took.setdefault(f"page_{name}_{visit}_s", []).append(timed(
-                            page, lambda: page.goto(urls["draftboard"] + path), WHOLE_JS, [title, last, STABLE_MS],
-                            timeout_s=300) - STABLE_MS / 1000)
-                        page.close()
-                    # The floor: a one-title Streamlit page on the same machine, served from its own origin, so its
-                    # first visit loads Streamlit's code cold, as the first page of the dashboard's does.
+                    # The floor first: a one-title Streamlit page on the same machine, served from its own origin,
+                    # so its first visit loads Streamlit's code cold, as the dashboard's first page does; then
+                    # MLflow UI's runs list, cold too; then the dashboard's pages.
                     page = context.new_page()
                     took.setdefault(f"streamlit_floor_{visit}_s", []).append(
                         timed(page, lambda: page.goto(urls["floor"]), FLOOR_JS))
@@ -222,8 +228,15 @@ def browse(home: Path, uri: str) -> dict:
                     page = context.new_page()
                     took.setdefault(f"mlflow_runs_list_{visit}_s", []).append(timed(
                         page, lambda: page.goto(f"{urls['mlflow']}/#/experiments/{experiment}/runs"),
-                        MLFLOW_LISTED_JS, [min(10, len(index)), STABLE_MS], timeout_s=300) - STABLE_MS / 1000)
+                        MLFLOW_LISTED_JS, [listed, STABLE_MS], timeout_s=300) - STABLE_MS / 1000)
                     page.close()
+                    for name, (path, title, last) in pages.items():
+                        page = context.new_page()
+                        page.set_default_timeout(300_000)
+                        took.setdefault(f"page_{name}_{visit}_s", []).append(timed(
+                            page, lambda: page.goto(urls["draftboard"] + path), WHOLE_JS, [title, last, STABLE_MS],
+                            timeout_s=300) - STABLE_MS / 1000)
+                        page.close()
                 out.update({key: statistics.median(values) for key, values in took.items()})
             browser.close()
     finally:
