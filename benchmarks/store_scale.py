@@ -20,7 +20,7 @@ Measured per size, in this process, as the dashboard's first visitor and the nex
 
 Then, per size, in a real browser (Debian's headless Chromium, Playwright), with `draftboard ui` and
 `mlflow ui` (`mlflow server`) serving the same store on loopback: each page's first visit after the
-server started (and read the store: `ui.warm`) and the next visit (the median of NEXT_ROUNDS rounds), from
+server started (and read the store: `ui.warm`; every server idle) and the next visit (the median of NEXT_ROUNDS rounds), from
 navigation to the page whole
 (its title shown, its last element drawn, Streamlit's script ended, unchanged for STABLE_MS, which is
 taken off): Runs (the landing page), Run detail of a training run (its checkpoints), Compare of 2
@@ -180,7 +180,7 @@ def measure(uri: str) -> dict:
 def browse(home: Path, uri: str) -> dict:
     """Each page's first and next visit in Chromium, MLflow UI's runs list, and the dashboard's peak RSS."""
     from playwright.sync_api import sync_playwright
-    from ui_time_to_chart import CHROMIUM, FLOOR_JS, VIEWPORT, PeakRss, start_servers, stop, timed
+    from ui_time_to_chart import CHROMIUM, FLOOR_JS, VIEWPORT, PeakRss, start_servers, stop, timed, wait_idle
 
     tracker = Tracker(uri)
     index = load_run_index(tracker, None)
@@ -203,6 +203,7 @@ def browse(home: Path, uri: str) -> dict:
             if time.monotonic() > deadline:
                 raise SystemExit("error: the dashboard never finished reading the store")
             time.sleep(0.5)
+        wait_idle(procs)
         experiment = tracker.find_experiment()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[

@@ -176,6 +176,30 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
             os.killpg(proc.pid, 9)
 
 
+def wait_idle(procs: dict[str, subprocess.Popen], timeout_s: float = 300, busy_cpu_s: float = 0.05) -> None:
+    """Return once the servers (each with its children) used under busy_cpu_s of CPU in a second: work a
+    server does after it answers its health check (MLflow's on a 10,000-run store: about 15 s of CPU) would
+    otherwise be timed as the first page's."""
+    def cpu_s() -> float:
+        total = 0.0
+        for proc in procs.values():
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                total += sum(sum(p.cpu_times()[:2]) for p in tree)
+            except psutil.Error:
+                continue
+        return total
+
+    deadline, before = time.monotonic() + timeout_s, cpu_s()
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = cpu_s()
+        if now - before < busy_cpu_s:
+            return
+        before = now
+    raise SystemExit(f"error: the servers were still busy after {timeout_s:.0f} s")
+
+
 def timed(page, action, predicate: str, arg=None, timeout_s: float = 120) -> float:
     """Seconds from `action()` until `predicate` holds, polled every animation frame."""
     start = time.perf_counter()
