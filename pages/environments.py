@@ -17,11 +17,13 @@ st.subheader("Training run vs its evals",
                   "(linear-attention path, dtype, device kind, attention implementation, torch/transformers/fla "
                   "minor version, TF32, hidden-state probe)")
 pairs = train_eval_pairs(index)
+answered: set[str] = set()  # evals a matching re-evaluation answered (the table's *re-evaluated as*)
 if not pairs:
     st.info("No eval is linked to a training run yet (evals carry the tag `draftboard.train_run_id`).")
 else:
     table = index.memo(("pairs_frame",), lambda: pairs_frame(index, pairs))  # every pair: once per store state
     redone = table["re-evaluated as"].ne("")
+    answered = set(table.loc[redone, "eval_run_id"])
     n_crit = int((table["critical"] > 0).sum())  # open ones: a re-evaluation's answer counts 0
     if n_crit:
         st.error(f"{n_crit} eval(s) ran in an environment that differs critically from their training run.",
@@ -41,8 +43,7 @@ else:
 
     # -------------------------------------------------------------- re-evaluate
     if not cfg.readonly:
-        # An eval a re-evaluation already answered is not offered again (its row says *re-evaluated as*).
-        answered = set(table.loc[redone, "eval_run_id"])
+        # An eval a re-evaluation already answered is not offered again (its row says *re-evaluated as*);
         # the evals that differ critically first (what there is to repeat), then the rest, as many as a picker
         # offers (tables.PICKER_RUNS): each option is labelled and sent on every visit
         open_first = sorted((p for p in pairs if p.eval.run_id not in answered), key=lambda p: not p.critical)
@@ -74,8 +75,6 @@ if not missing.empty:
 st.subheader("Fingerprint matrix", help="one column per run; cells are graded against the baseline column")
 if "env_runs" not in st.session_state:
     # an open mismatch first: a re-evaluated one's red cells are history, shown when chosen (said below)
-    answered = index.memo(("answered_evals",), lambda: {p.eval.run_id for p in pairs
-                                                         if resolved_by(index, p.eval) is not None})
     first = next((p for p in pairs if p.critical and p.eval.run_id not in answered), pairs[0] if pairs else None)
     st.session_state["env_runs"] = [first.train.run_id, first.eval.run_id] if first else list(index.runs)[:3]
 options, left_out = picker_options(index, ("train", "eval", "reference"), keep=st.session_state["env_runs"])
