@@ -421,7 +421,7 @@ def test_launch_refuses_max_new_tokens_beyond_the_targets_context_at_submit(app_
     at.number_input(key="launch_temperature").set_value(1.0)
     at.number_input(key="launch_top_p").set_value(1.5)
     at.button(key="launch_submit").click().run()
-    assert [shown(e.value) for e in at.error] == ["eval params: --top-p must lie in (0, 1], got 1.5"]
+    assert [shown(e.value) for e in at.error] == ["top_p must lie in (0, 1], got 1.5"]  # the field's name, not the CLI's --top-p
     assert JobQueue().list() == []
 
 

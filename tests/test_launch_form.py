@@ -134,8 +134,13 @@ def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
     assert "budgets" not in sampled and sampled["name"].endswith("· T=1 · top_p 0.95 · top_k 20 · 16 draws")
     served = eval_params(LaunchForm(**common, temperature=0.6, samples=16, measured_by=("vllm", None)), [tmp_path])
     assert served["temperature"] == 0.6 and "samples" not in served  # an engine sends each prompt once
-    with pytest.raises(DraftboardError, match="--top-p must lie in"):
-        eval_params(LaunchForm(**common, temperature=1.0, top_p=1.5), [tmp_path])
+    # The queue's rule, naming the form's fields as its other errors do (not the CLI's flags).
+    for bad, said in (({"temperature": -1.0}, "temperature must be a finite number >= 0, got -1.0"),
+                      ({"temperature": 1.0, "top_p": 1.5}, "top_p must lie in (0, 1], got 1.5"),
+                      ({"temperature": 1.0, "samples": 5000}, "samples must lie in 1..1024, got 5000")):
+        with pytest.raises(DraftboardError) as caught:
+            eval_params(LaunchForm(**common, **bad), [tmp_path])
+        assert str(caught.value) == said
 
 
 def test_a_hybrid_served_by_the_workers_engine_asks_for_a_dtype_it_runs(tmp_path, monkeypatch):

@@ -304,8 +304,12 @@ def test_sampling_settings_reach_the_worker_as_a_job_says_them():
     params = {"target": "/t", "drafter": "/d", "prompts": "/p.jsonl", **CARD, "samples": 16, "seed": 3}
     argv = eval_job.cli_args(params)
     assert argv[argv.index("--temperature") + 1] == "1.0" and argv[argv.index("--top-k") + 1] == "20"
-    for bad, needle in (({"temperature": 0.0, "samples": 4}, "need --temperature > 0"),
-                        ({"top_p": 1.5}, "--top-p must lie"), ({"samples": 2000}, "--samples must lie")):
-        with pytest.raises(DraftboardError, match=needle):
+    # The queue's rule in a job's own words: its param names, not the CLI's flags.
+    for bad, said in (({"temperature": 0.0, "samples": 4}, "eval params: samples and seeds draw sampled "
+                       "continuations: they need temperature > 0 (at T = 0 there is one continuation, the greedy one)"),
+                      ({"top_p": 1.5}, "eval params: top_p must lie in (0, 1], got 1.5"),
+                      ({"samples": 2000}, "eval params: samples must lie in 1..1024, got 2000")):
+        with pytest.raises(DraftboardError) as caught:
             eval_job.validate({**params, **bad})
+        assert str(caught.value) == said
     assert dataclasses.asdict(Sampling(**CARD)) == CARD

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -196,22 +196,29 @@ MAX_DRAWS = 1024
 # Launch's sampling presets: name -> (temperature, top_p, top_k). z-lab's benchmark scripts default
 # to greedy; the DFlash paper's sampled column is T = 1 with nothing cut; the DFlash2 model card
 # (Qwen3.5-27B) used T = 1, top_p 0.95, top_k 20 (docs/DESIGN.md, "Published references").
+def flag(name: str) -> str:
+    """The command-line flag of a setting: `top_p` -> `--top-p` (`draftboard eval`'s, and so the CLI's words)."""
+    return "--" + name.replace("_", "-")
+
+
 def sampling_problem(temperature: float, top_p: float = 1.0, top_k: int = 0, samples: int = 1,
-                     seeds: int = 1) -> str | None:
-    """What is wrong with a sampled protocol's numbers (z-lab's `_validate_sampling`, in flag words),
-    or None. The one rule the eval, the queue and Launch all apply."""
+                     seeds: int = 1, *, say: Callable[[str], str] = flag) -> str | None:
+    """What is wrong with a sampled protocol's numbers (z-lab's `_validate_sampling`), or None. The one
+    rule the eval, the queue and Launch all apply; `say` names each setting in the words of the surface
+    that asks (the CLI's flags by default, a job's param names, Launch's field labels), so the error
+    names what its reader typed."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        return f"--temperature must be a finite number >= 0, got {temperature!r}"
+        return f"{say('temperature')} must be a finite number >= 0, got {temperature!r}"
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        return f"--top-p must lie in (0, 1], got {top_p!r}"
+        return f"{say('top_p')} must lie in (0, 1], got {top_p!r}"
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        return f"--top-k must be an integer >= 0 (0: no top-k), got {top_k!r}"
-    for flag, n in (("--samples", samples), ("--seeds", seeds)):
+        return f"{say('top_k')} must be an integer >= 0 (0: no top-k), got {top_k!r}"
+    for name, n in (("samples", samples), ("seeds", seeds)):
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DRAWS:
-            return f"{flag} must lie in 1..{MAX_DRAWS}, got {n!r}"
+            return f"{say(name)} must lie in 1..{MAX_DRAWS}, got {n!r}"
     if temperature == 0 and (samples > 1 or seeds > 1):
-        return ("--samples and --seeds draw sampled continuations: they need --temperature > 0 (at T = 0 there is "
-                "one continuation, the greedy one)")
+        return (f"{say('samples')} and {say('seeds')} draw sampled continuations: they need {say('temperature')} > 0 "
+                "(at T = 0 there is one continuation, the greedy one)")
     return None
 
 

@@ -355,10 +355,15 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     if prompt_tokens is not None:
         params["prompt_tokens"] = prompt_tokens
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
-        params.update(temperature=float(form.temperature), top_p=float(form.top_p), top_k=_whole(form.top_k, "top_k"))
+        sampling = {"temperature": float(form.temperature), "top_p": float(form.top_p),
+                    "top_k": _whole(form.top_k, "top_k")}
+        if not form.measured_by[0]:  # an engine sends each prompt once
+            sampling["samples"] = _whole(form.samples, "samples")
+        # The queue's rule, said as the form's other errors are: by the field's name (the CLI says --top-p).
+        if problem := config.sampling_problem(**sampling, say=str):
+            raise DraftboardError(problem)
+        params.update(sampling)
         params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none (unused_settings says so)
-        if not form.measured_by[0]:
-            params["samples"] = _whole(form.samples, "samples")
     engine, url = form.measured_by
     if form.concurrency.strip():
         try:

@@ -54,7 +54,7 @@ class EvalField:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return config.flag(self.name)
 
 
 EVAL_FIELDS: tuple[EvalField, ...] = (
@@ -250,7 +250,7 @@ def validate(params: Any) -> dict[str, Any]:
                 raise DraftboardError(f"eval param {field.name} {exc}") from None
     sampling = {name: values.get(name, FIELDS[name].default) for name in ("temperature", "top_p", "top_k", "samples",
                                                                           "seeds")}
-    problem = config.sampling_problem(**sampling)
+    problem = config.sampling_problem(**sampling, say=str)  # in the job's own words: its param names
     if problem:  # before it is queued: a job the eval would refuse at once never takes a worker
         raise DraftboardError(f"eval params: {problem}")
     return values
