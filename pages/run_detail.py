@@ -26,9 +26,8 @@ if wanted and wanted not in index.runs and "detail_run" not in st.session_state:
                "(deleted, or another store's). Showing another run.", icon="🔗")
 trains = index.of_kind("train")
 shown_first = wanted if wanted in index.runs else trains[0].run_id if trains else next(iter(index.runs))
-run_ids, left_out = picker_options(index, ("train", "eval", "reference"),
-                                   keep=[shown_first, *([st.session_state["detail_run"]] if st.session_state.get(
-                                       "detail_run") in index.runs else [])])
+run_ids, left_out = picker_options(index, ("train", "eval", "reference"),  # keeps only runs the index holds
+                                   keep=[shown_first, st.session_state.get("detail_run")])
 if st.session_state.get("detail_run") not in run_ids:  # deleted since
     st.session_state.pop("detail_run", None)
 run_id = st.selectbox("Run", run_ids, index=run_ids.index(shown_first), key="detail_run",

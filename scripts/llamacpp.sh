@@ -4,11 +4,16 @@
 # sentencepiece); the converter itself (convert_hf_to_gguf.py, its conversion/ package and gguf-py/) comes from
 # the llama-cpp-python sdist, which ships llama.cpp's tree. Idempotent: a stamp records what was installed.
 # Used by scripts/test.sh (the engine tests) and scripts/run.sh (the demo's served evals). The venv:
-# DRAFTBOARD_LLAMACPP_VENV (default ./.cache/llamacpp-venv); its Python is <venv>/bin/python, the converter
-# <venv>/llama.cpp.
+# DRAFTBOARD_LLAMACPP_VENV (default ./.cache/llamacpp-venv). `--exports` installs nothing and prints the shell
+# exports that point draftboard at this install (DRAFTBOARD_LLAMACPP_PYTHON, DRAFTBOARD_LLAMACPP_CONVERTER).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
+if [ "${1:-}" = "--exports" ]; then
+  printf 'export DRAFTBOARD_LLAMACPP_PYTHON=%q DRAFTBOARD_LLAMACPP_CONVERTER=%q\n' \
+    "$LLAMACPP_VENV/bin/python" "$LLAMACPP_VENV/llama.cpp"
+  exit 0
+fi
 LLAMACPP_VERSION="xllamacpp==2026.10.11549 llama-cpp-python==0.3.36"
 [ "$(cat "$LLAMACPP_VENV/.draftboard-installed" 2>/dev/null)" = "$LLAMACPP_VERSION" ] && exit 0
 if [ -e "$LLAMACPP_VENV" ] && [ ! -e "$LLAMACPP_VENV/.draftboard-created" ]; then

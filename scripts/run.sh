@@ -10,16 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${DRAFTBOARD_LLAMACPP_PYTHON:-}" ]; then
-  LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
   LLAMACPP_LOG=$PWD/.cache/llamacpp-install.log
   mkdir -p "$PWD/.cache"
-  DRAFTBOARD_LLAMACPP_VENV=$LLAMACPP_VENV bash scripts/llamacpp.sh > "$LLAMACPP_LOG" 2>&1 &
+  bash scripts/llamacpp.sh > "$LLAMACPP_LOG" 2>&1 &
   llamacpp_install=$!
 fi
 bash scripts/setup.sh
 if [ -n "${llamacpp_install:-}" ]; then
   if wait "$llamacpp_install"; then
-    export DRAFTBOARD_LLAMACPP_PYTHON="$LLAMACPP_VENV/bin/python" DRAFTBOARD_LLAMACPP_CONVERTER="$LLAMACPP_VENV/llama.cpp"
+    eval "$(bash scripts/llamacpp.sh --exports)"
   else  # the dashboard serves without it: the demo's served evals are left out, and the page says so
     echo "warning: installing llama.cpp (scripts/llamacpp.sh) failed, so the demo has no served evals; log: $LLAMACPP_LOG" >&2
   fi

@@ -28,9 +28,8 @@ if [ "$(cat "$VLLM_VENV/.draftboard-installed" 2>/dev/null)" != "$VLLM_VERSION" 
 fi
 # The real llama.cpp the engine tests drive (tests/test_engines_llamacpp.py): scripts/llamacpp.sh, beside the
 # rest of the installs.
-LLAMACPP_VENV=${DRAFTBOARD_LLAMACPP_VENV:-$PWD/.cache/llamacpp-venv}
 LLAMACPP_LOG=$PWD/.cache/llamacpp-install.log
-DRAFTBOARD_LLAMACPP_VENV=$LLAMACPP_VENV bash scripts/llamacpp.sh > "$LLAMACPP_LOG" 2>&1 &
+bash scripts/llamacpp.sh > "$LLAMACPP_LOG" 2>&1 &
 llamacpp_install=$!
 bash scripts/setup.sh
 if [ -n "${vllm_install:-}" ] && ! wait "$vllm_install"; then
@@ -39,12 +38,12 @@ if [ -n "${vllm_install:-}" ] && ! wait "$vllm_install"; then
   exit 1
 fi
 if ! wait "$llamacpp_install"; then
-  echo "error: installing llama.cpp (scripts/llamacpp.sh) into $LLAMACPP_VENV failed; its log: $LLAMACPP_LOG" >&2
+  echo "error: installing llama.cpp (scripts/llamacpp.sh) failed; its log: $LLAMACPP_LOG" >&2
   tail -5 "$LLAMACPP_LOG" >&2
   exit 1
 fi
 export DRAFTBOARD_VLLM_PYTHON="$VLLM_VENV/bin/python"
-export DRAFTBOARD_LLAMACPP_PYTHON="$LLAMACPP_VENV/bin/python" DRAFTBOARD_LLAMACPP_CONVERTER="$LLAMACPP_VENV/llama.cpp"
+eval "$(bash scripts/llamacpp.sh --exports)"
 . "${DRAFTBOARD_VENV:-.venv}/bin/activate"
 
 # The browser test drives Debian's Chromium (Playwright cannot download its own here), with an

@@ -109,7 +109,8 @@ function drawEvalExtras(u, data, text, paper) {
       }
       return n;
     };
-    const [tx, ty] = places.reduce((best, p) => covered(p) < covered(best) ? p : best, places[0]);
+    const counts = places.map(covered);  // once per place: each count scans every point
+    const [tx, ty] = places[counts.indexOf(Math.min(...counts))];
     ctx.globalAlpha = 0.75;  // the page's own background (light or dark theme), the points faint behind it
     ctx.fillStyle = paper;
     ctx.fillRect(tx - 2 * px, ty - h, w + 4 * px, h + 2 * px);
