@@ -137,7 +137,7 @@ def eval_view() -> None:
                "scored by z-lab's cached online loop, not the lossless offline walk; (served by ...) were measured "
                "by a serving engine, its steps as blocks.")
     shown = data.eval_points[data.eval_points["key"].isin(keys)]
-    st.download_button("Download shown eval data (CSV)", csv_bytes(shown), "eval_by_checkpoint.csv", "text/csv",
+    st.download_button("Download shown eval data (CSV)", lambda: csv_bytes(shown), "eval_by_checkpoint.csv", "text/csv",
                        key="compare_eval_csv", on_click="ignore")
     tables = eval_tables(index, data, results)
     verdict_help = ("Δτ = this − the other, with its 95% interval: a paired bootstrap over prompts when both evals "
@@ -223,7 +223,7 @@ def per_run_view(title: str, family: str, frame, figure, empty: str, csv_name: s
     st.caption("Training runs: one evaluated checkpoint each, picked in the sidebar (default: the latest; of its "
                "evals, one matching its training run's environment, then the closest to the reference's).")
     st.plotly_chart(figure(frame), key=f"compare_{key}", config=PLOTLY)
-    st.download_button("Download (CSV)", csv_bytes(frame), csv_name, "text/csv", key=f"compare_{key}_csv",
+    st.download_button("Download (CSV)", lambda: csv_bytes(frame), csv_name, "text/csv", key=f"compare_{key}_csv",
                        on_click="ignore")
 
 
@@ -282,7 +282,7 @@ def config_view() -> None:
         st.markdown("**Lint**", help="rules on each recipe, each with why it matters")
         st.dataframe(cv.lints, hide_index=True, key="compare_config_lints",
                      column_config={"reason": st.column_config.TextColumn(width="large")})
-    st.download_button("Download the recipe diff (CSV)", csv_bytes(cv.table), "recipe_diff.csv", "text/csv",
+    st.download_button("Download the recipe diff (CSV)", lambda: csv_bytes(cv.table), "recipe_diff.csv", "text/csv",
                        key="compare_config_csv", on_click="ignore")
 
 
@@ -352,7 +352,7 @@ def context_curves_view() -> None:
     st.caption("Training runs: the checkpoint drawn by position (picked in the sidebar). Buckets with no block are "
                "left out; evals on other prompt sets or edges are their own lines, never one.")
     st.plotly_chart(charts.by_context(frame, colors), key="compare_context", config=PLOTLY)
-    st.download_button("Download (CSV)", csv_bytes(frame), "tau_by_context.csv", "text/csv", key="compare_context_csv",
+    st.download_button("Download (CSV)", lambda: csv_bytes(frame), "tau_by_context.csv", "text/csv", key="compare_context_csv",
                        on_click="ignore")
 
 

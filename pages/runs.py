@@ -39,10 +39,11 @@ if not runs:
 table = runs_table(index, runs)
 flagged = Counter(index.runs[r].kind for r in table.loc[table["critical"] > 0, "run_id"])
 n_bad = sum(flagged.values())
+of_kind = Counter(r.kind for r in runs)
 cols = st.columns(4)
-cols[0].metric("Training runs", sum(r.kind == "train" for r in runs))
-cols[1].metric("Evals", sum(r.kind == "eval" for r in runs))
-cols[2].metric("References", sum(r.kind == "reference" for r in runs))
+cols[0].metric("Training runs", of_kind["train"])
+cols[1].metric("Evals", of_kind["eval"])
+cols[2].metric("References", of_kind["reference"])
 cols[3].metric("Runs flagged 🔴", n_bad,
                help=f"{', '.join(f'{n} {kind}' for kind, n in flagged.most_common()) or 'none'}: the rows with a 🔴 in "
                     "env or protocol. An eval whose environment differs critically from its training run's (and its "

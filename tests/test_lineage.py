@@ -81,6 +81,51 @@ def test_a_page_loads_lineage_in_linear_work_and_finds_the_same_re_evaluations(m
     assert lines[200] <= 2 * lines[100] + 2, lines
 
 
+def test_a_filtered_runs_table_is_the_whole_tables_rows_and_each_caller_owns_its_frame(monkeypatch):
+    """The table of every run is derived once per index and shared: a filter's table holds exactly its runs'
+    rows in the same order and with the same cells as they have in the whole one, derives no row again, and
+    what one visitor's page changes in its frame never reaches the next visitor's."""
+    index = _store(100)
+    whole = tables.runs_table(index, list(index.runs.values())).copy()
+    rows = []
+    real = tables._runs_row
+    monkeypatch.setattr(tables, "_runs_row", lambda *a: rows.append(1) or real(*a))
+    evals = index.of_kind("eval")[::3]
+    picked = tables.runs_table(index, evals)
+    assert rows == []  # picked from the shared table, none derived again
+    assert set(picked["run_id"]) == {ev.run_id for ev in evals} and len(picked) == len(evals)
+    expected = whole[whole["run_id"].isin(picked["run_id"])].reset_index(drop=True)
+    assert picked.equals(expected)
+    for frame in (picked, tables.runs_table(index, list(index.runs.values()))):
+        frame.loc[0, "name"] = "changed by one visitor"
+        frame["critical"] = 99
+    assert tables.runs_table(index, evals).equals(expected)
+    assert tables.runs_table(index, list(index.runs.values())).equals(whole)
+
+
+def test_a_replaced_index_is_freed_when_dropped_without_the_cycle_collector():
+    """What a listing derives and keeps in the index (each eval's pair with its training run, the Runs table,
+    the open mismatches) holds no cycle back to the index: a store re-read drops the old index whole at once,
+    where a pair's diff holding the index left 230,000 objects at 10,000 runs for the cycle collector to find
+    (and the dashboard's server keeps its first index out of the collector's sight: it must still be freed)."""
+    import gc
+    import weakref
+
+    index = _store(50)
+    tables.runs_table(index, list(index.runs.values()))
+    lineage.open_evals(index)
+    assert any(lineage.vs_training(index, ev).rows for ev in index.of_kind("eval"))  # the diffs computed
+    gone = weakref.ref(index)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        del index
+        assert gone() is None
+    finally:
+        if paused:
+            gc.enable()
+
+
 def test_the_next_read_of_the_store_diffs_only_new_runs(monkeypatch):
     """The dashboard re-reads the store every few seconds; fingerprints are logged once, so their diffs
     outlive an index (`RunIndex.lasting`) and the next read diffs only what is new."""

@@ -100,3 +100,24 @@ def test_a_rewrite_of_same_length_tags_changes_the_store_version(tmp_path, machi
     middle = listing.store_version(uri)
     tracker.set_tag(train.run_id, "note", "bbbb")  # same length, same count
     assert len({before, middle, listing.store_version(uri)}) == 3
+
+
+def test_a_sqlite_store_says_every_commit_even_one_no_count_sees(tmp_path):
+    """A SQLite store's version is its own change count: a same-length tag rewrite by MLflow's client (no
+    `draftboard.changed_at` beside it, no count or length changed) reads as a change, which the counts missed; a
+    file put in the store's place is another version; and the connection held to ask never blocks a writer."""
+    import shutil
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("v1", {}, "/models/t") as train:
+        pass
+    client = MlflowClient(uri)
+    client.set_tag(train.run_id, "note", "aaaa")
+    before = listing.store_version(uri)
+    client.set_tag(train.run_id, "note", "bbbb")  # the writer commits while the version's connection is open
+    after = listing.store_version(uri)
+    assert after != before and listing.store_version(uri) == after  # asking again changes nothing
+    shutil.copy(tmp_path / "store.db", tmp_path / "copy.db")
+    (tmp_path / "copy.db").replace(tmp_path / "store.db")  # the same bytes, another file
+    assert listing.store_version(uri) != after

@@ -95,9 +95,7 @@ def cmd_ui(args) -> int:
             # --watch: a checkpoint watch registered on Run detail runs without another process to start.
             [sys.executable, "-m", "tracker.cli", "worker", "--watch"], env=worker_env, **lifecycle.child_popen_kwargs())))
     cmd = [sys.executable, "-m", "tracker.serve", str(app), "--server.port", str(args.port),
-           "--server.address", args.address, "--server.headless", "true",
-           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-           "--client.toolbarMode", "minimal"]
+           "--server.address", args.address, *serve.STREAMLIT_OPTIONS]
     server = lifecycle.Child("server", subprocess.Popen(cmd, env=env, **lifecycle.child_popen_kwargs()))
     return lifecycle.Supervisor([*children, server], main=server).run()
 

@@ -360,12 +360,14 @@ def vs_training(index: RunIndex, run: RunInfo) -> Lineage | None:
     if train is None:
         return None
 
+    lasting = index.lasting  # kept by the pair, which the index keeps: never the index itself (a cycle)
+
     def diff() -> tuple | None:
         if run.fingerprint is None or train.fingerprint is None:  # may be read later: not kept
             return None
         # Their diff outlives this index (the next read diffs new runs only) while neither file is replaced.
-        return index.lasting(("env_diff", run.run_id, run.fingerprint_version, train.run_id, train.fingerprint_version),
-                             lambda: env_diff(run, train))
+        return lasting(("env_diff", run.run_id, run.fingerprint_version, train.run_id, train.fingerprint_version),
+                       lambda: env_diff(run, train))
 
     probes = (run.tags.get(names.ENV_PROBE_DIGEST), train.tags.get(names.ENV_PROBE_DIGEST))
 

@@ -136,7 +136,7 @@ _reading: set[str] = set()  # stores being read again in the background
 
 def run_index(uri: str) -> RunIndex:
     """Every run (its fingerprint read when first asked); shared by all sessions and pages. Read again
-    only when the store changed (`listing.store_version`, a few ms on a database store) or, where the store can't
+    only when the store changed (`listing.store_version`: a SQLite file's own change count) or, where the store can't
     say (an http store), after INDEX_TTL_S; diffs of fingerprints already read are kept across
     reads. A large store (BACKGROUND_MIN_RUNS or more) whose last read took longer than BACKGROUND_READ_S is
     read again in the background while visitors see the previous read (`index_age_s` says how old), so a

@@ -45,15 +45,26 @@ def is_database_uri(uri: str) -> bool:
     return scheme.split("+", 1)[0] in DATABASE_SCHEMES and "://" in uri
 
 
-def _sqlite_readonly_url(uri: str) -> str | None:
-    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet."""
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI, or None (another store, in memory, or not created yet)."""
+    if not uri.startswith("sqlite:///"):
+        return None
     path = uri[len("sqlite:///") :].split("?", 1)[0]
     if not path or path == ":memory:":
         return None
     file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        return None
-    return f"sqlite:///file:{file.as_posix()}?mode=ro&uri=true"
+    return file if file.is_file() else None
+
+
+def sqlite_readonly_uri(file: Path) -> str:
+    """sqlite3's URI that opens `file` read-only (`mode=ro`: it never creates or writes the file)."""
+    return f"file:{file.as_posix()}?mode=ro"
+
+
+def _sqlite_readonly_url(uri: str) -> str | None:
+    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet."""
+    file = sqlite_file(uri)
+    return None if file is None else f"sqlite:///{sqlite_readonly_uri(file)}&uri=true"
 
 
 def readonly_engine(uri: str) -> sa.Engine | None:

@@ -11,14 +11,18 @@ search results. For an http store it returns None and the caller searches.
 
 from __future__ import annotations
 
+import itertools
 import math
+import sqlite3
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import sqlalchemy as sa
 from mlflow.entities import Metric, Param, Run, RunData, RunInfo, RunTag
 
 from tracker.store import names
-from tracker.store.history import readonly_connection, readonly_engine
+from tracker.store.history import readonly_connection, readonly_engine, sqlite_file, sqlite_readonly_uri
 
 _OF_RUNS = "run_uuid IN (SELECT run_uuid FROM runs WHERE lifecycle_stage = 'active' AND experiment_id IN :ids)"
 
@@ -57,10 +61,11 @@ def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
 
 
 # What changes when anything a listing reads changes: a run added, ended, deleted or restored, a tag,
-# param or metric written. Counts and maxima over MLflow's own tables (a few ms at 10,000 runs), so a
-# cache keyed by it re-reads the store only when the store changed. A tag overwritten with a value of
-# the same length changes no count or length: draftboard's rewrites (Tracker.set_tag, attaching a
-# fingerprint) also write names.CHANGED_AT, whose largest value is read here.
+# param or metric written. On a database server: counts and maxima over MLflow's own tables (about 30 ms
+# at 10,000 runs, most of it the tags' lengths), so a cache keyed by it re-reads the store only when the
+# store changed. A tag overwritten with a value of the same length changes no count or length:
+# draftboard's rewrites (Tracker.set_tag, attaching a fingerprint) also write names.CHANGED_AT, whose
+# largest value is read here.
 _VERSION_SQL = (
     "SELECT (SELECT COUNT(*) FROM runs), (SELECT MAX(start_time) FROM runs), (SELECT MAX(end_time) FROM runs), "
     "(SELECT COUNT(*) FROM runs WHERE lifecycle_stage = 'active'), "
@@ -73,10 +78,47 @@ _VERSION_SQL = (
 
 
 def store_version(uri: str) -> tuple | None:
-    """A value that changes when the runs a listing reads change (see _VERSION_SQL); None when the
-    store is not a database this process can read directly (the caller re-reads on a timer)."""
+    """A value that changes when the runs a listing reads change; None when the store is not a database
+    this process can read directly (the caller re-reads on a timer). A SQLite file says it itself, exactly
+    and at no cost (`_sqlite_version`); a database server answers _VERSION_SQL."""
+    file = sqlite_file(uri)
+    if file is not None:
+        return _sqlite_version(uri, file)
     engine = readonly_engine(uri)
     if engine is None:
         return None
     with readonly_connection(engine) as conn:
         return tuple(conn.execute(sa.text(_VERSION_SQL)).one())
+
+
+# Per SQLite store: the file (device, inode), a read-only connection held open to ask it and that
+# connection's serial number (a reopened one counts from its own start). A dashboard asks one store; a
+# process that asks more keeps the WATCHED latest open.
+_watchers: dict[str, tuple[tuple[int, int], sqlite3.Connection, int]] = {}
+_watchers_lock = threading.Lock()
+_serials = itertools.count()
+WATCHED = 8
+
+
+def _sqlite_version(uri: str, file: Path) -> tuple | None:
+    """SQLite's `PRAGMA data_version` on a connection kept open for it, which changes with every commit any
+    other connection makes to the file (every write MLflow makes; never a read), with the file's identity: a
+    store replaced by another file is another version. About 10 µs, where _VERSION_SQL scanned every tag on
+    every page visit. The connection runs in autocommit and only asks this, so it never holds a lock a writer
+    waits for."""
+    try:
+        stat = file.stat()
+    except OSError:  # gone since it was found: the caller re-reads on a timer until one is there again
+        return None
+    identity = (stat.st_dev, stat.st_ino)
+    with _watchers_lock:
+        held = _watchers.pop(uri, None)
+        if held is None or held[0] != identity:
+            if held is not None:
+                held[1].close()
+            if len(_watchers) >= WATCHED:
+                _watchers.pop(next(iter(_watchers)))[1].close()  # the one asked least recently
+            conn = sqlite3.connect(sqlite_readonly_uri(file), uri=True, check_same_thread=False, isolation_level=None)
+            held = (identity, conn, next(_serials))
+        _watchers[uri] = held  # the latest asked last
+        return ("sqlite", *identity, held[2], held[1].execute("PRAGMA data_version").fetchone()[0])
