@@ -25,7 +25,8 @@ navigation to the page whole
 (its title shown, its last element drawn, Streamlit's script ended, unchanged for STABLE_MS, which is
 taken off): Runs (the landing page), Run detail of a training run (its checkpoints), Compare of 2
 and of 20 runs, Environments; MLflow UI's runs list until its runs are listed; and the floor, a
-one-title Streamlit page served beside them (the fastest any Streamlit page loads on this machine),
+one-title Streamlit page served beside them as the dashboard is served, from a folder of its own (the fastest
+any Streamlit page loads on this machine),
 measured first in each round, after a navigation that starts the browser's own machinery.
 Peak RSS of the dashboard's server over all of it.
 

@@ -265,9 +265,14 @@ def test_run_sh_serves_the_store_every_command_in_its_folder_uses(tmp_path):
 
     from tracker.jobs.demo_progress import read_progress
 
-    script = (Path(__file__).resolve().parents[1] / "scripts" / "run.sh").read_text()
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    script = (scripts / "run.sh").read_text()
     assert "exec draftboard ui --demo" in script
-    exported = {name for line in script.splitlines() if line.lstrip().startswith("export")
+    # What it exports: its own lines, and llama.cpp's install location (`llamacpp.sh --exports`, which it evals).
+    assert 'eval "$(bash scripts/llamacpp.sh --exports)"' in script
+    llamacpp = subprocess.run(["bash", str(scripts / "llamacpp.sh"), "--exports"], capture_output=True, text=True,
+                              check=True).stdout
+    exported = {name for line in [*script.splitlines(), *llamacpp.splitlines()] if line.lstrip().startswith("export")
                 for name in re.findall(r"(\w+)=", line)}
     assert exported == {"DRAFTBOARD_LLAMACPP_PYTHON", "DRAFTBOARD_LLAMACPP_CONVERTER"}  # moves no store
 
