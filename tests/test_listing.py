@@ -121,3 +121,20 @@ def test_a_sqlite_store_says_every_commit_even_one_no_count_sees(tmp_path):
     shutil.copy(tmp_path / "store.db", tmp_path / "copy.db")
     (tmp_path / "copy.db").replace(tmp_path / "store.db")  # the same bytes, another file
     assert listing.store_version(uri) != after
+
+
+def test_a_store_in_a_folder_with_a_space_and_a_percent_sign_is_listed_and_versioned(tmp_path):
+    """Both read-only opens of a SQLite store (the listing's engine, the version's connection) pass its path
+    to sqlite as a URI: a space or `%` in a folder's name is encoded, never read as URI syntax."""
+    folder = tmp_path / "team store 100%"
+    folder.mkdir()
+    uri = f"sqlite:///{folder / 'store.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("v1", {}, "/models/t"):
+        pass
+    before = listing.store_version(uri)
+    assert len(listing.list_runs(uri, [tracker.find_experiment()])) == 1
+    with tracker.training_run("v2", {}, "/models/t"):
+        pass
+    assert listing.store_version(uri) != before
+    assert len(listing.list_runs(uri, [tracker.find_experiment()])) == 2

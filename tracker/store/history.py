@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -57,14 +58,16 @@ def sqlite_file(uri: str) -> Path | None:
 
 
 def sqlite_readonly_uri(file: Path) -> str:
-    """sqlite3's URI that opens `file` read-only (`mode=ro`: it never creates or writes the file)."""
-    return f"file:{file.as_posix()}?mode=ro"
+    """sqlite3's URI that opens `file` read-only (`mode=ro`: it never creates or writes the file); the path
+    percent-encoded, so a space, `?`, `#` or `%` in it names the file and not a query."""
+    return f"file:{quote(file.as_posix())}?mode=ro"
 
 
 def _sqlite_readonly_url(uri: str) -> str | None:
-    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet."""
+    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet. SQLAlchemy
+    decodes the URL's database part once before sqlite reads it as a URI: the path is encoded twice."""
     file = sqlite_file(uri)
-    return None if file is None else f"sqlite:///{sqlite_readonly_uri(file)}&uri=true"
+    return None if file is None else f"sqlite:///file:{quote(quote(file.as_posix()))}?mode=ro&uri=true"
 
 
 def readonly_engine(uri: str) -> sa.Engine | None:
