@@ -123,10 +123,11 @@ def test_a_sqlite_store_says_every_commit_even_one_no_count_sees(tmp_path):
     assert listing.store_version(uri) != after
 
 
-def test_a_store_in_a_folder_with_a_space_and_a_percent_sign_is_listed_and_versioned(tmp_path):
+def test_a_store_in_a_folder_named_with_uri_syntax_is_listed_and_versioned(tmp_path):
     """Both read-only opens of a SQLite store (the listing's engine, the version's connection) pass its path
-    to sqlite as a URI: a space or `%` in a folder's name is encoded, never read as URI syntax."""
-    folder = tmp_path / "team store 100%"
+    to sqlite as a URI: a `#`, space or `%` in a folder's name is encoded, never read as URI syntax (MLflow
+    stores runs there; the listing opened the path cut at `#` and found no `runs` table)."""
+    folder = tmp_path / "team #1 store 100%"
     folder.mkdir()
     uri = f"sqlite:///{folder / 'store.db'}"
     tracker = Tracker(uri)
