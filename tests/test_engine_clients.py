@@ -11,11 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from waiting import wait_until
 
 from tracker.cli import main
 from tiny import hybrid_eval_files
@@ -180,11 +180,8 @@ def processes_with(mark: str, *also: bytes) -> list[int]:
     return found
 
 
-def wait_gone(mark: str, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while processes_with(mark) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return processes_with(mark)
+def wait_gone(mark: str, seconds: float) -> None:
+    wait_until(lambda: not processes_with(mark), seconds, interval=0.1, what=f"every process marked {mark} gone")
 
 
 def test_engines_that_fail_leave_an_error_line_and_no_process(files, tmp_path, capsys, monkeypatch):
@@ -194,7 +191,7 @@ def test_engines_that_fail_leave_an_error_line_and_no_process(files, tmp_path, c
         python = scripted_python(tmp_path, mode, mark)
         assert main(_eval_args(files, "--engine", "vllm", "--engine-python", str(python))) == 2
         assert message in _one_error(capsys)
-        assert wait_gone(mark, 5) == []  # the engine and its own child
+        wait_gone(mark, 5)  # the engine and its own child
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -220,13 +217,6 @@ def _worker_with_an_engine_job(files: Path, tmp_path: Path, mark: str):
         tmp_path, "never-healthy", mark)), "DRAFTBOARD_ENGINE_START_S": "300"}
     worker = subprocess.Popen([sys.executable, "-m", "tracker.cli", "worker", "--poll", "0.1"], env=env,
                               cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    # the engine (its command line has the port) and its child; the eval's probes of the engine's
-    # Python carry the mark too, but no port, and end at once
-    while len(processes_with(mark)) < 2 or not processes_with(mark, b"--port"):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
     return JobQueue(jobs), job, worker
 
 
@@ -237,18 +227,20 @@ def test_a_cancelled_job_or_a_killed_worker_leaves_no_engine_process(files, tmp_
     mark = f"engine-mark-worker-{how.split()[0]}-{os.getpid()}"
     queue, job, worker = _worker_with_an_engine_job(files, tmp_path, mark)
     try:
+        # the engine (its command line has the port) and its child; the eval's probes of the engine's
+        # Python carry the mark too, but no port, and end at once
+        wait_until(lambda: len(processes_with(mark)) >= 2 and processes_with(mark, b"--port"), 120, interval=0.2,
+                   what="the engine and its child started")
         assert len(processes_with(mark)) >= 2, "the engine never started"
         assert queue.get(job.id).state == "running"
         if how == "cancel":
             queue.request_cancel(job.id)
-            deadline = time.monotonic() + 30
-            while queue.get(job.id).state == "running" and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: queue.get(job.id).state != "running", 30, interval=0.1, what="the job no longer running")
             assert queue.get(job.id).state == "cancelled"
         else:
             worker.send_signal(signal.SIGKILL)
             worker.wait()
-        assert wait_gone(mark, 5) == []
+        wait_gone(mark, 5)
     finally:
         if worker.poll() is None:
             worker.kill()

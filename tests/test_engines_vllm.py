@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from waiting import wait_until
 
 from demo import bytetok
 from demo.serving_pair import MAX_NEW_TOKENS
@@ -196,15 +196,13 @@ def test_attached_per_request_counts_equal_vllms_own_counters(pair, served, tmp_
     final, log = tmp_path / "final.txt", tmp_path / "vllm.log"
     final.write_text(client.get_text("/metrics"))
     drafts = em.vllm_totals(em.prometheus_samples(final.read_text())).drafts
-    deadline = time.monotonic() + 30
-    while True:
+    def logged() -> float:  # the drafts its SpecDecoding lines count so far, the log copied as it stands
         log.write_text(served.log.read_text(errors="replace"))
-        logged = sum(float(m["drafted"]) / len(m["positions"].split(","))
-                     for m in map(em.VLLM_LOG_LINE.match, log.read_text().splitlines()) if m)
-        if logged >= drafts or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert logged == drafts
+        return sum(float(m["drafted"]) / len(m["positions"].split(","))
+                   for m in map(em.VLLM_LOG_LINE.match, log.read_text().splitlines()) if m)
+
+    wait_until(lambda: logged() >= drafts, 30, interval=0.2, what="vLLM's log lines covering every draft")
+    assert logged() == drafts
     for path, fmt in ((final, "prometheus"), (log, "vllm-log")):
         assert main(["import-results", str(path), "--format", fmt, "--tracking-uri", store, "--name", path.stem]) == 0
     runs = {r.info.run_name: r.data for r in MlflowClient(store).search_runs(

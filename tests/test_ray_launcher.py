@@ -86,20 +86,19 @@ def ray_head():
         from ray.job_submission import JobSubmissionClient
 
         address = f"http://127.0.0.1:{dashboard_port}"
-        deadline = started + HEAD_START_TIMEOUT_S
-        client = None
-        while client is None:
+
+        def jobs_api():
             if proc.poll() is not None:
                 pytest.fail(f"ray start exited with {proc.returncode}:\n"
                             + (Path(temp_dir) / "ray-start.log").read_text()[-3000:])
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Ray Jobs API at {address} did not answer within {HEAD_START_TIMEOUT_S:g} s")
             try:
                 client = JobSubmissionClient(address)
                 client.list_jobs()
+                return client
             except Exception:
-                client = None
-                time.sleep(0.2)
+                return None
+
+        client = wait_until(jobs_api, HEAD_START_TIMEOUT_S, interval=0.2, what=f"the Ray Jobs API at {address} answering")
         print(f"ray head ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         yield SimpleNamespace(address=address, client=client, temp_dir=temp_dir)
     finally:
