@@ -123,6 +123,12 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise SystemExit(f"error: {url} did not answer within {timeout:.0f} s")
 
 
+def process_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    """A server's process with every process under it (psutil.Error once it is gone)."""
+    root = psutil.Process(proc.pid)
+    return [root, *root.children(recursive=True)]
+
+
 class PeakRss(threading.Thread):
     """Samples the RSS of the processes `pick` finds under each root every 50 ms; keeps the peak."""
 
@@ -135,7 +141,7 @@ class PeakRss(threading.Thread):
         while not self.stopped.wait(0.05):
             for name, proc in self.roots.items():
                 try:
-                    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                    tree = process_tree(proc)
                     rss = sum(p.memory_info().rss for p in tree if self.pick[name] in " ".join(p.cmdline()))
                 except psutil.Error:
                     continue
@@ -191,7 +197,7 @@ def wait_idle(procs: dict[str, subprocess.Popen], timeout_s: float = 300, busy_c
         total = 0.0
         for proc in procs.values():
             try:
-                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                tree = process_tree(proc)
                 total += sum(sum(p.cpu_times()[:2]) for p in tree)
             except psutil.Error:
                 continue
