@@ -27,7 +27,10 @@ taken off): Runs (the landing page), Run detail of a training run (its checkpoin
 and of 20 runs, Environments; MLflow UI's runs list until its runs are listed; and the floor, a
 one-title Streamlit page served beside them as the dashboard is served, from a folder of its own (the fastest
 any Streamlit page loads on this machine),
-measured first in each round, after a navigation that starts the browser's own machinery.
+measured first in each round, after a navigation that starts the browser's own machinery. Each visit
+starts once the servers and the browser are idle (the page before it closed and torn down). Each page is
+also put against the same page at the smaller size: what the store's growth costs it, apart from what
+Streamlit's browser code costs to draw its elements at any size.
 Peak RSS of the dashboard's server over all of it.
 
 Ratios: each cost's growth exponent between the two sizes, log(t2 / t1) / log(n2 / n1) (1.0:
@@ -60,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ui_time_to_chart's servers and browser
 
+import psutil
 from tqdm import tqdm
 
 from tracker import Tracker
@@ -204,7 +208,7 @@ def browse(home: Path, uri: str) -> dict:
             if time.monotonic() > deadline:
                 raise SystemExit("error: the dashboard never finished reading the store")
             time.sleep(0.5)
-        wait_idle(procs)
+        wait_idle(proc.pid for proc in procs.values())
         experiment = tracker.find_experiment()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[
@@ -219,26 +223,28 @@ def browse(home: Path, uri: str) -> dict:
             # UI, each cost the median of its rounds (one round on a busy 2-core box swung the floor by 2x).
             for visit, rounds in (("first", 1), ("next", NEXT_ROUNDS)):
                 took: dict[str, list[float]] = {}
+
+                def visit_page(name: str, url: str, predicate: str, arg=None, settle_s: float = 0.0) -> None:
+                    # Every visit starts on a quiet machine: this process's children are the servers and
+                    # Playwright's browser, whose teardown of the page just closed once cost the next page up to
+                    # 0.3 s (this process itself is not quiet: its RSS sampler wakes every 50 ms).
+                    wait_idle(child.pid for child in psutil.Process().children())
+                    page = context.new_page()
+                    page.set_default_timeout(300_000)
+                    took.setdefault(f"{name}_{visit}_s", []).append(
+                        timed(page, lambda: page.goto(url), predicate, arg, timeout_s=300) - settle_s)
+                    page.close()
+
                 for _ in range(rounds):
                     # The floor first: a one-title Streamlit page on the same machine, served from its own origin,
                     # so its first visit loads Streamlit's code cold, as the dashboard's first page does; then
                     # MLflow UI's runs list, cold too; then the dashboard's pages.
-                    page = context.new_page()
-                    took.setdefault(f"streamlit_floor_{visit}_s", []).append(
-                        timed(page, lambda: page.goto(urls["floor"]), FLOOR_JS))
-                    page.close()
-                    page = context.new_page()
-                    took.setdefault(f"mlflow_runs_list_{visit}_s", []).append(timed(
-                        page, lambda: page.goto(f"{urls['mlflow']}/#/experiments/{experiment}/runs"),
-                        MLFLOW_LISTED_JS, [listed, STABLE_MS], timeout_s=300) - STABLE_MS / 1000)
-                    page.close()
+                    visit_page("streamlit_floor", urls["floor"], FLOOR_JS)
+                    visit_page("mlflow_runs_list", f"{urls['mlflow']}/#/experiments/{experiment}/runs",
+                               MLFLOW_LISTED_JS, [listed, STABLE_MS], STABLE_MS / 1000)
                     for name, (path, title, last) in pages.items():
-                        page = context.new_page()
-                        page.set_default_timeout(300_000)
-                        took.setdefault(f"page_{name}_{visit}_s", []).append(timed(
-                            page, lambda: page.goto(urls["draftboard"] + path), WHOLE_JS, [title, last, STABLE_MS],
-                            timeout_s=300) - STABLE_MS / 1000)
-                        page.close()
+                        visit_page(f"page_{name}", urls["draftboard"] + path, WHOLE_JS, [title, last, STABLE_MS],
+                                   STABLE_MS / 1000)
                 out.update({key: statistics.median(values) for key, values in took.items()})
             browser.close()
     finally:
@@ -302,6 +308,8 @@ def main() -> None:
         for key in [k for k in b if k.startswith("page_") and k.endswith("_s")]:
             name, visit = key.removesuffix("_s"), "first" if key.endswith("_first_s") else "next"
             ratios[name] = round(b[key], 2)  # said, not a target: the floor below is this machine's
+            # Said, not a target: what the store's growth costs the page (the same page at the smaller size)
+            ratios[f"{name}_vs_{a['runs']}_runs"] = round(b[key] / a[key], 2)
             ratios[f"{name}_vs_floor"] = round(b[key] / b[f"streamlit_floor_{visit}_s"], 2)
             targets[f"{name}_vs_floor"] = FLOOR_TARGET[visit]
             if visit == "first":

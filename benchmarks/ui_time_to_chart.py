@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # dashboard_load, runnable from a checkout
@@ -123,9 +124,9 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise SystemExit(f"error: {url} did not answer within {timeout:.0f} s")
 
 
-def process_tree(proc: subprocess.Popen) -> list[psutil.Process]:
-    """A server's process with every process under it (psutil.Error once it is gone)."""
-    root = psutil.Process(proc.pid)
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process with every process under it (psutil.Error once it is gone)."""
+    root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
 
 
@@ -141,7 +142,7 @@ class PeakRss(threading.Thread):
         while not self.stopped.wait(0.05):
             for name, proc in self.roots.items():
                 try:
-                    tree = process_tree(proc)
+                    tree = process_tree(proc.pid)
                     rss = sum(p.memory_info().rss for p in tree if self.pick[name] in " ".join(p.cmdline()))
                 except psutil.Error:
                     continue
@@ -189,28 +190,34 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
             os.killpg(proc.pid, 9)
 
 
-def wait_idle(procs: dict[str, subprocess.Popen], timeout_s: float = 300, busy_cpu_s: float = 0.05) -> None:
-    """Return once the servers (each with its children) used under busy_cpu_s of CPU in a second: work a
-    server does after it answers its health check (MLflow's on a 10,000-run store: about 15 s of CPU) would
-    otherwise be timed as the first page's."""
-    def cpu_s() -> float:
-        total = 0.0
-        for proc in procs.values():
+def wait_idle(pids: Iterable[int], timeout_s: float = 300, busy_cpu_s: float = 0.05) -> None:
+    """Return once the processes `pids` (each with its children) used under busy_cpu_s of CPU in a second: work a
+    server does after it answers its health check (MLflow's on a 10,000-run store: about 15 s of CPU), or the
+    browser's teardown of the page just closed, would otherwise be timed as the next page's."""
+    pids = list(pids)
+
+    def cpu_s() -> dict[int, float]:  # per process: one that exits between two samples takes its time with it
+        used = {}
+        for pid in pids:
             try:
-                tree = process_tree(proc)
-                total += sum(sum(p.cpu_times()[:2]) for p in tree)
+                tree = process_tree(pid)
             except psutil.Error:
                 continue
-        return total
+            for proc in tree:
+                try:
+                    used[proc.pid] = sum(proc.cpu_times()[:2])
+                except psutil.Error:
+                    continue
+        return used
 
     deadline, before = time.monotonic() + timeout_s, cpu_s()
     while time.monotonic() < deadline:
         time.sleep(1)
         now = cpu_s()
-        if now - before < busy_cpu_s:
+        if sum(t - before.get(pid, 0.0) for pid, t in now.items()) < busy_cpu_s:
             return
         before = now
-    raise SystemExit(f"error: the servers were still busy after {timeout_s:.0f} s")
+    raise SystemExit(f"error: the servers and the browser were still busy after {timeout_s:.0f} s")
 
 
 def timed(page, action, predicate: str, arg=None, timeout_s: float = 120) -> float:

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_frame, unfingerprinted
+from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_table, unfingerprinted
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.lineage import resolved_by, train_eval_pairs
 from tracker.dashboard.tables import PICKER_RUNS, picker_options
@@ -21,7 +21,7 @@ answered: set[str] = set()  # evals a matching re-evaluation answered (the table
 if not pairs:
     st.info("No eval is linked to a training run yet (evals carry the tag `draftboard.train_run_id`).")
 else:
-    table = index.memo(("pairs_frame",), lambda: pairs_frame(index, pairs))  # every pair: once per store state
+    table = pairs_table(index)
     redone = table["re-evaluated as"].ne("")
     answered = set(table.loc[redone, "eval_run_id"])
     n_crit = int((table["critical"] > 0).sum())  # open ones: a re-evaluation's answer counts 0

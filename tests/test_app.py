@@ -656,6 +656,37 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
     assert not (tmp_path / "home" / "draftboard.db").exists()
 
 
+def test_the_warm_up_reads_environments_pairs_where_the_runs_files_are_local(tmp_path, monkeypatch):
+    """Environments' table reads the fingerprints of evals that differ from their training run in warnings
+    too, which the landing page does not: the warm-up derives it where those reads are files on this machine,
+    never the fingerprint of an eval whose `env.*` keys all match its training run's."""
+    from tracker import Tracker
+    from tracker.dashboard import ui
+
+    def box(gpu: str, fast: bool = True) -> dict:
+        return {"software": {"python": "3.11.9", "torch": "2.13.0", "transformers": "5.24.0"},
+                "hardware": {"device": "cuda" if fast else "cpu", "gpu_name": gpu},
+                "numerics": {"dtype": "bf16", "linear_attention_path": "fast" if fast else "fallback"}}
+
+    monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path))
+    uri = f"sqlite:///{tmp_path / 'draftboard.db'}"
+    tracker = Tracker(uri)
+    with tracker.training_run("drafter", {}, "/models/t", fingerprint=box("H100")) as train:
+        train.log_step(1, loss=1.0)
+    ids = {}
+    for name, fp in (("same", box("H100")), ("other gpu", box("A100")), ("fallback", box("H100", fast=False))):
+        with tracker.eval_run(name, target="/models/t", train_run_id=train.run_id, checkpoint="/ck/1",
+                              checkpoint_step=1, fingerprint=fp) as ev:
+            ev.log_metrics({"tau": 3.0}, step=0)
+        ids[name] = ev.run_id
+    ui.refresh()
+    with ui._fp_lock:
+        ui._fingerprints.clear()
+    assert ui.warm(uri).startswith("warm: 4 runs")
+    read = {run for store, run, _ in ui._fingerprints if store == uri}
+    assert read == {train.run_id, ids["other gpu"], ids["fallback"]}, read
+
+
 def test_launch_queues_an_engine_eval_managed_or_on_an_allowed_server(app_env, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_VLLM_PYTHON", "/opt/vllm-venv/bin/python")
     for engine in ("SGLANG", "LLAMACPP"):

@@ -28,7 +28,7 @@ from tracker.jobs import eval_job
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import (Lineage, eval_settings_of, field_name, protocol_tags, resolved_by, same_settings,
-                                       severity_background, value_text)
+                                       severity_background, train_eval_pairs, value_text)
 
 # The same colours as Streamlit's own Markdown backgrounds, for the legend (no HTML needed).
 SEVERITY_LEGEND = " ".join(f":{color}-background[{severity}]" for severity, color in
@@ -127,6 +127,12 @@ def _section_order(field_key: str) -> int:
 
 
 # --------------------------------------------------------------------------- pairs
+
+
+def pairs_table(index: RunIndex) -> pd.DataFrame:
+    """`pairs_frame` of every pair, derived once per index (one store state): Environments shows it on every
+    visit, and `ui.warm` derives it before the first (at 10,000 runs, about 0.6 s)."""
+    return index.memo(("pairs_frame",), lambda: pairs_frame(index, train_eval_pairs(index)))
 
 
 def pairs_frame(index: RunIndex, pairs: Sequence[Lineage]) -> pd.DataFrame:

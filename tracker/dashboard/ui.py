@@ -32,9 +32,9 @@ import streamlit as st
 from tracker import config, redact
 from tracker.jobs import demo_progress
 from tracker.dashboard import curve_chart, lineage, tables
-from tracker.dashboard.envmatrix import reeval_plan
+from tracker.dashboard.envmatrix import pairs_table, reeval_plan
 from tracker.dashboard.escape import md, md_badge, md_code
-from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, read_json_artifact
+from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, local_artifact_dir, read_json_artifact
 from tracker.dashboard.launch_form import submit_eval
 from tracker.errors import DraftboardError
 from tracker.store import history, listing
@@ -373,10 +373,10 @@ def curves_caption(shown: pd.DataFrame, zoomable: bool) -> str:
 
 def warm(uri: str) -> str:
     """Read what a first visitor waits for before anyone asks: the run index, the landing page's rows (and
-    the fingerprints of the evals that differ from their training runs, which they read) and every point of
-    the default Compare selection's histories. `draftboard ui` runs it
-    beside the server as it starts; it only fills caches a page would fill, so a failure is said in
-    one line and the page reads the store itself. An empty store is not cached as empty (a demo may
+    the fingerprints of the evals that differ from their training runs, which they read), Environments'
+    table where the runs' files are on this machine, and every point of the default Compare selection's
+    histories. `draftboard ui` runs it beside the server as it starts; it only fills caches a page would
+    fill, so a failure is said in one line and the page reads the store itself. An empty store is not cached as empty (a demo may
     be filling it), and a store the demo is building is not opened at all (`demo_banner` says why).
     -> what it did, in words."""
     from tracker.dashboard.compare import default_selection, train_runs_for_histories
@@ -394,6 +394,10 @@ def warm(uri: str) -> str:
         shown = curves(uri, chosen, index=index)
         tables.runs_table(index, list(index.runs.values()))  # the landing page's rows, derived once per index
         lineage.open_evals(index)
+        if all(local_artifact_dir(run.artifact_uri) for run in index.of_kind("eval", "reference")):
+            # Environments' table: it reads the fingerprints of pairs that differ in warnings too. Files here;
+            # against a server each is a request, left to Environments' first visitor (issue 38).
+            pairs_table(index)
     except Exception as exc:  # noqa: BLE001 - a cache warm-up: the page reports the same error itself
         return f"warm: skipped ({type(exc).__name__}: {exc})"
     return (f"warm: {len(index.runs)} runs, the histories of {len(chosen)} training runs ({len(shown):,} points "
