@@ -376,8 +376,9 @@ def warm(uri: str) -> str:
     the fingerprints of the evals that differ from their training runs, which they read), Environments'
     table where the runs' files are on this machine, and every point of the default Compare selection's
     histories. `draftboard ui` runs it beside the server as it starts; it only fills caches a page would
-    fill, so a failure is said in one line and the page reads the store itself. An empty store is not cached as empty (a demo may
-    be filling it), and a store the demo is building is not opened at all (`demo_banner` says why).
+    fill, so a failure is said in one line and the page reads the store itself. An empty store is not
+    cached as empty (a demo may be filling it), and a store the demo is building is not opened at all
+    (`demo_banner` says why).
     -> what it did, in words."""
     from tracker.dashboard.compare import default_selection, train_runs_for_histories
 

@@ -64,10 +64,11 @@ def sqlite_readonly_uri(file: Path) -> str:
 
 
 def _sqlite_readonly_url(uri: str) -> str | None:
-    """`sqlite:///file:<path>?mode=ro&uri=true`, or None when the file does not exist yet. SQLAlchemy
-    decodes the URL's database part once before sqlite reads it as a URI: the path is encoded twice."""
+    """SQLAlchemy's URL of `sqlite_readonly_uri`, or None when the file does not exist yet. SQLAlchemy
+    decodes the URL's database part once before sqlite reads it as a URI: that URI is encoded once more
+    (its path's escapes, not its syntax)."""
     file = sqlite_file(uri)
-    return None if file is None else f"sqlite:///file:{quote(quote(file.as_posix()))}?mode=ro&uri=true"
+    return None if file is None else f"sqlite:///{quote(sqlite_readonly_uri(file), safe=':/?=')}&uri=true"
 
 
 def readonly_engine(uri: str) -> sa.Engine | None:
