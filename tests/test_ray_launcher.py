@@ -98,7 +98,9 @@ def ray_head():
             except Exception:
                 return None
 
-        client = wait_until(jobs_api, HEAD_START_TIMEOUT_S, interval=0.2, what=f"the Ray Jobs API at {address} answering")
+        # the deadline counts from the head's start, as before the wait: Ray's client import is inside it
+        client = wait_until(jobs_api, HEAD_START_TIMEOUT_S - (time.monotonic() - started), interval=0.2,
+                            what=f"the Ray Jobs API at {address} answering")
         print(f"ray head ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         yield SimpleNamespace(address=address, client=client, temp_dir=temp_dir)
     finally:
