@@ -69,27 +69,41 @@ def _settled(page) -> None:
     page.locator("[data-testid='stStatusWidget']").wait_for(state="hidden")
 
 
-def _choose(page, label: str, option: str, exact: bool = False) -> None:
-    """Pick `option` (the first option starting with it, or exactly it) in the Streamlit selectbox
-    labelled `label`, and let the app apply it."""
-    box = page.locator("[data-testid='stSelectbox']").filter(has_text=label).first
-    value = re.compile("^" + re.escape(option) + ("$" if exact else ""))
+def _until_held(page, act, held) -> None:
+    """`act` (a click) until `held(timeout_ms)` (an `expect`) holds once the rerun the click started has
+    finished. A change made while the page still ran can be undone when Streamlit restarts that run: a
+    selectbox's choice by Launch's on_change pre-fill, a tab's by the tabs drawn again (seen once in CI: Run
+    detail back on its first tab 60 s after the click). Then do it again, as a user would."""
     for _ in range(2):
-        box.click()
-        page.get_by_role("option", name=option, exact=exact).first.click()
-        # The choice shows as the value of the box's input once the rerun it starts has finished. A
-        # choice made while the previous change's rerun still ran can be undone when Streamlit
-        # restarts that rerun and its on_change pre-fill (Launch's) runs again: choose again then,
-        # as a user would.
+        act()
         try:
-            expect(box.locator("input")).to_have_value(value, timeout=5_000)
+            held(5_000)
             _settled(page)
-            expect(box.locator("input")).to_have_value(value, timeout=1_000)
+            held(1_000)
             return
         except AssertionError:
             continue
-    expect(box.locator("input")).to_have_value(value)
+    held(5_000)  # expect's own default, as each caller's last try had
     _settled(page)
+
+
+def _choose(page, label: str, option: str, exact: bool = False) -> None:
+    """Pick `option` (the first option starting with it, or exactly it) in the Streamlit selectbox
+    labelled `label`, and let the app apply it (shown as the value of the box's input)."""
+    box = page.locator("[data-testid='stSelectbox']").filter(has_text=label).first
+    value = re.compile("^" + re.escape(option) + ("$" if exact else ""))
+
+    def pick() -> None:
+        box.click()
+        page.get_by_role("option", name=option, exact=exact).first.click()
+
+    _until_held(page, pick, lambda ms: expect(box.locator("input")).to_have_value(value, timeout=ms))
+
+
+def _open_tab(page, name: str) -> None:
+    """Select the tab `name` and let the page finish its run."""
+    tab = page.get_by_role("tab", name=name)
+    _until_held(page, tab.click, lambda ms: expect(tab).to_have_attribute("aria-selected", "true", timeout=ms))
 
 
 def test_the_browser_draws_the_badges_in_colour(page):

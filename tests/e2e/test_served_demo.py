@@ -7,7 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from test_browser import _settled, dashboard, page, pytestmark  # noqa: F401  (fixtures and the skip)
+from test_browser import _open_tab, _settled, dashboard, page, pytestmark  # noqa: F401  (fixtures and the skip)
 
 
 def test_the_demos_engine_eval_is_reconciled_and_drawn(dashboard, page, tmp_path, llamacpp_python):  # noqa: F811
@@ -18,7 +18,7 @@ def test_the_demos_engine_eval_is_reconciled_and_drawn(dashboard, page, tmp_path
     engine_run = served["engines"]["llamacpp"]
 
     page.goto(f"{url}/run?run={engine_run}")
-    page.get_by_role("tab", name="Acceptance").click()
+    _open_tab(page, "Acceptance")
     expect(page.get_by_text("Served vs offline", exact=True)).to_be_visible(timeout=60_000)
     verdict = page.get_by_text(re.compile(r"^engine \d\.\d+ vs offline tau \d\.\d+ \(gap"))
     expect(verdict).to_be_visible()
