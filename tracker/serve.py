@@ -268,13 +268,13 @@ def _warm() -> None:
 
 
 def first_run_work() -> None:
-    """What the pages' first script runs in this process would do besides reading the store, done before a
-    visitor waits for it (0.15 s of the first visit's server time here, 2 cores). Imports the pages make on first use:
-    the dashboard's modules they import (pandas' Styler and its jinja2 come with `envmatrix`), Streamlit's
-    emoji and icon-name tables (app.py's favicon and page icons are checked against them). Then Streamlit's
-    REPL check, which it makes on the first element drawn (`env_util.is_repl`: `inspect.stack()`, which maps
-    every loaded module, mlflow's and pandas' included, to its file); `inspect` keeps that map, so once it is
-    made here, after every import above, the first visitor's own check takes a few milliseconds."""
+    """What the pages' first script runs in this process would do besides reading the store, done before
+    a visitor waits for it (0.15 s of the first visit's server time here, 2 cores). First the imports the
+    pages make on first use: the dashboard's modules (pandas' Styler and its jinja2 come with `envmatrix`),
+    Streamlit's emoji and icon-name tables (app.py's favicon and page icons are checked against them). Then
+    Streamlit's REPL check, which it makes on the first element drawn (`env_util.is_repl`: `inspect.stack()`,
+    which maps every loaded module, mlflow's and pandas' included, to its file); `inspect` keeps that map,
+    so once it is made here, after every import above, the first visitor's own check takes milliseconds."""
     import streamlit.emojis  # noqa: F401
     import streamlit.material_icon_names  # noqa: F401
     from streamlit import env_util
