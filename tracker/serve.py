@@ -270,11 +270,14 @@ def _warm() -> None:
 def first_run_work() -> None:
     """What the pages' first script runs in this process would do besides reading the store, done before
     a visitor waits for it (0.15 s of the first visit's server time here, 2 cores). First the imports the
-    pages make on first use: the dashboard's modules (pandas' Styler and its jinja2 come with `envmatrix`),
-    Streamlit's emoji and icon-name tables (app.py's favicon and page icons are checked against them). Then
-    Streamlit's REPL check, which it makes on the first element drawn (`env_util.is_repl`: `inspect.stack()`,
-    which maps every loaded module, mlflow's and pandas' included, to its file); `inspect` keeps that map,
-    so once it is made here, after every import above, the first visitor's own check takes milliseconds."""
+    pages make on first use: the dashboard's modules; pandas' Styler with its jinja2, which Environments and
+    Compare colour their tables with (imported here, not by the modules that return one: the CLI's `report`
+    imports those too and styles nothing); Streamlit's emoji and icon-name tables, which app.py's favicon
+    and page icons are checked against. Then Streamlit's REPL check, which it makes on the first element
+    drawn (`env_util.is_repl`: `inspect.stack()`, which maps every loaded module, mlflow's and pandas'
+    included, to its file); `inspect` keeps that map, so once it is made here, after every import above,
+    the first visitor's own check takes milliseconds."""
+    import pandas.io.formats.style  # noqa: F401
     import streamlit.emojis  # noqa: F401
     import streamlit.material_icon_names  # noqa: F401
     from streamlit import env_util

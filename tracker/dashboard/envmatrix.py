@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 
 from tracker import config, redact
 from tracker.environment import fingerprint
@@ -57,7 +56,7 @@ class Matrix:
     baseline: str
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # label -> severity -> count
 
-    def styled(self) -> Styler:
+    def styled(self):
         """A pandas Styler with differing cells coloured by severity (for st.dataframe)."""
         colors = self.severity.apply(lambda col: col.map(severity_background))
         return self.values.style.apply(lambda _: colors, axis=None)

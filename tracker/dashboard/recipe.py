@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.lineage import MISSING, severity_background, severity_label
@@ -141,7 +140,7 @@ class ConfigView:
     severities: pd.Series  # the table's severity per row (critical | warning | info | same), for colouring
     counts: dict[str, int]  # severity -> number of differing keys (all of them, whatever is shown)
 
-    def styled(self) -> Styler:
+    def styled(self):
         """The table with differing rows coloured by severity (for st.dataframe)."""
         colors = [severity_background(s) for s in self.severities]
         return self.table.style.apply(lambda row: [colors[row.name]] * len(row), axis=1)
