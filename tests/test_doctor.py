@@ -445,3 +445,17 @@ def test_the_default_prompts_search_never_waits_on_a_server_nobody_named(tmp_pat
     assert domain_prompts(None, str(tmp_path / "ckpt"), None) is None
     missing = tmp_path / "none.db"
     assert domain_prompts(f"sqlite:///{missing}", str(tmp_path / "ckpt"), None) is None and not missing.exists()
+
+
+def test_a_serving_config_that_simulates_acceptance_is_critical(pair, tmp_path, capsys):
+    config = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 4,
+              "env": {"SGLANG_SIMULATE_ACC_LEN": "3.5"}}
+    severities = []
+    for env in (config["env"], {}):
+        path = tmp_path / "serving.json"
+        path.write_text(json.dumps({**config, "env": env}))
+        code = main(["doctor", "--target", str(pair / "target"), "--drafter", str(pair / "zlab"), "--device", "cpu",
+                     "--n-prompts", "2", "--max-new-tokens", "8", "--serving-config", str(path), "--json"])
+        checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+        severities.append((code == 1, checks[serving.SIMULATED]["severity"]))
+    assert severities[0] == (True, CRITICAL) and severities[1][1] == OK

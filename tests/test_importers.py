@@ -22,7 +22,7 @@ from tracker.cli import main
 from tracker.errors import DraftboardError
 from tracker.store import adoption, names
 from tests import evalformats
-from tracker.store.importers import (ddtree_benchmark, results, spec_acceptance, specforge_eval, speculators_acceptance,
+from tracker.store.importers import (ddtree_benchmark, foreign_run, results, spec_acceptance, specforge_eval, speculators_acceptance,
                                      tensorboard, zlab_benchmark)
 
 HIST_16 = [0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 6.0, 5.0, 5.0, 4.0, 4.0, 4.0, 3.0, 3.0, 3.0, 3.0, 20.0]
@@ -252,9 +252,9 @@ def test_tensorboard_folder_becomes_a_detected_training_run(tmp_path, tracker, s
                        run_name=".")
     writer.close()
     (event_run,) = tensorboard.read_event_folder(tmp_path / "output")
-    assert [p.value for p in event_run.scalars["train/accuracy"]] == [0.25, 0.5]
-    assert event_run.hparams["block_size"] == "16"
-    (run_id,) = tensorboard.log_event_runs(tracker, [event_run], "tb import")
+    assert [event_run.history[step]["train/accuracy"] for step in (50, 100)] == [0.25, 0.5]
+    assert event_run.params["block_size"] == "16"
+    (run_id,) = foreign_run.log_runs(tracker, [event_run], "tb import")
     run = tracker.run(run_id)
     assert run.data.tags[adoption.TOOL_TAG] == adoption.SPECFORGE_LEGACY
     assert run.data.tags[adoption.STEP_UNIT_TAG] == "micro-batch" and run.data.tags[names.KIND] == "train"

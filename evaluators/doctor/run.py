@@ -102,7 +102,8 @@ def run_doctor(s: DoctorSettings, progress=lambda stage, done, total: None) -> R
                 checks.append(serving.gguf_target_layers(served, layer_ids))
     if served is not None:
         hybrid = "linear_attention" in (getattr(cfg, "layer_types", None) or [])
-        checks += [serving.ssm_dtype(served), serving.engine_version(served, hybrid),
+        checks += [serving.simulated_acceptance(served), serving.ssm_dtype(served),
+                   serving.engine_version(served, hybrid),
                    serving.model_runner(served, loaded.config.family if loaded else None),
                    serving.prefix_cache(served, hybrid)]
         if served.engine == "llamacpp":

@@ -29,6 +29,7 @@ from evaluators.doctor.report import CRITICAL, INFO, OK, WARNING, Check
 from evaluators.drafter import DFLASH2, DrafterConfig
 from evaluators.engines import llamacpp
 from evaluators.engines.base import EngineError
+from evaluators.engines.server import SIMULATED_ACCEPTANCE
 from evaluators.weights import one_line
 from tracker.measurement import engine_metrics as em
 from tracker.measurement import known_bad
@@ -37,6 +38,7 @@ from tracker.errors import DraftboardError
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
 ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "prefix_cache"
 VLLM_METHOD, SGLANG_ALGORITHM, LLAMACPP_SPEC_TYPE = "dflash", "DFLASH", "draft-dflash"
+SIMULATED = "simulated_acceptance"
 DRAFT_KV_CACHE, GGUF_TARGET_LAYERS, LLAMACPP_BUILD = "draft_kv_cache", "gguf_target_layers", "llamacpp_build"
 # llama.cpp (common/common.h): --spec-draft-n-max defaults to 3, which caps acceptance at 4.
 LLAMACPP_DEFAULT_N_MAX = 3
@@ -65,6 +67,7 @@ class ServingConfig:
     draft_sample_method: str | None = None  # vLLM's speculative_config draft_sample_method
     tp_size: int | None = None  # SGLang's --tp-size
     radix_strategy: str | None = None  # SGLang's --mamba-radix-cache-strategy
+    simulated: tuple[str, ...] = ()  # the config's `env` sets these variables that fake acceptance (server.SIMULATED_ACCEPTANCE)
 
     def record(self, hybrid: bool | None, family: str | None = None) -> known_bad.Serving:
         """What the known-bad table reads of this box (tracker/measurement/known_bad.py)."""
@@ -100,6 +103,7 @@ def read_serving_config(path: str | Path) -> ServingConfig:
     thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
     ssm = _get(raw, "mamba_ssm_dtype")
     env = raw.get("env") if isinstance(raw.get("env"), dict) else {}
+    simulated = tuple(name for name in SIMULATED_ACCEPTANCE if name in env)
     if _get(raw, "speculative_algorithm") is not None:
         n = _get(raw, "speculative_num_draft_tokens")
         radix_off = _get(raw, "disable_radix_cache")
@@ -109,7 +113,7 @@ def read_serving_config(path: str | Path) -> ServingConfig:
                              _text(_get(raw, "version") or _get(raw, "sglang_version")),
                              prefix_cache=None if radix_off is None else not _flag(radix_off),
                              tp_size=tp if isinstance(tp, int) and not isinstance(tp, bool) else None,
-                             radix_strategy=_text(_get(raw, "mamba_radix_cache_strategy")))
+                             radix_strategy=_text(_get(raw, "mamba_radix_cache_strategy")), simulated=simulated)
     spec = _get(raw, "speculative_config") or raw
     if not isinstance(spec, dict) or "method" not in spec:
         raise DraftboardError(f"--serving-config {path}: no speculative config (vLLM: method, num_speculative_tokens;"
@@ -121,7 +125,7 @@ def read_serving_config(path: str | Path) -> ServingConfig:
                          _text(_get(raw, "version") or _get(raw, "vllm_version")),
                          None if v2 is None else ("V2" if _flag(v2) else "V1"),
                          None if prefix is None else _flag(prefix),
-                         draft_sample_method=_text(spec.get("draft_sample_method")))
+                         draft_sample_method=_text(spec.get("draft_sample_method")), simulated=simulated)
 
 
 def _text(value) -> str | None:
@@ -226,6 +230,18 @@ def ssm_dtype(serving: ServingConfig) -> Check:
                      "features drift with it over a long completion, and acceptance with them", evidence,
                      "serve with --mamba-ssm-dtype float32 (the published serving profiles pin it)")
     return Check(SSM_DTYPE, OK, "the served recurrent state is as wide as offline", evidence)
+
+
+def simulated_acceptance(serving: ServingConfig) -> Check:
+    """A serving box whose environment makes the engine report an acceptance it did not measure."""
+    if not serving.simulated:
+        return Check(SIMULATED, OK, "the serving config's env sets no simulated-acceptance variable",
+                     f"none of {', '.join(SIMULATED_ACCEPTANCE)} in env")
+    return Check(SIMULATED, CRITICAL, "the engine reports a simulated acceptance, not what the drafter achieved: "
+                 "SGLang overwrites DFlash's accepted length with SGLANG_SIMULATE_ACC_LEN after the real compute "
+                 "(SGLang #32595), so its acceptance and speedup say nothing of this drafter",
+                 f"env sets {', '.join(serving.simulated)}",
+                 f"remove {', '.join(serving.simulated)} from the serving box's environment (a managed eval refuses them)")
 
 
 def known_bad_check(name: str, serving: ServingConfig, hybrid: bool | None, family: str | None = None) -> Check:

@@ -119,6 +119,8 @@ def cmd_env_diff(args) -> int:
             proto_rows = protocol.diff(pa, pb)
             _print_diff(f"protocol{where}", proto_rows, "no differences")
         critical = critical or fingerprint.has_critical(env_rows) or fingerprint.has_critical(proto_rows)
+    for i, (fp, _) in enumerate(measured):
+        _print_evidence(chr(65 + i), refs[i], fp)
     pieces = linear_attn.side_by_side([fp for fp, _ in measured])
     if pieces:
         print("Gated DeltaNet, per piece (what each side ran):")
@@ -126,6 +128,28 @@ def cmd_env_diff(args) -> int:
                             "severity"], [(r.piece, *r.values, r.severity) for r in pieces], width=96))
         critical = critical or any(r.severity == "critical" for r in pieces)
     return EXIT_CRITICAL_DIFF if critical else 0
+
+
+def _print_evidence(side: str, ref: str, fp: dict) -> None:
+    """Each field an imported run's own files stated, with its source quoted (file:line), and where
+    those files disagree; nothing for a fingerprint captured live."""
+    from tracker.environment import fingerprint
+    from tracker.untrusted.escape import say
+
+    cited = fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}
+    contradictions = (fp.get("source") or {}).get("contradictions") or []
+    if not cited and not contradictions:
+        return
+    flat = fingerprint.flatten({k: v for k, v in fp.items() if k in fingerprint.SECTIONS})
+    say(f"evidence for {side} ({ref}): what its own files state")
+    for field in sorted(cited):
+        value = flat.get(field, (fp.get("numerics") or {}).get("linear_attention_path")
+                         if field.endswith("linear_attention_path") else None)
+        for cite in fingerprint.citations(fp, field):
+            line = f":{cite.get('line')}" if cite.get("line") is not None else ""
+            say(f"  {field} = {value!r}: {cite.get('file')}{line} \"{str(cite.get('text'))[:200]}\" ({cite.get('rule')})")
+    for text in contradictions if isinstance(contradictions, list) else []:
+        say(f"  its files disagree: {text}")
 
 
 def _side(fp: dict, measured_protocol) -> str:

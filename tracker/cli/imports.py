@@ -12,7 +12,8 @@ def cmd_import_log(args) -> int:
     from tracker.store.importers.training_log import import_log
     from tracker.store.tracker import Tracker
 
-    run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target, fmt=args.format)
+    run_id = import_log(Tracker(args.tracking_uri), args.file, args.name, target=args.target, fmt=args.format,
+                        console=args.console)
     print(f"imported {args.file} as run {run_id}")
     return 0
 
@@ -37,11 +38,14 @@ def cmd_adopt(args) -> int:
     version = args.tool_version or view.tags.get(adoption.TOOL_VERSION_TAG)
     if args.tool_version is not None and adoption.parse_version(args.tool_version) is None:
         raise DraftboardError(f"--tool-version {args.tool_version!r} is not a release number (e.g. 0.9.0)")
+    evidence = _adopted_evidence(tracker, args.run_id, args.console)  # read before anything is written
     tags = [(names.KIND, "train"), (adoption.TOOL_TAG, found.tool), (adoption.STEP_UNIT_TAG, unit)]
     if args.tool_version is not None:
         tags.append((adoption.TOOL_VERSION_TAG, args.tool_version))
     for tag, value in tags:
         tracker.client.set_tag(args.run_id, tag, value)
+    if evidence is not None:
+        _attach_evidence(tracker, args.run_id, found.tool, *evidence)
     print(f"adopted run {args.run_id} as a {found.label} training run ({'; '.join(found.evidence)})")
     print(f"step = {unit}" + (f": {known.steps.note}" if known else ""))
     curves = [a.label for a in adoption.aliases(found.tool, view.metrics, version) if a.canonical or a.note]
@@ -55,27 +59,87 @@ def cmd_adopt(args) -> int:
     return 0
 
 
+# Artifacts a tool logs beside an MLflow run that say what ran: read as evidence when adopting it.
+ADOPTED_EVIDENCE = {"console": ("output.log", "console.log", "train.log", "stdout.log"),
+                    "packages": ("requirements.txt", "environment.yml", "conda.yaml")}
+
+
+def _adopted_evidence(tracker, run_id: str, console: str | None):
+    """(the run's evidence as a foreign run, a temporary folder to remove) from the run's own top-level
+    artifacts (ADOPTED_EVIDENCE) and `--console`; None when there is nothing to read."""
+    import shutil
+    import tempfile
+
+    from tracker.environment.evidence import files
+    from tracker.store.importers import foreign_run
+
+    run = foreign_run.ForeignRun(f"mlflow run {run_id}", ".", "adopted", {}, {})
+    listed = {a.path for a in tracker.client.list_artifacts(run_id) if not a.is_dir}
+    wanted = [(kind, name) for kind, names_ in ADOPTED_EVIDENCE.items() for name in names_ if name in listed]
+    folder = tempfile.mkdtemp(prefix="draftboard-adopt-") if wanted else None
+    try:
+        for kind, name in wanted:
+            local = Path(tracker.client.download_artifacts(run_id, name, folder))
+            run.facts += (files.console_file if kind == "console" else files.package_file)(local, name)
+    except BaseException:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    foreign_run.with_console(run, console)
+    if not run.facts and console is None:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return run, folder
+
+
+def _attach_evidence(tracker, run_id: str, tool: str, run, folder: str | None) -> None:
+    import shutil
+
+    from tracker.environment import fingerprint
+    from tracker.environment.evidence import decide
+    from tracker.store.importers import foreign_run
+
+    try:
+        decision = decide.decide(run.facts)
+        fp = tracker.attach_fingerprint(run_id, fingerprint.imported(run.folder, f"adopted:{tool}", evidence=decision))
+        tracker.client.log_dict(run_id, foreign_run.evidence_json(run, decision), foreign_run.EVIDENCE_ARTIFACT)
+        for path, _label in run.kept:
+            tracker.client.log_artifact(run_id, str(path), foreign_run.EVIDENCE_FOLDER)
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+    tags = fingerprint.env_tags(fp)
+    print(f"environment from its files: linear attention {tags['env.linear_attn']}, torch {tags['env.torch']}, "
+          f"transformers {tags['env.transformers']} (draftboard env-diff {run_id} ... cites each source)")
+
+
 def cmd_import_results(args) -> int:
     from tracker.store.importers import (
         ddtree_benchmark,
+        foreign_run,
         results,
         served,
         spec_acceptance,
         specforge_eval,
         speculators_acceptance,
-        tensorboard,
         zlab_benchmark,
     )
     from tracker.store.tracker import Tracker
 
     name = args.name or Path(args.file).stem
     # The file is read whole before the store is opened: a bad file creates nothing.
-    if args.format == "tensorboard":
+    if args.format in TRAINING_FORMATS:
         if args.train_run_id:
-            raise DraftboardError("--train-run-id does not apply to --format tensorboard: event folders are "
+            raise DraftboardError(f"--train-run-id does not apply to --format {args.format}: its runs are "
                                   "imported as training runs of their own")
-        runs = tensorboard.read_event_folder(args.file)
-        run_ids = tensorboard.log_event_runs(Tracker(args.tracking_uri), runs, name, args.target)
+        runs = TRAINING_FORMATS[args.format](args.file)
+        for run in runs:
+            foreign_run.with_console(run, args.console)
+        run_ids = foreign_run.log_runs(Tracker(args.tracking_uri), runs, name, args.target)
+    elif args.console is not None:
+        raise DraftboardError(f"--console goes with a training run's import (--format "
+                              f"{', '.join(TRAINING_FORMATS)}), not --format {args.format}")
     else:
         parse = {"zlab-benchmark": zlab_benchmark.parse_benchmark_log, "ddtree": ddtree_benchmark.parse_ddtree_results,
                  "speculators-acceptance": speculators_acceptance.parse_acceptance_csv,
@@ -86,6 +150,28 @@ def cmd_import_results(args) -> int:
                                        name=name, target=args.target, train_run_id=args.train_run_id)
     print(f"imported {args.file} ({args.format}) as run(s) {', '.join(run_ids)}")
     return 0
+
+
+def _read_tensorboard(path):
+    from tracker.store.importers import tensorboard
+
+    return tensorboard.read_event_folder(path)
+
+
+def _read_wandb(path):
+    from tracker.store.importers import wandb_run
+
+    return wandb_run.read_folder(path)
+
+
+def _read_swanlab(path):
+    from tracker.store.importers import swanlab_run
+
+    return swanlab_run.read_folder(path)
+
+
+# --format -> the reader of its run folders (training runs, each with the evidence of its own files).
+TRAINING_FORMATS = {"tensorboard": _read_tensorboard, "wandb": _read_wandb, "swanlab": _read_swanlab}
 
 
 def keyed_by_step(evals: list, step: int | None, train_run_id: str | None) -> list:
@@ -132,6 +218,10 @@ def cmd_watch(args) -> int:
         time.sleep(args.interval)
 
 
+CONSOLE_HELP = ("the training process's console log, read for the environment it ran in (transformers' fallback "
+                "lines, version banners, nvidia-smi, pip freeze) and kept on the run")
+
+
 def add_commands(sub) -> None:
     from tracker.store.importers import served, training_log
 
@@ -142,6 +232,7 @@ def add_commands(sub) -> None:
                    help="automodel: NVIDIA Automodel's DFlash/DFlash2 console log (default: JSON lines or key=value, "
                         "recognised by the first line)")
     p.add_argument("--name", required=True)
+    p.add_argument("--console", default=None, metavar="FILE", help=CONSOLE_HELP)
     p.add_argument("--target", default=None, help="the target model the drafter was trained against")
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_import_log)
@@ -150,6 +241,7 @@ def add_commands(sub) -> None:
                                      "a draftboard training run")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--tool", default=None, help="the tool that wrote it (default: detected from its names)")
+    p.add_argument("--console", default=None, metavar="FILE", help=CONSOLE_HELP)
     p.add_argument("--tool-version", default=None, metavar="V",
                    help="the tool's release that wrote it, for metrics it redefined (speculators 0.9.0 counts the "
                         "bonus token in `eal`); also read from the run's draftboard.tool_version tag")
@@ -175,11 +267,14 @@ def add_commands(sub) -> None:
     p.add_argument("file", help="the results file, or the folder (TensorBoard logs, spec_acceptance.py output)")
     p.add_argument("--format", required=True,
                    choices=["zlab-benchmark", "speculators-acceptance", "speculators-spec-acceptance", "ddtree",
-                            "specforge-eval", "tensorboard", *served.FORMATS],
+                            "specforge-eval", *TRAINING_FORMATS, *served.FORMATS],
                    help="vllm-log / sglang-log / llamacpp-log / prometheus: served numbers from production (a "
                         "server log, a /metrics scrape), imported with the window they cover; aiperf: AIPerf's "
                         "per-request records (profile_export.jsonl); specforge-eval: a `specforge "
-                        "evaluate-checkpoint` report (teacher-forced diagnostics, not tau)")
+                        "evaluate-checkpoint` report (teacher-forced diagnostics, not tau); tensorboard / wandb / "
+                        "swanlab: training runs (an event folder, a W&B run or wandb/ folder, a SwanLab "
+                        "swanlog/run-* folder), their environment read from their own files")
+    p.add_argument("--console", default=None, metavar="FILE", help=CONSOLE_HELP)
     p.add_argument("--train-run-id", default=None, help="the training run the evaluated drafter came from")
     p.add_argument("--checkpoint-step", type=int, default=None, metavar="N",
                    help="the evaluated checkpoint's training step, where the file does not name it (needed with "

@@ -21,6 +21,7 @@ from typing import Any, Mapping, NamedTuple
 
 from tracker import config
 from tracker.environment import linear_attn
+from tracker.environment.evidence.decide import Decision
 from tracker.errors import DraftboardError
 from tracker.store import checkpoints, names
 
@@ -241,12 +242,30 @@ def capture(target=None, device: str | None = None, dtype: str | None = None, *,
     return fp
 
 
-def imported(source_path: str | os.PathLike, fmt: str, known: Mapping[str, object] | None = None) -> dict:
+def imported(source_path: str | os.PathLike, fmt: str, known: Mapping[str, object] | None = None,
+             evidence: Decision | None = None) -> dict:
     """Fingerprint of a run imported from a file: where it came from, what the file states (`known`:
-    dotted fields such as `software.torch`, `engine.version`), every other field unknown."""
+    dotted fields such as `software.torch`, `engine.version`), every other field unknown. `evidence`
+    (tracker.environment.evidence.decide) adds the fields the run's own files state, the `evidence` map
+    citing each, and under `source.contradictions` where those files disagree."""
     path = Path(source_path)
     digest = checkpoints.digest(path)[1][:16] if path.is_file() else None  # streamed: logs can be large
-    return _stated(_unknown({"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest}), known)
+    source = {"kind": "imported", "file": str(path.resolve()), "format": fmt, "sha256": digest}
+    fp = _stated(_unknown(source), {**(evidence.known if evidence else {}), **(known or {})})
+    if evidence is not None:
+        fp["evidence"] = evidence.evidence
+        if evidence.contradictions:
+            source["contradictions"] = list(evidence.contradictions)
+    return fp
+
+
+def citations(fp: dict, field: str) -> list[dict]:
+    """The evidence a fingerprint cites for one dotted field ([] for a captured one, or a field no file stated)."""
+    cited = fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}
+    out = cited.get(field)
+    if out is None and field == "numerics.linear_attention_path":  # the tag's copy of the per-piece decision
+        out = cited.get("numerics.linear_attention.linear_attention_path")
+    return [c for c in out if isinstance(c, dict)] if isinstance(out, list) else []
 
 
 def published(source: dict, known: dict | None = None) -> dict:
@@ -381,7 +400,8 @@ CRITICAL_PREFIXES = ("numerics.linear_attention.functions.",)
 VERSIONED = ("software.torch", "software.transformers", "software.flash-linear-attention", "software.fla-core")
 WARNING_FIELDS = ("hardware.gpu_name", "software.cuda", "software.cudnn", "software.causal-conv1d",
                   "software.triton", "software.kernels", "software.flash-attn", "hardware.capability")
-IGNORED_FIELDS = ("source", "schema", "numerics.linear_attention.reason", "numerics.linear_attention.fallback_warnings")
+IGNORED_FIELDS = ("source", "schema", "evidence", "numerics.linear_attention.reason",
+                  "numerics.linear_attention.fallback_warnings", "numerics.linear_attention.evidence_kind")
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 

@@ -32,7 +32,7 @@ LINEAR_ATTN_FUNCTIONS = (
     "torch_recurrent_gated_delta_rule",
 )
 # Where each function's fast kernel comes from (package, import path), for the reason we report.
-_KERNEL_SOURCES = {
+KERNEL_SOURCES = {
     "causal_conv1d_fn": ("causal-conv1d", "causal_conv1d"),
     "causal_conv1d_update": ("causal-conv1d", "causal_conv1d"),
     "torch_chunk_gated_delta_rule": ("flash-linear-attention", "fla.ops.gated_delta_rule"),
@@ -179,7 +179,7 @@ def _legacy_flags(module) -> str | None:
 def _why_not_fast(names) -> str:
     """One line naming the missing kernel packages and why they failed to import."""
     reasons = []
-    for package, import_path in sorted({_KERNEL_SOURCES[n] for n in names}):
+    for package, import_path in sorted({KERNEL_SOURCES[n] for n in names}):
         if sys.modules.get(import_path.split(".")[0], True) is None:
             reasons.append(f"{package} blocked in sys.modules")
             continue
@@ -217,13 +217,21 @@ def resolve(module_name: str = DEFAULT_MODULE) -> Resolution:
     norm = _gated_norm(module)
     if norm is not None:
         functions[GATED_NORM] = norm
+    path = path_of(functions)
     if not torch_names:
-        path, reason = "fast", "all linear-attention functions use kernels"
+        reason = "all linear-attention functions use kernels"
     else:
-        path = "fallback" if len(torch_names) == len(present) else "partial"
         why = "forced by draftboard" if forced else _why_not_fast(torch_names)
         reason = f"torch reference for {', '.join(torch_names)}: {why}"
     return Resolution(module_name, functions, path, reason, forced, list(FALLBACK_WARNINGS.messages))
+
+
+def path_of(functions: dict[str, str]) -> str:
+    """`fast`, `partial` or `fallback` over the kernel functions (LINEAR_ATTN_FUNCTIONS) `functions` names,
+    "torch" for one that ran the reference: the one rule a live resolution and imported evidence share."""
+    ran = [functions[n] for n in LINEAR_ATTN_FUNCTIONS if n in functions]
+    on_torch = sum(value == "torch" for value in ran)
+    return "fast" if on_torch == 0 else "fallback" if on_torch == len(ran) else "partial"
 
 
 def _torch_only(wrapper):
@@ -328,7 +336,11 @@ def pieces(fp: dict) -> dict[str, str | None]:
     functions = la.get("functions") if isinstance(la, dict) and isinstance(la.get("functions"), dict) else {}
     if numerics.get("linear_attention_path") == "n/a":
         return {}
-    return {label: (str(functions[name]) if name in functions else NOT_RUN if functions else None)
+    # Read from a run's files (`evidence_kind`), a piece no file names is unknown, not absent; a
+    # training run never runs the spec-decode step.
+    read = isinstance(la, dict) and la.get("evidence_kind") is not None
+    return {label: (str(functions[name]) if name in functions else
+                    NOT_RUN if functions and (not read or name == SPEC_DECODE) else None)
             for label, name in PIECES}
 
 

@@ -166,6 +166,22 @@ class _Run:
         except Exception as exc:
             raise DraftboardError(f"{what} failed: {describe_error(exc)}") from exc
 
+    def log_json(self, artifact_name: str, obj: Any) -> None:
+        """Store obj as a JSON artifact (e.g. `eval_results.json`)."""
+        self._check_open()
+        try:
+            text = json.dumps(obj, indent=2)
+        except (TypeError, ValueError) as exc:
+            raise DraftboardError(f"{artifact_name}: object is not JSON-serializable ({exc})") from exc
+        self._send(lambda: self._client.log_text(self.run_id, text, artifact_name),
+                   f"writing {artifact_name} to {self.artifact_uri}")
+
+    def log_file(self, path: str | Path, artifact_path: str) -> None:
+        """Keep a file as an artifact under `artifact_path` (an imported run's console, say)."""
+        self._check_open()
+        self._send(lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+                   f"copying {Path(path).name} to {self.artifact_uri}")
+
 
 class TrainingRun(_Run):
     """A training run: `log_step` is buffered (see steps.py), `log_checkpoint` is written at once.
@@ -275,16 +291,6 @@ class EvalRun(_Run):
                 lambda: self._client.log_batch(self.run_id, metrics=chunk, synchronous=True),
                 f"logging metrics to {self._store.where}",
             )
-
-    def log_json(self, artifact_name: str, obj: Any) -> None:
-        """Store obj as a JSON artifact (e.g. `eval_results.json`)."""
-        self._check_open()
-        try:
-            text = json.dumps(obj, indent=2)
-        except (TypeError, ValueError) as exc:
-            raise DraftboardError(f"{artifact_name}: object is not JSON-serializable ({exc})") from exc
-        self._send(lambda: self._client.log_text(self.run_id, text, artifact_name),
-                   f"writing {artifact_name} to {self.artifact_uri}")
 
     def log_table(self, artifact_name: str, rows: list[dict]) -> None:
         """Store rows as an MLflow table artifact (viewable in the MLflow UI's evaluation tab)."""

@@ -18,8 +18,10 @@ Three formats; the first two are recognised by the first non-blank line, the thi
   resumed run). Metrics keep the names Automodel gives W&B (`train/selector_loss`, `val/accept_len`), and
   the run is tagged with the tool, so the dashboard reads them under ours (tracker/store/adoption.py).
 
-The imported run's fingerprint is `tracker.environment.fingerprint.imported(...)`: the log does
-not say where it was produced, so every environment field stays unknown.
+The imported run's fingerprint is `tracker.environment.fingerprint.imported(...)` with the evidence the
+log itself holds, read as the console it usually is (transformers' fallback lines, version banners,
+`nvidia-smi`: tracker/environment/evidence), and that of a console log given beside it (`--console`);
+a field no line states stays unknown.
 
 The file is read line by line, twice: a first pass checks every line before anything is
 written (a malformed log creates no run), the second streams the steps into the run with a
@@ -213,13 +215,20 @@ def _step(value: object) -> int:
     return int(value)
 
 
-def import_log(tracker, path: str | Path, name: str, target: str | None = None, fmt: str | None = None) -> str:
+def import_log(tracker, path: str | Path, name: str, target: str | None = None, fmt: str | None = None,
+               console: str | Path | None = None) -> str:
     """Log the steps of a training log as a new train run of `tracker`; returns its run id. `fmt`:
-    `automodel` for Automodel's console (jsonl and kv are recognised)."""
+    `automodel` for Automodel's console (jsonl and kv are recognised); `console`: the training process's
+    console log, when the log is not it."""
     from tracker.environment import fingerprint
+    from tracker.environment.evidence import decide, files
     from tracker.store import adoption
+    from tracker.store.importers import foreign_run
 
     summary = scan_log(path, fmt)
+    evidence = foreign_run.with_console(foreign_run.ForeignRun(
+        str(Path(summary.path).resolve()), ".", summary.format, {}, {}, facts=files.console_file(summary.path)), console)
+    decision = decide.decide(evidence.facts)
     params = {
         "import.source": str(Path(summary.path).resolve()),
         "import.format": summary.format,
@@ -233,9 +242,10 @@ def import_log(tracker, path: str | Path, name: str, target: str | None = None, 
         tags={names.IMPORTED: "1", **({names.TOOL: summary.format,
                                         names.STEP_UNIT: adoption.TOOLS[summary.format].steps.unit}
                                        if summary.format in adoption.TOOLS else {})},
-        fingerprint=fingerprint.imported(summary.path, summary.format),
+        fingerprint=fingerprint.imported(summary.path, summary.format, evidence=decision),
         max_pending_steps=MAX_PENDING_STEPS,
     ) as run:
+        foreign_run.keep_evidence(run, evidence, decision)
         for record in _records(Path(summary.path), summary.format):
             if record is not None:
                 run.log_step(record.step, **record.metrics)

@@ -1,0 +1,106 @@
+"""A training run another tracker wrote (W&B, SwanLab, TensorBoard), logged as a draftboard training run.
+
+One owner of what every such import does alike: the tool detected from the run's names
+(tracker/store/adoption.py), config as params with secrets masked, steps as the tool counted them,
+the fingerprint from the run's own files (tracker/environment/evidence), and those files kept on the
+run as artifacts under `evidence/` beside `evidence.json` (every fact read, with file and line, and
+where the files disagree), so a reader can check each environment field against its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracker import redact
+from tracker.environment.evidence import Fact, decide, files
+from tracker.store import adoption, names
+
+EVIDENCE_ARTIFACT = "evidence.json"
+EVIDENCE_FOLDER = "evidence"
+
+
+@dataclass
+class ForeignRun:
+    """What one run folder holds, read before anything is written."""
+
+    folder: str
+    label: str  # the folder relative to the imported one ("." for itself)
+    fmt: str
+    params: dict[str, str]
+    history: dict[int, dict[str, float]]  # step -> metrics
+    facts: list[Fact] = field(default_factory=list)
+    kept: list[tuple[Path, str]] = field(default_factory=list)  # (file, its label) kept as evidence artifacts
+    notes: list[str] = field(default_factory=list)  # what was read only in part, and why
+
+    def view(self) -> adoption.RunView:
+        """What adoption sees: the last value of each metric, params as they are."""
+        last: dict[str, float] = {}
+        for step in sorted(self.history):
+            last.update(self.history[step])
+        return adoption.RunView(self.folder, "", self.params, last, {}, self.label)
+
+
+def run_folders(path: str | Path, is_run, what: str) -> list[Path]:
+    """The run folders `path` names: itself when `is_run` says so, else the runs directly inside it
+    (a `wandb/` or `swanlog/` folder), in name order (their names start with the date); `what`: the
+    folder a user should give, for the error."""
+    from tracker.errors import DraftboardError
+
+    root = Path(path)
+    if not root.is_dir():
+        raise DraftboardError(f"{root}: not a folder; pass {what}")
+    if is_run(root):
+        return [root]
+    runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and is_run(p))
+    if not runs:
+        raise DraftboardError(f"{root}: not {what.split(' (')[0]} (nor a folder holding runs)")
+    return runs
+
+
+def with_console(run: ForeignRun, console: str | Path | None) -> ForeignRun:
+    """`run` with a console log given beside it (`--console FILE`) read as evidence and kept."""
+    if console is not None:
+        path = Path(console)
+        run.facts += files.console_file(path, path.name)
+        run.kept.append((path, path.name))
+    return run
+
+
+def evidence_json(run: ForeignRun, decision: decide.Decision) -> dict:
+    return {"source": run.folder, "format": run.fmt, "files": [label for _, label in run.kept],
+            "facts": [{"field": f.field, "value": f.value, "stated": f.stated, **f.cite()} for f in run.facts],
+            "contradictions": decision.contradictions, "partial": run.notes}
+
+
+def keep_evidence(train_run, run: ForeignRun, decision: decide.Decision) -> None:
+    """`evidence.json` (every fact read, with its file and line; where the files disagree; what was read
+    only in part) and the files read, on the run."""
+    train_run.log_json(EVIDENCE_ARTIFACT, evidence_json(run, decision))
+    for path, kept_as in run.kept:
+        train_run.log_file(path, f"{EVIDENCE_FOLDER}/{Path(kept_as).parent}".rstrip("/."))
+
+
+def log_runs(tracker, runs: list[ForeignRun], name: str, target: str | None = None) -> list[str]:
+    """Each run as a draftboard training run (imported, tool detected, fingerprint from evidence)."""
+    from tracker.environment import fingerprint
+
+    ids = []
+    for run in runs:
+        tool = adoption.detect(run.view()).tool
+        tags = {names.IMPORTED: "1"}
+        if tool is not None:
+            tags[adoption.TOOL_TAG] = tool
+            tags[adoption.STEP_UNIT_TAG] = adoption.TOOLS[tool].steps.unit
+        decision = decide.decide(run.facts)
+        params = {"import.source": run.folder, "import.format": run.fmt, **redact.mask_params(run.params)}
+        if run.notes:
+            params["import.partial"] = "; ".join(run.notes)[:500]
+        label = name if len(runs) == 1 else f"{name} · {run.label}"
+        fp = fingerprint.imported(run.folder, run.fmt, evidence=decision)
+        with tracker.training_run(label, params, target, tags=tags, fingerprint=fp) as train_run:
+            keep_evidence(train_run, run, decision)
+            for step in sorted(run.history):
+                train_run.log_step(step, **run.history[step])
+        ids.append(train_run.run_id)
+    return ids
