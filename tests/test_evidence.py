@@ -146,14 +146,6 @@ def test_the_console_beats_the_package_list_and_the_disagreement_is_named():
     assert banner.known["software.torch"] == "2.13.0+cu130" and "requirements.txt:1 says '2.12.0'" in banner.contradictions[0]
 
 
-def test_a_checkpoint_config_says_which_transformers_saved_it(tmp_path):
-    (tmp_path / "config.json").write_text('{"transformers_version": "5.24.0", "auto_map": {"AutoModel": "x.Y"}}')
-    (fact,) = files.checkpoint_config(tmp_path)
-    assert fact.field == "software.transformers" and fact.value == "5.24.0" and fact.rank == 2
-    (tmp_path / "config.json").write_text("[" * 100_000)
-    assert files.checkpoint_config(tmp_path) == []
-
-
 def test_hostile_files_are_bounded(tmp_path):
     long_line = tmp_path / "console.log"
     long_line.write_bytes(b"x" * (8 << 20) + b"\n" + TF5_CONV.encode() + b"\n")

@@ -30,7 +30,7 @@ class Fact:
     """One field of a fingerprint as one source states it.
 
     `rank` orders sources when they disagree: 0 what ran said (a console line), 1 what was installed
-    (a package list, a tracker's metadata), 2 what a saved file implies (a checkpoint's config).
+    (a package list, a tracker's metadata).
     `stated` is False for an inference (e.g. a package absent from a complete list)."""
 
     field: str  # dotted fingerprint field: software.torch, numerics.linear_attention.functions.causal_conv1d_fn
