@@ -3,7 +3,8 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.envmatrix import SEVERITY_LEGEND, fingerprint_matrix, pairs_table, unfingerprinted
+from tracker.dashboard.envmatrix import (SEVERITY_LEGEND, evidence_frame, fingerprint_matrix, pairs_table,
+                                        unfingerprinted)
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.lineage import resolved_by, train_eval_pairs
 from tracker.dashboard.tables import PICKER_RUNS, picker_options
@@ -104,3 +105,19 @@ else:
             st.caption(f"{md(labels[r])} was re-evaluated in its training run's environment as "
                        f"{md(index.label(by.run_id))}, which matches it: its differences here are answered.")
     st.dataframe(matrix.styled(), key="env_matrix", height=min(36 * (len(matrix.values) + 1) + 4, 700))
+
+# ------------------------------------------------------------------ evidence
+cited, conflicts = evidence_frame({labels[r]: index.runs[r].fingerprint for r in chosen})
+if not cited.empty or conflicts:
+    st.subheader("Where imported runs' values come from",
+                 help="an imported run's environment is read from its own files (its console, its package list, its "
+                      "tracker's metadata); each value cites the file, the line and the rule that read it")
+    for label, text in conflicts:
+        st.warning(f"**{md(label)}**: its own files disagree. {md(text)}", icon="⁉️")
+    SHOWN_CITATIONS = 60
+    for row in cited.head(SHOWN_CITATIONS).itertuples(index=False):
+        st.markdown(f"**{md(row.run)}** · {md_code(row.field)} = {md_code(row.value)} · {md_code(row.source)} "
+                    f"“{md(row.quoted)}” ({md(row.rule)})")
+    if len(cited) > SHOWN_CITATIONS:
+        with st.expander(f"All {len(cited)} citations"):
+            st.dataframe(cited, hide_index=True, key="env_evidence")

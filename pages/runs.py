@@ -97,7 +97,9 @@ event = st.dataframe(
         "status": st.column_config.TextColumn(
             "status", width=68, help="📉 a regression alert: the eval is worse than its run's previous checkpoint or "
                                      "than a reference, by the paired bootstrap (Run detail says by how much); ⚠️ the serving box it "
-                                     "measured is in the known-bad table (Run detail says which row, and its source)"),
+                                     "measured is in the known-bad table (Run detail says which row, and its source); ⁉️ an "
+                                     "imported run whose own files disagree about its environment (a kernel package "
+                                     "installed that its console says did not run, say: Environments cites both)"),
         "kind": st.column_config.TextColumn("kind", width=90, help="train / eval / reference; published = numbers from a "
                                                          "publication, for another target or environment"),
         "drafter": st.column_config.TextColumn("drafter", width=62, help="the drafter's family: DFlash, or DFlash2 "

@@ -175,3 +175,49 @@ def test_an_eval_made_after_the_matching_one_is_an_exploration_not_a_resolved_mi
     index = RunIndex([run("t", "train", autocast_fp()), matching, later])
     assert lineage.resolved_by(index, later) is None  # tried in fp32 after the matching eval: still shown
     assert [p.eval.run_id for p in lineage.mismatches(index, index.runs["t"])] == ["x"]
+
+
+def _imported_fallback() -> dict:
+    """A training run imported from its console, which stated transformers 5's fallback for every piece."""
+    from tracker.environment import fingerprint
+    from tracker.environment.evidence import console, decide
+
+    lines = ["[transformers] `causal_conv1d_fn` is falling back to its reference PyTorch implementation because "
+             "`causal_conv1d` is not installed.",
+             "[transformers] `chunk_gated_delta_rule` is falling back to its reference PyTorch implementation because "
+             "`flash-linear-attention` is not installed.",
+             "[pip3] causal-conv1d==1.5.0"]
+    facts = console.read([(i, line, False) for i, line in enumerate(lines, 1)], "train.log")
+    return fingerprint.imported("train.log", "kv", evidence=decide.decide(facts))
+
+
+def test_an_imported_run_is_reevaluated_on_what_its_files_state_and_nothing_else(tmp_path):
+    imported = _imported_fallback()
+    assert training_environment(imported) == ({"linear_attn": "fallback"}, None)  # dtype, device: unknown, not forced
+    index = RunIndex([run("t", "train", imported),
+                      run("e", "eval", fp(path="fast", dtype="bf16", device="cuda", gpu="H100"), train="t", step=200,
+                          params=settings(tmp_path, dtype="bf16", device="cuda", linear_attn="fast"))])
+    plan = reeval_plan(index, "e")
+    assert plan.blocked is None and plan.changes == ["linear-attn fast → fallback"]
+    assert plan.params["linear_attn"] == "fallback" and plan.params["dtype"] == "bf16" and plan.params["device"] == "cuda"
+    unknown = fingerprint_imported_without_path()
+    assert "unknown (an imported run whose files do not say" in training_environment(unknown)[1]
+
+
+def fingerprint_imported_without_path() -> dict:
+    from tracker.environment import fingerprint
+
+    return fingerprint.imported("train.log", "kv")
+
+
+def test_environments_cites_where_an_imported_value_comes_from():
+    from tracker.dashboard.envmatrix import EVIDENCE_COLUMNS, evidence_frame
+
+    frame, conflicts = evidence_frame({"trainer": _imported_fallback(), "eval": fp()})
+    assert list(frame.columns) == EVIDENCE_COLUMNS and set(frame["run"]) == {"trainer"}
+    row = frame[frame["field"] == "numerics.linear_attention.functions.causal_conv1d_fn"].iloc[0]
+    assert row["value"] == "torch" and row["source"] == "train.log:1" and row["quoted"].startswith("[transformers]")
+    path = frame[frame["field"] == "numerics.linear_attention.linear_attention_path"]
+    assert set(path["value"]) == {"fallback"}
+    ((label, text),) = conflicts
+    assert label == "trainer" and "causal-conv1d 1.5.0 is installed (train.log:3)" in text

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from demo.serving_pair import MAX_NEW_TOKENS
 from loopback import LoopbackServer
-from tracker import Tracker
+from tracker import Tracker, config
 from tracker.measurement import regression
 from tracker.cli import main
 from tracker.errors import DraftboardError
@@ -92,8 +92,16 @@ def test_a_worse_checkpoint_posts_one_alert_and_a_steady_one_none(serving_pair, 
 
 def test_an_unreachable_webhook_warns_and_never_fails_the_eval(capsys):
     alert = regression.Alert("r", "v @ step 2", regression.REFERENCE, "ref", "z-lab", -0.5, -0.8, -0.2, 16)
-    assert regression.post("http://127.0.0.1:9/hook", [alert]) is False  # port 9: nothing listens
-    assert "could not be posted" in capsys.readouterr().err
+    secret = "/services/T000/B000/XXXXhushXXXX"
+    assert regression.post(f"http://127.0.0.1:9{secret}", [alert]) is False  # port 9: nothing listens
+    err = capsys.readouterr().err
+    # Issue 64, F1: a job's log (read by every dashboard visitor) names the webhook by its host, never its path.
+    assert "could not be posted to 127.0.0.1:" in err and "hush" not in err and "T000" not in err
+    assert regression.post(f"http://[::1{secret}", [alert]) is False  # a URL urllib cannot parse
+    assert "hush" not in capsys.readouterr().err
+    with pytest.raises(DraftboardError) as refused:
+        config.alert_webhook({"DRAFTBOARD_ALERT_WEBHOOK": f"ftp://hooks.example{secret}"})
+    assert "hush" not in str(refused.value) and "T000" not in str(refused.value)
     assert regression.message([alert]) == {"text": "draftboard regression: v @ step 2 is worse than the reference "
                                                     "z-lab: Δτ -0.500 [-0.800, -0.200] (paired bootstrap over 16 "
                                                     "prompts)"}

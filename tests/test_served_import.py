@@ -291,3 +291,36 @@ def test_a_vllm_log_from_a_known_bad_version_is_tagged_with_the_row_and_a_forged
     assert runs["old"].data.tags["protocol.engine_version"] == "0.28.0"
     assert "draftboard.known_bad" not in runs["new"].data.tags
     assert runs["new"].data.tags["protocol.engine_version"] == "0.32.0"
+
+
+def test_a_served_log_s_start_up_lines_are_the_serving_box_s_evidence(tmp_path):
+    """Issue 62: what the serving box said of itself at start (vLLM's version, runner and attention backend lines;
+    SGLang's server_args; llama.cpp's build line) is the imported run's serving fingerprint, each value cited."""
+    from tracker import Tracker
+    from tracker.environment import fingerprint
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    vllm = tmp_path / "vllm.log"
+    vllm.write_text("(EngineCore pid=6739) INFO 12-04 08:22:52 [core.py:133] Initializing a V1 LLM engine (v0.32.0) "
+                    "with config: model='/models/t'\n"
+                    "(EngineCore pid=6739) INFO 12-04 08:22:55 [cuda.py:446] Using AttentionBackendEnum.FLASH_ATTN "
+                    "backend.\n" + vllm_line("APIServer", 6, 20, "0.400, 0.200"))
+    sglang = tmp_path / "sglang.log"
+    sglang.write_text("[2026-12-02 10:00:00] server_args=ServerArgs(model_path='/m', speculative_algorithm='DFLASH', "
+                      "speculative_num_draft_tokens=16, tp_size=1)\n" + sglang_line("2026-12-02 10:00:40", 3.2, 0.31))
+    llama = tmp_path / "llama.log"
+    llama.write_text("build: 7003 (a1b2c3d) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n"
+                     "slot print_timing: id  0 | task 2 | draft acceptance = 0.20974 (   56 accepted /   267 "
+                     "generated), mean len =  2.44\n")
+    for path, fmt in ((vllm, "vllm-log"), (sglang, "sglang-log"), (llama, "llamacpp-log")):
+        assert main(["import-results", str(path), "--format", fmt, "--tracking-uri", store, "--name", fmt]) == 0
+    runs = {r.info.run_name: r for r in _runs(store)}
+    fps = {name: Tracker(store).fingerprint(runs[name].info.run_id) for name in ("vllm-log", "sglang-log", "llamacpp-log")}
+    assert fps["vllm-log"]["engine"] == {"name": "vllm", "version": "0.32.0",
+                                         "attention_backend": "AttentionBackendEnum.FLASH_ATTN"}
+    (cite,) = fingerprint.citations(fps["vllm-log"], "engine.attention_backend")
+    assert cite["file"] == "vllm.log" and cite["line"] == 2 and "Using AttentionBackendEnum.FLASH_ATTN" in cite["text"]
+    assert fps["sglang-log"]["engine"]["speculative_algorithm"] == "DFLASH"
+    assert fps["sglang-log"]["engine"]["speculative_num_draft_tokens"] == "16"
+    assert fps["llamacpp-log"]["engine"]["build"] == "7003"
+    assert fingerprint.citations(fps["llamacpp-log"], "engine.build")[0]["line"] == 1

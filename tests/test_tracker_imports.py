@@ -49,8 +49,17 @@ def test_a_wandb_run_imports_with_its_history_config_and_evidence(wandb_folder, 
     assert tags[names.KIND] == "train" and tags[names.IMPORTED] == "1"
     assert tags["env.linear_attn"] == "fallback"  # what its console stated
     assert tags["env.torch"] == "2.13.0+cpu" and tags["env.transformers"] == "5.24.0"  # its requirements.txt
+    # fla 0.6.0 is in its requirements, yet its console says the chunk rule fell back (no triton here): Runs flags it.
+    assert tags[names.ENV_EVIDENCE_CONFLICTS] == "1"
+    from tracker.dashboard.index import load_run_index
+    from tracker.dashboard.tables import runs_table
+    from tracker.store.tracker import Tracker
+
+    index = load_run_index(Tracker(sqlite_store_uri))
+    assert runs_table(index, [index.runs[run_id]]).iloc[0]["status"].startswith("⁉️")
     assert run.data.params["block_size"] == "16" and run.data.params["target"] == "tiny-qwen3.5"
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [0, 10, 20, 30, 40]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/best_tau")] == [(40, 3.25)]
     artifacts = {a.path for a in client.list_artifacts(run_id, "evidence/files")}
     assert artifacts == {"evidence/files/output.log", "evidence/files/requirements.txt"}
     record = json.loads(Path(client.download_artifacts(run_id, foreign_run.EVIDENCE_ARTIFACT, str(tmp_path))).read_text())
@@ -73,7 +82,7 @@ def test_a_wandb_run_imports_with_its_history_config_and_evidence(wandb_folder, 
     assert "its files disagree: flash-linear-attention 0.6.0 is installed" in out
 
 
-def test_a_crashed_or_damaged_wandb_log(wandb_folder, tmp_path):
+def test_a_crashed_or_damaged_wandb_log(wandb_folder, tmp_path, sqlite_store_uri, capsys):
     (log,) = wandb_folder.glob("run-*.wandb")
     whole = list(LogRecords(log, wandb_run.MAGIC, wandb_run.IDENT))
     data = log.read_bytes()
@@ -85,6 +94,8 @@ def test_a_crashed_or_damaged_wandb_log(wandb_folder, tmp_path):
     assert len(list(reader)) < len(whole) and "truncated mid-write" in reader.stopped
     (run,) = wandb_run.read_folder(cut)
     assert run.notes and "truncated mid-write" in run.notes[0] and run.history
+    assert main(["import-results", "--format", "wandb", str(cut), "--tracking-uri", sqlite_store_uri]) == 0
+    assert "note: .: run-" in capsys.readouterr().err  # the partial read is said
 
     bad_crc = bytearray(data)
     bad_crc[7] ^= 0xFF  # the first chunk's checksum

@@ -20,6 +20,7 @@ from tracker import Tracker
 from tracker.cli import main
 from tracker.dashboard.index import load_run_index
 from tracker.dashboard.tables import runs_table
+from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
 from tracker.jobs import watch
 from tracker.jobs.queue import JobQueue
@@ -268,3 +269,34 @@ def test_torchspec_checkpoints_are_recorded_at_their_iteration_and_never_queued(
     assert {k: (v["layout"], v["not_queued"]) for k, v in seen.items()} == {
         "iter_0000750": (watch.TORCHSPEC, watch.TORCHSPEC_NOTE), "iter_0001500": (watch.TORCHSPEC, watch.TORCHSPEC_NOTE)}
     assert sum(watch.TORCHSPEC_NOTE in r.getMessage() for r in caplog.records) == 2  # once per checkpoint
+
+
+def test_a_watched_folder_s_console_sets_the_environment_as_it_grows(store, tmp_path):
+    tracker, legacy, _ = store
+    out = tmp_path / "train-out"
+    out.mkdir()
+    log = out / "train.log"
+    log.write_text("torch 2.13.0+cu130, 8 x H100\nstep=1 loss=2.0\n[transformers] `causal_conv1d_fn` is falling")
+    watch.start(tracker, legacy, out, settle_s=0.0)
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    watch.scan(tracker, queue, legacy)
+    fp = tracker.fingerprint(legacy)
+    assert fp["software"]["torch"] == "2.13.0+cu130" and "linear_attention" not in fp["numerics"]  # a half line waits
+    with log.open("a") as fh:  # the training goes on: the line ends, the other piece falls back too
+        fh.write(" back to its reference PyTorch implementation because `causal_conv1d` is not installed.\n"
+                 "[transformers] `chunk_gated_delta_rule` is falling back to its reference PyTorch implementation "
+                 "because `flash-linear-attention` is not installed.\n")
+    watch.scan(tracker, queue, legacy)
+    fp = tracker.fingerprint(legacy)
+    assert fp["numerics"]["linear_attention_path"] == "fallback" and fp["software"]["torch"] == "2.13.0+cu130"
+    assert fingerprint.citations(fp, "numerics.linear_attention.functions.causal_conv1d_fn")[0]["line"] == 3
+    state = watch.state(tracker, legacy)
+    assert state.evidence["train.log"] == {"offset": log.stat().st_size, "line": 5}
+    assert tracker.client.get_run(legacy).data.tags["env.linear_attn"] == "fallback"
+    # A run whose fingerprint draftboard captured live keeps it: a console never replaces a measurement.
+    captured = tracker.attach_fingerprint(legacy, fingerprint.capture(with_probe=False))
+    with log.open("a") as fh:
+        fh.write("torch 2.12.0\n")
+    watch.scan(tracker, queue, legacy)
+    assert tracker.fingerprint(legacy)["software"]["torch"] == captured["software"]["torch"]
+

@@ -375,9 +375,24 @@ def alert_webhook(env: Mapping[str, str] | None = None) -> str | None:
     url = _env(env).get(ALERT_WEBHOOK_VAR, "").strip()
     if not url:
         return None
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-        raise DraftboardError(f"{ALERT_WEBHOOK_VAR} must be an http(s) URL, got {url[:40]!r}")
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        valid = False
+    if not valid:  # its path is a bearer secret (Slack's, Teams'): never shown, not even in part
+        raise DraftboardError(f"{ALERT_WEBHOOK_VAR} must be an http(s) URL with a host (its value is not shown: a "
+                              "webhook's path is a secret)")
     return url
+
+
+def webhook_host(url: str) -> str:
+    """How a webhook is named wherever it is shown (a log, a page, an error): its host alone, since its path
+    (Slack's /services/T.../B.../secret) is what lets anyone post."""
+    try:
+        return urlsplit(url).hostname or "the webhook"
+    except ValueError:
+        return "the webhook"
 
 
 def engine_start_s(env: Mapping[str, str] | None = None) -> float:

@@ -331,3 +331,87 @@ def test_edit_on_a_cancelled_job_fills_the_form_above(dashboard, page, tmp_path)
     expect(max_new).to_have_value("17")
     expect(page.get_by_text(f"The form holds job #{job.id}'s settings")).to_be_visible()
     page.screenshot(path=tmp_path / "edit.png", full_page=True)
+
+
+# transformers 5.24's own lines (integrations/hub_kernels.py) as a training box without the kernels printed them.
+CONSOLE_FALLBACK = (
+    "[transformers] `causal_conv1d_fn` is falling back to its reference PyTorch implementation because `causal_conv1d` "
+    "is not installed. This is correct but much slower; install `causal_conv1d` for the optimized kernel.\n"
+    "[transformers] `chunk_gated_delta_rule` is falling back to its reference PyTorch implementation because "
+    "`flash-linear-attention` is not installed. This is correct but much slower; install `flash-linear-attention` for "
+    "the optimized kernel.\n")
+
+
+def test_an_imported_training_console_against_an_eval_that_ran_the_kernels(dashboard, page, tmp_path):
+    """Issue 62's headline: a training run imported from its console log (transformers said every Gated DeltaNet
+    piece fell back to torch) against an eval of its checkpoint that ran the fla and causal-conv1d kernels (the
+    record a GPU box leaves: the demo eval's own, with the kernels' fingerprint). Environments shows the pair as
+    critical and cites the console's line; Re-evaluate repeats the eval on the fallback the console stated, and
+    the re-evaluation answers the mismatch."""
+    import copy
+    import json
+
+    from tracker import Tracker
+    from tracker.cli import main
+    from tracker.store import names
+
+    url, home = dashboard
+    uri = f"sqlite:///{home / 'draftboard.db'}"
+    tracker = Tracker(uri)
+    client = tracker.client
+    exp = client.get_experiment_by_name("draftboard").experiment_id
+    v1 = client.search_runs([exp], "attributes.run_name = 'drafter-v1 (1 tapped layer)'")[0].info.run_id
+    demo_eval = max((r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
+                     if r.data.tags.get(names.TRAIN_RUN_ID) == v1 and r.data.tags.get("env.dtype") == "fp32"
+                     and r.data.tags.get("protocol.scoring") == "offline"),
+                    key=lambda r: int(r.data.tags[names.CHECKPOINT_STEP]))
+    step = int(demo_eval.data.tags[names.CHECKPOINT_STEP])
+
+    log = tmp_path / "train.log"
+    log.write_text("torch 2.13.0+cpu\n" + CONSOLE_FALLBACK + "".join(f"step={s} loss={2.0 - s / 1000}\n"
+                                                                    for s in range(0, step + 1, 10)))
+    assert main(["import-log", str(log), "--name", "trainer-from-console", "--tracking-uri", uri]) == 0
+    imported = client.search_runs([exp], "attributes.run_name = 'trainer-from-console'")[0].info.run_id
+
+    kernels = copy.deepcopy(tracker.fingerprint(demo_eval.info.run_id))
+    kernels["numerics"]["linear_attention_path"] = "fast"
+    kernels["numerics"]["linear_attention"].update(linear_attention_path="fast", functions={
+        **kernels["numerics"]["linear_attention"]["functions"],
+        "causal_conv1d_fn": "causal_conv1d.causal_conv1d_interface.causal_conv1d_fn",
+        "causal_conv1d_update": "causal_conv1d.causal_conv1d_interface.causal_conv1d_update",
+        "torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule",
+        "torch_recurrent_gated_delta_rule": "fla.ops.gated_delta_rule.fused_recurrent.fused_recurrent_gated_delta_rule"})
+    carried = {k: v for k, v in demo_eval.data.tags.items()
+               if not k.startswith(("env.", "mlflow.")) and k not in (names.TRAIN_RUN_ID, names.KIND)}
+    results = json.loads(Path(client.download_artifacts(demo_eval.info.run_id, names.EVAL_RESULTS_ARTIFACT,
+                                                        str(tmp_path))).read_text())
+    with tracker.eval_run("gpu-box eval", target=demo_eval.data.tags[names.TARGET], train_run_id=imported,
+                          checkpoint_step=step, params=demo_eval.data.params, fingerprint=kernels,
+                          tags=carried) as run:
+        run.log_metrics({k: v for k, v in demo_eval.data.metrics.items()}, step=step)
+        run.log_json(names.EVAL_RESULTS_ARTIFACT, {**results, "fingerprint": kernels})
+    gpu_eval = run.run_id
+
+    _visit(page, f"{url}/environments", tmp_path / "e1-environments.png")
+    flagged = _critical_count(page)
+    assert flagged >= 1
+    # The matrix opens on the imported pair (its mismatch is the widest), and cites where the training's values come from.
+    expect(page.get_by_text("Where imported runs' values come from")).to_be_visible()
+    expect(page.get_by_text(re.compile(r"train\.log:2.*causal_conv1d_fn. is falling back")).first).to_be_visible()
+    page.get_by_text("Where imported runs' values come from").scroll_into_view_if_needed()
+    page.screenshot(path=tmp_path / "e1b-evidence.png")
+    _choose(page, "Eval to repeat", "trainer-from-console @ step")
+    expect(page.get_by_text("Changes: linear-attn fast → fallback")).to_be_visible()
+    page.screenshot(path=tmp_path / "e2-chosen.png", full_page=True)
+    page.get_by_role("button", name="Re-evaluate under the training environment").click()
+    page.get_by_text(re.compile(r"Queued job #\d+")).wait_for()
+    _visit(page, f"{url}/launch", tmp_path / "e3-launch.png")
+    page.get_by_text("succeeded").first.wait_for(timeout=180_000)
+
+    redone = [r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
+              if r.data.tags.get(names.TRAIN_RUN_ID) == imported and r.info.run_id != gpu_eval]
+    assert len(redone) == 1 and redone[0].data.tags["env.linear_attn"] == "fallback"
+    _visit(page, f"{url}/environments", tmp_path / "e4-environments-after.png")
+    assert _critical_count(page) == flagged - 1
+    expect(page.get_by_text(re.compile(r"such eval\(s\) were re-evaluated"))).to_be_visible()
+    print(f"screenshots: {tmp_path}")

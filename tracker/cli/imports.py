@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tracker.cli.common import json_argument
 from tracker.errors import DraftboardError
+from tracker.untrusted.escape import say
 
 
 def cmd_import_log(args) -> int:
@@ -137,6 +139,9 @@ def cmd_import_results(args) -> int:
         for run in runs:
             foreign_run.with_console(run, args.console)
         run_ids = foreign_run.log_runs(Tracker(args.tracking_uri), runs, name, args.target)
+        for run in runs:
+            for note in run.notes:  # a partial read is said, not hidden (also the run's import.partial param)
+                say(f"note: {run.label}: {note}", file=sys.stderr)
     elif args.console is not None:
         raise DraftboardError(f"--console goes with a training run's import (--format "
                               f"{', '.join(TRAINING_FORMATS)}), not --format {args.format}")

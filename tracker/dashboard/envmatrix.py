@@ -126,6 +126,33 @@ def _section_order(field_key: str) -> int:
     return order.index(section) if section in order else len(order)
 
 
+EVIDENCE_COLUMNS = ["run", "field", "value", "source", "quoted", "rule"]
+
+
+def evidence_frame(fps: dict[str, dict | None]) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """Where each imported run's environment fields come from: one row per citation (the run, the field,
+    its value, `file:line`, the quoted line, the rule that read it), and (run, disagreement) for the
+    places its own files disagree. Captured fingerprints cite nothing."""
+    rows, conflicts = [], []
+    for label, fp in fps.items():
+        cited = (fp or {}).get("evidence")
+        if not isinstance(cited, dict):
+            continue
+        flat = _matrix_fields(fp)
+        for field_key in sorted(cited):
+            value = flat.get(field_key, flat.get("numerics.linear_attention_path")
+                             if field_key.endswith("linear_attention_path") else None)
+            for cite in fingerprint.citations(fp, field_key):
+                line = cite.get("line")
+                rows.append({"run": label, "field": field_key, "value": value_text(value),
+                             "source": f"{cite.get('file')}" + (f":{line}" if line is not None else ""),
+                             "quoted": str(cite.get("text"))[:300], "rule": str(cite.get("rule"))})
+        source = fp.get("source") if isinstance(fp.get("source"), dict) else {}
+        said = source.get("contradictions")
+        conflicts += [(label, str(text)[:500]) for text in (said if isinstance(said, list) else [])]
+    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS), conflicts
+
+
 # --------------------------------------------------------------------------- pairs
 
 
@@ -199,17 +226,22 @@ def training_environment(fp: dict | None) -> tuple[dict[str, str], str | None]:
     if not fp:
         return {}, "the training run has no fingerprint"
     env = environment_flags(fp)
-    path, dtype, device = env["linear_attn"], env["dtype"], env["device"]
+    path = env["linear_attn"]
     if path not in FORCEABLE_LINEAR:
-        why = ("unknown (an imported or published run)" if path is None else
+        why = ("unknown (an imported run whose files do not say, or a published one)" if path is None else
                f"'{path}', which `--linear-attn` cannot force (only fast or fallback)")
         return {}, f"the training run's linear-attention path is {why}"
-    if dtype not in config.EVAL_DTYPES:
+    if (fp.get("source") or {}).get("kind") == "imported":
+        # An imported run's files state some fields: those are matched, the rest stay the eval's own (an
+        # unknown is never forced).
+        env = {k: v for k, v in env.items() if v is not None}
+    dtype, device = env.get("dtype", ...), env.get("device", ...)
+    if dtype is not ... and dtype not in config.EVAL_DTYPES:
         return {}, f"the training run's dtype is {value_text(dtype)}; evals run in {' or '.join(config.EVAL_DTYPES)}"
-    if env["drafter_precision"] not in config.DRAFTER_PRECISIONS:
+    if env.get("drafter_precision", ...) not in (..., *config.DRAFTER_PRECISIONS):
         return {}, (f"the training run's drafter precision is {value_text(env['drafter_precision'])}; evals run "
                     f"the drafter in {', '.join(config.DRAFTER_PRECISIONS)}")
-    if device not in config.DEVICES:
+    if device is not ... and device not in config.DEVICES:
         return {}, f"the training run's device is {value_text(device)}; evals run on {' or '.join(config.DEVICES)}"
     return dict(env), None
 
@@ -260,7 +292,7 @@ def _same_eval(run: RunInfo, original: RunInfo, params: dict) -> bool:
     environment (from its fingerprint), and the same protocol tags as the eval being repeated."""
     if not same_settings(run, params):
         return False
-    if any(environment_flags(run.fingerprint)[k] != params[k] for k in ENV_FLAGS):
+    if any(environment_flags(run.fingerprint)[k] != params[k] for k in ENV_FLAGS if k in params):
         return False
     return protocol_tags(run) == protocol_tags(original)
 

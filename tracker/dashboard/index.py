@@ -198,6 +198,12 @@ class RunInfo:
                                              or self.tags.get(names.PUBLISHED) == "1")
 
     @property
+    def evidence_conflicts(self) -> int:
+        """How many times an imported run's own files disagree about its environment (0: they agree, or none read)."""
+        text = self.tags.get(names.ENV_EVIDENCE_CONFLICTS, "")
+        return int(text) if text.isascii() and text.isdigit() and len(text) < 6 else 0
+
+    @property
     def alert(self) -> str | None:
         """The run's regression alert (`draftboard.alert`, tracker/measurement/regression.py), bounded; None without one."""
         text = self.tags.get(names.ALERT)

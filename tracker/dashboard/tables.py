@@ -243,6 +243,7 @@ def _runs_row(index: RunIndex, run: RunInfo) -> dict:
         "drafter": run.drafter_family or "",
         # Title case, as MLflow UI shows it: `Finished` fits a narrow column where `FINISHED` broke mid-word
         "status": ("📉 " if run.alert else "") + ("⚠️ " if run.known_bad else "")
+        + ("⁉️ " if run.evidence_conflicts else "")
         + (run.status.title() if run.status else MISSING),
         "target": run.target_name,
         "steps": run.steps,

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import NamedTuple
 
 import pandas as pd
@@ -500,7 +499,7 @@ def alerts_caption() -> str:
         return f"Regression alerts: on the runs only ({md(exc)})"
     if url is None:
         return f"Regression alerts: on the runs only (no `{config.ALERT_WEBHOOK_VAR}`)"
-    return f"Regression alerts: on the runs and POSTed to {md_code(urlsplit(url).hostname)}"
+    return f"Regression alerts: on the runs and POSTed to {md_code(config.webhook_host(url))}"
 
 
 DEMO_POLL_S = 2.0  # how often a page re-reads the demo's progress while it builds

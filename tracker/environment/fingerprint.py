@@ -543,7 +543,7 @@ def env_tags(fp: dict) -> dict[str, str]:
     def text(value):
         return "unknown" if value is None else str(value)
 
-    return {
+    tags = {
         names.ENV_HASH: env_hash(fp),
         names.ENV_LINEAR_ATTN: text(num.get("linear_attention_path")),
         names.ENV_DEVICE: text(hw.get("device")),
@@ -557,3 +557,7 @@ def env_tags(fp: dict) -> dict[str, str]:
         names.ENV_DRAFTER_PRECISION: text(num.get("drafter_precision")),
         names.ENV_SOURCE: text((fp.get("source") or {}).get("kind") if isinstance(fp.get("source"), dict) else None),
     }
+    if "evidence" in fp:
+        conflicts = (fp.get("source") or {}).get("contradictions") if isinstance(fp.get("source"), dict) else None
+        tags[names.ENV_EVIDENCE_CONFLICTS] = str(len(conflicts) if isinstance(conflicts, list) else 0)
+    return tags

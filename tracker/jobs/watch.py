@@ -19,6 +19,11 @@ Symlinks (`-latest`, `-best`, `checkpoint_best`, `epoch{e}_step{N}`) are skipped
 folder that is already listed. A folder is taken once none of its files changed for `settle_s`
 seconds, so a checkpoint still being written is not digested half-way.
 
+The training's own console and package list, where the folder holds them (`*.log` at its top, a W&B run's
+`wandb/latest-run/files/` or a SwanLab run's `swanlog/run-*/` files), are read as evidence of the environment
+the training really runs in (tracker/environment/evidence) whenever they grew since the last scan, and set the
+run's fingerprint, unless draftboard captured that fingerprint itself (a live capture is never replaced).
+
 The watch state lives in the store, on the watched run: the tag `draftboard.watch` (the folder,
 so a worker finds the run) and the artifact `watch.json` {dir, preset, settle_s, seen: {entry:
 {step, sha256, job_id}}}. An entry in `seen` is never digested again; its eval is queued once
@@ -44,7 +49,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -168,17 +173,25 @@ class WatchState:
     preset: dict[str, Any] | None
     settle_s: float
     seen: dict[str, dict[str, Any]]
+    # evidence file (relative to dir) -> {offset, line} read up to; the facts read from them (Fact.to_dict)
+    evidence: dict[str, dict[str, int]] = field(default_factory=dict)
+    facts: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"dir": self.dir, "preset": self.preset, "settle_s": self.settle_s, "seen": self.seen}
+        return {"dir": self.dir, "preset": self.preset, "settle_s": self.settle_s, "seen": self.seen,
+                "evidence": self.evidence, "facts": self.facts}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "WatchState":
         if not isinstance(data, dict) or not isinstance(data.get("dir"), str) or not isinstance(data.get("seen"), dict):
             raise DraftboardError(f"{where}: {names.WATCH_ARTIFACT} is not a watch state ({{dir, preset, seen}})")
         preset = data.get("preset")
+        evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
+        evidence = {k: {"offset": v["offset"], "line": v["line"]} for k, v in evidence.items()
+                    if isinstance(v, dict) and all(isinstance(v.get(n), int) and v[n] >= 0 for n in ("offset", "line"))}
+        facts = data.get("facts") if isinstance(data.get("facts"), list) else []
         return cls(data["dir"], None if preset is None else check_preset(preset),
-                   float(data.get("settle_s", DEFAULT_SETTLE_S)), dict(data["seen"]))
+                   float(data.get("settle_s", DEFAULT_SETTLE_S)), dict(data["seen"]), evidence, facts)
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,7 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
     if roots is not None:
         check_state(state, roots)
     recorded, queued = [], []
+    _read_evidence(tracker, run, state)
     found_all = find_checkpoints(Path(state.dir), state.settle_s, now)
     if any(f.layout == SPECULATORS for f in found_all) and not run.data.tags.get(names.TOOL_VERSION):
         # speculators redefined `eal` in 0.9.0: the release keys the run's curves (tracker/store/adoption.py)
@@ -286,6 +300,63 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
             queued.append(job.id)
             tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
     return ScanResult(run_id, recorded, queued)
+
+
+# Where a training folder keeps what its process printed and had installed (relative to the watched folder).
+EVIDENCE_GLOBS = ("*.log", "wandb/latest-run/files/output.log", "wandb/latest-run/files/requirements.txt",
+                  "swanlog/run-*/console/*.log", "swanlog/run-*/files/requirements.txt")
+MAX_EVIDENCE_FILES = 16
+MAX_WATCH_FACTS = 2_000  # facts kept in watch.json: a console states a few dozen
+
+
+def evidence_files(root: Path) -> dict[str, Path]:
+    """The watched folder's console logs and package lists (EVIDENCE_GLOBS), each a regular file inside it."""
+    found: dict[str, Path] = {}
+    for pattern in EVIDENCE_GLOBS:
+        for path in sorted(root.glob(pattern)):
+            real = path.resolve()
+            if real.is_file() and real.is_relative_to(root) and len(found) < MAX_EVIDENCE_FILES:
+                found.setdefault(str(path.relative_to(root)), real)
+    return found
+
+
+def _read_evidence(tracker, run, state: WatchState) -> None:
+    """Read what the folder's evidence files gained since the last scan (a console from where the last read
+    stopped; a package list whole, as it is written once) and set the run's fingerprint from every fact read so
+    far; never over a fingerprint draftboard captured live. The reading position and the facts live in the
+    watch state, so a long training's console is read once, not at every scan."""
+    from tracker.environment import fingerprint
+    from tracker.environment.evidence import Fact, console, decide, packages
+    from tracker.untrusted import textlines
+
+    found = evidence_files(Path(state.dir))
+    where = state.evidence
+    changed = {name: path for name, path in found.items()
+               if path.stat().st_size != (where.get(name) or {}).get("offset", 0)}
+    if not changed:
+        return
+    run_id = run.info.run_id
+    try:
+        current = tracker.fingerprint(run_id)
+    except DraftboardError:
+        current = None
+    if current is not None and (current.get("source") or {}).get("kind") != "imported":
+        return
+    facts = [f for f in map(Fact.from_dict, state.facts) if f is not None]
+    before = {name: dict(where.get(name) or {}) for name in changed}
+    for name, path in changed.items():
+        whole = path.name == "requirements.txt" or path.stat().st_size < (where.get(name) or {}).get("offset", 0)
+        start = {"offset": 0, "line": 1} if whole else (where.get(name) or {"offset": 0, "line": 1})
+        if whole:  # read anew: what it said before no longer stands
+            facts = [f for f in facts if f.file != name]
+        reader = textlines.Lines(path, start["offset"], start["line"])
+        facts += (packages.read if path.name == "requirements.txt" else console.read)(reader, name)
+        where[name] = {"offset": reader.offset, "line": reader.next_line}
+    if all(where[name] == before[name] for name in changed):
+        return  # only a line still being written: nothing new
+    state.facts = [f.to_dict() for f in facts[-MAX_WATCH_FACTS:]]
+    tracker.attach_fingerprint(run_id, fingerprint.imported(state.dir, "watch", evidence=decide.decide(facts)))
+    tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
 
 
 def owned_experiments(tracker, env=None) -> set[str]:

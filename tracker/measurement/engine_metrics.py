@@ -59,6 +59,9 @@ _VLLM_PREFIX = _vllm_prefix("INFO")
 # Triton is).
 VLLM_ENGINE_LINE = re.compile(_VLLM_PREFIX + r"Initializing a V\d LLM engine \(v([\w.+-]{1,40})\)")
 VLLM_RUNNER_LINE = re.compile(_vllm_prefix("WARNING") + r"Model Runner V2 [^;]{0,400}; using the (V\d) model runner")
+# The attention backend the platform chose (`platforms/cuda.py`: logger.info("Using %s backend.", selected_backend),
+# an AttentionBackendEnum printed as `AttentionBackendEnum.FLASH_ATTN`).
+VLLM_BACKEND_LINE = re.compile(_VLLM_PREFIX + r"Using ([\w.]{1,80}) backend\.")
 VLLM_LOG_LINE = re.compile(
     _VLLM_PREFIX +
     r"SpecDecoding metrics: Mean acceptance length: (?P<mean>[\d.]{1,24}|nan), Accepted throughput: [\d.]{1,24} "
@@ -73,6 +76,12 @@ VLLM_STATS_LINE = re.compile(
     r"tokens/s, Running: (?P<running>\d{1,9}) reqs, Waiting: (?P<waiting>\d{1,9}) reqs"
     r"[^\n]{0,512}? KV cache usage: (?P<kv>[\d.]{1,24})%(?:, Prefix cache hit rate: (?P<hit>[\d.]{1,24})%)?")
 # SGLang's logger (`srt/utils`' configure_logger): "[2026-12-02 14:37:37 TP0] " before the message.
+_SGLANG_PREFIX = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]{1,64})?\] "
+# What SGLang logs of its settings at start (`entrypoints/engine.py`: logger.info(f"server_args={...}"), a
+# ServerArgs repr; the speculative settings read from it by name, each bounded.
+SGLANG_ARGS_LINE = re.compile(_SGLANG_PREFIX + r"server_args=ServerArgs\(")
+SGLANG_SPEC_ARGS = {"speculative_algorithm": re.compile(r"\bspeculative_algorithm='(\w{1,40})'"),
+                    "speculative_num_draft_tokens": re.compile(r"\bspeculative_num_draft_tokens=(\d{1,6})\b")}
 SGLANG_LOG_LINE = re.compile(
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]{1,64})?\] Decode batch(?: \[\d{1,18}\])?, "
     r"[^\n]{0,2048}?accept len: (?P<accept_len>[\d.]{1,24}), accept rate: (?P<rate>[\d.]{1,24})")
@@ -86,6 +95,10 @@ LLAMACPP_LOG_LINE = re.compile(
     r"slot print_timing: id {1,2}-?\d{1,9} \| task -?\d{1,18} \| "
     r"draft acceptance = (?P<ratio>[\d.]{1,24}) \( {0,18}(?P<accepted>\d{1,18}) accepted / {0,18}"
     r"(?P<generated>\d{1,18}) generated\), mean len = {0,18}(?P<mean>[\d.]{1,24}|nan|inf)")
+# llama.cpp's build at start (`common/common.cpp`: LOG_INF("build: %d (%s) with %s for %s"...)); packaged builds
+# say 0 (unknown).
+LLAMACPP_BUILD_LINE = re.compile(
+    rf"{_COLOUR}(?:\d{{1,9}}\.\d\d\.\d{{3}}\.\d{{3}}{_COLOUR} )?{_COLOUR}(?:I {_COLOUR})?build: (\d{{1,7}}) \(([\w-]{{1,40}})\)")
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tracker import redact
+from tracker import config
 from tracker.environment import fingerprint
 from tracker.measurement import context, protocol
 from tracker.untrusted import escape, outgoing
@@ -213,12 +213,27 @@ def post(url: str, alerts: list[Alert]) -> bool:
     """POST the alerts to the deployment's webhook; False (and a warning on stderr) when it fails."""
     if not alerts:
         return True
-    request = urllib.request.Request(url, data=json.dumps(message(alerts)).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
     try:
+        request = urllib.request.Request(url, data=json.dumps(message(alerts)).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
         with outgoing.open_url(request, POST_TIMEOUT_S) as response:  # the deployment's URL
             response.read()
         return True
-    except OSError as exc:
-        print(f"warning: the regression alert could not be posted to {redact.text(url)}: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot even parse
+        host = config.webhook_host(url)
+        print(f"warning: the regression alert could not be posted to {host}: {_without(exc, url, host)}",
+              file=sys.stderr)
         return False
+
+
+def _without(exc: BaseException, url: str, host: str) -> str:
+    """What went wrong, with no part of the webhook's URL but its host (an error may quote the URL)."""
+    from urllib.parse import urlsplit
+
+    text = f"{type(exc).__name__}: {exc}"
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        path = ""
+    text = text.replace(url, host)
+    return text.replace(path, "/…") if len(path) > 1 else text

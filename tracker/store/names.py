@@ -68,6 +68,9 @@ ENV_WARNING_KEY = "env.warning_key"
 ENV_PROBE_DIGEST = "env.probe_digest"
 ENV_DRAFTER_PRECISION = "env.drafter_precision"
 ENV_SOURCE = "env.source"
+# An imported run whose own files disagree (fingerprint source.contradictions): how many disagreements; set
+# only on fingerprints read from evidence.
+ENV_EVIDENCE_CONFLICTS = "env.evidence_conflicts"
 
 # --------------------------------------------------------------------------- artifacts
 FINGERPRINT_ARTIFACT = "fingerprint.json"

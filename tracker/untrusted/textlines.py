@@ -37,16 +37,36 @@ def open_regular(path: str | Path):
 
 def lines(path: str | Path, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str, bool]]:
     """(1-based line number, its text without the newline, whether it was cut at `max_line` bytes)."""
-    with open_regular(path) as fh:
-        number = 0
-        while True:
-            raw = fh.readline(max_line)
-            if not raw:
-                return
-            number += 1
-            cut = not raw.endswith(b"\n") and len(raw) == max_line
-            while cut:  # skip the rest of an overlong line, one bounded read at a time
-                rest = fh.readline(max_line)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield number, raw.rstrip(b"\r\n").decode("utf-8", errors="replace"), cut
+    reader = Lines(path, max_line=max_line, whole=True)
+    yield from reader
+
+
+class Lines:
+    """The lines of a file from `start` (a byte offset, line `first_line`), as `lines` gives them; after
+    iterating, `offset` and `next_line` say where to go on from. Unless `whole`, a last line without its
+    newline is left for the next read (a log still being written)."""
+
+    def __init__(self, path: str | Path, start: int = 0, first_line: int = 1, max_line: int = MAX_LINE_BYTES,
+                 whole: bool = False):
+        self.path, self.max_line, self.whole = path, max_line, whole
+        self.offset, self.next_line = start, first_line
+
+    def __iter__(self) -> Iterator[tuple[int, str, bool]]:
+        with open_regular(self.path) as fh:
+            fh.seek(self.offset)
+            while True:
+                raw = fh.readline(self.max_line)
+                if not raw:
+                    return
+                cut = not raw.endswith(b"\n") and len(raw) == self.max_line
+                ended = raw.endswith(b"\n")
+                while cut:  # skip the rest of an overlong line, one bounded read at a time
+                    rest = fh.readline(self.max_line)
+                    ended = rest.endswith(b"\n")
+                    if not rest or ended:
+                        break
+                if not ended and not self.whole:
+                    return  # still being written: read it whole next time
+                self.offset, number = fh.tell(), self.next_line
+                self.next_line += 1
+                yield number, raw.rstrip(b"\r\n").decode("utf-8", errors="replace"), cut

@@ -47,3 +47,23 @@ class Fact:
 
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+    def to_dict(self) -> dict:
+        return {"field": self.field, "value": self.value, "file": self.file, "line": self.line,
+                "text": self.text[:MAX_QUOTE], "rule": self.rule, "rank": self.rank, "stated": self.stated}
+
+    @classmethod
+    def from_dict(cls, data: object) -> "Fact | None":
+        """A fact stored by `to_dict` (in a store any writer can change): None unless every field has its type."""
+        if not isinstance(data, dict):
+            return None
+        text_fields = ("field", "file", "text", "rule")
+        if not all(isinstance(data.get(k), str) for k in text_fields):
+            return None
+        value, line = data.get("value"), data.get("line")
+        if not (value is None or isinstance(value, (str, int))) or not (line is None or isinstance(line, (str, int))):
+            return None
+        if not isinstance(data.get("rank"), int) or not isinstance(data.get("stated"), bool):
+            return None
+        return cls(data["field"], value, data["file"], line, data["text"][:MAX_QUOTE], data["rule"], data["rank"],
+                   data["stated"])

@@ -29,6 +29,7 @@ class ForeignRun:
     fmt: str
     params: dict[str, str]
     history: dict[int, dict[str, float]]  # step -> metrics
+    summary: dict[str, float] = field(default_factory=dict)  # the tracker's final values (W&B's summary)
     facts: list[Fact] = field(default_factory=list)
     kept: list[tuple[Path, str]] = field(default_factory=list)  # (file, its label) kept as evidence artifacts
     notes: list[str] = field(default_factory=list)  # what was read only in part, and why
@@ -102,5 +103,9 @@ def log_runs(tracker, runs: list[ForeignRun], name: str, target: str | None = No
             keep_evidence(train_run, run, decision)
             for step in sorted(run.history):
                 train_run.log_step(step, **run.history[step])
+            logged = {key for metrics in run.history.values() for key in metrics}
+            only_summary = {k: v for k, v in run.summary.items() if k not in logged}
+            if only_summary:  # set on the summary alone (W&B's run.summary[...] = ...): at the last step
+                train_run.log_step(max(run.history, default=0), **only_summary)
         ids.append(train_run.run_id)
     return ids

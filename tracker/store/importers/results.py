@@ -32,6 +32,7 @@ class ImportedEval:
     checkpoint_step: int | None = None  # the evaluated checkpoint's training step, where the file names it
     environment: dict[str, Any] = field(default_factory=dict)  # fingerprint fields the files state (dotted)
     serving: known_bad.Serving | None = None  # what the file states of the serving box (the known-bad table reads it)
+    facts: list = field(default_factory=list)  # tracker.environment.evidence Facts: the serving box's own lines
 
 
 def finite(value: object, what: str) -> float:
@@ -67,6 +68,7 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
     `unknown`: an imported eval never pretends to know its target.
     """
     from tracker.environment import fingerprint
+    from tracker.environment.evidence import decide
 
     if not evals:
         raise DraftboardError(f"{source}: no results to import")
@@ -74,7 +76,8 @@ def log_imported(tracker, evals: Sequence[ImportedEval], *, source: str | Path, 
         target = tracker.run(train_run_id).data.tags.get(names.TARGET)
     run_ids = []
     for record in evals:
-        fp = fingerprint.imported(source, fmt, record.environment)
+        fp = fingerprint.imported(source, fmt, record.environment,
+                                  evidence=decide.decide(record.facts) if record.facts else None)
         run_target = target or record.protocol.get("target") or "unknown"
         label = f"{name} · {record.dataset}" if len(evals) > 1 else name
         params = {"import.source": str(Path(source).resolve()), "import.format": fmt, "dataset": record.dataset}

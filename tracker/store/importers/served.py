@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 
 from tracker import config
+from tracker.environment.evidence import MAX_QUOTE, Fact
 from tracker.measurement import engine_metrics as em
 from tracker.measurement import known_bad
 from tracker.measurement.levels import level_results
@@ -74,14 +75,17 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     n = 0
     load = _Load()
     box: dict[str, str] = {}  # what the server said at start of the box it is
+    facts: list[Fact] = []
     for lineno, line in _lines(path):
         m = em.VLLM_LOG_LINE.match(line[:MAX_LINE])
         if not m:
             load.read(em.VLLM_STATS_LINE.match(line[:MAX_LINE]), f"{path}:{lineno}")
-            for key, pattern in (("version", em.VLLM_ENGINE_LINE), ("model_runner", em.VLLM_RUNNER_LINE)):
+            for key, pattern in (("version", em.VLLM_ENGINE_LINE), ("model_runner", em.VLLM_RUNNER_LINE),
+                                 ("attention_backend", em.VLLM_BACKEND_LINE)):
                 said = pattern.match(line[:MAX_LINE])
-                if said:
-                    box.setdefault(key, said.group(1))
+                if said and key not in box:
+                    box[key] = said.group(1)
+                    facts.append(_fact(f"engine.{key}", said.group(1), path, lineno, line, f"vLLM start-up: {key}"))
             continue
         where = f"{path}:{lineno}"
         rates = [finite(x, f"{where}: per-position rate") for x in m.group("positions").replace(",", " ").split()]
@@ -103,7 +107,13 @@ def parse_vllm_log(path: str | Path) -> list[ImportedEval]:
     return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafts": drafts, "lines": n,
                                                       **load.details()},
                          serving=known_bad.Serving("vllm", box.get("version"),
-                                                   {"model_runner": box.get("model_runner")}))]
+                                                   {"model_runner": box.get("model_runner")}),
+                         environment={"engine.name": "vllm"}, facts=facts)]
+
+
+def _fact(field: str, value, path, lineno: int, line: str, rule: str) -> Fact:
+    """What a serving engine's own start-up line states of its box, cited (tracker/environment/evidence)."""
+    return Fact(field, value, Path(path).name, lineno, line.rstrip("\n")[:MAX_QUOTE], rule)
 
 
 class _Load:
@@ -140,7 +150,12 @@ class _Load:
 def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
     values, rates = [], []
     first = last = None
+    facts: list[Fact] = []
     for lineno, line in _lines(path):
+        if not facts and em.SGLANG_ARGS_LINE.match(line[:MAX_LINE]):
+            for key, pattern in em.SGLANG_SPEC_ARGS.items():
+                if said := pattern.search(line[:MAX_LINE]):
+                    facts.append(_fact(f"engine.{key}", said.group(1), path, lineno, line, "SGLang server_args"))
         m = em.SGLANG_LOG_LINE.match(line[:MAX_LINE])
         if m:
             values.append(finite(m.group("accept_len"), f"{path}:{lineno}"))
@@ -152,7 +167,7 @@ def parse_sglang_log(path: str | Path) -> list[ImportedEval]:
                               "speculative decoding?)")
     metrics = {"sglang_accept_len": sum(values) / len(values), "sglang_accept_rate": sum(rates) / len(rates)}
     return [ImportedEval(DATASET, metrics, {"backend": "sglang", **_window(first, last, len(values), "log lines")},
-                         {"lines": len(values)})]
+                         {"lines": len(values)}, environment={"engine.name": "sglang"}, facts=facts)]
 
 
 def _steps(accepted: int, mean: str) -> int | None:
@@ -171,9 +186,13 @@ def _steps(accepted: int, mean: str) -> int | None:
 def parse_llamacpp_log(path: str | Path) -> list[ImportedEval]:
     accepted = generated = steps = n = 0
     exact = True
+    facts: list[Fact] = []
     for lineno, line in _lines(path):
         m = em.LLAMACPP_LOG_LINE.match(line[:MAX_LINE])
         if not m:
+            build = em.LLAMACPP_BUILD_LINE.match(line[:MAX_LINE]) if not facts else None
+            if build and int(build.group(1)):  # packaged builds say 0: unknown
+                facts.append(_fact("engine.build", build.group(1), path, lineno, line, "llama.cpp build line"))
             continue
         where = f"{path}:{lineno}"
         a, g = int(m.group("accepted")), int(m.group("generated"))
@@ -193,7 +212,8 @@ def parse_llamacpp_log(path: str | Path) -> list[ImportedEval]:
         protocol["not_logged"] = ("engine_mean_acceptance_length: a request's verify steps cannot be told from its "
                                   "two-decimal mean len")
     return [ImportedEval(DATASET, metrics, protocol, {"accepted_tokens": accepted, "drafted_tokens": generated,
-                                                      "requests": n, "steps": steps if exact else None})]
+                                                      "requests": n, "steps": steps if exact else None},
+                         environment={"engine.name": "llamacpp"}, facts=facts)]
 
 
 def parse_prometheus(path: str | Path) -> list[ImportedEval]:

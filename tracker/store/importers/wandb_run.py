@@ -4,7 +4,8 @@ What a folder holds (wandb 0.31.0; ../shared/research/trackers-2026-12-07.md): `
 transaction log, LevelDB's log layout (tracker/untrusted/record_log.py) of protobuf `Record`s read
 with wandb's own messages (`wandb.proto.wandb_internal_pb2`, the optional `wandb` extra): `run` and
 `config` (the config: `update {key or nested_key, value_json}`), `history` (`item {nested_key,
-value_json}` and `step {num}`), `environment` (python, GPU type and count), `output_raw` (the console
+value_json}` and `step {num}`), `summary` (`update`, the same items: the final values, those set on the
+summary alone logged at the last step), `environment` (python, GPU type and count), `output_raw` (the console
 lines). `files/` holds `output.log` (the console as the process wrote it), `requirements.txt` (a pip
 freeze of the training Python) and, for synced runs, `wandb-metadata.json`, `config.yaml`.
 
@@ -146,6 +147,11 @@ def _read_log(path: Path, run: ForeignRun, want_console: bool) -> list[tuple[str
             _config(record.config.update, run)
         elif kind == "history":
             _history(record.history, run)
+        elif kind == "summary":
+            for item in record.summary.update:
+                key, value = _key(item), _number(_value(item.value_json))
+                if key and not key.startswith("_") and value is not None:
+                    run.summary[key] = value
         elif kind == "environment":
             run.facts += _environment_facts(record.environment, where)
         elif kind == "output_raw" and want_console and len(console_lines) < MAX_CONSOLE_RECORDS:
