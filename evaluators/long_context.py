@@ -22,6 +22,8 @@ template, as LongBench's `max_len` counts; the template adds a few tokens per tu
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterable, Sequence
 
 from tracker.errors import DraftboardError
@@ -87,19 +89,33 @@ def _document(row: dict, where: str) -> str:
     return context.strip() if kind(row) == LONGBENCH_V2 else context
 
 
+_V2_PLACES = re.compile(r"\$(DOC|Q|C_[ABCD])\$")
+_V1_PLACES = re.compile(r"\{(context|input)\}")
+MAX_ROW_CHARS = 64 << 20  # a row's fields together; LongBench v2's longest document is a few million characters
+
+
+def _filled(template: str, places: re.Pattern, values: dict[str, str], where: str) -> str:
+    """The template's own placeholders filled in one pass: a field is pasted once and never read again, so a field
+    holding another placeholder (`$C_A$` in a question) stays text, and the result is as long as its parts."""
+    size = sum(map(len, values.values()))
+    if size > MAX_ROW_CHARS:
+        raise DraftboardError(f"{where}: the row's fields hold {size} characters (at most {MAX_ROW_CHARS})")
+    return places.sub(lambda m: values[m.group(1)], template)
+
+
 def _qa_text(row: dict, dataset: str, where: str, document: str) -> str:
     """A QA row's user text around `document` (its own context, filled or cut)."""
     if kind(row) == LONGBENCH_V2:
-        text = LONGBENCH_V2_TEMPLATE.replace("$DOC$", document).replace("$Q$", _text(row, "question", where).strip())
-        for letter in "ABCD":
-            text = text.replace(f"$C_{letter}$", _text(row, f"choice_{letter}", where).strip())
-        return text
+        values = {"DOC": document, "Q": _text(row, "question", where).strip(),
+                  **{f"C_{letter}": _text(row, f"choice_{letter}", where).strip() for letter in "ABCD"}}
+        return _filled(LONGBENCH_V2_TEMPLATE, _V2_PLACES, values, where)
     name = row.get("dataset") if isinstance(row.get("dataset"), str) else dataset
     if name not in LONGBENCH_TEMPLATES:
         raise DraftboardError(f"{where}: LongBench dataset {name!r} is not a long-document QA set draftboard "
                               f"builds prompts for ({', '.join(LONGBENCH_TEMPLATES)})")
-    # LongBench fills the template with str.format; its documents' braces are text, so replace, never format.
-    return LONGBENCH_TEMPLATES[name].replace("{context}", document).replace("{input}", _text(row, "input", where))
+    # LongBench fills the template with str.format; its documents' braces are text, so fill, never format.
+    return _filled(LONGBENCH_TEMPLATES[name], _V1_PLACES, {"context": document, "input": _text(row, "input", where)},
+                   where)
 
 
 def _turns(row: dict, where: str) -> list[dict]:

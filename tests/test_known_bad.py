@@ -64,6 +64,10 @@ def test_versions_compare_as_releases():
     assert [gates in matches(Serving("vllm", v, hybrid)) for v in ("0.27.1rc2.dev3+cu128", "0.28.0", "0.28", "1.0")] \
         == [True, False, False, False]
     assert [f.state for f in evaluate(Serving("vllm", "nightly", hybrid)) if f.row == gates] == [known_bad.UNDECIDED]
+    # Issue 64, F5: a version an attached server or a log reports is untrusted text: never a crash.
+    assert known_bad.release("0.²8.0") is None
+    assert known_bad.release("0." + "9" * 5000) is None and known_bad.release("٣.1.0") is None
+    assert [f.state for f in evaluate(Serving("vllm", "0.²8.0", hybrid)) if f.row == gates] == [known_bad.UNDECIDED]
 
 
 @pytest.mark.parametrize("config, hybrid, family, check, severity, source", [

@@ -99,6 +99,27 @@ def test_longbench_v2_uses_its_0shot_prompt(tmp_path, tokenizer):
         "response as follows: \"The correct answer is (insert answer here)\".")
 
 
+def test_a_row_s_fields_are_pasted_once_never_into_each_other():
+    """Issue 64, F3: chained replaces pasted each field into the copies of the placeholders the fields before it
+    held: an 80 KB row built a 500 MB string. Filled in one pass, a field's `$C_A$` stays text and the prompt is
+    as long as its parts."""
+    from evaluators import long_context
+
+    choice = "x" * 10_000
+    row = {"question": "$C_A$" * 2_000, "choice_A": choice, "choice_B": "$Q$", "choice_C": "$DOC$", "choice_D": "d",
+           "context": "$Q$ {input} $C_A$"}
+    (message,) = long_context.messages(row, "longbench-v2", "row 1")
+    text = message["content"]
+    parts = len(row["question"]) + len(choice) + 3 + 5 + 1 + len(row["context"])
+    assert len(text) == len(long_context.LONGBENCH_V2_TEMPLATE) - len("$DOC$$Q$$C_A$$C_B$$C_C$$C_D$") + parts
+    assert "(B) $Q$\n(C) $DOC$\n" in text and text.count(choice) == 1
+    v1 = {"context": "{input}" * 1_000, "input": "y" * 10_000, "dataset": "narrativeqa"}
+    assert long_context.messages(v1, "longbench", "row 2")[0]["content"].count("y" * 10_000) == 1
+    huge = dict(row, context="z" * (long_context.MAX_ROW_CHARS + 1))
+    with pytest.raises(DraftboardError, match="characters \\(at most"):
+        long_context.messages(huge, "longbench-v2", "row 3")
+
+
 def test_a_sharegpt_conversation_keeps_its_newest_exchanges_and_borrows_earlier_ones(tmp_path, chat_tokenizer):
     """Conversation sg1 asks a last question after two exchanges of 1,000-character turns. At 3,500 tokens its
     own two exchanges (4,000) do not both fit: the newer one is kept whole, the older dropped. At 7,000 they fit

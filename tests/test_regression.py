@@ -244,6 +244,19 @@ def test_an_eval_naming_no_run_is_linked_to_the_run_that_registered_its_bytes(se
     ev = tracker.find_runs("eval")[0]
     assert (ev.data.tags[names.TRAIN_RUN_ID], ev.data.tags[names.CHECKPOINT_STEP]) == (train.run_id, "300")
     assert f"training run {train.run_id}'s at step 300" in capsys.readouterr().err
+    # Issue 64, F2: any store user can tag any run. Bare tags (no draftboard training run, or one without the
+    # checkpoint's record), with steps `²` and 5,000 digits, neither unlink the owner nor capture the eval.
+    from tracker.store import checkpoints
+
+    tag = names.checkpoint_digest_tag(checkpoints.digest(serving_pair / "drafter")[1])
+    planted = tracker.client.create_experiment("someone-else")
+    for kind, step in ((None, "7"), (None, "²"), ("train", "9" * 5000), ("train", "8")):
+        tags = {tag: step, **({names.KIND: kind} if kind else {})}
+        tracker.client.set_terminated(tracker.client.create_run(planted, tags=tags).info.run_id)
+    assert main(args) == 0
+    ev = tracker.find_runs("eval")[0]
+    assert (ev.data.tags[names.TRAIN_RUN_ID], ev.data.tags[names.CHECKPOINT_STEP]) == (train.run_id, "300")
+    capsys.readouterr()
     with tracker.training_run("drafter-v9 again", {"lr": 1e-3}, str(serving_pair / "target")) as other:
         other.log_checkpoint(serving_pair / "drafter", 10)
     assert main(args) == 0

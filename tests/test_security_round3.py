@@ -342,5 +342,9 @@ def test_a_fifo_for_a_prompts_file_does_not_hang_the_eval(home):
 
     fifo = home / "models" / "prompts.fifo"
     os.mkfifo(fifo)
-    with pytest.raises(DraftboardError, match="no such file"):
+    with pytest.raises(DraftboardError, match="not a regular file"):
         read_jsonl(fifo)
+    # Issue 64, F4: the first look at a job's inputs (the worker at claim, Launch at submit) follows the same rule.
+    from tracker.jobs.inputs import prompts_problem
+
+    assert "not a regular file" in prompts_problem(str(fifo))

@@ -34,6 +34,7 @@ from evaluators.weights import one_line
 from tracker.measurement import engine_metrics as em
 from tracker.measurement import known_bad
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import whole_number
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
 ENGINE_VERSION, MODEL_RUNNER, PREFIX_CACHE = "engine_version", "model_runner", "prefix_cache"
@@ -150,7 +151,7 @@ def _from_llamacpp_command_line(text: str, path) -> ServingConfig:
         if flag in LLAMACPP_FLAGS:
             values[LLAMACPP_FLAGS[flag]] = inline or (words[i + 1] if i + 1 < len(words) else "")
     n = values.get("n_max")
-    if n is not None and not n.isdigit():
+    if n is not None and whole_number(n) is None:
         raise DraftboardError(f"--serving-config {path}: --spec-draft-n-max {n[:20]!r} is not a number")
     gguf = values.get("drafter_gguf")
     if gguf and not Path(gguf).is_absolute():  # where the command line was written

@@ -112,9 +112,11 @@ def _registered_checkpoint(tracker, drafter: str) -> tuple[str | None, int | Non
         return None, None
     try:
         _, sha256 = checkpoints.digest(Path(drafter))
-    except (OSError, DraftboardError):
+        found = sorted(set(tracker.runs_with_checkpoint(sha256)))
+    except (OSError, DraftboardError) as exc:  # the eval ran: linking it is never worth losing it
+        say(f"warning: the checkpoint's training run could not be looked up ({exc}); the eval is linked to none",
+            file=sys.stderr)
         return None, None
-    found = sorted(set(tracker.runs_with_checkpoint(sha256)))
     if len(found) == 1:
         (run_id, step), = found
         say(f"the checkpoint's content digest is training run {run_id}'s at step {step}: the eval is logged as that "

@@ -43,6 +43,7 @@ from tracker.dashboard.index import DRAFTER_FAMILY_LABELS, RunIndex, RunInfo, sa
 from tracker.dashboard.lineage import summarize_rows
 from tracker.measurement import protocol
 from tracker.store import names
+from tracker.untrusted.digits import whole_number
 
 ResultsLoader = Callable[[RunInfo], "dict | None"]  # eval_results.json of a run, or None
 
@@ -579,8 +580,8 @@ def ddtree_points(run: RunInfo, results: dict | None = None) -> list[tuple[int, 
     found = names.family_values(run.metrics, "ddtree_tau")
     if not found and results and isinstance(results.get("ddtree"), dict):
         for budget, d in results["ddtree"].items():
-            if str(budget).isdigit() and isinstance(d, dict) and "tau" in d:
-                found[int(budget)] = float(d["tau"])
+            if whole_number(budget) is not None and isinstance(d, dict) and "tau" in d:
+                found[whole_number(budget)] = float(d["tau"])
     return sorted(found.items())
 
 

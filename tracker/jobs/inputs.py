@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tracker import config
+from tracker.errors import DraftboardError
+from tracker.untrusted import textlines
 
 FIRST_LINE_BYTES = 1 << 20  # a prompt line longer than this is read by the eval, not glanced at here
 
@@ -42,13 +44,15 @@ def prompts_problem(prompts: str) -> str | None:
         return None if any(p.is_file() for p in path.glob("*.jsonl")) else \
             f"prompts {prompts}: a folder without .jsonl files (one file per dataset)"
     try:
-        with path.open("rb") as f:
+        with textlines.open_regular(path) as f:  # a FIFO named here must not hang the worker or Launch
             line = b""
             while not line.strip():
                 line = f.readline(FIRST_LINE_BYTES)
                 if not line:
                     return f"prompts {prompts}: empty"
         row = json.loads(line)
+    except DraftboardError as exc:
+        return f"prompts {exc}"
     except OSError as exc:
         return f"prompts {prompts}: cannot be read ({exc.strerror})"
     except ValueError:

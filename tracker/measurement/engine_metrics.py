@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import whole_number
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -242,8 +243,7 @@ LLAMACPP_COUNTERS = (LLAMACPP_DRAFTS, LLAMACPP_DRAFT_TOKENS, LLAMACPP_ACCEPTED, 
 
 def spec_totals(samples: list[tuple[str, dict[str, str], float]], counters: tuple[str, str, str, str]) -> SpecTotals:
     drafts_name, draft_tokens_name, accepted_name, per_pos_name = counters
-    positions = {int(lab["position"]) for n, lab, _ in samples
-                 if n.startswith(per_pos_name) and lab.get("position", "").isdigit()}
+    positions = {whole_number(lab.get("position")) for n, lab, _ in samples if n.startswith(per_pos_name)} - {None}
     created = [v for n, _, v in samples if n == drafts_name + "_created"]
     return SpecTotals(drafts=counter(samples, drafts_name) or 0.0,
                       draft_tokens=counter(samples, draft_tokens_name) or 0.0,

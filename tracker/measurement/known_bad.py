@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import MAX_DIGITS, whole_number
 
 DATA = Path(__file__).with_name("known_bad.json")
 MATCH, UNDECIDED = "match", "undecided"
@@ -62,13 +63,14 @@ def release(version: str) -> tuple[int, ...] | None:
     parts = []
     for piece in version.split("+")[0].split(".")[:3]:
         digits = ""
-        for ch in piece:
-            if not ch.isdigit():
+        for ch in piece[:MAX_DIGITS + 1]:
+            if not "0" <= ch <= "9":  # ASCII: `²` passes str.isdigit, and int() refuses it
                 break
             digits += ch
-        if not digits:
+        number = whole_number(digits)
+        if number is None:  # none, or more digits than any release has: not a version
             break
-        parts.append(int(digits))
+        parts.append(number)
     return tuple(parts) if len(parts) >= 2 else None
 
 

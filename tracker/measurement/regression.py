@@ -34,6 +34,7 @@ from tracker import config
 from tracker.environment import fingerprint
 from tracker.measurement import context, protocol
 from tracker.untrusted import escape, outgoing
+from tracker.untrusted.digits import whole_number
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.measurement.uncertainty import WORSE, PairedComparison, paired_comparison, prompt_score
@@ -110,10 +111,12 @@ def check(tracker, run_id: str, say: Callable[[str], None] = lambda line: None) 
     results = tracker.read_json(run_id, names.EVAL_RESULTS_ARTIFACT, missing="not an eval run?")
     alerts = []
     train, step = tags.get(names.TRAIN_RUN_ID), tags.get(names.CHECKPOINT_STEP)
-    if train and step is not None and step.isdigit():
+    at = whole_number(step)
+    if train and at is not None:
         earlier = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{_quoted(train)}'")
-                   if (tags_step := r.data.tags.get(names.CHECKPOINT_STEP, "")).isdigit() and int(tags_step) < int(step)]
-        earlier.sort(key=lambda r: (int(r.data.tags[names.CHECKPOINT_STEP]), r.info.start_time or 0), reverse=True)
+                   if (before := whole_number(r.data.tags.get(names.CHECKPOINT_STEP))) is not None and before < at]
+        earlier.sort(key=lambda r: (whole_number(r.data.tags[names.CHECKPOINT_STEP]), r.info.start_time or 0),
+                     reverse=True)
         alerts += _first_worse(tracker, run, results, earlier, PREVIOUS, say)
     else:
         say(f"{PREVIOUS}: not checked, the eval names no training run and checkpoint step")
@@ -143,7 +146,7 @@ def repeat_spread(tracker, run) -> tuple[float, int]:
     ones on sm_103: fla #945, #1228) move a tau between repeats; an alert must clear that."""
     tags = run.data.tags
     train, step = tags.get(names.TRAIN_RUN_ID), tags.get(names.CHECKPOINT_STEP)
-    if not train or not step or not step.isdigit():
+    if not train or whole_number(step) is None:
         return 0.0, 1
     same = [r for r in tracker.find_runs("eval", f"tags.`{names.TRAIN_RUN_ID}` = '{_quoted(train)}' and "
                                                  f"tags.`{names.CHECKPOINT_STEP}` = '{step}'")

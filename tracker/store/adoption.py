@@ -27,6 +27,7 @@ from typing import Iterable, Mapping, Sequence
 
 from tracker.redact import mask_params
 from tracker.store import names
+from tracker.untrusted.digits import whole_number
 
 # Tags that `draftboard adopt` writes next to `draftboard.kind=train` (move to names.py with the wiring).
 TOOL_TAG, STEP_UNIT_TAG, TOOL_VERSION_TAG = names.TOOL, names.STEP_UNIT, names.TOOL_VERSION
@@ -520,8 +521,9 @@ def lint(view: RunView, fields: Mapping[str, RecipeField], tool: str | None) -> 
     found = []
     ids = _layer_ids(fields["target_layer_ids"].value) if "target_layer_ids" in fields else None
     n_layers = fields.get("num_target_layers")
-    if ids and n_layers and n_layers.value.isdigit() and int(n_layers.value) - 1 in ids:
-        last = int(n_layers.value) - 1
+    n_target = whole_number(n_layers.value) if n_layers else None
+    if ids and n_target is not None and n_target - 1 in ids:
+        last = n_target - 1
         found.append(Lint(view.run_id, "target_layer_ids", "warning",
                           f"tapped layer {last} is the target's last layer: the drafter sees the very state that "
                           "feeds the lm_head, a shortcut that copies the next token instead of learning to draft "

@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import whole_number
 from tracker.store import names
 from tracker.store.checkpoints import Checkpoint
 from tracker.store.retry import RetryPolicy, call_with_retry
@@ -366,14 +367,21 @@ class Tracker:
                     f"counting the checkpoints of run {run_id}")
 
     def runs_with_checkpoint(self, sha256: str) -> list[tuple[str, int]]:
-        """(training run, step) of every registered checkpoint with these bytes (its content digest), by one
-        indexed tag search over this experiment and the foreign runs'."""
+        """(training run, step) of every registered checkpoint with these bytes (its content digest): the tag
+        (one indexed search over this experiment and the foreign runs') only finds candidates, since any store
+        user can tag any run; a candidate counts only as a draftboard training run (`draftboard.kind` train) holding
+        a checkpoint record with that digest, at the record's step. A damaged candidate is skipped, never fatal."""
         tag = names.checkpoint_digest_tag(sha256)
         found = []
         for run in self.find_runs(None, f"tags.`{tag}` LIKE '%'", foreign=True):
-            step = run.data.tags.get(tag, "")
-            if step.isdigit() and run.data.tags.get(names.KIND, "train") == "train":
-                found.append((run.info.run_id, int(step)))
+            if run.data.tags.get(names.KIND) != "train" or whole_number(run.data.tags.get(tag)) is None:
+                continue
+            try:
+                records = self.checkpoints(run.info.run_id)
+            except DraftboardError as exc:
+                log.warning("run %s: its checkpoint records could not be read: %s", run.info.run_id, exc)
+                continue
+            found += [(run.info.run_id, r.step) for r in records if r.sha256 == sha256]
         return found
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:

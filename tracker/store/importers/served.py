@@ -42,6 +42,7 @@ from tracker.measurement import engine_metrics as em
 from tracker.measurement import known_bad
 from tracker.measurement.levels import level_results
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import whole_number
 from tracker.untrusted.jsonlines import records
 from tracker.store import names
 from tracker.store.importers.results import ImportedEval, finite
@@ -263,10 +264,11 @@ def _aiperf_record(sd: dict, where: str) -> tuple[Counter, int, int, int, str]:
         raise DraftboardError(f"{where}: spec_decode_acceptance has no acceptance_histogram object")
     histogram: Counter = Counter()
     for key, value in sd["acceptance_histogram"].items():
-        if not str(key).isdigit() or int(key) > config.MAX_BUDGET:
+        drafted_n = whole_number(key)
+        if drafted_n is None or drafted_n > config.MAX_BUDGET:
             raise DraftboardError(f"{where}: acceptance_histogram key {str(key)[:20]!r} is not a draft count "
                                   f"(0..{config.MAX_BUDGET})")
-        histogram[int(key)] += _count(value, f"{where}: acceptance_histogram[{key}]")
+        histogram[drafted_n] += _count(value, f"{where}: acceptance_histogram[{str(key)[:20]}]")
     steps, accepted, drafted = (_count(sd.get(k), f"{where}: {k}") for k in
                                 ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"))
     if sum(histogram.values()) != steps or sum(j * c for j, c in histogram.items()) != accepted or accepted > drafted:
