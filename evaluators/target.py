@@ -152,6 +152,8 @@ def model_config(path: str | Path):
     _check_dir(path)
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except RecursionError:  # transformers walks the config recursively: a config nested hundreds deep overflows it
+        raise DraftboardError(f"target {path}: unreadable config.json: nested too deep for a model config") from None
     except (OSError, ValueError, KeyError) as exc:
         raise DraftboardError(f"target {path}: unreadable config.json: {str(exc).splitlines()[0]}") from exc
 

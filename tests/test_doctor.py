@@ -459,3 +459,33 @@ def test_a_serving_config_that_simulates_acceptance_is_critical(pair, tmp_path, 
         checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
         severities.append((code == 1, checks[serving.SIMULATED]["severity"]))
     assert severities[0] == (True, CRITICAL) and severities[1][1] == OK
+
+
+def test_hostile_serving_configs_are_one_error_line_or_the_check_s_warning(tmp_path):
+    """Issue 64, F6: each of these gave a traceback, hung, or was read whole before the cut."""
+    import os
+
+    def refused(name: str, data: bytes, match: str) -> None:
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(DraftboardError, match=match):
+            serving.read_serving_config(path)
+
+    refused("other.json", json.dumps({"engine": {"name": "tgi"}, "protocol": {"scoring": "engine"}}).encode(),
+            "names engine 'tgi'")
+    refused("deep.json", b"[" * 60_000 + b"]" * 60_000, "nested too deep")
+    refused("n.sh", "llama-server -m t.gguf --spec-type draft-dflash --spec-draft-n-max ²".encode(), "is not a number")
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(serving.MAX_SERVING_FILE + 2)  # sparse: nothing to write, the size is what counts
+    with pytest.raises(DraftboardError, match="over 64 MiB"):
+        serving.read_serving_config(big)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(DraftboardError, match="not a readable file"):
+        serving.read_serving_config(fifo)
+    gguf_fifo = tmp_path / "drafter.gguf"
+    os.mkfifo(gguf_fifo)
+    (tmp_path / "serve.sh").write_text(f"llama-server -m t.gguf --spec-type draft-dflash -md {gguf_fifo}\n")
+    check = serving.gguf_target_layers(serving.read_serving_config(tmp_path / "serve.sh"), [1])
+    assert check.severity == WARNING and "not a regular file" in check.verdict

@@ -76,7 +76,11 @@ def test_folders_that_name_another_model_are_refused_in_one_line(serving_pair, t
     (bad_target / "config.json").write_text(json.dumps({**config, "architectures": []}))
     with pytest.raises(DraftboardError, match="declares no architectures"):
         staging.stage_target(bad_target, tmp_path / "c")
-    assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))  # refused before anything is made
+    # Issue 64, F9: a config nested 900 deep (json reads it) overflowed the recursive walks after: one line now.
+    (bad_target / "config.json").write_text(json.dumps(config)[:-1] + ', "extra": ' + "[" * 900 + "]" * 900 + "}")
+    with pytest.raises(DraftboardError, match="nested (deeper than 64 levels|too deep)"):
+        staging.stage_target(bad_target, tmp_path / "d")
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c", "d"))  # refused before anything is made
 
 
 def test_a_pickled_drafter_is_not_handed_to_an_engine(serving_pair, tmp_path):

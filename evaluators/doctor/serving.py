@@ -34,6 +34,7 @@ from evaluators.weights import one_line
 from tracker.measurement import engine_metrics as em
 from tracker.measurement import known_bad
 from tracker.errors import DraftboardError
+from tracker.untrusted import textlines
 from tracker.untrusted.digits import whole_number
 
 SPECULATION, METHOD, SSM_DTYPE = "speculation_length", "serving_method", "mamba_ssm_dtype"
@@ -47,6 +48,7 @@ LLAMACPP_FLAGS = {"--spec-type": "spec_type", "--spec-draft-n-max": "n_max", "--
                   "--cache-type-k-draft": "cache_type_k_draft", "-ctkd": "cache_type_k_draft",
                   "-md": "drafter_gguf", "--model-draft": "drafter_gguf"}
 MAX_COMMAND_LINE = 64 << 10  # a command line is a few hundred bytes
+MAX_SERVING_FILE = 64 << 20  # an engine eval's results (its prompts' completions included), the largest shape read
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,21 @@ def _get(raw: dict, name: str):
 def read_serving_config(path: str | Path) -> ServingConfig:
     """DraftboardError in one line for a file that is not one of the shapes above."""
     try:
-        text = Path(path).read_text(errors="replace")[:MAX_COMMAND_LINE + 1]
-        raw = json.loads(text)
-    except OSError as exc:
+        with textlines.open_regular(path) as f:  # a FIFO must not hang doctor; a huge file is not read whole
+            data = f.read(MAX_SERVING_FILE + 1)
+    except (OSError, DraftboardError) as exc:
         raise DraftboardError(f"--serving-config {path}: not a readable file ({one_line(exc)})") from None
-    except ValueError as exc:
-        if "--spec-type" in text or "llama-server" in text:
+    if len(data) > MAX_SERVING_FILE:
+        raise DraftboardError(f"--serving-config {path}: over {MAX_SERVING_FILE >> 20} MiB, larger than any serving "
+                              "config or engine eval's results")
+    text = data.decode("utf-8", errors="replace")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
+        if "--spec-type" in text[:MAX_COMMAND_LINE] or "llama-server" in text[:MAX_COMMAND_LINE]:
             return _from_llamacpp_command_line(text[:MAX_COMMAND_LINE], path)
-        raise DraftboardError(f"--serving-config {path}: not a readable JSON file ({one_line(exc)})") from None
+        why = "nested too deep" if isinstance(exc, RecursionError) else one_line(exc)
+        raise DraftboardError(f"--serving-config {path}: not a readable JSON file ({why})") from None
     if not isinstance(raw, dict):
         raise DraftboardError(f"--serving-config {path}: expected a JSON object")
     if isinstance(raw.get("engine"), dict) and (raw.get("protocol") or {}).get("scoring") == "engine":
@@ -168,6 +177,9 @@ def from_engine_eval(engine: dict) -> ServingConfig:
     record = engine.get("linear_attention") if isinstance(engine.get("linear_attention"), dict) else {}
     settings = {**engine, **(record.get("settings") if isinstance(record.get("settings"), dict) else {})}
     name = str(engine.get("name") or "vllm")
+    if name not in _METHODS:
+        raise DraftboardError(f"--serving-config: the engine eval names engine {name[:40]!r}; doctor reads "
+                              f"{', '.join(_METHODS)} boxes")
     n = engine.get("num_speculative_tokens")
     return ServingConfig(name, str(engine.get("method") or _METHODS.get(name, VLLM_METHOD)),
                          n if isinstance(n, int) else None,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.untrusted import textlines
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -82,6 +83,8 @@ def _value(c: _Cursor, kind: int, keep: bool, depth: int = 0):
     if depth >= MAX_NESTING:
         raise DraftboardError(f"{c.where}: GGUF arrays nested deeper than {MAX_NESTING}")
     item, count = c.number("I"), c.number("Q")
+    if keep and item == ARRAY:  # a kept field is a flat list: nested ones are refused before anything is built
+        raise DraftboardError(f"{c.where}: a kept GGUF array must be a flat list of numbers or strings, not of arrays")
     if keep and count > MAX_KEPT_ITEMS:
         raise DraftboardError(f"{c.where}: a GGUF array of {count} items where at most {MAX_KEPT_ITEMS} were expected")
     if not keep and item in SCALARS:
@@ -98,7 +101,7 @@ def read_fields(path: str | Path, wanted: Callable[[str], bool]) -> dict[str, ob
     lists of them); a one-line DraftboardError for a file that is not a GGUF within the bounds."""
     where = str(path)
     try:
-        with open(path, "rb") as f:
+        with textlines.open_regular(path) as f:  # a FIFO named as the drafter GGUF (`-md`) must not hang doctor
             data = f.read(min(os.fstat(f.fileno()).st_size, MAX_METADATA_BYTES))  # read(n) allocates n first
     except OSError as exc:
         raise DraftboardError(f"{where}: cannot read ({exc.strerror})") from None

@@ -36,6 +36,7 @@ from evaluators.drafter import ARCHITECTURE_ALIASES, ARCHITECTURES, CheckedDraft
 from evaluators.target import architecture_names, model_config, safetensors_files
 from evaluators.weights import INDEX_SUFFIX, SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line
 from tracker.errors import DraftboardError
+from tracker.untrusted.jsonlines import depth as json_depth
 
 # The nested configs whose `architectures` llama.cpp's converter reads as the text model's
 # (`ModelBase.load_hparams` renames llm_config, lm_config, thinker_config's text_config, language_config
@@ -48,6 +49,7 @@ MAX_JSON_BYTES = 16 << 20
 # Read by the tokenizers' own parsers as data; linked as they are.
 DATA_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
 MAX_NESTING = 4
+MAX_JSON_DEPTH = 64  # a model's config.json nests a few levels; 900 would overflow every recursive walk
 
 
 def declared_architectures(config: dict, where: str) -> list[str]:
@@ -84,9 +86,13 @@ def _read_json(path: Path, where: str):
     if path.stat().st_size > MAX_JSON_BYTES:
         raise DraftboardError(f"{where}: {path.name} is over {MAX_JSON_BYTES >> 20} MiB: not a config file")
     try:
-        return json.loads(path.read_bytes())
+        value = json.loads(path.read_bytes())
     except (ValueError, RecursionError) as exc:
         raise DraftboardError(f"{where}: {path.name} is not readable JSON ({one_line(exc)[:120]})") from None
+    # Everything after this walks the JSON recursively (without_code, the staged copy's writer): bounded here.
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise DraftboardError(f"{where}: {path.name} is nested deeper than {MAX_JSON_DEPTH} levels: not a config file")
+    return value
 
 
 def _check_architectures(config: dict, allowed: frozenset[str], where: str, decided: str,

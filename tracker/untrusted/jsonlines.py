@@ -20,6 +20,18 @@ def json_object(text: str) -> dict:
     return obj
 
 
+def depth(value: object) -> int:
+    """How deeply a parsed JSON value nests (a scalar: 0), counted without recursion: a caller that walks it
+    recursively checks this first (900 levels parse, then overflow a recursive walk)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        node, level = pending.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def records(file: Path, max_bytes: int, what: str) -> Iterator[tuple[str, object]]:
     """(`file:line`, the parsed value) of each non-empty line, read one bounded line at a time: a line
     over max_bytes or not JSON is a DraftboardError naming it (`what`: the file a user should give)."""
