@@ -28,6 +28,20 @@ def test_a_password_holding_a_slash_hash_or_question_mark_is_hidden_whole():
     assert len(redact.text("a://" * 20_000 + "@" * 20_000)) < 200_000
 
 
+def test_a_password_holding_a_quote_a_space_or_a_bracket_or_of_any_length_is_hidden():
+    """Issue 64, F12: SQLAlchemy takes `"` and a space in a password as written; the old pattern stopped at them
+    (and at 512 characters), showing the password."""
+    for password in ('pa"ss', "pa ss", "pa<ss", "x" * 600 + "ss", "pass\tword"):
+        uri = f"postgresql://admin:{password}@db/x"
+        shown = redact.text(f"error: cannot open {uri} (check it)")
+        assert "admin" not in shown and "ss" not in shown.replace("postgresql", "") and "word" not in shown, shown
+        assert shown == "error: cannot open postgresql://db/x (check it)"
+    # a URL without userinfo keeps its text, and one line's URLs are each read on their own
+    assert redact.text("http://h:5000/x and https://u:p@k/y") == "http://h:5000/x and https://k/y"
+    # linear: a long line of would-be URLs, spaces and '@'s
+    assert len(redact.text(("a:// b " * 50_000) + "@")) < 400_000
+
+
 def test_a_short_uri_fits_a_sidebar_and_still_hides_credentials():
     assert redact.short_uri("sqlite:////srv/draftboard/draftboard.db") == "draftboard.db (sqlite)"
     assert redact.short_uri("postgresql+psycopg://board:pw@db.internal:5432/mlflow") == "db.internal:5432 (postgresql)"

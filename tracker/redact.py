@@ -25,14 +25,47 @@ _SECRET_WORDS = {"password", "passwd", "secret", "secrets", "credential", "crede
 _SECRET_LAST = {"token", "key", "pwd", "pass", "auth", "authorization", "cookie"}
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "token")}
 
-# scheme://userinfo@ : the userinfo is everything up to the last '@' before the URL ends (whitespace, a
-# double quote, < or >). A password may hold a quote, '@', '/', '?' or '#' as written: SQLAlchemy and
-# MLflow read `postgresql://admin:pa/ss@db/x` as the password `pa/ss`, where urllib sees a host `admin`
-# and a path; so a text is hidden as the most permissive reader would take it apart. Scheme and
-# userinfo are bounded, so no match looks at more than a few hundred characters: linear time.
-MAX_USERINFO = 512
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://)(?P<userinfo>[^\s\"<>]{0,%d}@)"
-                           % MAX_USERINFO)
+# scheme://userinfo@ : SQLAlchemy and MLflow read `postgresql://admin:pa/ss@db/x` as the password `pa/ss`, where
+# urllib sees a host `admin` and a path, and SQLAlchemy takes a quote or a space in a password as written; so a text
+# is hidden as the most permissive reader would take it apart. The userinfo runs from `://` to the last '@' of the
+# same word (a raw '@' in the password, of any length), else, where the word holds none (a space, a quote, `<` in the
+# password), to the next '@' on the line, within MAX_SPACED_USERINFO characters and before the next URL: it hides
+# more text rather than less. One pass per line from its end, so any text takes linear time.
+_SCHEME = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://")
+MAX_SPACED_USERINFO = 512
+_WORD_END = frozenset('"<>')
+
+
+def _without_userinfo(line: str) -> str:
+    if "@" not in line or "://" not in line:
+        return line
+    n = len(line)
+    last_in_word, next_at = [-1] * n, [-1] * n  # the last '@' of the word from i on; the next '@' on the line
+    word_last = following = -1
+    for i in range(n - 1, -1, -1):
+        ch = line[i]
+        if ch.isspace() or ch in _WORD_END:
+            word_last = -1
+        elif ch == "@":
+            word_last = word_last if word_last != -1 else i
+            following = i
+        last_in_word[i], next_at[i] = word_last, following
+    out, pos = [], 0
+    for m in _SCHEME.finditer(line):
+        start = m.end()
+        if m.start() < pos or start >= n:
+            continue
+        at = last_in_word[start]
+        if at == -1:
+            at = next_at[start]
+            if at == -1 or at - start > MAX_SPACED_USERINFO or _SCHEME.search(line, start, at) is not None:
+                continue
+        out.append(line[pos:start])
+        pos = at + 1
+    out.append(line[pos:])
+    return "".join(out)
+
+
 # key=value (a query string, a DSN, a command line); the key is judged by is_secret_key.
 _PAIR = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,'\"]+)")
 
@@ -83,7 +116,7 @@ def shown_uri(uri: str) -> str:
 
 def text(value: object) -> str:
     """`value` as text with every URL's user and password and every secret `key=value` hidden."""
-    shown = _URL_USERINFO.sub(lambda m: m.group("scheme"), str(value))
+    shown = "\n".join(_without_userinfo(line) for line in str(value).split("\n"))
     return _PAIR.sub(lambda m: f"{m.group('key')}={HIDDEN}" if is_secret_key(m.group("key")) else m.group(0), shown)
 
 
