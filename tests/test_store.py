@@ -394,3 +394,26 @@ def test_hub_origin_reads_the_hub_caches_own_layout(tmp_path):
     assert hub_origin(tmp_path / "link") == hub_origin(snapshot)  # a link to the snapshot is the snapshot
     assert hub_origin(tmp_path / "hub") is None and hub_origin(snapshot.parent / "main") is None
     assert hub_origin(tmp_path / "models--z-lab--X" / "snapshots" / "not-a-commit") is None
+
+
+def test_a_postgresql_store_is_read_with_the_driver_installed_and_a_dead_one_is_one_line(postgres_uri, capsys):
+    """Issue 64, F13: docker-compose and DEPLOY.md write a plain `postgresql://` store; SQLAlchemy 2.1 reads it as
+    psycopg 3, which the `postgres` extra does not install. And a store that does not answer was a traceback of
+    some 200 lines."""
+    from conftest import postgres_schema
+    from tracker.cli import main
+
+    assert postgres_uri.startswith("postgresql://")
+    for uri in postgres_schema(postgres_uri):
+        tracker = Tracker(uri)
+        with tracker.training_run("on postgres", {"lr": 1e-3}, "t", fingerprint={"software": {}}) as run:
+            run.log_step(1, loss=1.0)
+        assert tracker.run(run.run_id).data.metrics["loss"] == 1.0
+        assert tracker.uri.startswith(("postgresql+psycopg2://", "postgresql://"))
+    dead = "postgresql://someone:hunter2@127.0.0.1:1/nothing"
+    with pytest.raises(DraftboardError, match="cannot open tracking store .*127.0.0.1:1/nothing: OperationalError"):
+        Tracker(dead)
+    capsys.readouterr()
+    assert main(["import-log", __file__, "--name", "x", "--tracking-uri", dead]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot open tracking store") and "hunter2" not in err[0]

@@ -255,12 +255,25 @@ def home_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def store_uri(uri: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """Explicit uri > MLFLOW_TRACKING_URI > <DRAFTBOARD_HOME>/draftboard.db > ./draftboard.db."""
+    """Explicit uri > MLFLOW_TRACKING_URI > <DRAFTBOARD_HOME>/draftboard.db > ./draftboard.db; a plain
+    `postgresql://` names the driver that is installed (`sql_driver`)."""
     env = _env(env)
     if uri or env.get(STORE_VAR):
-        return uri or env[STORE_VAR]
+        return sql_driver(uri or env[STORE_VAR])
     folder = home_dir(env) if env.get(HOME_VAR) else Path.cwd()
     return f"sqlite:///{folder / STORE_DB}"
+
+
+def sql_driver(uri: str) -> str:
+    """`postgresql://...` as `postgresql+psycopg2://...` when psycopg (3) is absent and psycopg2 is there:
+    SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3, the `postgres` extra installs psycopg2, and the
+    documented URLs (docker-compose, DEPLOY.md) are plain; any other URI as it is."""
+    import importlib.util
+
+    if (uri.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None
+            and importlib.util.find_spec("psycopg2") is not None):
+        return "postgresql+psycopg2://" + uri[len("postgresql://"):]
+    return uri
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import json
 import logging
 import sqlite3
@@ -25,6 +24,7 @@ from urllib.parse import quote
 import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from tracker import config
 from tracker.errors import DraftboardError
 
 log = logging.getLogger(__name__)
@@ -186,16 +186,8 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 
 def engine_url(uri: str) -> sa.engine.URL:
-    """The URL to connect with: `postgresql://` falls back to psycopg2 when psycopg 3 is absent.
-
-    SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg (3); the `postgres` extra installs
-    psycopg2, so without this the documented `DRAFTBOARD_JOBS_URI=postgresql://...` would fail.
-    """
-    url = sa.engine.make_url(uri)
-    if (url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None
-            and importlib.util.find_spec("psycopg2") is not None):
-        url = url.set(drivername="postgresql+psycopg2")
-    return url
+    """The URL to connect with, its driver the installed one (config.sql_driver)."""
+    return sa.engine.make_url(config.sql_driver(uri))
 
 
 def _sqlite_busy_timeout(dbapi_connection, _record) -> None:

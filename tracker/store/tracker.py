@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import sqlalchemy
+import sqlalchemy.exc
 from mlflow import MlflowClient
 from mlflow.entities import Run, RunTag
 from mlflow.exceptions import MlflowException
@@ -101,6 +103,23 @@ def create_whole(uri: str) -> None:
 MIN_ID_PREFIX = 6  # the shortest run id prefix taken for a whole id (one in 16 million ids)
 
 
+def _reachable(uri: str) -> None:
+    """A database store answers, or one DraftboardError line says why: MLflow's own failure is a logged
+    traceback of some 50 lines before its exception (a driver missing, the server down, a password refused)."""
+    if not uri.startswith(("postgresql", "mysql", "mssql")):
+        return
+    try:
+        engine = sqlalchemy.create_engine(uri)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except (ImportError, sqlalchemy.exc.SQLAlchemyError) as exc:
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DraftboardError(f"cannot open tracking store {uri}: {type(exc).__name__}: {why}") from None
+
+
 class Tracker:
     """Runs, lineage, checkpoints and fingerprints in one MLflow experiment.
 
@@ -126,10 +145,13 @@ class Tracker:
         self.retry = retry
         self._artifact_location = local_artifact_location(self.uri)
         create_whole(self.uri)
+        _reachable(self.uri)
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
         except MlflowException as exc:
             raise DraftboardError(f"cannot open tracking store {self.uri}: {exc.message}") from exc
+        except (ImportError, OSError, sqlalchemy.exc.SQLAlchemyError) as exc:  # a missing driver, a store not there
+            raise DraftboardError(f"cannot open tracking store {self.uri}: {describe_error(exc)}") from exc
         self._experiment_id: str | None = None
 
     # ------------------------------------------------------------------ experiment
