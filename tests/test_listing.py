@@ -139,3 +139,24 @@ def test_a_store_in_a_folder_named_with_uri_syntax_is_listed_and_versioned(tmp_p
         pass
     assert listing.store_version(uri) != before
     assert len(listing.list_runs(uri, [tracker.find_experiment()])) == 2
+
+
+def test_a_planted_changed_at_cannot_hold_a_server_store_s_version_still(postgres_uri, machine_fp):
+    """Issue 64, F8: on a database server the version read MAX(changed_at); one tag `1` any user plants sorts after
+    every real value and held it still, so a re-attached fingerprint's same-length env.* tags went unseen."""
+    import copy
+
+    from conftest import postgres_schema
+
+    for uri in postgres_schema(postgres_uri):
+        tracker = Tracker(uri)
+        with tracker.training_run("v1", {}, "/models/t") as train:
+            pass
+        tracker.attach_fingerprint(train.run_id, machine_fp)
+        planted = tracker.client.create_run(tracker.experiment_id).info.run_id
+        tracker.client.set_tag(planted, names.CHANGED_AT, "1")
+        before = listing.store_version(uri)
+        other = copy.deepcopy(machine_fp)
+        other["numerics"]["dtype"] = "bf16" if other["numerics"]["dtype"] != "bf16" else "fp16"
+        tracker.attach_fingerprint(train.run_id, other)  # the same tag lengths: only changed_at moves
+        assert listing.store_version(uri) != before

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
+from tracker import config
+
 COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
 CHART_BUCKETS = 300  # Compare's decimation: min and max per bucket, ~1 point per pixel of a ~650 px half-width chart
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -85,7 +87,7 @@ def readonly_engine(uri: str) -> sa.Engine | None:
                 return None  # not created yet; look again next time
             engine = sa.create_engine(url)
         else:
-            engine = sa.create_engine(uri, pool_pre_ping=True)
+            engine = sa.create_engine(config.sql_driver(uri), pool_pre_ping=True)
         _engines[uri] = engine
         return engine
 

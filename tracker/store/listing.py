@@ -11,6 +11,7 @@ search results. For an http store it returns None and the caller searches.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import sqlite3
@@ -64,17 +65,18 @@ def list_runs(uri: str, experiment_ids: Sequence[str]) -> list[Run] | None:
 # param or metric written. On a database server: counts and maxima over MLflow's own tables (about 30 ms
 # at 10,000 runs, most of it the tags' lengths), so a cache keyed by it re-reads the store only when the
 # store changed. A tag overwritten with a value of the same length changes no count or length:
-# draftboard's rewrites (Tracker.set_tag, attaching a fingerprint) also write names.CHANGED_AT, whose
-# largest value is read here.
+# draftboard's rewrites (Tracker.set_tag, attaching a fingerprint) also write names.CHANGED_AT, and a digest
+# of every run's CHANGED_AT is read beside (_CHANGED_SQL): any rewrite changes it, and no value anyone plants
+# can hold it still (a MAX could be pinned by one planted tag `1`, which sorts after every real one).
 _VERSION_SQL = (
     "SELECT (SELECT COUNT(*) FROM runs), (SELECT MAX(start_time) FROM runs), (SELECT MAX(end_time) FROM runs), "
     "(SELECT COUNT(*) FROM runs WHERE lifecycle_stage = 'active'), "
     "(SELECT COUNT(*) FROM tags), (SELECT SUM(LENGTH(key) + LENGTH(value)) FROM tags), "
     "(SELECT COUNT(*) FROM params), "
     "(SELECT COUNT(*) FROM latest_metrics), (SELECT MAX(timestamp) FROM latest_metrics), "
-    "(SELECT SUM(step) FROM latest_metrics), "
-    f"(SELECT MAX(value) FROM tags WHERE key = '{names.CHANGED_AT}')"
+    "(SELECT SUM(step) FROM latest_metrics)"
 )
+_CHANGED_SQL = f"SELECT run_uuid, value FROM tags WHERE key = '{names.CHANGED_AT}' ORDER BY run_uuid"
 
 
 def store_version(uri: str) -> tuple | None:
@@ -88,7 +90,11 @@ def store_version(uri: str) -> tuple | None:
     if engine is None:
         return None
     with readonly_connection(engine) as conn:
-        return tuple(conn.execute(sa.text(_VERSION_SQL)).one())
+        counts = tuple(conn.execute(sa.text(_VERSION_SQL)).one())
+        changed = hashlib.sha256()
+        for run_id, value in conn.execute(sa.text(_CHANGED_SQL)):
+            changed.update(f"{run_id}\0{value}\0".encode())
+    return (*counts, changed.hexdigest())
 
 
 # Per SQLite store: the file (device, inode), a read-only connection held open to ask it and that
