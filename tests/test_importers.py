@@ -206,6 +206,31 @@ def test_spec_acceptance_is_linear_in_num_spec_tokens_and_bounded(tmp_path):
         spec_acceptance.parse_folder(tmp_path / "huge")
 
 
+class _Punycode:
+    """Pickled as `_codecs.encode(text, "punycode")`, which weights_only allows: a quadratic encoder."""
+
+    def __reduce__(self):
+        import codecs
+
+        return codecs.encode, ("ü" * 60_000, "punycode")
+
+
+def test_a_pickle_that_encodes_with_another_codec_than_torch_s_is_refused(tmp_path):
+    """Issue 64, F10: torch.save writes bytes as _codecs.encode(text, "latin1"); any other codec is refused before
+    torch reads the file (punycode spent minutes of CPU on 60,000 characters)."""
+    import time
+
+    path = tmp_path / "punycode.pt"
+    torch.save({"responses": [{"dflash": _generate([1], 0.02)}], "block_size": 4, "args": {"x": _Punycode()}}, path)
+    started = time.perf_counter()
+    with pytest.raises(DraftboardError, match="names the codec 'punycode'"):
+        ddtree_benchmark.parse_ddtree_results(path)
+    assert time.perf_counter() - started < 5
+    torch.save({"responses": [{"dflash": _generate([1], 0.02)}], "block_size": 4, "args": {"b": b"\x00\xffbytes"}},
+               path)  # bytes, as torch.save writes them (latin1): read
+    assert ddtree_benchmark.parse_ddtree_results(path)
+
+
 def _deflated(path):
     """The same archive with its records deflated: what a zip bomb is (torch.save stores records)."""
     import zipfile

@@ -19,6 +19,7 @@ the per-length histogram from the `dflash` rounds; `ddtree_tau_b{B}` / `dds{B}` 
 
 from __future__ import annotations
 
+import codecs
 import pickletools
 import re
 import zipfile
@@ -71,6 +72,14 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
+def _codec(name: str) -> str | None:
+    """The codec `name` names (codecs' canonical name), None where it names none."""
+    try:
+        return codecs.lookup(name).name
+    except (LookupError, ValueError):
+        return None
+
+
 def _check_archive(file: Path) -> None:
     """The limits above, on the archive and its pickle, before torch allocates anything from them."""
     size = file.stat().st_size
@@ -92,6 +101,7 @@ def _check_archive(file: Path) -> None:
             pickled = archive.read(pickles[0])
     except (zipfile.BadZipFile, OSError) as exc:
         raise DraftboardError(f"{file}: not a torch.save zip archive ({exc})") from None
+    codecs_named, encodings = False, set()
     try:
         for n, (op, arg, _) in enumerate(pickletools.genops(pickled)):
             if n >= MAX_PICKLE_OPS:
@@ -99,8 +109,17 @@ def _check_archive(file: Path) -> None:
             if op.name in _TEXT_OPS and len(arg) > MAX_PICKLED_TEXT:
                 raise DraftboardError(f"{file}: refused: a string of {len(arg) >> 10} KiB in its pickle (a DDTree "
                                       f"results file holds names and arguments, at most {MAX_PICKLED_TEXT >> 10} KiB)")
+            codecs_named = codecs_named or arg in ("_codecs", "_codecs encode")
+            if op.name in _TEXT_OPS and isinstance(arg, str) and len(arg) <= 32:
+                encodings.add(arg)
     except ValueError as exc:
         raise DraftboardError(f"{file}: not a readable pickle ({exc})") from None
+    # torch.save's protocol 2 writes bytes as _codecs.encode(text, "latin1"), which weights_only allows with any
+    # codec: punycode's encoder is quadratic (60,000 characters: minutes of CPU). Only torch's own is let through.
+    foreign = sorted(e for e in encodings if _codec(e) not in (None, "latin-1", "iso8859-1")) if codecs_named else []
+    if foreign:
+        raise DraftboardError(f"{file}: refused: its pickle names the codec {foreign[0][:32]!r} (torch.save writes "
+                              "bytes with latin1 only)")
 
 
 def _rounds(responses: list, methods: list[str], where: str) -> None:
