@@ -130,3 +130,21 @@ def test_a_hub_dataset_passes_the_roots_check_and_a_local_one_is_checked(tmp_pat
     assert eval_job.check_path("--prompts", f"hf:{tmp_path / 'root'}:test", roots) == (tmp_path / "root").resolve()
     with pytest.raises(DraftboardError, match="outside the allowed roots"):
         eval_job.check_path("--prompts", f"hf:{tmp_path / 'elsewhere'}:test", roots)
+
+
+def test_integer_lists_are_ascii_and_bounded_in_count_and_in_what_an_error_echoes():
+    """Issue 64 (also): `1_6` and `٣` passed int(); a job row of 5 M levels validated in 2 s; an error echoed 5,000
+    characters."""
+    for text in ("1_6", "٣", "4,²"):
+        with pytest.raises(ValueError, match="comma-separated integers") as refused:
+            eval_job.parse_ints("concurrency", text)
+        assert len(str(refused.value)) < 200
+    with pytest.raises(ValueError) as refused:
+        eval_job.parse_ints("concurrency", "x" * 5000)
+    assert len(str(refused.value)) < 200
+    levels = ",".join(str(n) for n in range(1, config.MAX_CONCURRENCY_LEVELS + 2))
+    with pytest.raises(ValueError, match=f"at most {config.MAX_CONCURRENCY_LEVELS} concurrency levels"):
+        eval_job.parse_ints("concurrency", levels)
+    with pytest.raises(DraftboardError, match=f"at most {config.MAX_CONCURRENCY_LEVELS} concurrency levels"):
+        eval_job.validate(eval_params(engine="vllm", concurrency=[1] * 5_000_000))
+    assert eval_job.parse_ints("concurrency", "8, 1,4") == [1, 4, 8]

@@ -187,9 +187,13 @@ DEFAULT_BUDGETS = (4, 8, 16, 32)
 # budget of 10**6 would tie a worker up for hours. 4096 is 128x the largest budget the DDTree paper
 # reports.
 MAX_BUDGET = 4096
+MAX_BUDGETS = 32  # --budgets: how many; each is a DDTree search per block
 # The most requests a load sweep keeps in flight (`--concurrency`): an engine's slots (vLLM --max-num-seqs,
 # llama.cpp -np) are sized from it, so a level is bounded before anything is started.
 MAX_CONCURRENCY = 64
+MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt twice)
+# What a managed server is asked to hold: its context for every slot (llama.cpp's n_ctx is the context x slots).
+MAX_SERVED_CONTEXT = 1 << 21
 # Sampled evals (T > 0): continuations drawn per prompt (--samples) or online runs per prompt
 # (--seeds). Each is a full target generation, so the bound is checked before any is drawn.
 MAX_DRAWS = 1024

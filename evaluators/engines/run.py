@@ -166,6 +166,10 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     if longest > max_model_len:
         raise EngineError(f"the longest prompt + --max-new-tokens + a block ({longest} tokens) exceeds the target's "
                           f"context of {max_model_len}")
+    if e.managed and max_model_len * e.slots > config.MAX_SERVED_CONTEXT:  # before a server is asked to allocate it
+        raise EngineError(f"a context of {max_model_len} tokens for each of {e.slots} slots is more than a managed "
+                          f"server is asked to hold ({config.MAX_SERVED_CONTEXT} tokens): fewer concurrency levels' "
+                          "slots, or shorter prompts")
     progress("load", 1, 1)
 
     server, probes, prepared, served = None, {}, {}, (s.target, s.drafter)

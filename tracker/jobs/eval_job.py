@@ -27,6 +27,7 @@ from typing import Any
 
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.untrusted.digits import whole_number
 
 KIND = "eval"
 
@@ -66,7 +67,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("completions", TEXT, "reuse fixed continuations: JSON lines or a previous results JSON", path=True),
     EvalField("max_new_tokens", INT, default=256),
     EvalField("budgets", INTS, f"DDTree node budgets (each at most {config.MAX_BUDGET})",
-              default=config.DEFAULT_BUDGETS, metavar="4,8,16,32", upper=config.MAX_BUDGET, unit="budget"),
+              default=config.DEFAULT_BUDGETS, metavar="4,8,16,32", upper=config.MAX_BUDGET, unit="budget",
+              most=config.MAX_BUDGETS),
     EvalField("device", TEXT, "default: cuda if available", choices=config.DEVICES),
     EvalField("dtype", TEXT, "the target's dtype (its features), and the drafter's unless --drafter-precision",
               default="fp32", choices=config.EVAL_DTYPES),
@@ -130,7 +132,7 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               most=config.MAX_CONTEXT_BUCKETS),
     EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
               "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
-              upper=config.MAX_CONCURRENCY, unit="concurrency level"),
+              upper=config.MAX_CONCURRENCY, unit="concurrency level", most=config.MAX_CONCURRENCY_LEVELS),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)
@@ -163,7 +165,7 @@ def _checked(field: EvalField, value: Any) -> Any:
             raise ValueError(f"at most {field.most} {field.unit}s, got {len(value)}")
         if not all(isinstance(b, int) and not isinstance(b, bool) and field.lower <= b <= field.upper for b in value):
             raise ValueError(f"each {field.unit} must be an integer from {field.lower} to {field.upper}, got "
-                             f"{list(value)!r}")
+                             f"{str(list(value))[:80]}")
         return sorted(set(value))
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str) or not text.strip() or "\0" in text:
@@ -181,10 +183,9 @@ def parse_ints(name: str, text: str) -> list[int]:
     field = FIELDS[name]
     if field.most and str(text).count(",") >= field.most:  # counted before a list is built
         raise ValueError(f"{name}: at most {field.most} {field.unit}s, got {str(text).count(',') + 1}")
-    try:
-        values = [int(part) for part in str(text).replace(" ", "").split(",") if part]
-    except ValueError:
-        raise ValueError(f"{name} must be comma-separated integers like {field.metavar}, got {text!r}") from None
+    values = [whole_number(part, 9) for part in str(text).replace(" ", "").split(",") if part]
+    if None in values:  # ASCII digits only: int() also reads `1_6` and `٣`
+        raise ValueError(f"{name} must be comma-separated integers like {field.metavar}, got {str(text)[:40]!r}")
     return _checked(field, values)
 
 
