@@ -106,3 +106,24 @@ def test_automodels_class_name_is_staged_as_the_name_engines_know(serving_pair, 
     (tmp_path / "a").mkdir()
     staged = json.loads((staging.stage_drafter(drafter, checked, tmp_path / "a") / "config.json").read_text())
     assert staged["architectures"] == ["DFlashDraftModel"] and staged["dflash_config"]["causal"] is True
+
+
+def test_a_killed_eval_s_staged_folder_is_removed_by_the_next_and_a_live_one_stays(tmp_path):
+    """Issue 64 (also): a SIGKILLed eval leaves cache/staged/eval-<pid>-*, whose hard links keep a deleted
+    checkpoint's bytes; the next staging removes those of dead processes, and nothing else."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "staged"
+    root.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = root / f"eval-{dead.stdout.strip()}-abc123"
+    (gone / "target").mkdir(parents=True)
+    (gone / "target" / "model.safetensors").write_bytes(b"x")
+    alive = root / f"eval-{os.getpid()}-def456"
+    alive.mkdir()
+    mine = root / "notes"  # not a staged folder: never touched
+    mine.mkdir()
+    assert staging.remove_stale(root) == [gone]
+    assert not gone.exists() and alive.exists() and mine.exists()

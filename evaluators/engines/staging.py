@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -192,6 +193,28 @@ class Staged:
     drafter_source: str
 
 
+_STAGED_NAME = re.compile(r"eval-(\d{1,10})-[\w]{1,32}")
+
+
+def remove_stale(root: Path) -> list[Path]:
+    """Remove the staged folders (`eval-<pid>-*`, made by `staged`) whose process is gone: one SIGKILLed mid-eval
+    never reached its own removal, and its hard links keep a deleted checkpoint's bytes on disk. A folder whose pid
+    is alive (its eval, or another process that took the number) stays."""
+    removed = []
+    for entry in root.iterdir():
+        match = _STAGED_NAME.fullmatch(entry.name)
+        if match is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        except (PermissionError, OverflowError):  # alive under another user, or no such pid at all: left as it is
+            continue
+    return removed
+
+
 @contextlib.contextmanager
 def staged(target: str | Path, drafter: str | Path, checked: CheckedDrafter, cache: Path) -> Iterator[Staged]:
     """The target and drafter staged under `cache`/staged for the eval's life; removed after (only the
@@ -199,6 +222,7 @@ def staged(target: str | Path, drafter: str | Path, checked: CheckedDrafter, cac
     target, drafter = Path(target).resolve(), Path(drafter).resolve()
     root = cache / "staged"
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale(root)
     folder = Path(tempfile.mkdtemp(prefix=f"eval-{os.getpid()}-", dir=root))
     try:
         yield Staged(str(stage_target(target, folder)), str(stage_drafter(drafter, checked, folder)), str(target),
