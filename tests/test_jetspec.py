@@ -89,6 +89,21 @@ def test_the_family_is_decided_once_from_the_config_and_a_disagreement_is_refuse
         DrafterConfig.from_dict(_config(projector_type="domino"))
     with pytest.raises(DraftboardError, match="DeepSeek DSpark"):
         DrafterConfig.from_dict(_config(projector_type="dspark"))
+    # Issue 64 (also): what cannot be classified with certainty is refused, never measured as DFlash.
+    for variant, family in ((" domino", "Domino"), ("domino_gru", "Domino"), ("DSpark-v2", "DeepSeek DSpark")):
+        with pytest.raises(DraftboardError, match=family):
+            DrafterConfig.from_dict(_config(projector_type=variant))
+    for odd in (["dspark"], "mlp"):
+        with pytest.raises(DraftboardError, match="names no family draftboard knows"):
+            DrafterConfig.from_dict(_config(projector_type=odd))
+    with pytest.raises(DraftboardError, match="Domino"):
+        DrafterConfig.from_dict({**_config(), "projector_type": "domino"})  # at the top level too
+    for switch in ("sample_from_anchor", "bonus_anchor"):
+        with pytest.raises(DraftboardError, match=f"{switch} = True: DeepSeek DSpark"):
+            DrafterConfig.from_dict({**_config(), switch: True})
+    assert DrafterConfig.from_dict({**_config(), "sample_from_anchor": False}).family == DFLASH  # the 1+N layout
+    with pytest.raises(DraftboardError, match="is_causal must be true, false or null"):
+        DrafterConfig.from_dict({**_config(), "is_causal": "false"})
     relabelled = {**_config(conv_kernel_size=4, conv_group_size=8, selector_rank=8, selector_top_k=8),
                   "architectures": ["DFlashDraftModel"]}
     with pytest.raises(DraftboardError, match="the files disagree about the family"):

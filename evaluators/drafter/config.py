@@ -6,6 +6,7 @@ Sizes are bounded (`evaluators.limits`) before anything grows with them: a confi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ ARCHITECTURE_ALIASES = {"Qwen3DFlashDraftModel": "DFlashDraftModel"}
 OTHER_FAMILIES = {"domino": "Domino (a GRU correction head, `prefix_gru` / `embed_proj`, that no engine serves)",
                   "dspark": "DeepSeek DSpark (an anchor-first layout: `sample_from_anchor` / `bonus_anchor`)"}
 OTHER_FAMILY_WEIGHTS = {"prefix_gru": "domino", "embed_proj": "domino"}
+ANCHOR_SWITCHES = ("sample_from_anchor", "bonus_anchor")  # speculators' layout switch: set, it is DSpark's
 # DFlash2's own fields (z-lab 07ebd93 DFlash2DraftModel / CandidateSelector), read as `_draft_value` reads them.
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 SLIDING_ATTENTION = "sliding_attention"
@@ -250,6 +252,8 @@ class DrafterConfig:
         softcap = draft("final_logit_softcapping")
         softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
         is_causal = d.get("is_causal")
+        if is_causal is not None and not isinstance(is_causal, bool):  # bool("false") is True: never guessed
+            raise DraftboardError(f"{where}: is_causal must be true, false or null, got {is_causal!r:.20}")
         causal = dflash.get("causal")
         if causal is not None and not isinstance(causal, bool):
             raise DraftboardError(f"{where}: dflash_config.causal must be true or false, got {causal!r:.20}")
@@ -335,10 +339,22 @@ def decide_family(d: dict, dflash: dict, dflash2: dict, causal: bool | None) -> 
     (`dflash_config.causal` true), else DFlash; a family draftboard does not run, or files that disagree (an
     architecture naming one family over another's fields), refused in one line."""
     where = WHERE
-    projector = dflash.get("projector_type")
-    if isinstance(projector, str) and projector.lower() in OTHER_FAMILIES:
-        raise DraftboardError(f"{where}: a {OTHER_FAMILIES[projector.lower()]} drafter (dflash_config.projector_type "
-                              f"{projector!r}): draftboard does not run its own code, so it is refused, not read as DFlash")
+    for place, holder in (("dflash_config.projector_type", dflash), ("projector_type", d)):
+        projector = holder.get("projector_type")
+        if projector is None:
+            continue
+        words = set(re.split(r"[^a-z0-9]+", projector.lower())) if isinstance(projector, str) else set()
+        family = next((name for name in OTHER_FAMILIES if name in words), None)
+        if family is not None:
+            raise DraftboardError(f"{where}: a {OTHER_FAMILIES[family]} drafter ({place} {projector!r:.40}): draftboard "
+                                  "does not run its own code, so it is refused, not read as DFlash")
+        raise DraftboardError(f"{where}: {place} {projector!r:.40} names no family draftboard knows; a drafter it "
+                              "cannot classify with certainty is refused, not read as DFlash")
+    for switch in ANCHOR_SWITCHES:  # speculators' DFlash 1+N / DSpark anchor-first switch
+        value = dflash.get(switch, d.get(switch))
+        if value is not None and value is not False:
+            raise DraftboardError(f"{where}: {switch} = {value!r:.20}: {OTHER_FAMILIES['dspark']}, whose own code "
+                                  "draftboard does not run; refused, not read as DFlash")
     raw = d.get("architectures") if isinstance(d.get("architectures"), list) else []
     named = {ARCHITECTURE_ALIASES.get(a, a) for a in raw if isinstance(a, str)}
     fields = sorted(name for name, v in dflash2.items() if v is not None)
