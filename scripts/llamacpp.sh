@@ -21,12 +21,15 @@ if [ -e "$LLAMACPP_VENV" ] && [ ! -e "$LLAMACPP_VENV/.draftboard-created" ]; the
   exit 1
 fi
 rm -rf "$LLAMACPP_VENV" && python3 -m venv "$LLAMACPP_VENV" && touch "$LLAMACPP_VENV/.draftboard-created"
-"$LLAMACPP_VENV/bin/pip" install -q "torch==2.13.0"
-"$LLAMACPP_VENV/bin/pip" install -q "xllamacpp==2026.10.11549" "transformers==5.24.0" "sentencepiece==0.2.3" \
-  "protobuf==7.36.2" "numpy==2.4.6" "safetensors==0.8.0" "PyYAML==6.0.4"
+# Every dependency at the version CI installs (constraints.txt, as setup.sh does).
+"$LLAMACPP_VENV/bin/pip" install -q -c constraints.txt "torch==2.13.0"
+"$LLAMACPP_VENV/bin/pip" install -q -c constraints.txt "xllamacpp==2026.10.11549" "transformers==5.24.0" \
+  "sentencepiece==0.2.3" "protobuf==7.36.2" "numpy==2.4.6" "safetensors==0.8.0" "PyYAML==6.0.4"
 sdist=$(mktemp -d)
 trap 'rm -rf "$sdist"' EXIT
-"$LLAMACPP_VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist" "llama-cpp-python==0.3.36"
+# The sdist itself, its digest pinned: pip would build its metadata first, with the newest build backends.
+"$LLAMACPP_VENV/bin/python" scripts/sdist.py llama-cpp-python 0.3.36 \
+  832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e "$sdist" >/dev/null
 tar xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist" llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py \
   llama_cpp_python-0.3.36/vendor/llama.cpp/conversion llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py
 mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp "$LLAMACPP_VENV/llama.cpp"

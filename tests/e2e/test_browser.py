@@ -198,6 +198,19 @@ def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, 
     print(f"screenshots: {tmp_path}")
 
 
+def _reevaluate(page, url: str, option: str, changes: str, shots: Path, exact: bool = False) -> None:
+    """On Environments: choose the eval to repeat, check the changes the page says it makes, queue it, and wait on
+    Launch until the job has succeeded."""
+    _choose(page, "Eval to repeat", option, exact=exact)
+    expect(page.get_by_text(f"Changes: {changes}")).to_be_visible()
+    page.screenshot(path=shots / "2-environments-chosen.png", full_page=True)
+    page.get_by_role("button", name="Re-evaluate under the training environment").click()
+    page.get_by_text(re.compile(r"Queued job #\d+")).wait_for()
+    _visit(page, f"{url}/launch", shots / "3-launch-queued.png")
+    page.get_by_text("succeeded").first.wait_for(timeout=180_000)
+    page.screenshot(path=shots / "4-launch-succeeded.png", full_page=True)
+
+
 def _critical_count(page) -> int:
     """The number in Environments' banner of evals that differ critically from their training run (0: no banner)."""
     banner = page.get_by_text(re.compile(r"eval\(s\) ran in an environment that differs critically"))
@@ -255,15 +268,7 @@ def test_reevaluating_the_bf16_run_under_its_training_environment_clears_the_fla
     _visit(page, f"{url}/environments", tmp_path / "1-environments-before.png")
     flagged = _critical_count(page)
     assert flagged >= 1, "the demo's bf16 run should start with a critical mismatch"
-    _choose(page, "Eval to repeat", original, exact=True)
-    expect(page.get_by_text("Changes: drafter-precision fp32 → bf16-autocast")).to_be_visible()
-    page.screenshot(path=tmp_path / "2-environments-chosen.png", full_page=True)
-    page.get_by_role("button", name="Re-evaluate under the training environment").click()
-    page.get_by_text(re.compile(r"Queued job #\d+")).wait_for()
-
-    _visit(page, f"{url}/launch", tmp_path / "3-launch-queued.png")
-    page.get_by_text("succeeded").first.wait_for(timeout=180_000)
-    page.screenshot(path=tmp_path / "4-launch-succeeded.png", full_page=True)
+    _reevaluate(page, url, original, "drafter-precision fp32 → bf16-autocast", tmp_path, exact=True)
 
     new = [r for r in v3_evals() if r.info.run_id not in {b.info.run_id for b in before}]
     assert len(new) == 1, [r.info.run_name for r in new]
@@ -400,13 +405,7 @@ def test_an_imported_training_console_against_an_eval_that_ran_the_kernels(dashb
     expect(page.get_by_text(re.compile(r"train\.log:2.*causal_conv1d_fn. is falling back")).first).to_be_visible()
     page.get_by_text("Where imported runs' values come from").scroll_into_view_if_needed()
     page.screenshot(path=tmp_path / "e1b-evidence.png")
-    _choose(page, "Eval to repeat", "trainer-from-console @ step")
-    expect(page.get_by_text("Changes: linear-attn fast → fallback")).to_be_visible()
-    page.screenshot(path=tmp_path / "e2-chosen.png", full_page=True)
-    page.get_by_role("button", name="Re-evaluate under the training environment").click()
-    page.get_by_text(re.compile(r"Queued job #\d+")).wait_for()
-    _visit(page, f"{url}/launch", tmp_path / "e3-launch.png")
-    page.get_by_text("succeeded").first.wait_for(timeout=180_000)
+    _reevaluate(page, url, "trainer-from-console @ step", "linear-attn fast → fallback", tmp_path)
 
     redone = [r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
               if r.data.tags.get(names.TRAIN_RUN_ID) == imported and r.info.run_id != gpu_eval]
