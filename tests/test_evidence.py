@@ -56,6 +56,16 @@ def test_transformers_5_lines_state_each_piece_and_its_package():
     assert cite["text"].startswith("[transformers] `causal_conv1d_fn` is falling back")
 
 
+def test_the_packed_sequence_error_states_the_piece_had_no_kernel():
+    # transformers 5 raises instead of warning when a packed batch meets the torch reference; a traceback ends so.
+    got = _decided("Traceback (most recent call last):\n  File \"train.py\", line 9\nValueError: "
+                   "`chunk_gated_delta_rule` can't keep packed sequences apart without `flash-linear-attention`. Install "
+                   "`flash-linear-attention` to train on packed sequences.\n")
+    functions = got.known["numerics.linear_attention"]["functions"]
+    assert functions == {"torch_chunk_gated_delta_rule": "torch", "torch_recurrent_gated_delta_rule": "torch"}
+    assert got.evidence["numerics.linear_attention.functions.torch_chunk_gated_delta_rule"][0]["line"] == 3
+
+
 def test_one_piece_stated_leaves_the_path_unknown():
     got = _decided(TF5_CONV)  # the conv fell back; nothing says what ran the rules
     assert set(got.known["numerics.linear_attention"]["functions"]) == {"causal_conv1d_fn", "causal_conv1d_update"}
@@ -144,6 +154,17 @@ def test_the_console_beats_the_package_list_and_the_disagreement_is_named():
     assert "causal-conv1d 1.5.0 is installed (requirements.txt:6)" in line and "output.log:7" in line
     banner = decide.decide(_packages("torch==2.12.0\n") + console.read([(1, "torch 2.13.0+cu130", False)], "log"))
     assert banner.known["software.torch"] == "2.13.0+cu130" and "requirements.txt:1 says '2.12.0'" in banner.contradictions[0]
+
+
+def test_a_checkpoint_config_says_what_saved_it_and_nothing_in_it_runs(tmp_path):
+    (tmp_path / "config.json").write_text('{"transformers_version": "5.24.0", "torch_dtype": "bfloat16", '
+                                          '"auto_map": {"AutoModel": "modeling.Model"}}')
+    facts = {f.field: f for f in files.checkpoint_config(tmp_path, "ckpt/config.json")}
+    assert facts["software.transformers"].value == "5.24.0" and facts["software.transformers"].rank == 2
+    assert facts["numerics.saved_dtype"].value == "bf16"  # what the weights were saved in, not what training ran
+    for hostile in ("[" * 100_000, '{"transformers_version": "5.24.0; rm -rf /"}', '{"torch_dtype": "bf1"}'):
+        (tmp_path / "config.json").write_text(hostile)
+        assert files.checkpoint_config(tmp_path, "c") == []
 
 
 def test_hostile_files_are_bounded(tmp_path):

@@ -293,6 +293,16 @@ def test_a_watched_folder_s_console_sets_the_environment_as_it_grows(store, tmp_
     state = watch.state(tracker, legacy)
     assert state.evidence["train.log"] == {"offset": log.stat().st_size, "line": 5}
     assert tracker.client.get_run(legacy).data.tags["env.linear_attn"] == "fallback"
+    # A checkpoint says what saved it: its config.json's transformers and the dtype of its weights (read as text).
+    folder = toolformats.specforge_legacy(out, 0, 100, toolformats.tiny_drafter())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "transformers_version": "5.24.0",
+                                                    "torch_dtype": "bfloat16"}))
+    watch.scan(tracker, queue, legacy, now=time.time() + 60)
+    fp = tracker.fingerprint(legacy)
+    assert fp["software"]["transformers"] == "5.24.0" and fp["numerics"]["saved_dtype"] == "bf16"
+    assert fingerprint.citations(fp, "software.transformers")[0]["file"] == "epoch_0_step_100/config.json"
+    assert fp["numerics"]["linear_attention_path"] == "fallback"  # what the console said still stands
     # A run whose fingerprint draftboard captured live keeps it: a console never replaces a measurement.
     captured = tracker.attach_fingerprint(legacy, fingerprint.capture(with_probe=False))
     with log.open("a") as fh:

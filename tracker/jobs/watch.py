@@ -21,8 +21,9 @@ seconds, so a checkpoint still being written is not digested half-way.
 
 The training's own console and package list, where the folder holds them (`*.log` at its top, a W&B run's
 `wandb/latest-run/files/` or a SwanLab run's `swanlog/run-*/` files), are read as evidence of the environment
-the training really runs in (tracker/environment/evidence) whenever they grew since the last scan, and set the
-run's fingerprint, unless draftboard captured that fingerprint itself (a live capture is never replaced).
+the training really runs in (tracker/environment/evidence) whenever they grew since the last scan, with what the
+newest checkpoint's config.json says saved it, and set the run's fingerprint, unless draftboard captured that
+fingerprint itself (a live capture is never replaced).
 
 The watch state lives in the store, on the watched run: the tag `draftboard.watch` (the folder,
 so a worker finds the run) and the artifact `watch.json` {dir, preset, settle_s, seen: {entry:
@@ -176,10 +177,11 @@ class WatchState:
     # evidence file (relative to dir) -> {offset, line} read up to; the facts read from them (Fact.to_dict)
     evidence: dict[str, dict[str, int]] = field(default_factory=dict)
     facts: list[dict] = field(default_factory=list)
+    read_checkpoint: str | None = None  # the newest checkpoint whose config.json the facts hold
 
     def to_dict(self) -> dict:
         return {"dir": self.dir, "preset": self.preset, "settle_s": self.settle_s, "seen": self.seen,
-                "evidence": self.evidence, "facts": self.facts}
+                "evidence": self.evidence, "facts": self.facts, "read_checkpoint": self.read_checkpoint}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "WatchState":
@@ -190,8 +192,9 @@ class WatchState:
         evidence = {k: {"offset": v["offset"], "line": v["line"]} for k, v in evidence.items()
                     if isinstance(v, dict) and all(isinstance(v.get(n), int) and v[n] >= 0 for n in ("offset", "line"))}
         facts = data.get("facts") if isinstance(data.get("facts"), list) else []
+        read = data.get("read_checkpoint") if isinstance(data.get("read_checkpoint"), str) else None
         return cls(data["dir"], None if preset is None else check_preset(preset),
-                   float(data.get("settle_s", DEFAULT_SETTLE_S)), dict(data["seen"]), evidence, facts)
+                   float(data.get("settle_s", DEFAULT_SETTLE_S)), dict(data["seen"]), evidence, facts, read)
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,6 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
     if roots is not None:
         check_state(state, roots)
     recorded, queued = [], []
-    _read_evidence(tracker, run, state)
     found_all = find_checkpoints(Path(state.dir), state.settle_s, now)
     if any(f.layout == SPECULATORS for f in found_all) and not run.data.tags.get(names.TOOL_VERSION):
         # speculators redefined `eal` in 0.9.0: the release keys the run's curves (tracker/store/adoption.py)
@@ -299,6 +301,7 @@ def scan(tracker, queue, run_id: str, now: float | None = None, roots=None) -> S
             seen["job_id"] = job.id
             queued.append(job.id)
             tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
+    _read_evidence(tracker, run, state)
     return ScanResult(run_id, recorded, queued)
 
 
@@ -326,14 +329,16 @@ def _read_evidence(tracker, run, state: WatchState) -> None:
     far; never over a fingerprint draftboard captured live. The reading position and the facts live in the
     watch state, so a long training's console is read once, not at every scan."""
     from tracker.environment import fingerprint
-    from tracker.environment.evidence import Fact, console, decide, packages
+    from tracker.environment.evidence import Fact, console, decide, files, packages
     from tracker.untrusted import textlines
 
     found = evidence_files(Path(state.dir))
     where = state.evidence
     changed = {name: path for name, path in found.items()
                if path.stat().st_size != (where.get(name) or {}).get("offset", 0)}
-    if not changed:
+    newest = max(state.seen.items(), key=lambda item: item[1].get("step") or 0, default=None)
+    checkpoint = None if newest is None or state.read_checkpoint == newest[0] else newest[0]
+    if not changed and checkpoint is None:
         return
     run_id = run.info.run_id
     try:
@@ -352,10 +357,15 @@ def _read_evidence(tracker, run, state: WatchState) -> None:
         reader = textlines.Lines(path, start["offset"], start["line"])
         facts += (packages.read if path.name == "requirements.txt" else console.read)(reader, name)
         where[name] = {"offset": reader.offset, "line": reader.next_line}
-    if all(where[name] == before[name] for name in changed):
+    if checkpoint is not None:  # what saved the newest checkpoint, in place of what saved the one before
+        facts = [f for f in facts if f.rule != "checkpoint config.json"]
+        facts += files.checkpoint_config(Path(state.dir) / checkpoint, f"{checkpoint}/config.json")
+        state.read_checkpoint = checkpoint
+    elif all(where[name] == before[name] for name in changed):
         return  # only a line still being written: nothing new
     state.facts = [f.to_dict() for f in facts[-MAX_WATCH_FACTS:]]
-    tracker.attach_fingerprint(run_id, fingerprint.imported(state.dir, "watch", evidence=decide.decide(facts)))
+    if facts:  # files that state nothing leave the run as it was (without a fingerprint, its fix offered)
+        tracker.attach_fingerprint(run_id, fingerprint.imported(state.dir, "watch", evidence=decide.decide(facts)))
     tracker.write_json(run_id, names.WATCH_ARTIFACT, state.to_dict())
 
 

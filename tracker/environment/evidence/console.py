@@ -45,6 +45,7 @@ _PREFIX = re.compile(
     r"|\d\d:\d\d:\d\d[\d.,]{0,10}"  # a time
     r"|[WIEF]\d{4}"  # glog's level+date
     r"|(?:WARNING|WARN|INFO|ERROR|DEBUG)\b:?|NCCL (?:INFO|WARN)\b"
+    r"|[\w.]{0,60}(?:Error|Exception):"  # a traceback's last line: `ValueError: ...`
     r"|[\w.-]{1,80}\.py(?::\d{1,7}| L\d{1,7})?\]?:?"  # file.py:12, file.py L427:
     r"|[\w.-]{1,64}:\d{1,9}:\d{1,9}"  # NCCL's host:pid:tid
     r"|-)\s*")
