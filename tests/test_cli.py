@@ -151,3 +151,12 @@ def test_an_out_file_is_written_whole_and_only_the_commands_own_file_is_touched(
     with pytest.raises(DraftboardError, match=r"^cannot write --out .*other\.html"):
         write_whole(tmp_path / "other.html", "x")
     assert theirs.read_text() == "a user's file" and not (tmp_path / "other.html").exists()
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "8_501", "٨٥٠١"])
+def test_a_port_that_is_not_one_is_argparse_s_one_line(port, capsys):
+    """Issue 65 (low): `draftboard ui --port 99999` was a traceback from socket.bind."""
+    with pytest.raises(SystemExit) as exited:
+        main(["ui", "--port", port])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("is not a TCP port (1-65535)")

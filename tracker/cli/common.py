@@ -50,6 +50,18 @@ def format_table(header: list[str], rows: list[tuple], width: int = 60) -> str:
     return "\n".join(lines)
 
 
+def port_number(text: str) -> int:
+    """argparse's `type` for a TCP port: 1..65535 in ASCII digits, else argparse's one error line."""
+    import argparse
+
+    from tracker.untrusted.digits import whole_number
+
+    port = whole_number(text, 5)
+    if port is None or not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a TCP port (1-65535)")
+    return port
+
+
 def json_argument(flag: str, text: str):
     """A flag's JSON value: the JSON itself (starting with `{`), or a file holding it."""
     if not text.lstrip().startswith("{"):

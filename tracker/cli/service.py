@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tracker import config, redact
-from tracker.cli.common import json_argument
+from tracker.cli.common import json_argument, port_number
 from tracker.errors import DraftboardError
 
 
@@ -136,7 +136,7 @@ def _is_loopback(address: str) -> bool:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("ui", help="serve the dashboard")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=port_number, default=8501)
     p.add_argument("--address", default="127.0.0.1")
     p.add_argument("--home", default=None, help="store directory (DRAFTBOARD_HOME)")
     p.add_argument("--tracking-uri", default=None)
