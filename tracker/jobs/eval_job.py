@@ -183,10 +183,16 @@ def parse_ints(name: str, text: str) -> list[int]:
     field = FIELDS[name]
     if field.most and str(text).count(",") >= field.most:  # counted before a list is built
         raise ValueError(f"{name}: at most {field.most} {field.unit}s, got {str(text).count(',') + 1}")
-    values = [whole_number(part, 9) for part in str(text).replace(" ", "").split(",") if part]
+    values = [_signed(part) for part in str(text).replace(" ", "").split(",") if part]
     if None in values:  # ASCII digits only: int() also reads `1_6` and `٣`
         raise ValueError(f"{name} must be comma-separated integers like {field.metavar}, got {str(text)[:40]!r}")
-    return _checked(field, values)
+    return _checked(field, values)  # the range, said in the field's words
+
+
+def _signed(text: str) -> int | None:
+    """`-4` -> -4, `16` -> 16 (ASCII digits, bounded: tracker.untrusted.digits); None for anything else."""
+    number = whole_number(text.removeprefix("-"))
+    return None if number is None else -number if text.startswith("-") else number
 
 
 def _arg_type(field: EvalField) -> Callable[[str], Any]:
