@@ -15,6 +15,7 @@ from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
 from tracker.store import names
 from tracker.store.importers import foreign_run, swanlab_run, wandb_run
+from tracker.store.tracker import Tracker
 from tracker.untrusted.record_log import LogRecords
 
 SWANLOG = Path(__file__).parent / "data" / "swanlog"
@@ -184,3 +185,10 @@ def test_adopt_reads_the_runs_own_console_artifact(tmp_path, sqlite_store_uri, c
     fp = json.loads(Path(client.download_artifacts(run.info.run_id, names.FINGERPRINT_ARTIFACT, str(tmp_path))).read_text())
     assert fp["numerics"]["linear_attention"]["functions"]["torch_chunk_gated_delta_rule"] == "torch"
     assert fingerprint.citations(fp, "numerics.linear_attention.functions.torch_chunk_gated_delta_rule")[0]["line"] == 1
+    # A fingerprint captured in the run's own environment is a measurement: adopting again reads no console over it.
+    Tracker(sqlite_store_uri).attach_fingerprint(run.info.run_id, fingerprint.capture(with_probe=False))
+    assert main(["adopt", run.info.run_id, "--tool", "specforge", "--tracking-uri", sqlite_store_uri]) == 0
+    assert "keeps the fingerprint captured in its own environment" in capsys.readouterr().out
+    kept = json.loads(Path(client.download_artifacts(run.info.run_id, names.FINGERPRINT_ARTIFACT,
+                                                     str(tmp_path / "again"))).read_text())
+    assert kept["source"]["kind"] == "captured"

@@ -103,6 +103,13 @@ def _attach_evidence(tracker, run_id: str, tool: str, run, folder: str | None) -
     from tracker.store.importers import foreign_run
 
     try:
+        try:
+            current = tracker.fingerprint(run_id)
+        except DraftboardError:
+            current = None
+        if not fingerprint.evidence_may_replace(current):
+            print(f"run {run_id} keeps the fingerprint captured in its own environment; its files were not read into it")
+            return
         decision = decide.decide(run.facts)
         fp = tracker.attach_fingerprint(run_id, fingerprint.imported(run.folder, f"adopted:{tool}", evidence=decision))
         tracker.client.log_dict(run_id, foreign_run.evidence_json(run, decision), foreign_run.EVIDENCE_ARTIFACT)

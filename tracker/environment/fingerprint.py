@@ -259,6 +259,14 @@ def imported(source_path: str | os.PathLike, fmt: str, known: Mapping[str, objec
     return fp
 
 
+def evidence_may_replace(fp: dict | None) -> bool:
+    """Whether a fingerprint read from a run's files may be stored over `fp`: none yet, or one that was itself
+    read from files. A fingerprint draftboard captured in the run's own environment is a measurement; a console
+    never replaces it."""
+    source = (fp or {}).get("source")
+    return fp is None or (isinstance(source, dict) and source.get("kind") == "imported")
+
+
 def citations(fp: dict, field: str) -> list[dict]:
     """The evidence a fingerprint cites for one dotted field ([] for a captured one, or a field no file stated)."""
     cited = fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}

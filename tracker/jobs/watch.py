@@ -345,7 +345,7 @@ def _read_evidence(tracker, run, state: WatchState) -> None:
         current = tracker.fingerprint(run_id)
     except DraftboardError:
         current = None
-    if current is not None and (current.get("source") or {}).get("kind") != "imported":
+    if not fingerprint.evidence_may_replace(current):
         return
     facts = [f for f in map(Fact.from_dict, state.facts) if f is not None]
     before = {name: dict(where.get(name) or {}) for name in changed}
