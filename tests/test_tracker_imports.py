@@ -149,6 +149,17 @@ def test_import_log_reads_the_console_it_is(tmp_path, sqlite_store_uri, capsys, 
     assert tags["env.linear_attn"] == linear_attn and tags["env.torch"] == "2.13.0+cu130" and tags["env.gpu"] == "H100"
 
 
+def test_metric_names_mlflow_cannot_store_are_left_out_and_said_before_any_run_is_made(tmp_path, sqlite_store_uri):
+    from tracker.store.importers.foreign_run import ForeignRun, log_runs
+
+    run = ForeignRun(str(tmp_path), ".", "wandb", {}, {1: {"loss (train)": 2.0, "train/loss": 1.0}},
+                     summary={"best/../x": 3.0})
+    (run_id,) = log_runs(Tracker(sqlite_store_uri), [run], "odd names")
+    stored = MlflowClient(tracking_uri=sqlite_store_uri).get_run(run_id)
+    assert set(stored.data.metrics) == {"train/loss"} and stored.info.status == "FINISHED"
+    assert "2 metric name(s) MLflow cannot store were left out" in stored.data.params["import.partial"]
+
+
 def test_console_beside_a_log_and_a_tensorboard_folder(tmp_path, sqlite_store_uri, capsys):
     from torch.utils.tensorboard import SummaryWriter
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tracker import redact
 from tracker.environment.evidence import Fact, decide, files
+from tracker.errors import DraftboardError
 from tracker.store import adoption, names
 
 EVIDENCE_ARTIFACT = "evidence.json"
@@ -82,10 +83,32 @@ def keep_evidence(train_run, run: ForeignRun, decision: decide.Decision) -> None
         train_run.log_file(path, f"{EVIDENCE_FOLDER}/{Path(kept_as).parent}".rstrip("/."))
 
 
+def _storable(run: ForeignRun) -> None:
+    """The metrics MLflow can store, checked before any run is made (a tracker's keys hold what MLflow refuses:
+    `loss (train)`): the others are left out and said, never a run half-written."""
+    from tracker.store.steps import MetricChecker
+
+    keys = {key for metrics in run.history.values() for key in metrics} | set(run.summary)
+    refused = set()
+    for key in keys:
+        try:
+            MetricChecker().check({key: 0.0})
+        except DraftboardError:
+            refused.add(key)
+    if refused:
+        for metrics in (*run.history.values(), run.summary):
+            for key in refused & set(metrics):
+                del metrics[key]
+        shown = ", ".join(repr(k[:40]) for k in sorted(refused)[:5])
+        run.notes.append(f"{len(refused)} metric name(s) MLflow cannot store were left out ({shown})")
+
+
 def log_runs(tracker, runs: list[ForeignRun], name: str, target: str | None = None) -> list[str]:
     """Each run as a draftboard training run (imported, tool detected, fingerprint from evidence)."""
     from tracker.environment import fingerprint
 
+    for run in runs:  # all checked before the first run is made
+        _storable(run)
     ids = []
     for run in runs:
         tool = adoption.detect(run.view()).tool
