@@ -160,3 +160,13 @@ def test_a_port_that_is_not_one_is_argparse_s_one_line(port, capsys):
         main(["ui", "--port", port])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("is not a TCP port (1-65535)")
+
+
+@pytest.mark.parametrize("args", [["compare", "a" * 32, "b" * 32], ["env-diff", "a" * 32, "b" * 32],
+                                  ["report", "a" * 32, "--out", "r.html"], ["reconcile", "a" * 32, "b" * 32]])
+def test_a_command_that_only_reads_leaves_no_store_where_there_was_none(tmp_path, capsys, args):
+    """Issue 65 (low): a read-only command run elsewhere created an empty draftboard.db there."""
+    store = tmp_path / "draftboard.db"
+    out = [a if a != "r.html" else str(tmp_path / "r.html") for a in args]
+    assert main([*out, "--tracking-uri", f"sqlite:///{store}"]) == 2
+    assert "no store at" in capsys.readouterr().err and not store.exists()

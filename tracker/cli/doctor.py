@@ -18,7 +18,7 @@ def cmd_doctor(args) -> int:
     if args.run:
         from tracker.store.tracker import Tracker
 
-        tracker = Tracker(args.tracking_uri)
+        tracker = Tracker(args.tracking_uri, create=False)
         trained = tracker.fingerprint(args.run)  # before anything loads: a wrong id is one error line
     prompts, prompts_from = args.prompts, None
     if prompts is None:

@@ -73,7 +73,7 @@ def _load_measured(ref: str, tracking_uri: str | None):
     from tracker.store import names
     from tracker.store.tracker import Tracker
 
-    tracker = Tracker(tracking_uri)
+    tracker = Tracker(tracking_uri, create=False)
     ref = tracker.resolve_run_id(ref)
     tags = tracker.run(ref).data.tags
     is_eval = tags.get(names.KIND) in ("eval", "reference")

@@ -221,7 +221,7 @@ def _results_of(ref: str, tracking_uri: str | None) -> dict:
             raise DraftboardError(f"{ref}: not a results JSON ({exc})") from None
     from tracker.store.tracker import Tracker
 
-    return _eval_results(Tracker(tracking_uri), ref)
+    return _eval_results(Tracker(tracking_uri, create=False), ref)
 
 
 def _add_margins(report: dict, offline: dict) -> None:
@@ -303,7 +303,7 @@ def cmd_compare(args) -> int:
     )
     from tracker.store.tracker import Tracker
 
-    tracker = Tracker(args.tracking_uri)
+    tracker = Tracker(args.tracking_uri, create=False)
     results = [_eval_results(tracker, run_id) for run_id in (args.run_a, args.run_b)]
     paired = regression.paired(*results)
     by_id = [{str(r["id"]): r for r in res["prompts"]} for res in results]
@@ -355,7 +355,7 @@ def cmd_export_results(args) -> int:
     out = Path(args.out)
     if out.exists() or not out.parent.is_dir():
         raise DraftboardError(f"--out {out}: give a new file in an existing folder")
-    tracker = Tracker(args.tracking_uri)
+    tracker = Tracker(args.tracking_uri, create=False)
     args.run_id = tracker.resolve_run_id(args.run_id)
     try:
         results = tracker.read_json(args.run_id, names.EVAL_RESULTS_ARTIFACT)
@@ -379,7 +379,7 @@ def cmd_report(args) -> int:
     out = Path(args.out)
     if not out.parent.is_dir() or out.is_dir():
         raise DraftboardError(f"--out {out}: give a file in an existing folder")
-    tracker = Tracker(args.tracking_uri)
+    tracker = Tracker(args.tracking_uri, create=False)
     index = load_run_index(tracker)
     args.runs = [tracker.resolve_run_id(r) if r not in index else r for r in args.runs]
     missing = [r for r in args.runs if r not in index]

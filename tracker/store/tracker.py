@@ -133,8 +133,15 @@ class Tracker:
         *,
         experiment: str = DEFAULT_EXPERIMENT,
         retry: RetryPolicy = RetryPolicy(),
+        create: bool = True,
     ) -> None:
+        """`create=False`: a command that only reads (compare, report, env-diff of a run id) is refused on a SQLite
+        store that does not exist, rather than leaving an empty one where it was run."""
         self.uri = config.store_uri(uri)
+        missing = None if create else config.missing_local_store(self.uri)
+        if missing is not None:
+            raise DraftboardError(f"no store at {missing}: nothing was logged there (give --tracking-uri, or run "
+                                  "where the runs are)")
         # MLflow draws a progress bar for every download, even of a 1 kB JSON; on the CLI's
         # stderr that is noise. An explicit setting by the user still wins.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
