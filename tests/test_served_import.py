@@ -293,7 +293,7 @@ def test_a_vllm_log_from_a_known_bad_version_is_tagged_with_the_row_and_a_forged
     assert runs["new"].data.tags["protocol.engine_version"] == "0.32.0"
 
 
-def test_a_served_log_s_start_up_lines_are_the_serving_box_s_evidence(tmp_path):
+def test_a_served_log_s_start_up_lines_are_the_serving_box_s_evidence(tmp_path, capsys):
     """Issue 62: what the serving box said of itself at start (vLLM's version, runner and attention backend lines;
     SGLang's server_args; llama.cpp's build line) is the imported run's serving fingerprint, each value cited."""
     from tracker import Tracker
@@ -324,3 +324,8 @@ def test_a_served_log_s_start_up_lines_are_the_serving_box_s_evidence(tmp_path):
     assert fps["sglang-log"]["engine"]["speculative_num_draft_tokens"] == "16"
     assert fps["llamacpp-log"]["engine"]["build"] == "7003"
     assert fingerprint.citations(fps["llamacpp-log"], "engine.build")[0]["line"] == 1
+    # env-diff names each serving field's value with its line (the engine section too, not only the fixed four)
+    vllm_run = runs["vllm-log"].info.run_id
+    capsys.readouterr()
+    main(["env-diff", vllm_run, vllm_run, "--tracking-uri", store])
+    assert "engine.version = '0.32.0': vllm.log:1" in capsys.readouterr().out

@@ -136,19 +136,14 @@ def _print_evidence(side: str, ref: str, fp: dict) -> None:
     from tracker.environment import fingerprint
     from tracker.untrusted.escape import say
 
-    cited = fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}
-    contradictions = (fp.get("source") or {}).get("contradictions") or []
-    if not cited and not contradictions:
+    rows, disagree = fingerprint.cited(fp), fingerprint.contradictions(fp)
+    if not rows and not disagree:
         return
-    flat = fingerprint.flatten({k: v for k, v in fp.items() if k in fingerprint.SECTIONS})
     say(f"evidence for {side} ({ref}): what its own files state")
-    for field in sorted(cited):
-        value = flat.get(field, (fp.get("numerics") or {}).get("linear_attention_path")
-                         if field.endswith("linear_attention_path") else None)
-        for cite in fingerprint.citations(fp, field):
-            line = f":{cite.get('line')}" if cite.get("line") is not None else ""
-            say(f"  {field} = {value!r}: {cite.get('file')}{line} \"{str(cite.get('text'))[:200]}\" ({cite.get('rule')})")
-    for text in contradictions if isinstance(contradictions, list) else []:
+    for field, value, cite in rows:
+        line = f":{cite.get('line')}" if cite.get("line") is not None else ""
+        say(f"  {field} = {value!r}: {cite.get('file')}{line} \"{str(cite.get('text'))[:200]}\" ({cite.get('rule')})")
+    for text in disagree:
         say(f"  its files disagree: {text}")
 
 

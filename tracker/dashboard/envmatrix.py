@@ -135,21 +135,12 @@ def evidence_frame(fps: dict[str, dict | None]) -> tuple[pd.DataFrame, list[tupl
     places its own files disagree. Captured fingerprints cite nothing."""
     rows, conflicts = [], []
     for label, fp in fps.items():
-        cited = (fp or {}).get("evidence")
-        if not isinstance(cited, dict):
-            continue
-        flat = _matrix_fields(fp)
-        for field_key in sorted(cited):
-            value = flat.get(field_key, flat.get("numerics.linear_attention_path")
-                             if field_key.endswith("linear_attention_path") else None)
-            for cite in fingerprint.citations(fp, field_key):
-                line = cite.get("line")
-                rows.append({"run": label, "field": field_key, "value": value_text(value),
-                             "source": f"{cite.get('file')}" + (f":{line}" if line is not None else ""),
-                             "quoted": str(cite.get("text"))[:300], "rule": str(cite.get("rule"))})
-        source = fp.get("source") if isinstance(fp.get("source"), dict) else {}
-        said = source.get("contradictions")
-        conflicts += [(label, str(text)[:500]) for text in (said if isinstance(said, list) else [])]
+        for field_key, value, cite in fingerprint.cited(fp or {}):
+            line = cite.get("line")
+            rows.append({"run": label, "field": field_key, "value": value_text(value),
+                         "source": f"{cite.get('file')}" + (f":{line}" if line is not None else ""),
+                         "quoted": str(cite.get("text"))[:300], "rule": str(cite.get("rule"))})
+        conflicts += [(label, text[:500]) for text in fingerprint.contradictions(fp or {})]
     return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS), conflicts
 
 

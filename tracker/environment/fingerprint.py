@@ -267,13 +267,29 @@ def evidence_may_replace(fp: dict | None) -> bool:
     return fp is None or (isinstance(source, dict) and source.get("kind") == "imported")
 
 
+def _evidence(fp: dict) -> dict:
+    return fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}
+
+
 def citations(fp: dict, field: str) -> list[dict]:
     """The evidence a fingerprint cites for one dotted field ([] for a captured one, or a field no file stated)."""
-    cited = fp.get("evidence") if isinstance(fp.get("evidence"), dict) else {}
-    out = cited.get(field)
-    if out is None and field == "numerics.linear_attention_path":  # the tag's copy of the per-piece decision
-        out = cited.get("numerics.linear_attention.linear_attention_path")
+    out = _evidence(fp).get(field)
     return [c for c in out if isinstance(c, dict)] if isinstance(out, list) else []
+
+
+def cited(fp: dict) -> list[tuple[str, Any, dict]]:
+    """(field, its value in `fp`, one citation) for every citation of a fingerprint read from files, fields in
+    order: what env-diff prints and Environments shows. [] for a fingerprint captured live."""
+    evidence = _evidence(fp)
+    flat = flatten({k: v for k, v in fp.items() if k not in ("probe", "evidence")}) if evidence else {}
+    return [(field, flat.get(field), cite) for field in sorted(evidence) for cite in citations(fp, field)]
+
+
+def contradictions(fp: dict) -> list[str]:
+    """Where a fingerprint's files disagree (`source.contradictions`), one line each."""
+    source = fp.get("source") if isinstance(fp.get("source"), dict) else {}
+    said = source.get("contradictions")
+    return [str(text) for text in said] if isinstance(said, list) else []
 
 
 def published(source: dict, known: dict | None = None) -> dict:
@@ -566,6 +582,5 @@ def env_tags(fp: dict) -> dict[str, str]:
         names.ENV_SOURCE: text((fp.get("source") or {}).get("kind") if isinstance(fp.get("source"), dict) else None),
     }
     if "evidence" in fp:
-        conflicts = (fp.get("source") or {}).get("contradictions") if isinstance(fp.get("source"), dict) else None
-        tags[names.ENV_EVIDENCE_CONFLICTS] = str(len(conflicts) if isinstance(conflicts, list) else 0)
+        tags[names.ENV_EVIDENCE_CONFLICTS] = str(len(contradictions(fp)))
     return tags
