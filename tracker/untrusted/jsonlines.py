@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tracker.errors import DraftboardError
+from tracker.untrusted import textlines
 
 
 def json_object(text: str) -> dict:
@@ -18,6 +19,19 @@ def json_object(text: str) -> dict:
     if not isinstance(obj, dict):
         raise DraftboardError(f"expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+MAX_SMALL_JSON = 1 << 20  # a tracker's metadata or a model's config.json: a few KiB
+
+
+def small_json(path: Path, max_bytes: int = MAX_SMALL_JSON) -> object:
+    """The parsed value of a small JSON file someone else wrote; None where it is not a readable regular file
+    of at most max_bytes, or not JSON."""
+    data = textlines.read_small(path, max_bytes)
+    try:
+        return None if data is None else json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 def depth(value: object) -> int:

@@ -35,6 +35,17 @@ def open_regular(path: str | Path):
     return os.fdopen(fd, "rb")
 
 
+def read_small(path: str | Path, max_bytes: int) -> bytes | None:
+    """A small file's bytes (a tracker's metadata, a model's config), read at most max_bytes + 1 from a regular
+    file; None where it is not one, cannot be read, or is larger than max_bytes."""
+    try:
+        with open_regular(path) as fh:
+            data = fh.read(max_bytes + 1)
+    except (DraftboardError, OSError):
+        return None
+    return data if len(data) <= max_bytes else None
+
+
 def lines(path: str | Path, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str, bool]]:
     """(1-based line number, its text without the newline, whether it was cut at `max_line` bytes)."""
     reader = Lines(path, max_line=max_line, whole=True)

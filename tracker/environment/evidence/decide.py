@@ -27,6 +27,7 @@ from tracker.environment import linear_attn
 from tracker.environment.evidence import Fact
 from tracker.environment.evidence.console import FUNCTION_FIELD, PATH_FIELD
 from tracker.environment.evidence.packages import FIELDS
+from tracker.untrusted.digits import whole_number
 
 MAX_CITATIONS = 3  # per field: the first few that agree with the value kept
 TOP_PATH_FIELD = "numerics.linear_attention_path"  # where the env.linear_attn tag reads it
@@ -50,8 +51,7 @@ def _choose(field: str, group: list[Fact], contradictions: list[str]) -> Fact:
 
 
 def _major(version: object) -> int | None:
-    head = str(version or "").split(".")[0]
-    return int(head) if head.isascii() and head.isdigit() and len(head) < 4 else None
+    return whole_number(str(version or "").split(".")[0], 3)
 
 
 def _absent(chosen: dict[str, Fact], package: str) -> Fact | None:

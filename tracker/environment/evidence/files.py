@@ -7,15 +7,13 @@ same wherever the folder was imported from.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from tracker.environment.evidence import Fact, console, packages
-from tracker.errors import DraftboardError
 from tracker.untrusted import textlines
+from tracker.untrusted.jsonlines import small_json
 
-MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KiB
 _VERSION = re.compile(r"\d{1,4}(?:\.\d{1,6}){1,3}(?:[\w.+-]{0,24})")
 # What `torch_dtype` / `dtype` say a checkpoint's weights were saved in (transformers' spellings).
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -34,13 +32,7 @@ def checkpoint_config(folder: str | Path, label: str) -> list[Fact]:
     process's transformers (`transformers_version`) and the dtype its weights were saved in (`torch_dtype`, or
     `dtype` from transformers 5: `numerics.saved_dtype`, not what the training computed in). [] where there is no
     readable config."""
-    path = Path(folder) / "config.json"
-    try:
-        with textlines.open_regular(path) as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        config = json.loads(raw) if len(raw) <= MAX_CONFIG_BYTES else None
-    except (DraftboardError, ValueError, RecursionError):
-        return []
+    config = small_json(Path(folder) / "config.json")
     if not isinstance(config, dict):
         return []
     facts = []

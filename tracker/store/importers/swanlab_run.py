@@ -18,13 +18,13 @@ import math
 from pathlib import Path
 
 from tracker.environment.evidence import Fact, files
-from tracker.errors import DraftboardError
 from tracker.store.importers import foreign_run
 from tracker.store.importers.foreign_run import ForeignRun
 from tracker.untrusted import textlines
+from tracker.untrusted.digits import whole_number
+from tracker.untrusted.jsonlines import MAX_SMALL_JSON, small_json
 
 FORMAT = "swanlab"
-MAX_JSON_BYTES = 1 << 20
 MAX_COLUMNS = 10_000
 
 
@@ -36,17 +36,8 @@ def _is_run(folder: Path) -> bool:
     return folder.name.startswith("run-") and any((folder / sub).is_dir() for sub in ("files", "console", "logs"))
 
 
-def _json(path: Path):
-    try:
-        with textlines.open_regular(path) as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
-        return json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
-    except (DraftboardError, ValueError, RecursionError):
-        return None
-
-
 def _metadata_facts(path: Path, label: str) -> list[Fact]:
-    meta = _json(path)
+    meta = small_json(path)
     if not isinstance(meta, dict):
         return []
     facts = []
@@ -70,11 +61,10 @@ def _metadata_facts(path: Path, label: str) -> list[Fact]:
 def _config(path: Path) -> dict[str, str]:
     import yaml
 
+    raw = textlines.read_small(path, MAX_SMALL_JSON)
     try:
-        with textlines.open_regular(path) as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
-        config = yaml.safe_load(raw) if len(raw) <= MAX_JSON_BYTES else None
-    except (DraftboardError, yaml.YAMLError, RecursionError):
+        config = None if raw is None else yaml.safe_load(raw)
+    except (yaml.YAMLError, RecursionError):
         return {}
     if not isinstance(config, dict):
         return {}
@@ -86,8 +76,8 @@ def _config(path: Path) -> dict[str, str]:
 
 
 def _metrics(logs: Path, run: ForeignRun) -> None:
-    columns = sorted((p for p in logs.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()),
-                     key=lambda p: int(p.name))[:MAX_COLUMNS]
+    columns = sorted((p for p in logs.iterdir() if p.is_dir() and whole_number(p.name) is not None),
+                     key=lambda p: whole_number(p.name))[:MAX_COLUMNS]
     for column in columns:
         name = f"swanlab/column_{column.name}"
         for part in sorted(column.glob("*.log")):

@@ -25,11 +25,12 @@ from tracker.errors import DraftboardError
 from tracker.store.importers import foreign_run
 from tracker.store.importers.foreign_run import ForeignRun
 from tracker.untrusted import textlines
+from tracker.untrusted.digits import whole_number
+from tracker.untrusted.jsonlines import small_json
 from tracker.untrusted.record_log import LogRecords
 
 FORMAT = "wandb"
 MAGIC, IDENT = b":W&B", 0xBEE1
-MAX_METADATA_BYTES = 1 << 20
 MAX_CONSOLE_RECORDS = 100_000  # output_raw records read as console lines when files/output.log is missing
 
 
@@ -82,12 +83,7 @@ def _environment_facts(env, where: str) -> list[Fact]:
 
 def _metadata_facts(path: Path, label: str) -> list[Fact]:
     """wandb-metadata.json of a synced run: python, GPU type and count (snake or camel case)."""
-    try:
-        with textlines.open_regular(path) as fh:
-            raw = fh.read(MAX_METADATA_BYTES + 1)
-        meta = json.loads(raw) if len(raw) <= MAX_METADATA_BYTES else None
-    except (DraftboardError, ValueError, RecursionError):
-        return []
+    meta = small_json(path)
     if not isinstance(meta, dict):
         return []
     facts = []
@@ -96,8 +92,9 @@ def _metadata_facts(path: Path, label: str) -> list[Fact]:
         facts.append(Fact("software.python", python.split()[1], label, None, f'"python": "{python}"', "wandb metadata", 1))
     if isinstance(gpu, str) and gpu:
         facts.append(Fact("hardware.gpu_name", gpu[:120], label, None, f'"gpu": "{gpu[:120]}"', "wandb metadata", 1))
-    if isinstance(count, (int, str)) and str(count).isascii() and str(count).isdigit() and len(str(count)) < 5:
-        facts.append(Fact("hardware.gpu_count", int(count), label, None, f'"gpu_count": {count}', "wandb metadata", 1))
+    gpus = whole_number(str(count), 4) if isinstance(count, (int, str)) else None
+    if gpus is not None:
+        facts.append(Fact("hardware.gpu_count", gpus, label, None, f'"gpu_count": {count}', "wandb metadata", 1))
     return facts
 
 
