@@ -121,9 +121,13 @@ def test_a_killed_eval_s_staged_folder_is_removed_by_the_next_and_a_live_one_sta
     gone = root / f"eval-{dead.stdout.strip()}-abc123"
     (gone / "target").mkdir(parents=True)
     (gone / "target" / "model.safetensors").write_bytes(b"x")
+    (gone / staging.STAGED_MARK).write_text("1\n")
     alive = root / f"eval-{os.getpid()}-def456"
     alive.mkdir()
+    (alive / staging.STAGED_MARK).write_text("1\n")
     mine = root / "notes"  # not a staged folder: never touched
     mine.mkdir()
+    unmarked = root / f"eval-{dead.stdout.strip()}-ghi789"  # the name, but `staged` did not make it: never touched
+    unmarked.mkdir()
     assert staging.remove_stale(root) == [gone]
-    assert not gone.exists() and alive.exists() and mine.exists()
+    assert not gone.exists() and alive.exists() and mine.exists() and unmarked.exists()

@@ -194,16 +194,19 @@ class Staged:
 
 
 _STAGED_NAME = re.compile(r"eval-(\d{1,10})-[\w]{1,32}")
+STAGED_MARK = ".draftboard-staged"  # written by `staged` into each folder it makes: what remove_stale may remove
 
 
 def remove_stale(root: Path) -> list[Path]:
-    """Remove the staged folders (`eval-<pid>-*`, made by `staged`) whose process is gone: one SIGKILLed mid-eval
-    never reached its own removal, and its hard links keep a deleted checkpoint's bytes on disk. A folder whose pid
-    is alive (its eval, or another process that took the number) stays."""
+    """Remove the staged folders (`eval-<pid>-*` holding STAGED_MARK: made by `staged`) whose process is gone: one
+    SIGKILLed mid-eval never reached its own removal, and its hard links keep a deleted checkpoint's bytes on disk.
+    A folder whose pid is alive (its eval, or another process that took the number), or that `staged` did not
+    mark, stays."""
     removed = []
     for entry in root.iterdir():
         match = _STAGED_NAME.fullmatch(entry.name)
-        if match is None or entry.is_symlink() or not entry.is_dir():
+        mark = entry / STAGED_MARK
+        if match is None or entry.is_symlink() or not entry.is_dir() or mark.is_symlink() or not mark.is_file():
             continue
         try:
             os.kill(int(match.group(1)), 0)
@@ -225,6 +228,7 @@ def staged(target: str | Path, drafter: str | Path, checked: CheckedDrafter, cac
     remove_stale(root)
     folder = Path(tempfile.mkdtemp(prefix=f"eval-{os.getpid()}-", dir=root))
     try:
+        (folder / STAGED_MARK).write_text(f"{os.getpid()}\n")
         yield Staged(str(stage_target(target, folder)), str(stage_drafter(drafter, checked, folder)), str(target),
                      str(drafter))
     finally:
