@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -44,9 +45,12 @@ def fetch(name: str, version: str, sha256: str, folder: Path) -> Path:
     found = [f for f in files if f["filename"].lower() == wanted]
     if not found:
         raise SystemExit(f"error: {wanted} is not on the index {index_url()}")
+    url = str(found[0].get("url", ""))
+    if urllib.parse.urlsplit(url).scheme not in ("https", "http"):  # the index names where; only the web is fetched
+        raise SystemExit(f"error: the index names {wanted} at a URL that is not http(s): refused")
     target = folder / found[0]["filename"]
     digest = hashlib.sha256()
-    with urllib.request.urlopen(found[0]["url"], timeout=600) as reply, target.open("wb") as out:
+    with urllib.request.urlopen(url, timeout=600) as reply, target.open("wb") as out:
         for chunk in iter(lambda: reply.read(CHUNK), b""):
             digest.update(chunk)
             out.write(chunk)
