@@ -21,7 +21,9 @@ def cmd_import_log(args) -> int:
 
 
 def cmd_adopt(args) -> int:
+    from tracker.environment import fingerprint
     from tracker.store import adoption, names
+    from tracker.store.importers import foreign_run
     from tracker.store.tracker import Tracker
 
     tracker = Tracker(args.tracking_uri)
@@ -40,14 +42,19 @@ def cmd_adopt(args) -> int:
     version = args.tool_version or view.tags.get(adoption.TOOL_VERSION_TAG)
     if args.tool_version is not None and adoption.parse_version(args.tool_version) is None:
         raise DraftboardError(f"--tool-version {args.tool_version!r} is not a release number (e.g. 0.9.0)")
-    evidence = _adopted_evidence(tracker, args.run_id, args.console)  # read before anything is written
     tags = [(names.KIND, "train"), (adoption.TOOL_TAG, found.tool), (adoption.STEP_UNIT_TAG, unit)]
     if args.tool_version is not None:
         tags.append((adoption.TOOL_VERSION_TAG, args.tool_version))
-    for tag, value in tags:
-        tracker.client.set_tag(args.run_id, tag, value)
-    if evidence is not None:
-        _attach_evidence(tracker, args.run_id, found.tool, *evidence)
+    with foreign_run.adopted(tracker, args.run_id, args.console) as evidence:  # read before anything is written
+        for tag, value in tags:
+            tracker.client.set_tag(args.run_id, tag, value)
+        fp = foreign_run.attach(tracker, args.run_id, found.tool, evidence) if evidence is not None else None
+    if evidence is not None and fp is None:
+        print(f"run {args.run_id} keeps the fingerprint captured in its own environment; its files were not read into it")
+    elif fp is not None:
+        env = fingerprint.env_tags(fp)
+        print(f"environment from its files: linear attention {env['env.linear_attn']}, torch {env['env.torch']}, "
+              f"transformers {env['env.transformers']} (draftboard env-diff {args.run_id} ... cites each source)")
     print(f"adopted run {args.run_id} as a {found.label} training run ({'; '.join(found.evidence)})")
     print(f"step = {unit}" + (f": {known.steps.note}" if known else ""))
     curves = [a.label for a in adoption.aliases(found.tool, view.metrics, version) if a.canonical or a.note]
@@ -59,68 +66,6 @@ def cmd_adopt(args) -> int:
               f"versioned run: draftboard adopt {args.run_id} --tool-version V (speculators writes it into "
               "train_command.txt as `# speculators: V`)")
     return 0
-
-
-# Artifacts a tool logs beside an MLflow run that say what ran: read as evidence when adopting it.
-ADOPTED_EVIDENCE = {"console": ("output.log", "console.log", "train.log", "stdout.log"),
-                    "packages": ("requirements.txt", "environment.yml", "conda.yaml")}
-
-
-def _adopted_evidence(tracker, run_id: str, console: str | None):
-    """(the run's evidence as a foreign run, a temporary folder to remove) from the run's own top-level
-    artifacts (ADOPTED_EVIDENCE) and `--console`; None when there is nothing to read."""
-    import shutil
-    import tempfile
-
-    from tracker.environment.evidence import files
-    from tracker.store.importers import foreign_run
-
-    run = foreign_run.ForeignRun(f"mlflow run {run_id}", ".", "adopted", {}, {})
-    listed = {a.path for a in tracker.client.list_artifacts(run_id) if not a.is_dir}
-    wanted = [(kind, name) for kind, names_ in ADOPTED_EVIDENCE.items() for name in names_ if name in listed]
-    folder = tempfile.mkdtemp(prefix="draftboard-adopt-") if wanted else None
-    try:
-        for kind, name in wanted:
-            local = Path(tracker.client.download_artifacts(run_id, name, folder))
-            run.facts += (files.console_file if kind == "console" else files.package_file)(local, name)
-    except BaseException:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    foreign_run.with_console(run, console)
-    if not run.facts and console is None:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
-        return None
-    return run, folder
-
-
-def _attach_evidence(tracker, run_id: str, tool: str, run, folder: str | None) -> None:
-    import shutil
-
-    from tracker.environment import fingerprint
-    from tracker.environment.evidence import decide
-    from tracker.store.importers import foreign_run
-
-    try:
-        try:
-            current = tracker.fingerprint(run_id)
-        except DraftboardError:
-            current = None
-        if not fingerprint.evidence_may_replace(current):
-            print(f"run {run_id} keeps the fingerprint captured in its own environment; its files were not read into it")
-            return
-        decision = decide.decide(run.facts)
-        fp = tracker.attach_fingerprint(run_id, fingerprint.imported(run.folder, f"adopted:{tool}", evidence=decision))
-        tracker.client.log_dict(run_id, foreign_run.evidence_json(run, decision), foreign_run.EVIDENCE_ARTIFACT)
-        for path, _label in run.kept:
-            tracker.client.log_artifact(run_id, str(path), foreign_run.EVIDENCE_FOLDER)
-    finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
-    tags = fingerprint.env_tags(fp)
-    print(f"environment from its files: linear attention {tags['env.linear_attn']}, torch {tags['env.torch']}, "
-          f"transformers {tags['env.transformers']} (draftboard env-diff {run_id} ... cites each source)")
 
 
 def cmd_import_results(args) -> int:

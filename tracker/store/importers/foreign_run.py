@@ -9,6 +9,9 @@ where the files disagree), so a reader can check each environment field against 
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,10 +80,60 @@ def evidence_json(run: ForeignRun, decision: decide.Decision) -> dict:
 
 def keep_evidence(train_run, run: ForeignRun, decision: decide.Decision) -> None:
     """`evidence.json` (every fact read, with its file and line; where the files disagree; what was read
-    only in part) and the files read, on the run."""
+    only in part) and the files read, on the run (a run being logged, or `_Existing`: one adopted)."""
     train_run.log_json(EVIDENCE_ARTIFACT, evidence_json(run, decision))
     for path, kept_as in run.kept:
         train_run.log_file(path, f"{EVIDENCE_FOLDER}/{Path(kept_as).parent}".rstrip("/."))
+
+
+# Artifacts a tool logs beside an MLflow run that say what ran: read as evidence when adopting it.
+ADOPTED_EVIDENCE = {"console": ("output.log", "console.log", "train.log", "stdout.log"),
+                    "packages": ("requirements.txt", "environment.yml", "conda.yaml")}
+
+
+@contextlib.contextmanager
+def adopted(tracker, run_id: str, console: str | Path | None) -> Iterator[ForeignRun | None]:
+    """An MLflow run another tool wrote, as the evidence of its own top-level artifacts (ADOPTED_EVIDENCE, copied
+    into a folder made here and removed on leaving) and of `console`; None where there is nothing to read."""
+    listed = {a.path for a in tracker.client.list_artifacts(run_id) if not a.is_dir}
+    wanted = [(kind, name) for kind, names_ in ADOPTED_EVIDENCE.items() for name in names_ if name in listed]
+    with tempfile.TemporaryDirectory(prefix="draftboard-adopt-") as folder:
+        run = ForeignRun(f"mlflow run {run_id}", ".", "adopted", {}, {})
+        for kind, name in wanted:
+            local = Path(tracker.client.download_artifacts(run_id, name, folder))
+            run.facts += (files.console_file if kind == "console" else files.package_file)(local, name)
+        with_console(run, console)
+        yield run if run.facts or console is not None else None
+
+
+class _Existing:
+    """An existing run as keep_evidence writes to one."""
+
+    def __init__(self, tracker, run_id: str):
+        self.tracker, self.run_id = tracker, run_id
+
+    def log_json(self, artifact: str, obj) -> None:
+        self.tracker.write_json(self.run_id, artifact, obj)
+
+    def log_file(self, path: Path, artifact_path: str) -> None:
+        self.tracker.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+def attach(tracker, run_id: str, tool: str, run: ForeignRun) -> dict | None:
+    """The adopted run's fingerprint from its evidence, stored with the evidence on it; None (nothing written)
+    where the run holds a fingerprint captured in its own environment (fingerprint.evidence_may_replace)."""
+    from tracker.environment import fingerprint
+
+    try:
+        current = tracker.fingerprint(run_id)
+    except DraftboardError:
+        current = None
+    if not fingerprint.evidence_may_replace(current):
+        return None
+    decision = decide.decide(run.facts)
+    fp = tracker.attach_fingerprint(run_id, fingerprint.imported(run.folder, f"adopted:{tool}", evidence=decision))
+    keep_evidence(_Existing(tracker, run_id), run, decision)
+    return fp
 
 
 def _storable(run: ForeignRun) -> None:
@@ -89,10 +142,10 @@ def _storable(run: ForeignRun) -> None:
     from tracker.store.steps import MetricChecker
 
     keys = {key for metrics in run.history.values() for key in metrics} | set(run.summary)
-    refused = set()
+    checker, refused = MetricChecker(), set()
     for key in keys:
         try:
-            MetricChecker().check({key: 0.0})
+            checker.check({key: 0.0})
         except DraftboardError:
             refused.add(key)
     if refused:
