@@ -17,6 +17,7 @@ from tracker import config
 # Requests in flight each engine's sweep measures: llama.cpp's build aborts now and then at 4 in flight on a
 # busy box (tests/test_engines_llamacpp.py), vLLM's CPU build takes 4.
 LEVELS = {"llamacpp": (1, 2), "vllm": (1, 4)}
+REPEATS = 2  # rounds per level: the smallest that shows a spread, in a demo built in CI
 PAIR_NAME = "qwen3-tiny-served"  # the target folder: the name the dashboard shows for these evals' target
 DRAFTER_NAME = "served drafter (Qwen3 pair)"
 # Seconds on 2 idle cores (measured 2026-12-06): the pair 14 s, its offline eval 2 s, llama.cpp's eval with its
@@ -73,7 +74,7 @@ def served_evals(root: Path, tracker, settings, engines: Mapping[str, str], reco
     report(f"  offline: tau {results['tau']:.2f}")
     done += COST_S["offline"]
     for name, python in engines.items():
-        engine = EngineSettings(name, python=python, concurrency=LEVELS[name])
+        engine = EngineSettings(name, python=python, concurrency=LEVELS[name], repeats=REPEATS)
         try:
             measured = evaluate_engine(s, engine, lambda stage, n, of, name=name: part(name)(n / max(of, 1)),
                                        log_dir=root / "logs")
@@ -81,7 +82,8 @@ def served_evals(root: Path, tracker, settings, engines: Mapping[str, str], reco
             out["failed"][name] = str(exc).splitlines()[0]
             report(f"  {name}: not measured: {out['failed'][name]}")
         else:
-            out["engines"][name] = logged(measured, {**asdict(s), "engine": name, "concurrency": list(LEVELS[name])})
+            out["engines"][name] = logged(measured, {**asdict(s), "engine": name, "concurrency": list(LEVELS[name]),
+                                                     "repeats": REPEATS})
             speedups = ", ".join(f"{level['speedup']:.2f}x at {level['concurrency']}"
                                  for level in measured.get("load") or () if level["speedup"])
             report(f"  {name} {measured['engine']['version']}: mean acceptance length "

@@ -59,9 +59,16 @@ def context_metric_values(results: dict) -> dict[str, float]:
 
 
 def load_metric_values(results: dict) -> dict[str, float]:
-    """A load sweep's MLflow metrics: `load_c{C}_{field}` per level (DESIGN.md, "Load sweeps")."""
-    return {names.load_metric(level["concurrency"], field): float(level[field])
-            for level in results.get("load") or () for field in names.LOAD_FIELDS if level.get(field) is not None}
+    """A load sweep's MLflow metrics: `load_c{C}_{field}` per level and the speedup's interval over rounds
+    (DESIGN.md, "Load sweeps")."""
+    out = {}
+    for level in results.get("load") or ():
+        c = level["concurrency"]
+        out.update({names.load_metric(c, field): float(level[field]) for field in names.LOAD_FIELDS
+                    if level.get(field) is not None})
+        if level.get("speedup_ci"):
+            out.update(zip((names.load_metric(c, f) for f in names.LOAD_CI_FIELDS), map(float, level["speedup_ci"])))
+    return out
 
 
 def log_eval(tracker, results: dict, s: EvalSettings, *, train_run_id: str | None = None,

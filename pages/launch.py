@@ -7,11 +7,13 @@ from tracker.dashboard.compare import team_training_runs
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
     CUSTOM_SAMPLING,
+    DEFAULT_REPEATS,
     DEVICES,
     DRAFTER_PRECISIONS,
     DTYPES,
     LINEAR_ATTN_CHOICES,
     MAX_DRAWS,
+    MAX_REPEATS,
     PROMPT_PATH,
     SAMPLING_PRESETS,
     LaunchForm,
@@ -170,7 +172,7 @@ else:
                                     placeholder="/path/to/prompts.jsonl or folder",
                                     help='JSON lines ({"id", "input_ids" | "prompt" | "messages"}, optional "dataset"), '
                                          "z-lab or Spec-Bench `turns` files, or a folder of them (one file per dataset)")
-        c1, c2, c3, c4, c5, c6 = st.columns(6)
+        c1, c2, c3, c4, c5, c7, c6 = st.columns([1, 1, 1, 1, 1.2, 0.8, 1])
         budgets = c1.text_input("DDTree budgets", key="launch_budgets",
                                 help="node budgets B for ddtree_tau_b{B}, comma-separated")
         max_new = c2.number_input("Max new tokens", **COUNT, key="launch_max_new",
@@ -185,7 +187,7 @@ else:
                                  help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 "
                                       "weights under bf16 autocast, as mixed-precision training computes")
         fixed = preset != CUSTOM_SAMPLING
-        c1, c2, c3, c4, c5, c6 = st.columns(6)
+        c1, c2, c3, c4, c5, c7, c6 = st.columns([1, 1, 1, 1, 1.2, 0.8, 1])
         temperature = c1.number_input("Temperature", step=0.1, key="launch_temperature", disabled=fixed)
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", **COUNT, key="launch_top_k", disabled=fixed, help="0: no top-k")
@@ -198,6 +200,11 @@ else:
                                          "at each level, with the drafter and with the target alone: tokens/s, "
                                          "speedup and each request's own counts per level (docs/DESIGN.md, Load "
                                          "sweeps); empty: one request at a time only")
+        repeats = c7.number_input("Rounds", value=None, **COUNT, key="launch_repeats",
+                                  placeholder=str(DEFAULT_REPEATS),
+                                  help=f"with concurrency levels: timed rounds per level, the drafter's and the "
+                                       f"target alone's interleaved; the speedup is the ratio of their medians with "
+                                       f"its interval over rounds (1–{MAX_REPEATS}; empty: {DEFAULT_REPEATS})")
         prompt_tokens = c6.number_input("Prompt tokens", value=None, **COUNT, key="launch_prompt_tokens",
                                         help="long-context sets (LongBench, LongBench v2, ShareGPT rows): each prompt "
                                              "made N tokens long, its middle cut as LongBench cuts it or filled with "
@@ -222,7 +229,7 @@ else:
             prompt_tokens=prompt_tokens,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k,
             samples=1 if samples_off or (temperature == 0 and samples == SAMPLES_SHOWN) else samples,
-            concurrency=concurrency or "",
+            concurrency=concurrency or "", repeats=repeats,
         )
         with ui.reported(lambda text: st.error(text, icon="🚫")):
             params = eval_params(form, cfg.allowed_roots)

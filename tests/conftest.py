@@ -401,7 +401,7 @@ def serving_pair(tmp_path_factory, code_ran_marker):
 @pytest.fixture(scope="session")
 def vllm_served_pair(serving_pair, vllm_python, tmp_path_factory):
     """A managed `draftboard eval --engine vllm` of serving_pair's prompts with a load sweep at
-    concurrency 1 and 4 (so the server has 4 slots, and the target alone is served after it), logged to a
+    concurrency 1 and 4 in 2 rounds (each server has 4 slots; the target alone served beside it), logged to a
     store of its own (its results JSON's path): run once, read by the vLLM tests and beside llama.cpp's."""
     from demo.serving_pair import MAX_NEW_TOKENS
     from tracker.cli import main
@@ -412,7 +412,7 @@ def vllm_served_pair(serving_pair, vllm_python, tmp_path_factory):
         mp.setenv("DRAFTBOARD_HOME", str(root / "home"))
         assert main(["eval", "--target", str(serving_pair / "target"), "--drafter", str(serving_pair / "drafter"),
                      "--prompts", str(serving_pair / "prompts.jsonl"), "--max-new-tokens", str(MAX_NEW_TOKENS),
-                     "--engine", "vllm", "--engine-python", vllm_python, "--concurrency", "1,4",
+                     "--engine", "vllm", "--engine-python", vllm_python, "--concurrency", "1,4", "--repeats", "2",
                      "--out", str(root / "engine.json")]) == 0
     return root / "engine.json"
 

@@ -145,7 +145,7 @@ def test_compare_draws_every_engine_of_one_checkpoint_side_by_side(tmp_path, mon
 def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, monkeypatch):
     """Issue 49: a served eval's `load` section, one row per level with the numbers' definitions as column
     help, and every flag a sentence (the prompt id is user text, escaped)."""
-    from evaluators.engines import load
+    from evaluators.engines import busy, load
     from evaluators.engines.base import InFlightCounts
     from test_load import vllm_reply
 
@@ -153,12 +153,16 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     hostile = "<img src=x onerror=alert(1)>"
     at_1 = [vllm_reply(list(range(10)), [3, 1])]
     requests = [load.Request(hostile, [1], at_1[0])]
-    healthy = load.Arm([load.Served(hostile, at_1[0].completion_ids, InFlightCounts.of(at_1[0]), 0.5)], 1.0, 0.4, 2)
+    quiet, loaded = busy.Window(0.4, 0.0), busy.Window(2.2, 1.0)
+    healthy = load.Arm([load.Served(hostile, at_1[0].completion_ids, InFlightCounts.of(at_1[0]), 0.5)], 1.0, quiet, 2)
     collapsed = vllm_reply(list(range(10)), [0, 0, 0, 0, 0])
-    slow = load.Arm([load.Served(hostile, collapsed.completion_ids, InFlightCounts.of(collapsed), 0.9)], 2.0, 0.4, 5)
-    alone = load.Arm([load.Served(hostile, list(range(10)), None, 1.0)], 4.0, 0.5)
-    engine["load"] = [load.level_record(1, healthy, alone, load.flags(requests, 1, healthy, alone, True, {}), True),
-                      load.level_record(8, slow, alone, load.flags(requests, 8, slow, alone, True, {}), True)]
+    slow = load.Arm([load.Served(hostile, collapsed.completion_ids, InFlightCounts.of(collapsed), 0.9)], 2.0, quiet, 5)
+    slower = load.Arm(slow.served, 4.0, loaded, 5)  # a round another program slowed: 2.5 tok/s
+    alone = load.Arm([load.Served(hostile, list(range(10)), None, 1.0)], 4.0, quiet)
+    at_8 = load.Level(8, [slow, slower, slow], [alone, alone, alone])
+    engine["load"] = [load.level_record(load.Level(1, [healthy], [alone]),
+                                        load.flags(requests, 1, healthy, alone, True, {}), True),
+                      load.level_record(at_8, load.flags(requests, 8, slow, alone, True, {}), True)]
     engine["load_break_even_concurrency"] = 6.5
     # Issue 50: the engine's steps by context length (a 10-token prompt, blocks 3, 1, 4: contexts 11, 14, 15)
     from tracker.measurement.context import by_context, walk_contexts
@@ -168,6 +172,9 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     assert list(table["requests in flight"]) == [1, 8] and list(table["speedup"]) == [4.0, 2.0]
     assert list(table["flags"]) == [0, 2] and "Under load" in text and "Flagged under load" in text
     assert list(table["step cost"]) == [pytest.approx(3 / 4), pytest.approx(1 / 2)]  # tau / speedup
+    # issue 66: the median of 3 rounds (5, 2.5, 5 tok/s against 2.5 alone), its interval over rounds, the busy round
+    assert list(table["speedup 95% interval"]) == ["4.00–4.00", "1.00–2.00"]
+    assert list(table["rounds"]) == ["1", "3 (1 busy)"]
     assert "speedup crosses 1 at about 6.5 requests in flight" in text
     [by_context] = [df.value for df in at.dataframe if "context (tokens)" in df.value.columns]
     assert list(by_context["context (tokens)"]) == ["[0, 12)", "[12, 16)", "[16, ∞)"]
@@ -183,8 +190,11 @@ def test_run_detail_tables_a_load_sweep_per_level_and_names_its_flags(tmp_path, 
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert [c["layout"]["yaxis"]["title"]["text"].split(" (")[0] for c in charts] == [
         "speedup", "served mean acceptance length", "step cost"]
-    [line] = charts[0]["data"]
+    line, band = charts[0]["data"]  # the speedup, and its interval over rounds as a band of its colour
     assert (_values(line["x"]), _values(line["y"])) == ([1, 8], [4.0, 2.0])
+    assert _values(line["error_y"]["arrayminus"]) == [0.0, 1.0] and _values(line["error_y"]["array"]) == [0.0, 0.0]
+    assert (_values(band["x"]), _values(band["y"])) == ([1, 8, 8, 1], [4.0, 2.0, 1.0, 4.0])
+    assert band["fill"] == "toself" and band["fillcolor"] == line["line"]["color"]
     assert "break-even" in json.dumps(charts[0]["layout"]["annotations"])
     at = run_page("pages/compare.py", runs=ids["offline"], compare_view="Under load")
     assert "No load sweeps among these runs" in page_text(at)

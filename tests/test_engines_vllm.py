@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -107,10 +108,11 @@ def test_a_managed_vllm_eval_equals_the_offline_one_where_it_should(pair, vllm_s
 
 
 def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_served_pair, serving_pair, capsys):
-    """Issue 49: the eval's prompts with 1 and 4 requests in flight on one 4-slot server, then the target
-    alone. Each request's own counts at 4 in flight equal its counts one at a time (vLLM's per-request
-    metrics; measured identical on these CPUs), the counters moved by their sum at each level, greedy
-    completions equal concurrency 1's and the target alone's, and the speedup is what the two arms measured."""
+    """Issue 49: the eval's prompts with 1 and 4 requests in flight on one 4-slot server, the target alone on a
+    second beside it, 2 interleaved rounds a level (issue 66). Each request's own counts at 4 in flight equal its
+    counts one at a time (vLLM's per-request metrics; measured identical on these CPUs) in every round, the
+    counters moved by their sum in each round, greedy completions equal concurrency 1's and the target alone's,
+    and the speedup is the ratio of the two arms' medians over the rounds, inside its interval."""
     results = json.loads(vllm_served_pair.read_text())
     assert results["engine"]["max_num_seqs"] == 4 and _engine_processes(pair) == []
     alone = {p["id"]: p for p in results["prompts"]}  # the eval's own pass: one request at a time
@@ -125,9 +127,15 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
         pooled = 1 + sum(p["engine_accepted"] for p in level["prompts"]) / sum(p["engine_drafts"] for p in level["prompts"])
         assert level["engine_mean_acceptance_length"] == pytest.approx(pooled)
         assert level["engine_mean_acceptance_length"] == pytest.approx(results["engine_mean_acceptance_length"])
-        tokens = sum(len(p["completion_ids"]) for p in level["prompts"])
-        assert level["tokens_per_s"] == pytest.approx(tokens / level["wall_s"])
+        rounds = level["rounds"]
+        assert len(rounds) == 2 and all(r["tokens_per_s"] > 0 and r["tokens_per_s_target_alone"] > 0 for r in rounds)
+        assert level["tokens_per_s"] == pytest.approx(statistics.median(r["tokens_per_s"] for r in rounds))
+        assert level["tokens_per_s_target_alone"] == \
+            pytest.approx(statistics.median(r["tokens_per_s_target_alone"] for r in rounds))
         assert level["speedup"] == pytest.approx(level["tokens_per_s"] / level["tokens_per_s_target_alone"])
+        low, high = level["speedup_ci"]
+        assert low <= level["speedup"] <= high
+        assert min(r["tokens_per_s"] / r["tokens_per_s_target_alone"] for r in rounds) == pytest.approx(low)
         assert level["step_cost"] == pytest.approx(level["engine_mean_acceptance_length"] / level["speedup"])
         print(f"concurrency {level['concurrency']}: {level['tokens_per_s']:.1f} tok/s with the drafter, "
               f"{level['tokens_per_s_target_alone']:.1f} alone: {level['speedup']:.2f}x (load average "
@@ -136,6 +144,8 @@ def test_a_load_sweep_counts_every_request_exactly_at_every_level(pair, vllm_ser
         [e.experiment_id for e in MlflowClient(f"sqlite:///{vllm_served_pair.parent / 'store.db'}").search_experiments()])
     metrics = next(r.data.metrics for r in logged if "load_c4_speedup" in r.data.metrics)
     assert metrics["load_c4_speedup"] == pytest.approx(results["load"][1]["speedup"])
+    assert [metrics["load_c4_speedup_ci_low"], metrics["load_c4_speedup_ci_high"]] == \
+        pytest.approx(results["load"][1]["speedup_ci"])
     # reconcile per level: the requests at 4 in flight against the offline eval of the same prompts
     capsys.readouterr()
     assert main(["reconcile", str(vllm_served_pair), str(serving_pair / "offline.json"), "--concurrency", "4",
@@ -230,7 +240,7 @@ def test_an_attached_sweep_over_shared_prefixes_counts_its_prefix_cache_hits(pai
     out = tmp_path / "sweep.json"
     assert main(["eval", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompts", str(shared),
                  "--max-new-tokens", str(MAX_NEW), "--engine", "vllm", "--engine-url", served.url,
-                 "--concurrency", "1,4", "--no-log", "--out", str(out)]) == 0
+                 "--concurrency", "1,4", "--repeats", "2", "--no-log", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert str(results["engine"]["enable_prefix_caching"]).lower() == "true"  # vLLM's own cache_config_info
     for level in results["load"]:

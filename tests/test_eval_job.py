@@ -28,7 +28,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
                          checkpoint_step=1200, train_run_id="abc", reference="z-lab", device="cuda", dtype="bf16",
                          drafter_precision="bf16-autocast", no_log=True, enable_thinking=False,
                          completions="/data/c.jsonl", name="n", engine="vllm", num_speculative_tokens=5,
-                         concurrency=[8, 1, 4], context_buckets=[2048, 0, 512], prompt_tokens=4096)
+                         concurrency=[8, 1, 4], repeats=5, context_buckets=[2048, 0, 512], prompt_tokens=4096)
     args = eval_job.cli_args(params)
     assert args[0] == "eval" and nasty in args  # one argument, never split or quoted
     parsed = _eval_parse(args[1:])
@@ -46,7 +46,7 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
         "--prompt-tokens", "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--temperature", "--top-p", "--top-k", "--samples",
         "--seeds", "--seed", "--engine", "--engine-python", "--engine-url", "--engine-port",
-        "--num-speculative-tokens", "--prefix-caching", "--context-buckets", "--concurrency"]
+        "--num-speculative-tokens", "--prefix-caching", "--context-buckets", "--concurrency", "--repeats"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 

@@ -216,6 +216,10 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
     params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="8, 1,4"), [tmp_path])
     assert params["concurrency"] == [1, 4, 8] and params["name"].endswith("concurrency 1,4,8")
     assert "concurrency" not in eval_params(LaunchForm(**common, measured_by=("vllm", None)), [tmp_path])
+    # issue 66: rounds per level, as the CLI's --repeats (empty: the default, not written into the job)
+    params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="1,4", repeats=5.0), [tmp_path])
+    assert params["repeats"] == 5 and params["name"].endswith("5 rounds")
+    assert "repeats" not in eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="4"), [tmp_path])
     for form, message in ((LaunchForm(**common, concurrency="1,4"), "choose an engine to measure by"),
                           (LaunchForm(**common, measured_by=("sglang", None), concurrency="4"),
                            "a load sweep runs on vllm, llamacpp so far"),
@@ -224,7 +228,13 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
                           (LaunchForm(**common, measured_by=("vllm", None), concurrency="1,999"),
                            "each concurrency level must be an integer from 1 to 64"),
                           (LaunchForm(**common, measured_by=("vllm", None), concurrency="a lot"),
-                           "concurrency must be comma-separated integers")):
+                           "concurrency must be comma-separated integers"),
+                          (LaunchForm(**common, measured_by=("vllm", None), repeats=3.0),
+                           "Rounds: rounds repeat a load sweep's levels: give concurrency levels too"),
+                          (LaunchForm(**common, measured_by=("vllm", None), concurrency="4", repeats=50.0),
+                           "Rounds: rounds per level from 1 to 20, got 50"),
+                          (LaunchForm(**common, measured_by=("vllm", None), concurrency="4", repeats=2.5),
+                           "Rounds must be a whole number")):
         with pytest.raises(DraftboardError, match=message):
             eval_params(form, [tmp_path])
 
@@ -239,12 +249,13 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     preset = "DFlash paper, T=1"
     sampled = {"target": "/t", "drafter": "/d", "prompts": "/p", "max_new_tokens": 64, "temperature": 1.0,
                "top_p": 1.0, "top_k": 0, "samples": 16, "device": "cpu", "dtype": "fp32", "reference": "z-lab v1",
-               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "prompt_tokens": 4096}
+               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "repeats": 5, "prompt_tokens": 4096}
     state, notes = edit_state(sampled, [OFFLINE, ("vllm", None)])
     assert state["launch_sampling"] == preset and config.SAMPLING_PRESETS[preset] == (1.0, 1.0, 0)
     assert (state["launch_temperature"], state["launch_top_p"], state["launch_top_k"], state["launch_samples"]) == \
         (1.0, 1.0, 0, 16)
     assert state["launch_measured_by"] == ("vllm", None) and state["launch_concurrency"] == "1,4"
+    assert state["launch_repeats"] == 5
     assert (state["launch_reference"], state["launch_reference_name"], state["launch_step"]) == (True, "z-lab v1", 160)
     assert (state["launch_target"], state["launch_max_new"]) == ("/t", 64) and notes == []
     assert state["launch_prompt_tokens"] == 4096

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from evaluators.engines import load, vllm
+from evaluators.engines import busy, load, vllm
 from evaluators.engines.base import InFlightCounts
 from tracker.cli import main
 
@@ -44,35 +44,84 @@ def test_requests_are_in_flight_level_at_a_time_and_come_back_in_order():
     assert arm.tokens_per_s == pytest.approx(30 / arm.wall_s) and arm.wall_s >= 0.05 * 3
 
 
-def _arm(replies, latency=0.5, wall=2.0):
+QUIET = busy.Window(0.0, 0.0)
+
+
+def _arm(replies, latency=0.5, wall=2.0, box=QUIET):
     served = [load.Served(str(i), r.completion_ids, InFlightCounts.of(r), latency) for i, r in enumerate(replies)]
-    return load.Arm(served, wall, 0.0, steps=sum(r.drafts for r in replies))
+    return load.Arm(served, wall, box, steps=sum(r.drafts for r in replies))
+
+
+def _alone(ids, wall, box=QUIET):
+    return load.Arm([load.Served(str(i), c, None, 1.0) for i, c in enumerate(ids)], wall, box)
 
 
 def test_a_level_record_pools_its_requests_own_counts_and_divides_the_two_arms():
     """Hand-worked: two requests, 3 + 1 steps accepting 4+2+0 and 7 tokens: 1 + 13 / 4 = 4.25; 21
     completion tokens in 2 s with the drafter, in 5 s alone: 10.5 vs 4.2 tok/s, speedup 2.5."""
     replies = [vllm_reply(list(range(12)), [4, 2, 0]), vllm_reply(list(range(9)), [7])]
-    alone = load.Arm([load.Served(str(i), r.completion_ids, None, 1.0) for i, r in enumerate(replies)], 5.0, 0.0)
-    record = load.level_record(4, _arm(replies), alone, [], checked=True)
+    alone = _alone([r.completion_ids for r in replies], 5.0)
+    record = load.level_record(load.Level(4, [_arm(replies)], [alone]), [], checked=True)
     assert record["engine_mean_acceptance_length"] == pytest.approx(1 + 13 / 4)
     assert (record["tokens_per_s"], record["tokens_per_s_target_alone"]) == (10.5, 4.2)
-    assert record["speedup"] == pytest.approx(2.5)
+    assert record["speedup"] == pytest.approx(2.5) and record["speedup_ci"] == [pytest.approx(2.5)] * 2
     assert [p["engine_drafts"] for p in record["prompts"]] == [3, 1] and record["prompts"][0]["tokens_per_s"] == 24
     assert record["step_cost"] == pytest.approx(4.25 / 2.5) and record["engine_steps"] == 4
     assert record["prompts"][0]["engine_timings"] == {"time_to_first_token_ms": 3.0}
     assert [p["engine_accepted_per_step"] for p in record["prompts"]] == [[4, 2, 0], [7]]
-    unmeasured = load.level_record(4, _arm(replies), None, [], checked=False)
+    unmeasured = load.level_record(load.Level(4, [_arm(replies)], None), [], checked=False)
     assert unmeasured["speedup"] is None and unmeasured["tokens_per_s_target_alone"] is None
-    assert unmeasured["step_cost"] is None
+    assert unmeasured["step_cost"] is None and unmeasured["speedup_ci"] is None
+    assert unmeasured["rounds"] == [{"tokens_per_s": 10.5, "tokens_per_s_target_alone": None, "load_average_1m": 0.0,
+                                     "others_cores": 0.0, "busy": False, "engine_steps": 4,
+                                     "engine_draft_tokens": 28, "engine_accepted": 13}]
+    assert unmeasured["warm_up"] is None
+
+
+def test_a_levels_speed_is_the_median_of_its_rounds_and_the_speedup_their_ratio_with_its_spread():
+    """Hand-worked: 21 tokens per round; the drafter's rounds take 2, 3 and 1.5 s (10.5, 7, 14 tok/s: median
+    10.5), the target alone's 5, 6 and 5 s (4.2, 3.5, 4.2: median 4.2): speedup 10.5 / 4.2 = 2.5, as the ratio
+    of medians, not the median of ratios (2.5, 2.0, 3.33: also 2.5 here). Rounds are drawn with both arms, so a
+    resample of mostly round 2 gives 7 / 3.5 = 2.0 and of mostly round 3 14 / 4.2 = 3.33: each has probability
+    7/27 > 2.5%, so they are the interval's ends. The second round ran while another program took a core:
+    flagged busy, its load average the larger of its two arms'."""
+    replies = [vllm_reply(list(range(12)), [4, 2, 0]), vllm_reply(list(range(9)), [7])]
+    ids = [r.completion_ids for r in replies]
+    level = load.Level(4, [_arm(replies, wall=2.0), _arm(replies, wall=3.0, box=busy.Window(2.5, 1.0)),
+                           _arm(replies, wall=1.5)],
+                       [_alone(ids, 5.0), _alone(ids, 6.0, busy.Window(3.1, 0.9)), _alone(ids, 5.0)])
+    record = load.level_record(level, [], checked=True)
+    assert (record["tokens_per_s"], record["tokens_per_s_target_alone"]) == (10.5, 4.2)
+    assert record["speedup"] == pytest.approx(2.5) and record["wall_s"] == 2.0 and record["wall_s_target_alone"] == 5.0
+    low, high = record["speedup_ci"]
+    assert low == pytest.approx(7 / 3.5) and high == pytest.approx(14 / 4.2)
+    assert [r["tokens_per_s"] for r in record["rounds"]] == [10.5, 7.0, 14.0]
+    assert [r["busy"] for r in record["rounds"]] == [False, True, False] and record["busy_rounds"] == 1
+    assert record["rounds"][1]["load_average_1m"] == 3.1 and record["rounds"][1]["others_cores"] == 1.0
+    assert record["load_average_1m"] == 2.5 and record["load_average_1m_target_alone"] == 3.1
+
+
+def test_a_later_round_that_moved_is_flagged_with_its_round():
+    a, b = list(range(10)), list(range(20, 30))
+    at_1 = [vllm_reply(a, [3, 1]), vllm_reply(b, [2, 2])]
+    requests = [load.Request(str(i), [i], r) for i, r in enumerate(at_1)]
+    same = _arm([vllm_reply(r.completion_ids, r.accepted_per_step) for r in at_1])
+    moved = _arm([vllm_reply(a[:5] + [0] + a[6:], [3, 1]), vllm_reply(b, [1, 1, 0])])
+    assert load.between_rounds(requests, [same, same], greedy=True) == []
+    assert load.between_rounds(requests, [same, same, moved], greedy=True) == [
+        {"id": "0", "flag": "completion differs between rounds", "round": 3, "first_difference": 5},
+        {"id": "1", "flag": "counts differ between rounds", "round": 3, "accepted": [2, 4]}]
+    # sampled: another completion is by design (request 0, same counts); counts are still compared
+    assert [(f["id"], f["flag"]) for f in load.between_rounds(requests, [same, moved], greedy=False)] == [
+        ("1", "counts differ between rounds")]
 
 
 def test_a_level_whose_replies_count_no_steps_takes_its_steps_from_the_counters():
     """llama.cpp: a reply's drafted and accepted tokens, no steps; the level's 4 steps are the counters'
     move, so 1 + 13 / 4 again, and each request's engine_drafts is null, not a guess."""
     own = [InFlightCounts(list(range(12)), None, 21, 6, {"prompt_ms": 1.5}), InFlightCounts(list(range(9)), None, 7, 7, {})]
-    arm = load.Arm([load.Served(str(i), c.completion_ids, c, 0.5) for i, c in enumerate(own)], 2.0, 0.0, steps=4)
-    record = load.level_record(4, arm, None, [], checked=True)
+    arm = load.Arm([load.Served(str(i), c.completion_ids, c, 0.5) for i, c in enumerate(own)], 2.0, QUIET, steps=4)
+    record = load.level_record(load.Level(4, [arm], None), [], checked=True)
     assert record["engine_mean_acceptance_length"] == pytest.approx(1 + 13 / 4)
     assert [p["engine_drafts"] for p in record["prompts"]] == [None, None]
     assert [p["engine_draft_tokens"] for p in record["prompts"]] == [21, 7]
@@ -96,13 +145,12 @@ def test_the_flags_name_what_moved_and_a_healthy_level_has_none():
     at_1 = [vllm_reply(a, [3, 1]), vllm_reply(b, [2, 2]), vllm_reply(c, [2, 2, 1])]
     requests = [load.Request(str(i), [i], r) for i, r in enumerate(at_1)]
     healthy = _arm([vllm_reply(r.completion_ids, r.accepted_per_step) for r in at_1])
-    same_alone = load.Arm([load.Served(str(i), r.completion_ids, None, 1.0) for i, r in enumerate(at_1)], 3.0, 0.0)
+    same_alone = _alone([r.completion_ids for r in at_1], 3.0)
     assert load.flags(requests, 4, healthy, same_alone, greedy=True, cache={}) == []
     # request 0: another completion from token 3; 1: the same completion in other steps; 2: collapsed
     # (SGLang #36537's signature: accept length 1.00 over every step, with the prefix cache on)
     moved = _arm([vllm_reply(a[:3] + [0] + a[4:], [3, 1]), vllm_reply(b, [1, 1, 0]), vllm_reply(c, [0, 0, 0, 0, 0])])
-    other_alone = load.Arm([load.Served("0", a, None, 1.0), load.Served("1", b[:2] + [0] + b[3:], None, 1.0),
-                            load.Served("2", c, None, 1.0)], 3.0, 0.0)
+    other_alone = _alone([a, b[:2] + [0] + b[3:], c], 3.0)
     found = load.flags(requests, 4, moved, other_alone, greedy=True, cache={"enable_prefix_caching": True, "dtype": "x"})
     assert [(f["id"], f["flag"]) for f in found] == [
         ("0", "completion differs from concurrency 1"), ("0", "completion differs from the target alone"),
@@ -124,12 +172,12 @@ def test_replies_without_steps_are_compared_and_flagged_by_drafted_tokens():
     concurrency 1's are named as draft_tokens."""
     c = [1] * 12
     requests = [load.Request("0", [0], vllm_reply(c, [2, 2, 1, 2, 1]))]
-    collapsed = load.Arm([load.Served("0", c, InFlightCounts(c, None, 35, 0, {}), 0.5)], 1.0, 0.0, steps=5)
+    collapsed = load.Arm([load.Served("0", c, InFlightCounts(c, None, 35, 0, {}), 0.5)], 1.0, QUIET, steps=5)
     found = load.flags(requests, 4, collapsed, None, greedy=True, cache={"cache_prompt": False})
     assert [f["flag"] for f in found] == ["counts differ from concurrency 1", "acceptance collapse"]
     assert found[0]["draft_tokens"] == [35, 35] and found[0]["accepted"] == [0, 8]
     assert found[1]["steps"] is None and found[1]["cache"] == {"cache_prompt": False}
-    early = load.Arm([load.Served("0", c, InFlightCounts(c, None, 14, 0, {}), 0.5)], 1.0, 0.0, steps=2)
+    early = load.Arm([load.Served("0", c, InFlightCounts(c, None, 14, 0, {}), 0.5)], 1.0, QUIET, steps=2)
     assert [f["flag"] for f in load.flags(requests, 4, early, None, greedy=False, cache={})] == []
 
 
@@ -153,7 +201,9 @@ def flag_refused(tmp_path, capsys, *flags: str) -> str:
 
 
 @pytest.mark.parametrize("extra, message", [
-    ((), "--concurrency and --prefix-caching need --engine"),
+    ((), "--concurrency, --repeats and --prefix-caching need --engine"),
+    (("--engine", "vllm", "--repeats", "0"), "--repeats: rounds per level from 1 to 20, got 0"),
+    (("--engine", "vllm", "--repeats", "21"), "--repeats: rounds per level from 1 to 20, got 21"),
     (("--engine", "sglang"), "a load sweep runs on vllm, llamacpp so far"),
     (("--engine", "llamacpp", "--engine-url", "http://127.0.0.1:9"), "llamacpp's replies carry no verify steps"),
     (("--engine", "llamacpp", "--prefix-caching"), "llamacpp's cache switch is not offered yet"),

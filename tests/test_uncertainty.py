@@ -134,3 +134,19 @@ def test_ci_metric_names():
     assert metrics == {"tau_ci_low": 1.0, "tau_ci_high": 2.0, "tau_pooled_ci_low": 1.5, "tau_pooled_ci_high": 2.5,
                        "ddtree_tau_b8_ci_low": 3.0, "ddtree_tau_b8_ci_high": 4.0}
     assert all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
+
+
+def test_a_ratio_of_medians_resamples_rounds_with_both_arms_drawn_together():
+    """Hand-worked: rounds (10.5, 4.2), (7, 3.5), (14, 4.2): medians 10.5 / 4.2 = 2.5. A resample of mostly round 2
+    (probability 7/27 > 2.5%) gives 7 / 3.5 = 2.0, of mostly round 3 14 / 4.2: the interval's ends. Unpaired draws
+    would reach 7 / 4.2; one round is its own interval; bad rounds are refused, never divided by."""
+    from tracker.measurement.uncertainty import ratio_of_medians
+
+    ci = ratio_of_medians([10.5, 7.0, 14.0], [4.2, 3.5, 4.2])
+    assert ci.value == pytest.approx(2.5) and ci.bounds() == [pytest.approx(2.0), pytest.approx(14 / 4.2)]
+    assert ratio_of_medians([3.0], [2.0]).bounds() == [1.5, 1.5]
+    assert ratio_of_medians([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]).bounds() == [2.0, 2.0]  # no spread, none drawn
+    for a, b, message in (([1.0], [1.0, 2.0], "same positive number of rounds"), ([], [], "same positive number"),
+                          ([1.0], [0.0], "positive denominators")):
+        with pytest.raises(DraftboardError, match=message):
+            ratio_of_medians(a, b)

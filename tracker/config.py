@@ -191,7 +191,20 @@ MAX_BUDGETS = 32  # --budgets: how many; each is a DDTree search per block
 # The most requests a load sweep keeps in flight (`--concurrency`): an engine's slots (vLLM --max-num-seqs,
 # llama.cpp -np) are sized from it, so a level is bounded before anything is started.
 MAX_CONCURRENCY = 64
-MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt twice)
+MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt 2 x (repeats + 1) times)
+DEFAULT_REPEATS = 3  # --repeats: a load sweep's rounds per level, the arms interleaved (evaluators.engines.load)
+MAX_REPEATS = 20
+
+
+def repeats_problem(repeats, levels, flag: str = "--repeats") -> str | None:
+    """Why `repeats` rounds per level cannot be asked of a sweep at `levels` (one line; None when they can)."""
+    if repeats is None:
+        return None
+    if not levels:
+        return f"{flag}: rounds repeat a load sweep's levels: give concurrency levels too"
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        return f"{flag}: rounds per level from 1 to {MAX_REPEATS}, got {repeats!r}"
+    return None
 # What a managed server is asked to hold: its context for every slot (llama.cpp's n_ctx is the context x slots).
 MAX_SERVED_CONTEXT = 1 << 21
 # Sampled evals (T > 0): continuations drawn per prompt (--samples) or online runs per prompt

@@ -103,6 +103,12 @@ def server_env(device: str) -> dict[str, str]:
     return {}
 
 
+def shared_device_options(device: str, servers: int) -> dict:
+    """How each of `servers` servers up at once on one device is started: as one alone (llama.cpp allocates
+    what it loads, never a share of the device decided up front)."""
+    return {}
+
+
 def managed_settings(device: str, dtype: str, slots: int = 1) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
     return {"dtype": dtype, "spec_draft_p_min": 0.0, "cache_type_k_draft": "f16 (llama.cpp's default)",

@@ -1,6 +1,6 @@
 """A load sweep (`draftboard eval --engine vllm ... --concurrency 1,4,8`): the eval's prompts served with
-that many requests in flight, level by level, with the drafter and then with the target alone, into the
-results' `load` section (docs/DESIGN.md, "Load sweeps").
+that many requests in flight, level by level, with the drafter and with the target alone in interleaved
+rounds, into the results' `load` section (docs/DESIGN.md, "Load sweeps").
 
 - In flight: at a level of c, c client threads take the prompts in order, each sending its next request as
   soon as its last one returned, so c requests are in flight until fewer than c prompts are left. The
@@ -8,35 +8,46 @@ results' `load` section (docs/DESIGN.md, "Load sweeps").
 - Counts: each request's own, from its reply (vLLM `--per-request-spec-decode-metrics detailed` gives them
   per request at any concurrency; llama.cpp's `timings` its drafted and accepted tokens, not its verify
   steps); around the whole level the engine's counters must move by exactly their sum (managed: no other
-  client), or the level is refused, as a single request is at concurrency 1. Where replies carry no steps,
+  client), or the level is refused, as a single request is at concurrency 1 (every round is checked). Where replies carry no steps,
   the level's steps are the counters' move (managed servers only: config.load_problem).
-- Speed: a level's tokens/s = its completion tokens / its wall time (first request sent to last reply);
-  each request's latency and tokens/s beside. The target alone is the same prompts at the same level on the
-  same server settings without the drafter, started after; speedup = tokens/s with the drafter / without.
-  The box's 1-minute load average is recorded with each arm: a busy box moves both. Its two parts: the
-  served acceptance length (tokens per verify step) and the step cost = acceptance length / speedup (a
-  speculative step's time over a plain decode step's, as the two arms' wall clocks imply), so
-  speedup = acceptance length / step cost; the break-even concurrency is where speedup crosses 1
-  between two measured levels (linear in the level).
-- Flags per request (`flags`): a greedy completion that differs from the same prompt's at concurrency 1
-  or from the target alone's at the same level (first differing token), counts that differ from
-  concurrency 1's (batch composition moved acceptance: vLLM RFC #54506), and the collapse signature
+- Rounds: both arms' servers are up at once (the target alone on the same server settings without the
+  drafter). At each level each arm first serves the prompts once untimed (a level's first batch shapes are
+  slow on a fresh server: 3x at 4 and 8 in flight on vLLM's CPU backend), then `repeats` rounds of both arms,
+  the drafter first in odd rounds, second in even ones (A B, B A, ...), each timed window once the other arm's
+  server is quiet (evaluators.engines.busy.settle: vLLM spins a second after its last request). Inside a timed
+  window is nothing but the requests: counters, cache counters and the box's load are read before it starts and
+  after its last reply.
+- Speed: a round's tokens/s = its completion tokens / its wall time (first request sent to last reply);
+  each request's latency and tokens/s beside (first round). A level's tokens/s is the median over its
+  rounds; speedup = median with the drafter / median without, with a 95% bootstrap interval over rounds
+  (`uncertainty.ratio_of_medians`: a round's two arms drawn together). The box's 1-minute load average and
+  other programs' CPU (evaluators.engines.busy) are recorded per round, a round they slowed flagged busy. Its
+  two parts: the served acceptance length (tokens per verify step) and the step cost = acceptance length /
+  speedup (a speculative step's time over a plain decode step's, as the two arms' wall clocks imply), so
+  speedup = acceptance length / step cost; the break-even concurrency is where speedup crosses 1 between
+  two measured levels (linear in the level).
+- Flags per request (`flags`, on the first round): a greedy completion that differs from the same prompt's at
+  concurrency 1 or from the target alone's at the same level (first differing token), counts that differ from
+  concurrency 1's (batch composition moved acceptance: vLLM RFC #54506), a later round's completion or counts
+  that differ from the first round's, and the collapse signature
   (nothing accepted over at least COLLAPSE_STEPS steps where concurrency 1 accepted at least COLLAPSE_FLOOR
   per step: SGLang #36537, vLLM #53919), with the cache settings that were on.
 - Prefix cache (`--prefix-caching`, managed vLLM; any server whose counters say): each level's hit rate, prompt
-  tokens found cached / looked up, from the engine's own counters around the level.
+  tokens found cached / looked up, from the engine's own counters around its timed rounds.
 """
 
 from __future__ import annotations
 
-import os
+import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from evaluators.engines import busy
 from evaluators.engines.base import EngineClient, EngineError, EngineReply, EngineRequest, InFlightCounts
+from tracker.measurement.uncertainty import ratio_of_medians
 
 COLLAPSE_STEPS = 4  # verify steps without one accepted token: not a hard prompt's bad luck
 COLLAPSE_FLOOR = 0.5  # ... where the same prompt accepted at least this many tokens per step at concurrency 1
@@ -44,11 +55,22 @@ COLLAPSE_FLOOR = 0.5  # ... where the same prompt accepted at least this many to
 DEFINITIONS = {
     "load.engine_mean_acceptance_length": "1 + the level's accepted draft tokens / its verify steps, pooled over its "
                                           "requests (each request's own counts)",
-    "load.tokens_per_s": "completion tokens of the level's requests / the level's wall time (first request sent to "
-                         "last reply), drafter on, `concurrency` requests in flight",
-    "load.tokens_per_s_target_alone": "the same prompts at the same level on the same server settings without the "
-                                      "drafter, started after the drafter's (managed servers only)",
-    "load.speedup": "tokens_per_s / tokens_per_s_target_alone, both from this eval",
+    "load.tokens_per_s": "the median over the level's rounds of completion tokens / the round's wall time (first "
+                         "request sent to last reply), drafter on, `concurrency` requests in flight",
+    "load.tokens_per_s_target_alone": "the same for the same prompts at the same level on the same server settings "
+                                      "without the drafter, its rounds interleaved with the drafter's (managed "
+                                      "servers only)",
+    "load.speedup": "tokens_per_s / tokens_per_s_target_alone (the ratio of the two arms' medians), both from this "
+                    "eval",
+    "load.speedup_ci": "95% percentile bootstrap interval of the speedup over rounds (a round's two arms drawn "
+                       "together); as wide as the rounds moved",
+    "load.rounds": "one per round, in the order run: each arm's tokens/s, the box's 1-minute load average (the "
+                   "larger at the round's start and end) and other programs' CPU in cores (`others_cores`, all "
+                   "but the sweep's servers and draftboard); `busy`: others took at least 0.5 cores (null: unknown, an "
+                   "attached server's processes cannot be told from others'); the drafter's counts summed "
+                   "(`engine_steps`, `engine_draft_tokens`, `engine_accepted`)",
+    "load.warm_up": "the drafter's untimed pass at the level before its rounds, its counts summed (every request "
+                    "the drafter's server answered is counted in the results)",
     "load.step_cost": "engine_mean_acceptance_length / speedup: a speculative step's time over a plain decode "
                       "step's, as the two arms' wall clocks imply (speedup = acceptance length / step cost)",
     "load_break_even_concurrency": "where speedup crosses 1 between two measured levels, linear in the level "
@@ -66,7 +88,7 @@ DEFINITIONS = {
                                    "milliseconds (vLLM --enable-per-request-metrics: time_to_first_token_ms, "
                                    "mean_itl_ms, queue_time_ms, generation_time_ms; llama.cpp timings: "
                                    "prompt_ms, predicted_per_token_ms, predicted_ms); latency_s and tokens_per_s "
-                                   "beside them are draftboard's, from send to reply",
+                                   "beside them are draftboard's, from send to reply (first round)",
 }
 CACHE_SETTINGS = ("enable_prefix_caching", "mamba_cache_mode", "disable_radix_cache", "radix_cache_strategy",
                   "cache_prompt")
@@ -98,7 +120,7 @@ class Arm:
 
     served: list[Served]
     wall_s: float
-    load_average_1m: float
+    box: busy.Window  # what else ran on the box meanwhile
     steps: int | None = None
     prefix_cache: tuple[float, float] | None = None  # (tokens queried, found cached) over the level; None: no counters
 
@@ -110,16 +132,13 @@ class Arm:
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    @property
-    def prefix_cache_hit_rate(self) -> float | None:
-        """Prompt tokens found in the prefix cache / looked up, over the level; None without the counters."""
-        return self.prefix_cache[1] / self.prefix_cache[0] if self.prefix_cache and self.prefix_cache[0] else None
-
 
 def in_flight(requests: Sequence[Request], level: int, send: Callable[[Request], tuple[list[int], InFlightCounts | None]],
-              progress: Callable[[int], None]) -> Arm:
-    """`requests` through `send` with `level` in flight; the served requests in the prompts' order."""
-    load = os.getloadavg()[0]
+              progress: Callable[[int], None], groups: Collection[int] | None = None) -> Arm:
+    """`requests` through `send` with `level` in flight; the served requests in the prompts' order. The box is
+    sampled just outside the timed window (`groups`: the process groups of the servers the sweep started;
+    None: it started none)."""
+    before = busy.sample(groups)
     done, lock = [0], threading.Lock()
 
     def one(r: Request) -> Served:
@@ -134,7 +153,8 @@ def in_flight(requests: Sequence[Request], level: int, send: Callable[[Request],
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=level, thread_name_prefix=f"load-{level}") as pool:
         served = list(pool.map(one, requests))  # the first failure is raised here, the rest still finish
-    return Arm(served, time.perf_counter() - start, load)
+    wall = time.perf_counter() - start
+    return Arm(served, wall, busy.window(before, busy.sample(groups)))
 
 
 def check_totals(client: EngineClient, before, arm: Arm, level: int) -> int:
@@ -204,15 +224,63 @@ def flags(requests: Sequence[Request], level: int, arm: Arm, alone: Arm | None, 
     return out
 
 
-def level_record(level: int, arm: Arm, alone: Arm | None, found: list[dict], checked: bool) -> dict:
-    """One object of the results' `load` list (docs/DESIGN.md, "Load sweeps")."""
+def between_rounds(requests: Sequence[Request], rounds: Sequence[Arm], greedy: bool) -> list[dict]:
+    """A later round's completion (greedy) or counts that differ from the first round's, per request."""
+    out: list[dict] = []
+    first = rounds[0].served
+    for k, arm in enumerate(rounds[1:], 2):
+        for r, a, b in zip(requests, first, arm.served):
+            moved = _first_difference(b.completion_ids, a.completion_ids) if greedy else None
+            if moved is not None:
+                out.append({"id": r.id, "flag": "completion differs between rounds", "round": k,
+                            "first_difference": moved})
+            elif (b.counts.steps, b.counts.draft_tokens, b.counts.accepted) != \
+                    (a.counts.steps, a.counts.draft_tokens, a.counts.accepted):
+                out.append({"id": r.id, "flag": "counts differ between rounds", "round": k,
+                            "accepted": [b.counts.accepted, a.counts.accepted]})
+    return out
+
+
+@dataclass
+class Level:
+    """One level's rounds, in the order run: the drafter's arm, and the target alone's (None: not served)."""
+
+    concurrency: int
+    drafted: list[Arm]
+    alone: list[Arm] | None
+    warm_up: Arm | None = None  # the drafter's untimed pass before the rounds
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def level_record(level: Level, found: list[dict], checked: bool) -> dict:
+    """One object of the results' `load` list (docs/DESIGN.md, "Load sweeps"): the first round's requests
+    and counts, each arm's median over the rounds, the speedup with its interval, every round."""
+    arm = level.drafted[0]
     accepted = sum(s.counts.accepted for s in arm.served)
     steps = arm.steps
-    alone_tps = alone.tokens_per_s if alone else None
     tau = 1 + accepted / steps if steps else 1.0
-    speedup = arm.tokens_per_s / alone_tps if alone_tps else None
+    tps = _median([a.tokens_per_s for a in level.drafted])
+    alone_tps = _median([a.tokens_per_s for a in level.alone]) if level.alone else None
+    ci = ratio_of_medians([a.tokens_per_s for a in level.drafted], [a.tokens_per_s for a in level.alone]) \
+        if level.alone and all(a.tokens_per_s > 0 for a in level.alone) else None
+    speedup = tps / alone_tps if alone_tps else None
+    rounds = []
+    for k, d in enumerate(level.drafted):
+        a = level.alone[k] if level.alone else None
+        load_1m = max(d.box.load_average_1m, a.box.load_average_1m if a else 0.0)
+        others = [w.others_cores for w in (d.box, a.box if a else None) if w is not None]
+        flagged = [w.busy for w in (d.box, a.box if a else None) if w is not None]
+        rounds.append({"tokens_per_s": d.tokens_per_s, "tokens_per_s_target_alone": a.tokens_per_s if a else None,
+                       "load_average_1m": load_1m,
+                       "others_cores": None if None in others else max(others),
+                       "busy": None if None in flagged else any(flagged), **_totals(d)})
+    cached = [x.prefix_cache for x in level.drafted]
+    cached_alone = [x.prefix_cache for x in level.alone or ()]
     return {
-        "concurrency": level,
+        "concurrency": level.concurrency,
         "prompts": [{"id": s.id, "engine_drafts": s.counts.steps, "engine_draft_tokens": s.counts.draft_tokens,
                      "engine_accepted": s.counts.accepted, "engine_accepted_per_step": s.counts.accepted_per_step,
                      "completion_ids": s.completion_ids,
@@ -221,17 +289,35 @@ def level_record(level: int, arm: Arm, alone: Arm | None, found: list[dict], che
                      "engine_timings": s.counts.timings}
                     for s in arm.served],
         "engine_steps": steps, "engine_mean_acceptance_length": tau,
-        "completion_tokens": arm.completion_tokens, "wall_s": arm.wall_s, "tokens_per_s": arm.tokens_per_s,
-        "tokens_per_s_target_alone": alone_tps, "speedup": speedup,
+        "completion_tokens": arm.completion_tokens, "wall_s": _median([a.wall_s for a in level.drafted]),
+        "tokens_per_s": tps, "tokens_per_s_target_alone": alone_tps, "speedup": speedup,
+        "speedup_ci": [ci.low, ci.high] if ci else None,
         "step_cost": tau / speedup if speedup else None,
-        "wall_s_target_alone": alone.wall_s if alone else None,
-        "load_average_1m": arm.load_average_1m,
-        "load_average_1m_target_alone": alone.load_average_1m if alone else None,
+        "wall_s_target_alone": _median([a.wall_s for a in level.alone]) if level.alone else None,
+        "load_average_1m": max(a.box.load_average_1m for a in level.drafted),
+        "load_average_1m_target_alone": max(a.box.load_average_1m for a in level.alone) if level.alone else None,
+        "rounds": rounds, "busy_rounds": sum(r["busy"] is True for r in rounds),
+        "warm_up": _totals(level.warm_up) if level.warm_up else None,
         "counters_checked": checked,
-        "prefix_cache_hit_rate": arm.prefix_cache_hit_rate,
-        "prefix_cache_hit_rate_target_alone": alone.prefix_cache_hit_rate if alone else None,
+        "prefix_cache_hit_rate": _hit_rate(cached),
+        "prefix_cache_hit_rate_target_alone": _hit_rate(cached_alone),
         "flags": found,
     }
+
+
+def _totals(arm: Arm) -> dict:
+    """A drafter pass's counts summed: its verify steps (the requests' own, else the counters' move), drafted
+    and accepted tokens."""
+    return {"engine_steps": arm.steps, "engine_draft_tokens": sum(s.counts.draft_tokens for s in arm.served),
+            "engine_accepted": sum(s.counts.accepted for s in arm.served)}
+
+
+def _hit_rate(counted: Sequence[tuple[float, float] | None]) -> float | None:
+    """Prompt tokens found in the prefix cache / looked up over every round; None without the counters."""
+    if not counted or None in counted:
+        return None
+    queried, found = sum(c[0] for c in counted), sum(c[1] for c in counted)
+    return found / queried if queried else None
 
 
 def break_even(records: Sequence[dict]) -> float | None:
@@ -249,8 +335,8 @@ def requests_of(prompts, replies: Sequence[EngineReply]) -> list[Request]:
 
 
 def drafter_arm(client: EngineClient, requests: Sequence[Request], request: EngineRequest, level: int,
-                checked: bool, progress: Callable[[int], None]) -> Arm:
-    """One level with the drafter: each request's own counts; the level's totals checked against the
+                checked: bool, progress: Callable[[int], None], groups: Collection[int] | None = None) -> Arm:
+    """One round of a level with the drafter: each request's own counts; the round's totals checked against the
     server's counters where no other client can move them (`checked`)."""
     if level > 1 and not client.counts_per_request:
         raise EngineError(f"{client.name} at {client.url} gives no per-request counts at concurrency {level} (only "
@@ -262,7 +348,7 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
         counts = client.generate_in_flight(r.input_ids, request)
         return counts.completion_ids, counts
 
-    arm = _cached(client, lambda: in_flight(requests, level, send, progress))
+    arm = _cached(client, lambda: in_flight(requests, level, send, progress, groups))
     if checked:
         arm.steps = check_totals(client, before, arm, level)
     else:
@@ -275,10 +361,42 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
 
 
 def target_arm(client: EngineClient, requests: Sequence[Request], request: EngineRequest, level: int,
-               progress: Callable[[int], None]) -> Arm:
-    """One level of the target alone: completions, time and the prefix cache's hits."""
+               progress: Callable[[int], None], groups: Collection[int] | None = None) -> Arm:
+    """One round of a level on a server without the drafter (or a warm-up on either): completions, time and
+    the prefix cache's hits."""
     return _cached(client, lambda: in_flight(requests, level, lambda r: (client.complete(r.input_ids, request), None),
-                                             progress))
+                                             progress, groups))
+
+
+def rounds_at(requests: Sequence[Request], level: int, repeats: int, request: EngineRequest, drafter: EngineClient,
+              alone: EngineClient | None, checked: bool, groups: Mapping[str, int] | None,
+              progress: Callable[[str, int], None]) -> Level:
+    """One level: each arm warmed up at it (untimed), then `repeats` rounds of both arms, the drafter first in
+    odd rounds and second in even ones (A B, B A, A B, ...: each arm as often first, and half the switches between
+    servers). Before each timed window the other arm's server is left to go quiet (`busy.settle`). `groups`: each
+    arm's server's process group ("drafter", "alone"; None: servers the sweep did not start). `progress(what,
+    done)` is told each request as it returns."""
+    arms = {"drafter": drafter, **({"alone": alone} if alone else {})}
+    every = list(groups.values()) if groups is not None else None
+
+    def others(arm: str) -> list[int]:
+        return [g for name, g in (groups or {}).items() if name != arm]
+
+    # The drafter's warm-up is counted like a round (every request its server answered is in the results).
+    warm = drafter_arm(drafter, requests, request, level, checked, lambda i: progress("drafter, warming up", i))
+    if alone:
+        target_arm(alone, requests, request, level, lambda i: progress("target alone, warming up", i))
+    timed: dict[str, list[Arm]] = {name: [] for name in arms}
+    for k in range(1, repeats + 1):
+        for name in (list(arms) if k % 2 else list(arms)[::-1]):
+            busy.settle(others(name))
+            told = (lambda i, n=name: progress(f"round {k}/{repeats}, {NAMES[n]}", i))
+            timed[name].append(drafter_arm(drafter, requests, request, level, checked, told, every)
+                               if name == "drafter" else target_arm(alone, requests, request, level, told, every))
+    return Level(level, timed["drafter"], timed["alone"] if alone else None, warm)
+
+
+NAMES = {"drafter": "drafter", "alone": "target alone"}
 
 
 def _cached(client: EngineClient, run: Callable[[], Arm]) -> Arm:

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -50,6 +51,7 @@ class EngineSettings:
     port: int | None = None  # managed: listen here instead of a free port
     num_speculative_tokens: int | None = None  # default: block_size - 1
     concurrency: tuple[int, ...] = ()  # a load sweep's levels (evaluators.engines.load); () for none
+    repeats: int | None = None  # a load sweep's rounds per level (None: config.DEFAULT_REPEATS)
     prefix_caching: bool = False  # managed vLLM: serve with its prefix cache on (a load sweep's cache dimension)
 
     def __post_init__(self):
@@ -63,6 +65,9 @@ class EngineSettings:
         problem = config.load_problem(self.name, self.concurrency, attached=bool(self.url))
         if problem:
             raise EngineError(f"--concurrency: {problem}")
+        problem = config.repeats_problem(self.repeats, self.concurrency)
+        if problem:
+            raise EngineError(problem)
         if self.prefix_caching and self.name not in config.PREFIX_CACHE_ENGINES:
             raise EngineError(f"--prefix-caching: draftboard starts {', '.join(config.PREFIX_CACHE_ENGINES)} with its "
                               f"prefix cache on; {self.name}'s cache switch is not offered yet")
@@ -74,6 +79,11 @@ class EngineSettings:
     def server_options(self) -> dict:
         """What the managed server is started with beyond the eval's own settings (vLLM only: checked above)."""
         return {"prefix_caching": True} if self.prefix_caching else {}
+
+    @property
+    def rounds(self) -> int:
+        """A load sweep's rounds per level."""
+        return self.repeats or config.DEFAULT_REPEATS
 
     @property
     def slots(self) -> int:
@@ -172,7 +182,9 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
                           "slots, or shorter prompts")
     progress("load", 1, 1)
 
-    server, probes, prepared, served = None, {}, {}, (s.target, s.drafter)
+    server, alone, probes, prepared, served = None, None, {}, {}, (s.target, s.drafter)
+    # A managed sweep serves the target alone beside the drafter's server: each takes its share of the device.
+    options = {**e.server_options, **(engine.shared_device_options(device, 2) if e.concurrency and e.managed else {})}
     with contextlib.ExitStack() as stack:
         if e.managed:
             # What the server loads: the folders as draftboard checked them (staging: no code, no other
@@ -184,18 +196,25 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             *served, prepared = engine.prepare(python, folders, s.dtype, cache, progress)
             probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
                       "gdn": start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
-            log = (log_dir or config.logs_dir()) / f"engine-{e.name}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
-            server = ManagedServer(
-                e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
-                                                        max_model_len, device, e.slots, **e.server_options),
-                log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
+            server = _managed(e, s, python, served, n_spec, max_model_len, device, log_dir, options, progress)
+            if e.concurrency:  # a sweep's target alone: the same settings without the drafter
+                alone = _managed(e, s, python, (served[0], None), n_spec, max_model_len, device, log_dir, options,
+                                 progress, "-alone")
+                stack.callback(alone.stop)
         start = time.perf_counter()
         try:
+            # On CPU the two servers start at once; on a GPU the second once the first is up (vLLM sizes its memory
+            # from what is free when it starts).
+            if alone and device == "cpu":
+                alone.launch()
             with server or contextlib.nullcontext():
-                info, replies, logged, started_s, requests_s, drafted = _serve(
-                    server, url, e, s, prompts, request, engine, tuple(served), hybrid, n_spec, device, progress, start)
-            alone = _target_alone(e, s, python, engine, served[0], n_spec, max_model_len, device, log_dir, prompts,
-                                  replies, request, progress) if drafted and server else {}
+                info, replies, logged, started_s, requests_s, client = _serve(
+                    server, url, e, s, prompts, request, engine, tuple(served), hybrid, n_spec, device, options,
+                    progress, start)
+                if alone and alone.proc is None:
+                    alone.launch()
+                levels = _sweep(e, client, server, alone.ready() if alone else None,
+                                load.requests_of(prompts, replies), request, progress) if e.concurrency else []
             report, gdn_probe = (finish_probe(probes.get(k)) for k in ("report", "gdn"))
         finally:
             for proc in probes.values():  # an eval that failed early leaves no probe behind
@@ -211,8 +230,8 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
     results["engine"] = {**info.to_dict(), **prepared, "managed": e.managed, "linear_attention": linear_attention,
                          "model_runner": logged.get("model_runner")}
     results["engine"]["known_bad"] = _known_bad(results["engine"], hybrid, drafter.family)
-    if drafted:
-        results["load"] = _load(e, s, prompts, replies, drafted, alone, info.settings,
+    if levels:
+        results["load"] = _load(e, s, prompts, replies, levels, info.settings,
                                 tuple(results["context_buckets"]))
         results["load_break_even_concurrency"] = load.break_even(results["load"])
         results["definitions"].update(load.DEFINITIONS)
@@ -251,9 +270,9 @@ def _known_bad(engine_record: dict, hybrid: bool, family: str) -> list[dict]:
 
 def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: EvalSettings, prompts,
            request: EngineRequest, engine, served: tuple[str, str], hybrid: bool, n_spec: int, device: str,
-           progress: Progress, start: float):
+           options: dict, progress: Progress, start: float):
     """Inside the server's life: what it serves (checked against `served`: target, drafter), then one
-    request per prompt."""
+    request per prompt; and the client, for the sweep."""
     client = CLIENTS[e.name](server.url if server else url)
     client.cross_check = server is not None  # managed: no other client moves its counters
     info = client.info()
@@ -265,7 +284,7 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
         logged = engine.settings_from_log(log)
         info.draft_model = info.draft_model or served[1]
         info.method = info.method or "dflash"
-        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype], e.slots, **e.server_options),
+        info.settings = {**engine.managed_settings(device, config.DTYPES[s.dtype], e.slots, **options),
                          **info.settings}
     _check_serves(info, *served, n_spec)
     if hybrid and em.prefix_cache(info.settings):
@@ -276,55 +295,55 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
     replies: list[EngineReply] = []
     t_requests = time.perf_counter()
     for i, p in enumerate(prompts, 1):
-        with _death_told(server, e.name, f"prompt {p.id!r}"):
+        with _death_told([server] if server else [], e.name, f"prompt {p.id!r}"):
             replies.append(client.generate(p.input_ids, request))
         progress(f"{e.name}: requests", i, len(prompts))
     requests_s = time.perf_counter() - t_requests
-    drafted: dict[int, load.Arm] = {}
-    if e.concurrency:
-        client.cross_check = False  # at concurrency > 1 the counters move for several requests: checked per level
-        sweep = load.requests_of(prompts, replies)
-        for level in e.concurrency:
-            with _death_told(server, e.name, f"concurrency {level}"):
-                drafted[level] = load.drafter_arm(client, sweep, request, level, checked=server is not None,
-                                                  progress=lambda i, c=level: progress(f"{e.name}: concurrency {c}",
-                                                                                       i, len(sweep)))
-    return info, replies, logged, started_s, requests_s, drafted
+    return info, replies, logged, started_s, requests_s, client
 
 
 @contextlib.contextmanager
-def _death_told(server: ManagedServer | None, name: str, where: str):
-    """A request that failed because the managed server died says so, with the last lines of its log (a reset
+def _death_told(servers: list[ManagedServer], name: str, where: str):
+    """A request that failed because a managed server died says so, with the last lines of its log (a reset
     connection is often a server's last word: llama.cpp's DFlash aborts in `get_sub_batch` with parallel slots)."""
     try:
         yield
     except EngineError:
-        if server and server.exited(within_s=3.0):
-            raise EngineError(f"{name} server died mid-run ({where}, exit code {server.proc.returncode}); its log "
-                              f"({server.log}) ends: {server.log_tail()}") from None
+        for server in servers:
+            if server.exited(within_s=3.0):
+                raise EngineError(f"{name} server died mid-run ({where}, exit code {server.proc.returncode}); its log "
+                                  f"({server.log}) ends: {server.log_tail()}") from None
         raise
 
 
-def _target_alone(e: EngineSettings, s: EvalSettings, python: str, engine, target: str, n_spec: int,
-                  max_model_len: int, device: str, log_dir: Path | None, prompts, replies, request: EngineRequest,
-                  progress: Progress) -> dict[int, load.Arm]:
-    """The load sweep's other arm: the same server settings without the drafter, started after the drafter's
-    server stopped, the same prompts at the same levels. First the prompts one at a time, untimed: the
-    drafter's server had the eval's own pass before its levels (a fresh server's first requests are slow)."""
-    log = (log_dir or config.logs_dir()) / f"engine-{e.name}-alone-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
-    server = ManagedServer(
-        e.name, lambda port: engine.server_argv(python, target, None, port, n_spec, config.DTYPES[s.dtype],
-                                                max_model_len, device, e.slots, **e.server_options),
+def _managed(e: EngineSettings, s: EvalSettings, python: str, served: Sequence[str | None], n_spec: int,
+             max_model_len: int, device: str, log_dir: Path | None, options: dict, progress: Progress,
+             arm: str = "") -> ManagedServer:
+    """A managed server of `served` (target, drafter; no drafter: the target alone) on the eval's settings."""
+    engine = ENGINES[e.name]
+    log = (log_dir or config.logs_dir()) / f"engine-{e.name}{arm}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
+    return ManagedServer(
+        e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
+                                                max_model_len, device, e.slots, **options),
         log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
-    sweep = load.requests_of(prompts, replies)
-    with server:
-        client = CLIENTS[e.name](server.url)
-        load.target_arm(client, sweep, request, 1,
-                        lambda i: progress(f"{e.name}: target alone, warming up", i, len(sweep)))
-        return {level: load.target_arm(client, sweep, request, level,
-                                       lambda i, c=level: progress(f"{e.name}: target alone, concurrency {c}", i,
-                                                                   len(sweep)))
-                for level in e.concurrency}
+
+
+def _sweep(e: EngineSettings, client: EngineClient, server: ManagedServer | None, alone: ManagedServer | None,
+           sweep: list[load.Request], request: EngineRequest, progress: Progress) -> list[load.Level]:
+    """The load sweep's levels (evaluators.engines.load). Managed: the target alone on its own server (`alone`),
+    up beside the drafter's for the whole sweep so that their rounds interleave, both checked by the counters;
+    attached: the drafter's rounds alone."""
+    client.cross_check = False  # at concurrency > 1 the counters move for several requests: checked per round
+    servers = [x for x in (server, alone) if x]
+    other = CLIENTS[e.name](alone.url) if alone else None
+    groups = {"drafter": server.pgid, **({"alone": alone.pgid} if alone else {})} if server else None
+    levels = []
+    for c in e.concurrency:
+        with _death_told(servers, e.name, f"concurrency {c}"):
+            levels.append(load.rounds_at(sweep, c, e.rounds, request, client, other, server is not None, groups,
+                                         lambda what, i, c=c: progress(f"{e.name}: concurrency {c}, {what}", i,
+                                                                       len(sweep))))
+    return levels
 
 
 def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], s: EvalSettings) -> dict:
@@ -378,17 +397,19 @@ def _engine_by_context(steps: list[tuple[int, list[int] | None]], edges: tuple[i
     return list(edges), rows
 
 
-def _load(e: EngineSettings, s: EvalSettings, prompts, replies, drafted: dict, alone: dict, cache: dict,
+def _load(e: EngineSettings, s: EvalSettings, prompts, replies, levels: list[load.Level], cache: dict,
           edges: tuple[int, ...]) -> list[dict]:
-    """The results' `load` list: one record per level, flags against concurrency 1 and the target alone."""
+    """The results' `load` list: one record per level, flags against concurrency 1, the target alone and the
+    level's first round."""
     sweep = load.requests_of(prompts, replies)
+    greedy = s.temperature == 0
     records = []
-    for level in e.concurrency:
-        record = load.level_record(level, drafted[level], alone.get(level),
-                                   load.flags(sweep, level, drafted[level], alone.get(level), s.temperature == 0, cache),
-                                   checked=e.managed)
+    for level in levels:
+        first, alone = level.drafted[0], level.alone[0] if level.alone else None
+        found = load.flags(sweep, level.concurrency, first, alone, greedy, cache) + \
+            load.between_rounds(sweep, level.drafted, greedy)
+        record = load.level_record(level, found, checked=e.managed)
         _, record["engine_tau_by_context"] = _engine_by_context(
-            [(len(p.input_ids), served.counts.accepted_per_step) for p, served in zip(prompts, drafted[level].served)],
-            edges)
+            [(len(p.input_ids), served.counts.accepted_per_step) for p, served in zip(prompts, first.served)], edges)
         records.append(record)
     return records

@@ -155,6 +155,11 @@ class ManagedServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> "ManagedServer":
+        return self.launch().ready()
+
+    def launch(self) -> "ManagedServer":
+        """Start the server without waiting for it to be healthy (`ready` waits): a second server starts while
+        the first is still loading. Stopped by `stop` (the context's exit)."""
         if self.port is not None:
             taken = lifecycle.port_in_use("127.0.0.1", self.port)
             if taken:
@@ -167,6 +172,14 @@ class ManagedServer:
             self._previous_sigterm = signal.signal(signal.SIGTERM, lifecycle.raise_exit)
         try:
             self.proc, self.pgid = _launch(argv, self.log, {**engine_environment(), **self.env})
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ready(self) -> "ManagedServer":
+        """Wait until the launched server is healthy; stopped if it never is."""
+        try:
             self._wait_healthy()
         except BaseException:
             self.stop()

@@ -47,13 +47,15 @@ LAST_BLOCK = "full"
 
 
 def server_argv(python: str, target: str, drafter: str | None, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int, device: str, slots: int = 1, prefix_caching: bool = False) -> list[str]:
+                max_model_len: int, device: str, slots: int = 1, prefix_caching: bool = False,
+                memory_share: float = 1.0) -> list[str]:
     """`vllm serve` for a managed eval: exact numbers first (the eval's dtype, eager on CPU, no
     prefix caching, so one prompt's acceptance never depends on the one before), per-request
     statistics on, `slots` sequences at a time (a load sweep's largest level). vLLM 0.32 picks DFlash2's
     model class from the drafter's architectures, so the method is `dflash` for both families. Without
     a drafter: the same server serving the target alone (a load sweep's other arm). `prefix_caching`: a load
-    sweep's cache dimension (`--prefix-caching`), asked for by the user on a target whose cache is exact."""
+    sweep's cache dimension (`--prefix-caching`), asked for by the user on a target whose cache is exact.
+    `memory_share`: the part of a GPU's memory this server may take (`shared_device_options`)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching", "--max-num-seqs", str(slots),
@@ -65,7 +67,19 @@ def server_argv(python: str, target: str, drafter: str | None, port: int, num_sp
     if device == "cpu":
         # The CPU backend reserves --gpu-memory-utilization of the node's memory (0.92 by default).
         argv += ["--enforce-eager", "--gpu-memory-utilization", "0.2"]
+    elif memory_share < 1:
+        argv += ["--gpu-memory-utilization", f"{GPU_MEMORY_UTILIZATION * memory_share:.3f}"]
     return argv
+
+
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of a GPU's memory for one server
+
+
+def shared_device_options(device: str, servers: int) -> dict:
+    """How each of `servers` servers up at once on one device is started (a load sweep's two arms): on a GPU
+    each takes its share of vLLM's default memory, where one alone would take it all and the next fail to start;
+    on CPU the KV cache is a fixed VLLM_CPU_KVCACHE_SPACE each."""
+    return {} if device == "cpu" or servers < 2 else {"memory_share": 1 / servers}
 
 
 def server_env(device: str) -> dict[str, str]:
@@ -77,10 +91,11 @@ def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> 
     return folders.target, folders.drafter, {}
 
 
-def managed_settings(device: str, dtype: str, slots: int = 1, prefix_caching: bool = False) -> dict:
+def managed_settings(device: str, dtype: str, slots: int = 1, prefix_caching: bool = False,
+                     memory_share: float = 1.0) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
     return {"dtype": dtype, "enable_prefix_caching": prefix_caching, "cuda_graphs": device != "cpu",
-            "max_num_seqs": slots}
+            "max_num_seqs": slots, **({"gpu_memory_share": memory_share} if memory_share < 1 else {})}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:

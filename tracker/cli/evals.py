@@ -37,12 +37,13 @@ def cmd_eval(args) -> int:
 
         engine = EngineSettings(args.engine, python=args.engine_python, url=args.engine_url, port=args.engine_port,
                                 num_speculative_tokens=args.num_speculative_tokens,
-                                concurrency=tuple(args.concurrency or ()), prefix_caching=args.prefix_caching)
+                                concurrency=tuple(args.concurrency or ()), repeats=args.repeats,
+                                prefix_caching=args.prefix_caching)
         results = _run_staged(lambda s, progress: evaluate_engine(s, engine, progress), settings, args.out)
     elif args.prefix_caching or any(getattr(args, k) is not None for k in (
-            "engine_python", "engine_url", "engine_port", "num_speculative_tokens", "concurrency")):
-        raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens, --concurrency "
-                              "and --prefix-caching need --engine vllm|sglang|llamacpp")
+            "engine_python", "engine_url", "engine_port", "num_speculative_tokens", "concurrency", "repeats")):
+        raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens, --concurrency, "
+                              "--repeats and --prefix-caching need --engine vllm|sglang|llamacpp")
     else:
         results = _run_staged(evaluate, settings, args.out)
     run_id = None
@@ -88,11 +89,16 @@ def cmd_eval(args) -> int:
               f"{timing['engine_start_s']:.1f}s, requests {timing['requests_s']:.1f}s"
               + (f"  run: {run_id}" if run_id else ""))
         for level in results.get("load") or ():
-            alone = (f"{level['tokens_per_s_target_alone']:.1f} target alone: speedup {level['speedup']:.2f}x, step "
-                     f"cost {level['step_cost']:.2f}" if level["speedup"] else "target alone not measured (attached)")
+            ci = level.get("speedup_ci")
+            alone = (f"{level['tokens_per_s_target_alone']:.1f} target alone: speedup {level['speedup']:.2f}x"
+                     + (f" (95% {ci[0]:.2f}-{ci[1]:.2f} over rounds)" if ci else "")
+                     + f", step cost {level['step_cost']:.2f}" if level["speedup"]
+                     else "target alone not measured (attached)")
+            rounds, busy = len(level.get("rounds") or ()), level.get("busy_rounds") or 0
             print(f"  concurrency {level['concurrency']}: mean acceptance length "
                   f"{level['engine_mean_acceptance_length']:.3f}, {level['tokens_per_s']:.1f} tok/s with the drafter, "
-                  f"{alone}" + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
+                  f"{alone}; medians of {rounds} rounds" + (f", {busy} on a busy box" if busy else "")
+                  + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
         if results.get("load_break_even_concurrency") is not None:
             print(f"  the drafter stops paying at about {results['load_break_even_concurrency']:.1f} requests in flight")
     else:

@@ -119,9 +119,22 @@ def accept_by_position(frame: pd.DataFrame, colors: Mapping[str, str] | None = N
 
 def under_load(frame: pd.DataFrame, y: str, y_title: str, hover: str,
                colors: Mapping[str, str] | None = None) -> go.Figure:
-    """A load sweep's `y` against requests in flight, one line per eval (`load_view.load_curves`); speedup
+    """A load sweep's `y` against requests in flight, one line per eval (`load_view.load_curves`), with its 95%
+    interval over rounds (`{y}_ci_low` / `_ci_high`, where the frame has them) as error bars and a band; speedup
     gets the break-even line at 1."""
-    fig = _per_checkpoint(frame.dropna(subset=[y]), "concurrency", y, f"%{{x}} in flight<br>{hover}", colors)
+    drawn = frame.dropna(subset=[y])
+    low, high = (f"{y}{end}" for end in ("_ci_low", "_ci_high"))
+    spread = {low, high} <= set(drawn.columns) and drawn[[low, high]].notna().any().all()
+    fig = _per_checkpoint(drawn, "concurrency", y, f"%{{x}} in flight<br>{hover}", colors, extra=(lambda part: dict(
+        error_y=dict(type="data", symmetric=False, array=(part[high] - part[y]).fillna(0),
+                     arrayminus=(part[y] - part[low]).fillna(0), thickness=1))) if spread else None)
+    if spread:  # each line's interval over rounds as a band of its colour between the levels
+        for line, (_, part) in zip(list(fig.data), drawn.groupby("series", sort=False)):
+            part = part.dropna(subset=[low, high]).sort_values("concurrency")
+            fig.add_trace(go.Scatter(x=[*part["concurrency"], *part["concurrency"][::-1]],
+                                     y=[*part[high], *part[low][::-1]], fill="toself", fillcolor=line.line.color,
+                                     opacity=0.15, line=dict(width=0), hoverinfo="skip", showlegend=False,
+                                     legendgroup=line.name))
     fig.update_xaxes(type="log", dtick=0.30102999566)  # levels 1, 2, 4, 8, ... evenly spaced
     if y == "speedup":
         fig.add_hline(y=1.0, line=dict(color="#888", dash="dot", width=1), annotation_text="break-even",

@@ -44,6 +44,7 @@ LINEAR_ATTN_CHOICES = (*config.LINEAR_ATTN_MODES, "match training run")
 DEVICES, DTYPES, DRAFTER_PRECISIONS = config.DEVICES, config.EVAL_DTYPES, config.DRAFTER_PRECISIONS
 DEFAULT_BUDGETS = ",".join(map(str, config.DEFAULT_BUDGETS))
 SAMPLING_PRESETS, MAX_DRAWS = config.SAMPLING_PRESETS, config.MAX_DRAWS
+DEFAULT_REPEATS, MAX_REPEATS = config.DEFAULT_REPEATS, config.MAX_REPEATS
 CUSTOM_SAMPLING = "custom"  # the sampling picker's own numbers
 STATE_ICONS = {QUEUED: "⏳", RUNNING: "🏃", SUCCEEDED: "✅", FAILED: "❌", CANCELLED: "🚫"}
 PROMPT_PATH = "__path__"  # the prompts picker's "a path under the allowed roots…" choice
@@ -166,6 +167,7 @@ class LaunchForm:
     top_k: float = 0
     samples: float = 1  # continuations drawn per prompt (T > 0)
     concurrency: str = ""  # a load sweep's levels ("1,4,8"; empty: none), with an engine
+    repeats: float | None = None  # a sweep's rounds per level (None: config.DEFAULT_REPEATS)
 
 
 OFFLINE = (None, None)
@@ -265,6 +267,7 @@ FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "l
 # The params `edit_state` carries besides FORM_FIELDS' (the run's name is derived anew by `eval_params`); every
 # other param a job may hold has no field in the form, and Edit names it (queued again, it takes the default).
 _CARRIED = {*FORM_FIELDS.values(), "drafter", "prompts", "budgets", "checkpoint_step", "train_run_id", "concurrency",
+            "repeats",
             "temperature", "top_p", "top_k", "samples", "engine", "engine_url", "reference", "name"}
 _NOT_IN_FORM = tuple(f.name for f in eval_job.JOB_FIELDS if f.name not in _CARRIED)
 
@@ -278,6 +281,7 @@ def edit_state(params: dict, choices: Sequence[tuple[str | None, str | None]]) -
     if "budgets" in params:
         state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
     state["launch_concurrency"] = ",".join(str(c) for c in params.get("concurrency") or ())
+    state["launch_repeats"] = params.get("repeats")
     chosen = (float(params.get("temperature", 0.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", 0)))
     state["launch_sampling"] = next((name for name, numbers in SAMPLING_PRESETS.items() if numbers == chosen),
                                     CUSTOM_SAMPLING)
@@ -374,6 +378,11 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         if problem:
             raise DraftboardError(problem)
         params["concurrency"] = levels
+    repeats = None if form.repeats is None else _whole(form.repeats, "Rounds")
+    if problem := config.repeats_problem(repeats, params.get("concurrency"), "Rounds"):
+        raise DraftboardError(problem)
+    if repeats is not None:
+        params["repeats"] = repeats
     if engine:
         # The engine runs its own kernels and drafts one chain: DDTree budgets, the drafter's precision
         # and the linear-attention switch are offline settings, so the job claims none of them.

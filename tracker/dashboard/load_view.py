@@ -6,6 +6,8 @@ of served acceptance, speedup and step cost against concurrency, one line per ev
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 
 from tracker.dashboard.compare import eval_series
@@ -18,9 +20,16 @@ COLUMNS = {
     "requests in flight": "concurrency: the same prompts with this many requests in flight on one server",
     "mean acceptance length": "1 + accepted draft tokens / verify steps, pooled over the level's requests, from "
                               "each request's own counts",
-    "tok/s, drafter": "completion tokens / the level's wall time (first request sent to last reply)",
-    "tok/s, target alone": "the same prompts at the same level on the same server settings without the drafter",
-    "speedup": "tok/s with the drafter / tok/s of the target alone, both measured in this eval",
+    "tok/s, drafter": "the median over the level's rounds of completion tokens / the round's wall time (first "
+                      "request sent to last reply)",
+    "tok/s, target alone": "the same for the same prompts at the same level on the same server settings without "
+                           "the drafter, its rounds interleaved with the drafter's",
+    "speedup": "tok/s with the drafter / tok/s of the target alone (the ratio of the two medians), both measured "
+               "in this eval",
+    "speedup 95% interval": "percentile bootstrap over the level's rounds (a round's two arms drawn together): as "
+                            "wide as the rounds moved",
+    "rounds": "timed rounds per arm, and how many ran while other programs took at least half a core (busy: "
+              "their numbers are in the median and the interval, and said here)",
     "step cost": "mean acceptance length / speedup: a speculative step's time over a plain decode step's, as the "
                  "two arms' wall clocks imply; speedup = acceptance length / step cost, so a lost speedup shows "
                  "here as lost acceptance or a dearer step",
@@ -29,8 +38,8 @@ COLUMNS = {
                          "level, from its own counters, with the drafter / the target alone (– where it counts none)",
     "flags": "requests whose completion or counts moved against concurrency 1 or the target alone, or whose "
              "acceptance collapsed",
-    "load average": "the box's 1-minute load average when each arm started (drafter / target alone): a busy box "
-                    "moves both numbers",
+    "load average": "the box's highest 1-minute load average over the level's rounds (drafter / target alone); "
+                    "the engine's own threads count in it",
 }
 
 NUMBERS = ("requests in flight", "mean acceptance length", "tok/s, drafter", "tok/s, target alone", "speedup",
@@ -43,6 +52,18 @@ def levels_frame(results: dict | None) -> pd.DataFrame | None:
     if not isinstance(levels, list) or not levels:
         return None
 
+    def interval(ci) -> str:
+        if not (isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci)):
+            return "–"
+        return f"{ci[0]:.2f}–{ci[1]:.2f}"
+
+    def rounds(level: dict) -> str:
+        done = level.get("rounds")
+        if not isinstance(done, list):
+            return "1"  # a sweep from before rounds: one pass per arm
+        busy = level.get("busy_rounds")
+        return f"{len(done)}" + (f" ({busy} busy)" if isinstance(busy, int) and busy else "")
+
     def load_average(level: dict) -> str:
         pair = (level.get("load_average_1m"), level.get("load_average_1m_target_alone"))
         return " / ".join("–" if v is None else f"{v:.1f}" for v in pair)
@@ -53,6 +74,8 @@ def levels_frame(results: dict | None) -> pd.DataFrame | None:
         "tok/s, drafter": level.get("tokens_per_s"),
         "tok/s, target alone": level.get("tokens_per_s_target_alone"),
         "speedup": level.get("speedup"),
+        "speedup 95% interval": interval(level.get("speedup_ci")),
+        "rounds": rounds(level),
         "step cost": level.get("step_cost"),
         "counts checked": "yes" if level.get("counters_checked") else "no (attached server)",
         "prefix cache hits": " / ".join(f"{v:.0%}" if isinstance(v, (int, float)) else "–" for v in (
@@ -88,8 +111,10 @@ def flag_lines(results: dict | None) -> list[str]:
 
 def load_curves(index: RunIndex, chosen: list[RunInfo]) -> pd.DataFrame:
     """One row per (eval, level) of every load sweep among the chosen runs' evals (a training run's: each
-    checkpoint's): the eval's label (its engine named) as the series, its run as the owner of its colour."""
-    rows, seen = [], set()
+    checkpoint's): the eval's label (its engine named) as the series, its run as the owner of its colour. One
+    line per eval: two sweeps that would read alike (the same checkpoint measured twice) are told apart by their
+    run ids, never joined into one line."""
+    found, seen = [], set()
     for run in chosen:
         for label, evals in eval_series(index, run):
             for ev in evals:
@@ -97,7 +122,10 @@ def load_curves(index: RunIndex, chosen: list[RunInfo]) -> pd.DataFrame:
                 if not levels or ev.run_id in seen:
                     continue
                 seen.add(ev.run_id)
-                series = index.eval_label(ev) + scoring_note(ev) if run.kind == "train" else label
-                rows += [{"series": series, "owner": run.run_id, "concurrency": c, **values}
-                         for c, values in levels.items()]
-    return pd.DataFrame(rows, columns=["series", "owner", "concurrency", *names.LOAD_FIELDS])
+                found.append((index.eval_label(ev) + scoring_note(ev) if run.kind == "train" else label, run, ev,
+                              levels))
+    alike = Counter(series for series, *_ in found)
+    rows = [{"series": series + (f" · run {ev.run_id[:8]}" if alike[series] > 1 else ""), "owner": run.run_id,
+             "concurrency": c, **values}
+            for series, run, ev, levels in found for c, values in levels.items()]
+    return pd.DataFrame(rows, columns=["series", "owner", "concurrency", *names.LOAD_FIELDS, *names.LOAD_CI_FIELDS])

@@ -133,6 +133,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
               "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
               upper=config.MAX_CONCURRENCY, unit="concurrency level", most=config.MAX_CONCURRENCY_LEVELS),
+    EvalField("repeats", INT, f"with --concurrency: rounds per level, the drafter's and the target alone's "
+              f"interleaved; the speedup is the ratio of their medians with its interval over rounds (default "
+              f"{config.DEFAULT_REPEATS}, at most {config.MAX_REPEATS})", metavar="N"),
 )
 FIELDS = {f.name: f for f in EVAL_FIELDS}
 JOB_FIELDS = tuple(f for f in EVAL_FIELDS if f.job)
@@ -280,6 +283,7 @@ _WORDS: dict[str, Callable[[Any], str]] = {
     "enable_thinking": lambda on: "thinking on" if on else "thinking off",
     "num_speculative_tokens": "{} draft tokens".format,
     "concurrency": lambda levels: "concurrency " + ",".join(map(str, levels)),
+    "repeats": "{} rounds".format,
     "completions": lambda _: "fixed continuations",
 }
 

@@ -1,4 +1,5 @@
-"""How sure a tau is: 95% percentile bootstrap intervals over prompts, and paired compare_deltas.
+"""How sure a tau is: 95% percentile bootstrap intervals over prompts, and paired compare_deltas; how sure a
+served speedup is: the same interval over a load sweep's rounds (`ratio_of_medians`).
 
 The resampling unit is the prompt, not the block: the blocks of one prompt share its text and
 are far from independent. Every interval draws one `[resamples, prompts]` matrix of draw counts
@@ -242,6 +243,23 @@ def draws_interval(per_prompt_draws: Sequence[Sequence[float]], *, resamples: in
         total += draws[rng.integers(0, len(draws), size=(resamples, len(draws)))].mean(axis=1)
     value = float(np.mean([d.mean() for d in kept]))
     return _interval(value, total / len(kept), level)
+
+
+def ratio_of_medians(a: Sequence[float], b: Sequence[float], *, resamples: int = RESAMPLES, seed: int = SEED,
+                     level: float = LEVEL) -> Interval:
+    """median(a) / median(b) with its percentile bootstrap interval, resampling rounds: round i's a[i] and b[i]
+    were measured side by side (a load sweep's two arms, interleaved), so they are drawn together and what
+    the box did during a round moves both. With few rounds the interval is coarse, never narrower than the
+    rounds say: 3 rounds give at most 10 distinct resamples."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(x) != len(y) or not len(x):
+        raise DraftboardError(f"a ratio of medians needs the same positive number of rounds on both sides, got "
+                              f"{len(x)} and {len(y)}")
+    if (y <= 0).any():
+        raise DraftboardError("a ratio of medians needs positive denominators (a round that served no token?)")
+    draws = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))  # [R, rounds]
+    samples = np.median(x[draws], axis=1) / np.median(y[draws], axis=1)  # [R]
+    return _interval(float(np.median(x) / np.median(y)), samples, level)
 
 
 # --------------------------------------------------------------------------- results sections

@@ -143,8 +143,11 @@ def family_values(metrics: dict[str, float], family: str) -> dict[int, float]:
     return dict(sorted(found.items()))
 
 
-# A load sweep's numbers per level (results `load`, DESIGN.md "Load sweeps"): `load_c{C}_{field}`.
+# A load sweep's numbers per level (results `load`, DESIGN.md "Load sweeps"): `load_c{C}_{field}`; the speedup's
+# interval over rounds beside it as `load_c{C}_speedup_ci_low` / `_ci_high` (LOAD_CI_FIELDS, `ci_metrics`).
 LOAD_FIELDS = ("engine_mean_acceptance_length", "tokens_per_s", "tokens_per_s_target_alone", "speedup", "step_cost")
+_CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"
+LOAD_CI_FIELDS = (f"speedup{_CI_LOW}", f"speedup{_CI_HIGH}")
 
 
 def load_metric(concurrency: int, field: str) -> str:
@@ -152,7 +155,7 @@ def load_metric(concurrency: int, field: str) -> str:
     return f"load_c{concurrency}_{field}"
 
 
-_LOAD_METRIC = re.compile(rf"load_c([1-9][0-9]{{0,3}})_({'|'.join(LOAD_FIELDS)})")
+_LOAD_METRIC = re.compile(rf"load_c([1-9][0-9]{{0,3}})_({'|'.join((*LOAD_FIELDS, *LOAD_CI_FIELDS))})")
 
 
 def load_levels(metrics: Mapping[str, float]) -> dict[int, dict[str, float]]:
@@ -181,9 +184,6 @@ def parse_context_metric(name: str) -> tuple[int, str] | None:
     """(bucket start, `tau` | `engine_tau`) of a context metric, else None."""
     m = _CONTEXT_METRIC.fullmatch(name)
     return (int(m.group(1)), m.group(2)) if m else None
-
-
-_CI_LOW, _CI_HIGH = "_ci_low", "_ci_high"
 
 
 def ci_metrics(metric: str) -> tuple[str, str]:
