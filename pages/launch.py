@@ -181,6 +181,9 @@ else:
                                 help="at most N prompts of each dataset, a fixed-seed sample as z-lab's --max-samples "
                                      "draws it (gsm8k has 1,319); empty: every prompt")
         device = c4.selectbox("Device", DEVICES, key="launch_device")
+        gpus = c4.number_input("GPUs", value=None, **COUNT, key="launch_gpus", placeholder="1 on cuda",
+                               help="GPUs the job holds, its own, on a worker that hands them out (`draftboard worker "
+                                    "--gpus 0,1,2,3`); it waits until they are free; empty: 1 on cuda, none on cpu")
         dtype = c5.selectbox("Dtype", DTYPES, key="launch_dtype")
         precision = c6.selectbox("Drafter precision", [None, *DRAFTER_PRECISIONS], key="launch_precision",
                                  format_func=lambda p: "as dtype" if p is None else p,
@@ -229,7 +232,7 @@ else:
             prompt_tokens=prompt_tokens,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k,
             samples=1 if samples_off or (temperature == 0 and samples == SAMPLES_SHOWN) else samples,
-            concurrency=concurrency or "", repeats=repeats,
+            concurrency=concurrency or "", repeats=repeats, gpus=gpus,
         )
         with ui.reported(lambda text: st.error(text, icon="🚫")):
             params = eval_params(form, cfg.allowed_roots)

@@ -91,9 +91,12 @@ if run.kind in ("eval", "reference") and not run.published and not cfg.readonly:
 
 
 def context_section(run) -> None:
-    frame = context_view.context_frame(ui.eval_results_loader(cfg.store_uri)(run) or (
-        ui.imported_details(cfg.store_uri, run) if run.imported else None))
+    results = ui.eval_results_loader(cfg.store_uri)(run) or (
+        ui.imported_details(cfg.store_uri, run) if run.imported else None)
+    frame = context_view.context_frame(results)
     if frame is None:
+        if line := context_view.unavailable_line(results):
+            st.caption(md(line))
         return
     st.markdown("**Acceptance by context length**", help="`tau_by_context`: the mean acceptance length of the blocks "
                 "in each context-length bucket (`--context-buckets`; docs/DESIGN.md, Load, context and families): "

@@ -137,10 +137,13 @@ def test_a_server_that_serves_something_else_is_refused(files, capsys, monkeypat
 
 def test_urls_outside_the_allowed_list_and_other_bad_engine_input(files, capsys, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_ENGINE_URLS", "http://serving-box:30000")
+    monkeypatch.delenv("DRAFTBOARD_LLAMACPP_PYTHON", raising=False)
     cases = [
         (["--engine", "sglang", "--engine-url", "http://127.0.0.1:9"], "not one of the servers this deployment allows"),
         (["--engine", "sglang", "--engine-url", "http://u:pw@serving-box:30000"], "without a user or password"),
         (["--engine", "vllm"], "needs the engine's own Python"),
+        # issue 65 M8: the line that points draftboard at what scripts/llamacpp.sh installed, said where it is missing
+        (["--engine", "llamacpp"], 'point draftboard at them with: eval "$(bash scripts/llamacpp.sh --exports)"'),
         (["--engine", "vllm", "--engine-python", str(files / "nothing")], "no such executable"),
         (["--engine-url", "http://serving-box:30000"], "need --engine vllm|sglang"),
         (["--engine", "vllm", "--engine-python", sys.executable, "--num-speculative-tokens", "9"],

@@ -50,6 +50,10 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
     assert processes_with(str(home)) == []  # the server (its GGUF files live under this home) is gone
     results, offline = served["results"], json.loads((serving_pair / "offline.json").read_text())
     engine = results["engine"]
+    # issue 65 M5: no acceptance by context from llama.cpp's replies, and the results say why
+    assert results["engine_tau_by_context"] is None
+    assert results["engine_tau_by_context_unavailable"].startswith(
+        f"{len(results['prompts'])} of {len(results['prompts'])} replies give no per-step acceptance in order")
     assert (engine["name"], engine["method"], engine["num_speculative_tokens"]) == ("llamacpp", "draft-dflash", 7)
     assert engine["gguf_type"] == "f32" and engine["converter"].startswith("convert_hf_to_gguf.py tree sha256:")
     assert Path(engine["target_gguf"]).is_file() and Path(engine["drafter_gguf"]).is_relative_to(home)

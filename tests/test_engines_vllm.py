@@ -353,6 +353,7 @@ def test_a_long_document_set_is_served_and_its_curve_by_context_is_vllms_own_ste
             b = 0 if context < 4096 else 1 if context < 4112 else 2
             sums[b], counts[b], done = sums[b] + accepted + 1, counts[b] + 1, done + accepted + 1
     rows = engine["engine_tau_by_context"]
+    assert "engine_tau_by_context_unavailable" not in engine  # said only where it is missing
     assert [r["blocks"] for r in rows] == counts and counts[0] == 0 and counts[1] and counts[2]
     assert [r["tau"] for r in rows[1:]] == pytest.approx([sums[1] / counts[1], sums[2] / counts[2]])
     capsys.readouterr()

@@ -114,6 +114,14 @@ def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
     assert submit_eval(queue, {**params, "prompts": "/m/r.jsonl"}).state == "queued"
     queue.unregister_worker("ray")
     assert [w.id for w in queue.workers()] == ["w1"] and queue.workers(max_age_s=-1) == []
+    # issue 63: a worker that hands out 4 GPUs; a job asking for 8 is refused at submit, one for 4 is queued
+    queue.register_worker("w1", ["cpu", "cuda"], "local", ["0", "1", "2", "3"])
+    assert queue.workers()[0].gpus == ("0", "1", "2", "3")
+    with pytest.raises(DraftboardError, match=r"^not queued: the job asks for 8 GPUs; the most any running worker "
+                                              r"has is 4$"):
+        submit_eval(queue, {**params, "prompts": "/m/s.jsonl", "gpus": 8})
+    assert submit_eval(queue, {**params, "prompts": "/m/s.jsonl", "gpus": 4}).state == "queued"
+    assert submit_eval(queue, {**params, "prompts": "/m/t.jsonl", "device": "cpu"}).state == "queued"  # needs none
 
 
 def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
@@ -217,6 +225,10 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
     assert params["concurrency"] == [1, 4, 8] and params["name"].endswith("concurrency 1,4,8")
     assert "concurrency" not in eval_params(LaunchForm(**common, measured_by=("vllm", None)), [tmp_path])
     # issue 66: rounds per level, as the CLI's --repeats (empty: the default, not written into the job)
+    # issue 63: the GPUs a job holds, as the job param `gpus`; none on the CPU
+    assert eval_params(LaunchForm(**common, gpus=2.0, device="cuda"), [tmp_path])["gpus"] == 2
+    with pytest.raises(DraftboardError, match="GPUs: a CPU eval holds none"):
+        eval_params(LaunchForm(**common, gpus=1.0, device="cpu"), [tmp_path])
     params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="1,4", repeats=5.0), [tmp_path])
     assert params["repeats"] == 5 and params["name"].endswith("5 rounds")
     assert "repeats" not in eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="4"), [tmp_path])
@@ -249,13 +261,14 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     preset = "DFlash paper, T=1"
     sampled = {"target": "/t", "drafter": "/d", "prompts": "/p", "max_new_tokens": 64, "temperature": 1.0,
                "top_p": 1.0, "top_k": 0, "samples": 16, "device": "cpu", "dtype": "fp32", "reference": "z-lab v1",
-               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "repeats": 5, "prompt_tokens": 4096}
+               "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "repeats": 5, "prompt_tokens": 4096,
+               "gpus": 2}
     state, notes = edit_state(sampled, [OFFLINE, ("vllm", None)])
     assert state["launch_sampling"] == preset and config.SAMPLING_PRESETS[preset] == (1.0, 1.0, 0)
     assert (state["launch_temperature"], state["launch_top_p"], state["launch_top_k"], state["launch_samples"]) == \
         (1.0, 1.0, 0, 16)
     assert state["launch_measured_by"] == ("vllm", None) and state["launch_concurrency"] == "1,4"
-    assert state["launch_repeats"] == 5
+    assert state["launch_repeats"] == 5 and state["launch_gpus"] == 2
     assert (state["launch_reference"], state["launch_reference_name"], state["launch_step"]) == (True, "z-lab v1", 160)
     assert (state["launch_target"], state["launch_max_new"]) == ("/t", 64) and notes == []
     assert state["launch_prompt_tokens"] == 4096

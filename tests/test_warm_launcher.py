@@ -112,13 +112,13 @@ def main(args):
 def test_a_warm_process_runs_each_job_as_a_fresh_one_would(tmp_path, monkeypatch):
     """Jobs that succeed share a process; what one changed in it (environment, working directory,
     signal handlers) the next does not see; one that leaves a process running retires the warm process,
-    and the leftover goes with it."""
+    and the leftover goes with it; jobs given other GPUs run in other processes."""
     (tmp_path / "draftboard_test_jobs.py").write_text(JOBS)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     launcher = LocalLauncher()
     try:
-        def run(what: str) -> tuple[int, str]:
-            pid, stream, child = launcher._warm.start("draftboard_test_jobs", [what], dict(os.environ))
+        def run(what: str, **env) -> tuple[int, str]:
+            pid, stream, child = launcher._warm.start("draftboard_test_jobs", [what], {**os.environ, **env})
             assert child.ended.wait(STARTUP_S) and child.returncode == 0
             return pid, stream.read().strip()
 
@@ -132,6 +132,10 @@ def test_a_warm_process_runs_each_job_as_a_fresh_one_would(tmp_path, monkeypatch
         wait_until(lambda: not leftover.is_running() or leftover.status() == psutil.STATUS_ZOMBIE, 10,
                    what="the process the job left behind gone")
         assert run("look")[0] not in (host, leftover.pid)  # the next job gets a new process
+        # issue 63: CUDA reads CUDA_VISIBLE_DEVICES once per process, so a process serves one set of GPUs
+        on_0, on_1 = run("look", CUDA_VISIBLE_DEVICES="0")[0], run("look", CUDA_VISIBLE_DEVICES="1")[0]
+        assert on_0 != on_1 and run("look", CUDA_VISIBLE_DEVICES="0")[0] == on_0
+        assert run("look", CUDA_VISIBLE_DEVICES="")[0] not in (on_0, on_1)
     finally:
         launcher.close()
 

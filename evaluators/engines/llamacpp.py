@@ -198,7 +198,8 @@ def converter_script(folder: str | None = None) -> Path:
     if not folder:
         raise EngineError("a managed llama.cpp eval converts the target and drafter with llama.cpp's own "
                           "convert_hf_to_gguf.py: set DRAFTBOARD_LLAMACPP_CONVERTER to the llama.cpp folder that "
-                          "holds it (the llama-cpp-python sdist ships it under vendor/llama.cpp)")
+                          "holds it (the llama-cpp-python sdist ships it under vendor/llama.cpp)"
+                          + config.engine_setup(NAME))
     script = Path(folder).expanduser() / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise EngineError(f"DRAFTBOARD_LLAMACPP_CONVERTER {folder}: no convert_hf_to_gguf.py there")

@@ -385,6 +385,11 @@ def _results(prompts, replies: list[EngineReply], block: int, stops: list[int], 
     results.update(results_uncertainty(rows))
     results["context_buckets"], results["engine_tau_by_context"] = _engine_by_context(
         [(len(p.input_ids), r.accepted_per_step) for p, r in zip(prompts, replies)], s.context_buckets)
+    if results["engine_tau_by_context"] is None:  # said, never silently absent (issue 65 M5)
+        unordered = sum(r.accepted_per_step is None for r in replies)
+        results["engine_tau_by_context_unavailable"] = (
+            f"{unordered} of {len(replies)} replies give no per-step acceptance in order ({replies[0].source}: "
+            "drafted and accepted tokens per request, or counts by draft position), so no step has a known context")
     return results
 
 

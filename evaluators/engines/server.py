@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from evaluators.engines.base import EngineError
-from tracker import lifecycle, redact
+from tracker import config, lifecycle, redact
 from tracker.untrusted import outgoing
 
 STOP_GRACE_S = 15.0
@@ -117,7 +117,7 @@ def check_python(python: str | None, engine: str) -> str:
     var = f"DRAFTBOARD_{engine.upper()}_PYTHON"
     if not python:
         raise EngineError(f"a managed {engine} eval needs the engine's own Python: --engine-python PATH or {var} "
-                          f"(a venv with {engine} installed; never draftboard's own)")
+                          f"(a venv with {engine} installed; never draftboard's own){config.engine_setup(engine)}")
     path = Path(python).expanduser()
     if not path.is_file() or not os.access(path, os.X_OK):
         raise EngineError(f"--engine-python {python}: no such executable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,19 @@ from tracker.jobs import eval_job  # the one declaration of the eval's flags (li
 from tracker.untrusted.escape import say
 
 
+def _check_gpus(gpus: int, device: str | None) -> None:
+    """`--gpus N`: the eval holds N GPUs (a worker's job is given exactly those): refused where it cannot see them."""
+    if device == "cpu":
+        raise DraftboardError(f"--gpus {gpus} with --device cpu: a CPU eval holds no GPU")
+    import torch
+
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < gpus:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise DraftboardError(f"--gpus {gpus}: this process sees {seen} GPU(s) (CUDA_VISIBLE_DEVICES "
+                              f"{'unset' if shown is None else repr(shown[:100])})")
+
+
 def cmd_eval(args) -> int:
     from evaluators.harness import EvalSettings, evaluate
     from evaluators.logging import check_out_path, log_eval
@@ -20,6 +34,8 @@ def cmd_eval(args) -> int:
 
     if args.out:  # before the eval runs: a bad --out must not cost an eval or leave a logged run
         check_out_path(args.out)
+    if args.gpus:
+        _check_gpus(args.gpus, args.device)
     settings = EvalSettings(
         target=args.target, drafter=args.drafter, prompts=args.prompts, completions=args.completions,
         max_new_tokens=args.max_new_tokens, budgets=args.budgets, device=args.device, dtype=args.dtype,
@@ -67,6 +83,8 @@ def cmd_eval(args) -> int:
           + "  ".join(f"ddtree_tau_b{b} {d['tau']:.3f}" for b, d in results["ddtree"].items()))
     from tracker.measurement.context import bucket_text
 
+    if results.get("engine_tau_by_context_unavailable"):
+        print(f"engine_tau_by_context: not measured: {results['engine_tau_by_context_unavailable']}")
     for key in ("tau_by_context", "engine_tau_by_context"):
         if results.get(key):
             print(f"{key}: " + "  ".join(f"{bucket_text(r)} {r['tau']:.3f} ({r['blocks']} blocks)"

@@ -23,6 +23,7 @@ def cmd_demo(args) -> int:
 def cmd_worker(args) -> int:
     import logging
 
+    from tracker.jobs.gpus import box_gpus
     from tracker.jobs.launchers import make_launcher
     from tracker.jobs.worker import run_worker
 
@@ -38,10 +39,15 @@ def cmd_worker(args) -> int:
                            runtime_env=runtime_env, poll_s=args.poll)
     elif args.address or args.ray_python is not None or args.ray_env or args.ray_runtime_env:
         raise DraftboardError("--address and --ray-* options need --launcher ray")
+    if args.launcher == "ray" and args.gpus is not None:
+        raise DraftboardError("--gpus pins a local worker's jobs to GPUs; on Ray a job's GPUs are the cluster's to "
+                              "place (--ray-gpus, or the job's `gpus`)")
+    # The box's GPUs (--gpus, DRAFTBOARD_GPUS, CUDA_VISIBLE_DEVICES), checked before anything starts.
+    gpus = box_gpus(args.gpus, os.environ) if args.launcher == "local" else None
     launcher = make_launcher(args.launcher, args.address, **ray_options)
     launcher.prepare()  # a worker is there to run jobs: the first one need not wait for its imports
     claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
-                         launcher=launcher, watch_s=args.watch_interval if args.watch else None)
+                         launcher=launcher, watch_s=args.watch_interval if args.watch else None, gpus=gpus)
     print(f"worker stopped after {claimed} job(s)")
     return 0
 
@@ -165,6 +171,9 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("worker", help="run queued evals")
     p.add_argument("--slots", type=int, default=1, help="evals run at once")
+    p.add_argument("--gpus", default=None, metavar="0,1,2,3",
+                   help="the box's GPUs, each job given its own (CUDA_VISIBLE_DEVICES) and waiting for them (default: "
+                        "DRAFTBOARD_GPUS, else this process's CUDA_VISIBLE_DEVICES; neither: jobs are not pinned)")
     p.add_argument("--jobs-uri", default=None, help="job queue database (DRAFTBOARD_JOBS_URI)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between queue polls")
     p.add_argument("--stale", type=float, default=60.0, help="fail running jobs silent for this many seconds")

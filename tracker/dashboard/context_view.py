@@ -51,6 +51,12 @@ def context_frame(results: dict | None) -> pd.DataFrame | None:
     return pd.DataFrame(out, columns=["context (tokens)", "blocks", *(CURVES[k] for k in curves), "95% CI"])
 
 
+def unavailable_line(results: dict | None) -> str | None:
+    """Why an engine eval has no acceptance by context (the engine's replies give no steps in order), else None."""
+    why = (results or {}).get("engine_tau_by_context_unavailable")
+    return f"Acceptance by context length: not measured for this engine eval: {why}" if isinstance(why, str) else None
+
+
 CURVE_COLUMNS = ["series", "owner", "bucket", "from", "tau", "low", "high", "blocks"]
 
 

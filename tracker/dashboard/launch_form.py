@@ -33,7 +33,9 @@ from tracker.dashboard.lineage import eval_settings_of
 from tracker.errors import DraftboardError
 from tracker.events import PREFIX as EVENT_PREFIX
 from tracker.store import names
-from tracker.jobs import eval_job, inputs
+from tracker.jobs import eval_job
+from tracker.jobs import gpus as gpu_slots
+from tracker.jobs import inputs
 from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobQueue, WorkerInfo
 
 if TYPE_CHECKING:
@@ -168,6 +170,7 @@ class LaunchForm:
     samples: float = 1  # continuations drawn per prompt (T > 0)
     concurrency: str = ""  # a load sweep's levels ("1,4,8"; empty: none), with an engine
     repeats: float | None = None  # a sweep's rounds per level (None: config.DEFAULT_REPEATS)
+    gpus: float | None = None  # GPUs the job holds on a worker that hands them out (None: tracker.jobs.gpus.needed)
 
 
 OFFLINE = (None, None)
@@ -263,7 +266,7 @@ def unused_settings(form: LaunchForm) -> list[str]:
 # Launch's form fields (session-state keys) and the job params they hold, one to one.
 FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "launch_device": "device",
                "launch_dtype": "dtype", "launch_precision": "drafter_precision", "launch_linear": "linear_attn",
-               "launch_limit": "limit_per_dataset", "launch_prompt_tokens": "prompt_tokens"}
+               "launch_limit": "limit_per_dataset", "launch_prompt_tokens": "prompt_tokens", "launch_gpus": "gpus"}
 # The params `edit_state` carries besides FORM_FIELDS' (the run's name is derived anew by `eval_params`); every
 # other param a job may hold has no field in the form, and Edit names it (queued again, it takes the default).
 _CARRIED = {*FORM_FIELDS.values(), "drafter", "prompts", "budgets", "checkpoint_step", "train_run_id", "concurrency",
@@ -358,6 +361,11 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         params["limit_per_dataset"] = limit
     if prompt_tokens is not None:
         params["prompt_tokens"] = prompt_tokens
+    if form.gpus is not None:
+        gpus = _whole(form.gpus, "GPUs")
+        if gpus and form.device == "cpu":
+            raise DraftboardError(f"GPUs: a CPU eval holds none (device cpu), got {gpus}")
+        params["gpus"] = gpus
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
         sampling = {"temperature": float(form.temperature), "top_p": float(form.top_p),
                     "top_k": _whole(form.top_k, "top_k")}
@@ -456,7 +464,8 @@ def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -
     (`check_can_write`; `tracker`: one open on that store).
     """
     params = eval_job.validate(params)  # bad params are refused before the store is asked
-    problem = device_problem(queue.workers(), params.get("device"))
+    live = queue.workers()
+    problem = device_problem(live, params.get("device")) or gpus_problem(live, gpu_slots.needed(params))
     if problem:
         raise DraftboardError(f"not queued: {problem}")
     check_can_write(tracker.uri if tracker is not None else config.store_uri(), tracker)
@@ -471,6 +480,14 @@ def device_problem(live: Sequence[WorkerInfo], device: str | None) -> str | None
     offered = sorted({d for w in live for d in w.devices or ()})
     return (f"device {device}: no running worker can use it (their torch offers {', '.join(offered)}; a CPU-only "
             f"torch has no cuda)")
+
+
+def gpus_problem(live: Sequence[WorkerInfo], needed: int) -> str | None:
+    """Why no live worker could ever give a job `needed` GPUs; None when one can, or when no one can tell (no
+    worker running, or one that pins no GPUs: its jobs are not held to a count)."""
+    if not live or needed == 0 or any(w.gpus is None or len(w.gpus) >= needed for w in live):
+        return None
+    return f"the job asks for {needed} GPUs; the most any running worker has is {max(len(w.gpus) for w in live)}"
 
 
 def workers_caption(live: Sequence[WorkerInfo]) -> str:

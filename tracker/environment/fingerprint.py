@@ -91,12 +91,18 @@ def _hardware(device: str) -> dict:
     import torch
 
     hw = {"device": device.split(":")[0], "gpu_name": None, "gpu_count": 0, "capability": None,
-          "driver": _driver(), "cpu": _cpu_name()}
+          "driver": _driver(), "cpu": _cpu_name(), "gpus": [],
+          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if torch.cuda.is_available():
         index = (torch.device(device).index or 0) if device.startswith("cuda") else 0
         hw["gpu_count"] = torch.cuda.device_count()
         hw["gpu_name"] = torch.cuda.get_device_name(index)
         hw["capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+        # which devices it ran on (a worker gives each job its own: tracker/jobs/gpus.py); the UUID where the
+        # driver gives one
+        hw["gpus"] = [{"index": i, "name": torch.cuda.get_device_name(i),
+                       "uuid": str(getattr(torch.cuda.get_device_properties(i), "uuid", "") or "") or None}
+                      for i in range(hw["gpu_count"])]
     return hw
 
 
@@ -425,7 +431,9 @@ VERSIONED = ("software.torch", "software.transformers", "software.flash-linear-a
 WARNING_FIELDS = ("hardware.gpu_name", "software.cuda", "software.cudnn", "software.causal-conv1d",
                   "software.triton", "software.kernels", "software.flash-attn", "hardware.capability")
 IGNORED_FIELDS = ("source", "schema", "evidence", "numerics.linear_attention.reason",
-                  "numerics.linear_attention.fallback_warnings", "numerics.linear_attention.evidence_kind")
+                  "numerics.linear_attention.fallback_warnings", "numerics.linear_attention.evidence_kind",
+                  # which of the box's GPUs: where an eval ran, not what ran (the GPU's kind is gpu_name)
+                  "hardware.gpus", "hardware.cuda_visible_devices")
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 

@@ -133,6 +133,8 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
     EvalField("concurrency", INTS, "with --engine: a load sweep, the same prompts with this many requests in flight "
               "at each level, drafter on and target alone (docs/DESIGN.md, Load sweeps)", metavar="1,4,8",
               upper=config.MAX_CONCURRENCY, unit="concurrency level", most=config.MAX_CONCURRENCY_LEVELS),
+    EvalField("gpus", INT, "GPUs the job holds on a worker that hands them out (`worker --gpus`; default: 1 "
+              "on cuda, none with --device cpu); the eval itself sees only those", metavar="N"),
     EvalField("repeats", INT, f"with --concurrency: rounds per level, the drafter's and the target alone's "
               f"interleaved; the speedup is the ratio of their medians with its interval over rounds (default "
               f"{config.DEFAULT_REPEATS}, at most {config.MAX_REPEATS})", metavar="N"),

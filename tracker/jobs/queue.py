@@ -72,6 +72,7 @@ class WorkerInfo:
     devices: tuple[str, ...] | None
     launcher: str
     heartbeat_at: datetime
+    gpus: tuple[str, ...] | None = None  # the GPUs it hands out, one job each (None: it pins none)
 
 
 @dataclass(frozen=True)
@@ -265,10 +266,12 @@ class JobQueue:
                 # (or, if that one failed in the meantime, try again).
                 continue
 
-    def register_worker(self, worker_id: str, devices: Iterable[str] | None, launcher: str) -> None:
-        """Record (or refresh) a live worker and the devices its jobs can use."""
+    def register_worker(self, worker_id: str, devices: Iterable[str] | None, launcher: str,
+                        gpus: Iterable[str] | None = None) -> None:
+        """Record (or refresh) a live worker, the devices its jobs can use and the GPUs it hands out (None: it
+        pins none)."""
         row = {"id": worker_id, "devices": None if devices is None else sorted(devices), "launcher": launcher,
-               "heartbeat_at": _now()}
+               "heartbeat_at": _now(), "gpus": None if gpus is None else list(gpus)}
         with self._engine.begin() as conn:  # delete + insert: one upsert on every backend
             conn.execute(sa.delete(workers).where(workers.c.id == worker_id))
             conn.execute(sa.insert(workers).values(**row))
@@ -283,7 +286,8 @@ class JobQueue:
         with self._engine.connect() as conn:
             rows = conn.execute(sa.select(workers).where(workers.c.heartbeat_at >= since)
                                 .order_by(workers.c.id)).all()
-        return [WorkerInfo(r.id, None if r.devices is None else tuple(r.devices), r.launcher, r.heartbeat_at)
+        return [WorkerInfo(r.id, None if r.devices is None else tuple(r.devices), r.launcher, r.heartbeat_at,
+                           None if r.gpus is None else tuple(r.gpus))
                 for r in rows]
 
     def get(self, job_id: int) -> Job:
@@ -309,6 +313,13 @@ class JobQueue:
         with self._engine.begin() as conn:
             row = conn.execute(claim_statement(worker_id, _now())).one_or_none()
         return None if row is None else _to_job(row)
+
+    def unclaim(self, job_id: int, worker_id: str) -> None:
+        """Put a job worker_id claimed but cannot start yet (its GPUs are taken) back in the queue, where it keeps
+        its place: claims take the oldest queued job first."""
+        self._update(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.worker_id == worker_id,
+                                           jobs.c.state == RUNNING, jobs.c.pid.is_(None))
+                     .values(state=QUEUED, worker_id=None, started_at=None, heartbeat_at=None))
 
     def attach_process(self, job_id: int, worker_id: str, pid: int | None, log_path: str) -> None:
         """Record the process running the job (None: it could not start) and where its output goes."""

@@ -151,7 +151,7 @@ sa.Index(
     postgresql_where=dedup_where,
 )
 
-# One row per worker, refreshed at every round of its loop (migration 0003).
+# One row per worker, refreshed at every round of its loop (migration 0003; its GPUs: 0005).
 workers = sa.Table(
     "workers",
     metadata,
@@ -159,6 +159,7 @@ workers = sa.Table(
     sa.Column("devices", sa.JSON),
     sa.Column("launcher", sa.Text, nullable=False),
     sa.Column("heartbeat_at", UTCDateTime, nullable=False),
+    sa.Column("gpus", sa.JSON),  # the GPU ids it pins jobs to; null: none
 )
 
 

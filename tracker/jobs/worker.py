@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +31,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tracker import config
 from tracker.errors import DraftboardError
+from tracker.jobs import gpus as gpu_slots
+from tracker.jobs.gpus import Pool as GpuPool
 from tracker.jobs.inputs import inputs_problem
 from tracker.jobs.launchers.base import Execution, JobOutput, LaunchError, Launcher
 from tracker.jobs.launchers.local import LocalLauncher
@@ -108,6 +111,7 @@ def run_worker(
     grace_s: float = 10.0,
     launcher: Launcher | None = None,
     watch_s: float | None = None,
+    gpus: Sequence[str] | None = None,
 ) -> int:
     """Run queued jobs, up to `slots` at a time, until stop_event is set; return how many ran.
 
@@ -120,7 +124,8 @@ def run_worker(
     (stop_event, SIGTERM in the main thread, Ctrl-C) its running jobs are stopped the same
     way and marked failed. watch_s: also scan the store's watched checkpoint folders
     (`tracker.jobs.watch.scan_all`) every watch_s seconds, so one process serves a team. Logs go to `config.logs_dir()` (<DRAFTBOARD_HOME>/logs) as job-<id>.log,
-    the one folder the dashboard reads log tails from.
+    the one folder the dashboard reads log tails from. gpus: the box's GPUs (`tracker.jobs.gpus`), each job
+    given its own through CUDA_VISIBLE_DEVICES; a job whose GPUs are not free waits, first in first served.
     """
     if slots < 1:
         raise DraftboardError(f"a worker needs at least one slot, got {slots}")
@@ -130,6 +135,10 @@ def run_worker(
             f"({stale_s} s), or healthy jobs would be failed as stale"
         )
     launcher = launcher or LocalLauncher()
+    if gpus is not None and launcher.name != LocalLauncher.name:
+        raise DraftboardError(f"--gpus pins a local worker's jobs to GPUs; on {launcher.describe()} a job's GPUs are "
+                              "the cluster's to place (its `gpus` param)")
+    pool = GpuPool(gpus) if gpus is not None else None
     queue = JobQueue(queue_uri)
     logs = config.logs_dir()
     logs.mkdir(parents=True, exist_ok=True)
@@ -139,7 +148,8 @@ def run_worker(
     runners: list[_JobRunner] = []
     claimed = 0
     blocked: str | None = None  # why the launcher cannot take jobs, as last logged
-    log.info("worker %s: %d slot(s) on %s, jobs run %s", worker_id, slots, queue.uri, launcher.describe())
+    log.info("worker %s: %d slot(s) on %s, jobs run %s%s", worker_id, slots, queue.uri, launcher.describe(),
+             f", GPUs {','.join(pool.ids) or 'none'}" if pool else "")
     # torch answers which devices jobs can use, but importing it takes seconds: the first claim need not wait.
     devices: list = []
 
@@ -159,7 +169,7 @@ def run_worker(
                 wake.clear()
                 if devices and time.monotonic() >= next_register:  # so the Launch form knows what can run
                     with contextlib.suppress(SQLAlchemyError):  # an outage is logged below, by the claim
-                        queue.register_worker(worker_id, devices[0], launcher.describe())
+                        queue.register_worker(worker_id, devices[0], launcher.describe(), pool and pool.ids)
                     next_register = time.monotonic() + heartbeat_s
                 if watch_s is not None and time.monotonic() >= next_watch:
                     _scan_watched(queue)
@@ -176,8 +186,15 @@ def run_worker(
                             log.info("%s is available again", launcher.describe())
                         blocked = reason
                     while not reason and len(runners) < slots and (job := queue.claim(worker_id)) is not None:
-                        log.info("job %d (%s) claimed", job.id, job.kind)
-                        runner = _JobRunner(queue, job, worker_id, logs, heartbeat_s, grace_s, wake, launcher)
+                        held = _gpus_for(queue, job, worker_id, pool)
+                        if held is None:
+                            break  # its GPUs are taken: it waits at the head of the queue
+                        if held is _REFUSED:
+                            continue
+                        log.info("job %d (%s) claimed%s", job.id, job.kind,
+                                 f" on GPUs {','.join(held) or 'none'}" if pool else "")
+                        runner = _JobRunner(queue, job, worker_id, logs, heartbeat_s, grace_s, wake, launcher,
+                                            pool, held)
                         runner.start()
                         runners.append(runner)
                         claimed += 1
@@ -196,6 +213,26 @@ def run_worker(
             with contextlib.suppress(SQLAlchemyError):
                 queue.unregister_worker(worker_id)
     return claimed
+
+
+_REFUSED = ("refused",)  # a job that can never get its GPUs here: failed at claim
+
+
+def _gpus_for(queue: JobQueue, job: Job, worker_id: str, pool: GpuPool | None) -> tuple[str, ...] | None:
+    """The GPUs the claimed job holds (() without a pool); None: not free now, the job put back in the queue;
+    _REFUSED: it asks for more than this worker has, failed in one line."""
+    if pool is None:
+        return ()
+    need = gpu_slots.needed(job.params)
+    if need > len(pool.ids):
+        queue.finish(job.id, FAILED, error=f"the job asks for {need} GPUs; worker {worker_id} has {len(pool.ids)} "
+                                           f"({','.join(pool.ids) or 'none'})")
+        log.warning("job %d refused: it asks for %d GPUs, this worker has %d", job.id, need, len(pool.ids))
+        return _REFUSED
+    held = pool.take(need)
+    if held is None:
+        queue.unclaim(job.id, worker_id)
+    return held
 
 
 def _scan_watched(queue: JobQueue) -> None:
@@ -232,8 +269,10 @@ class _JobRunner(threading.Thread):
     """Runs one claimed job to its end and records the outcome."""
 
     def __init__(self, queue: JobQueue, job: Job, worker_id: str, log_dir: Path, heartbeat_s: float,
-                 grace_s: float, on_done: threading.Event, launcher: Launcher) -> None:
+                 grace_s: float, on_done: threading.Event, launcher: Launcher, pool: GpuPool | None = None,
+                 gpus: tuple[str, ...] = ()) -> None:
         super().__init__(name=f"job-{job.id}")
+        self._pool, self._gpus = pool, gpus  # the GPUs it holds, given back when it ends
         self._queue, self._job, self._worker_id = queue, job, worker_id
         self._log_path = (log_dir / f"job-{job.id}.log").resolve()
         self._heartbeat_s, self._grace_s = heartbeat_s, grace_s
@@ -253,6 +292,8 @@ class _JobRunner(threading.Thread):
             log.exception("job %d: worker error", self._job.id)
             self._finish(FAILED, error=f"worker {self._worker_id} error: {exc}")
         finally:
+            if self._pool is not None:
+                self._pool.give(self._gpus)
             self.done.set()
             self._on_done.set()
 
@@ -262,8 +303,10 @@ class _JobRunner(threading.Thread):
         output = JobOutput(log_file, self._queue, job.id)
         try:
             argv = self._launcher.command(job_args(job))
-            output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}: {self._launcher.header(argv)}")
-            execution = self._launcher.launch(job, argv, output)
+            held = f" on GPUs {','.join(self._gpus) or 'none'}" if self._pool is not None else ""
+            output.note(f"job {job.id} ({job.kind}) on worker {self._worker_id}{held}: {self._launcher.header(argv)}")
+            execution = self._launcher.launch(job, argv, output,
+                                              {gpu_slots.ENV: ",".join(self._gpus)} if self._pool is not None else None)
         except LaunchError as exc:
             output.note(str(exc))
             output.close()

@@ -19,7 +19,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import IO, Sequence
+from typing import IO, Mapping, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -190,9 +190,10 @@ class Launcher(ABC):
         return redact.text(json.dumps(list(argv)))
 
     @abstractmethod
-    def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
-        """Start argv (built by the worker from the job's params) for job; raise LaunchError with
-        the reason when it cannot start."""
+    def launch(self, job: Job, argv: list[str], output: JobOutput, env: Mapping[str, str] | None = None) -> Execution:
+        """Start argv (built by the worker from the job's params) for job, with `env` added to its environment
+        (the GPUs a local worker gave it: tracker.jobs.gpus); raise LaunchError with the reason when it cannot
+        start."""
 
 
 def describe_exit(returncode: int) -> str:

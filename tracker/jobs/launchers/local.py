@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import IO
 
 from tracker import config, events
@@ -59,9 +60,10 @@ class LocalLauncher(Launcher):
         if self._warm is not None:
             self._warm.close()
 
-    def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
+    def launch(self, job: Job, argv: list[str], output: JobOutput, env: Mapping[str, str] | None = None) -> Execution:
         # The worker's own store, stated: a job names none (tracker/config.py); lines reach the log as printed.
-        env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1", events.ASKED: "1"}
+        env = {**os.environ, config.STORE_VAR: config.store_uri(), "PYTHONUNBUFFERED": "1", events.ASKED: "1",
+               **(env or {})}
         if self._warm is not None and argv[:len(self.entry)] == self.entry:
             pid, stream, child = self._warm.start(self.entry[2], argv[len(self.entry):], env)  # [python, -m, module]
             return _WarmExecution(self._warm, pid, stream, child, output, job.id)

@@ -47,7 +47,10 @@ PENDING_STOP_WAIT_S = 3.0
 
 
 def ray_gpus(params: Mapping[str, Any], gpus_per_job: float = 1) -> float:
-    """GPUs a job asks Ray for: gpus_per_job when its params say device=cuda, else none."""
+    """GPUs a job asks Ray for: its `gpus` param where it says, else gpus_per_job when its params say
+    device=cuda, else none."""
+    if params.get("gpus") is not None:
+        return params["gpus"]
     return gpus_per_job if params.get("device") == "cuda" else 0
 
 
@@ -174,7 +177,9 @@ class RayLauncher(Launcher):
             metadata={"draftboard_job": str(job.id), "draftboard_kind": job.kind},
         )
 
-    def launch(self, job: Job, argv: list[str], output: JobOutput) -> Execution:
+    def launch(self, job: Job, argv: list[str], output: JobOutput, env: Mapping[str, str] | None = None) -> Execution:
+        if env:  # Ray gives a job its GPUs (entrypoint_num_gpus); a worker's own list means nothing on its nodes
+            raise LaunchError("a Ray job's GPUs are Ray's to place: start the worker without --gpus")
         submission_id = f"draftboard-job-{job.id}-{secrets.token_hex(4)}"
         kwargs = self.submit_kwargs(job, argv)
         try:

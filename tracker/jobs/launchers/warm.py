@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO
 
+from tracker.jobs.gpus import ENV as GPUS_ENV
 from tracker.jobs.launchers.base import LaunchError
 from tracker.lifecycle import die_with_parent_hook
 
@@ -227,6 +228,9 @@ class _Host:
     sock: socket.socket  # the server's end of their pair
     job: int | None = None  # the worker's request it runs now
     retiring: bool = False  # it exits (its last job failed or left a process, or it died): no more jobs
+    # The GPUs its jobs see (CUDA_VISIBLE_DEVICES of its first job): CUDA reads that variable once per process, so
+    # a host only takes jobs given the same GPUs (warm processes: one set per device set).
+    gpus: str | None = None
 
 
 def serve(fd: int) -> None:
@@ -269,14 +273,15 @@ def serve(fd: int) -> None:
         selector.register(ours, selectors.EVENT_READ, host)
         return host
 
-    def take(packet: bytes, fds: list[int]) -> _Host:
-        for host in [h for h in hosts.values() if h.job is None and not h.retiring]:
+    def take(packet: bytes, fds: list[int], gpus: str | None) -> _Host:
+        for host in [h for h in hosts.values() if h.job is None and not h.retiring and h.gpus == gpus]:
             try:
                 socket.send_fds(host.sock, [packet], fds)
                 return host
             except OSError:
                 host.retiring = True  # it died while idle: reaped when its SIGCHLD is read
         host = fork_host(fds)
+        host.gpus = gpus
         socket.send_fds(host.sock, [packet], fds)
         return host
 
@@ -301,7 +306,7 @@ def serve(fd: int) -> None:
                         continue
                     job = request["job"]
                     try:
-                        host = take(packet, fds)
+                        host = take(packet, fds, (request.get("env") or {}).get(GPUS_ENV))
                         host.job = job
                         sock.send(json.dumps({"started": job, "pid": host.pid}).encode())
                     except OSError as exc:
