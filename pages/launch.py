@@ -151,7 +151,7 @@ else:
         else:
             st.warning(f"Linear attention: {md(why)}")
 
-    with st.form("launch_form", border=True):
+    with st.form("launch_form", border=True, enter_to_submit=False):  # Enter commits a field; only the button queues
         drafter_path, step = None, None
         if pick == OTHER:
             c1, c2 = st.columns([3, 1])

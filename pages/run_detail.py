@@ -181,7 +181,7 @@ def watch_section(run) -> None:
                      help="registers the watch in the store; a worker started with `--watch` runs it (the one "
                           "`draftboard ui` starts does)"):
         return
-    with st.form("detail_watch_form"):
+    with st.form("detail_watch_form", enter_to_submit=False):  # Enter commits a field; only the button starts
         folder = st.text_input("Checkpoint folder", value=state.dir if state else "", key="detail_watch_dir",
                                help="the folder the tool saves its checkpoints in (SpecForge --output-dir, "
                                     "speculators --save-path)")

@@ -210,6 +210,13 @@ def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, 
     page.get_by_text("Queue eval").wait_for()
     _choose(page, "Training run", "drafter-v1 (1 tapped layer)")
     _choose(page, "Dtype", "bf16")
+    # Issue 65 M1: Enter in a field commits the field; only the button queues an eval
+    field = page.get_by_role("spinbutton", name="Max new tokens")
+    field.click()
+    field.press("Enter")
+    page.wait_for_timeout(1_500)
+    _settled(page)
+    expect(page.get_by_text(re.compile(r"Queued job #\d+"))).to_have_count(0)
     page.screenshot(path=tmp_path / "1-launch.png", full_page=True)
     page.get_by_role("button", name="Queue eval").click()
     # The queue fragment refreshes itself; the job runs in the dashboard's local worker.
