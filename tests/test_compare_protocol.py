@@ -225,6 +225,22 @@ def test_evals_on_other_prompt_sets_or_scored_online_are_separate_series():
         ("t [gsm8k · prompts aaaa · online]", ["c"])]
 
 
+def test_evals_that_generated_another_length_or_ended_by_another_rule_are_separate_series():
+    """Issue 65 H1: drafter-v1 at 32, 64 (twice) and 512 max new tokens was one line through 2.505 -> 3.78, its legend
+    the 512-token value. A series is one protocol: each generation length, last-block rule and engine its own line,
+    named by what differs; the two 64-token evals are one line, by step."""
+    train = make("t", "train")
+    a = eval_run("a", {"gsm8k": 8}, 2.505, train="t", step=40, proto={"max_new_tokens": 32})
+    b = eval_run("b", {"gsm8k": 8}, 2.914, train="t", step=100, proto={"max_new_tokens": 64})
+    c = eval_run("c", {"gsm8k": 8}, 3.0, train="t", step=160, proto={"max_new_tokens": 64})
+    d = eval_run("d", {"gsm8k": 8}, 3.78, train="t", step=200, proto={"max_new_tokens": 512})
+    e = eval_run("e", {"gsm8k": 8}, 3.1, train="t", step=200, proto={"max_new_tokens": 64, "last_block": "full"})
+    series = eval_series(RunIndex([train, a, b, c, d, e]), train)
+    assert sorted((label, tuple(ev.run_id for ev in evals)) for label, evals in series) == [
+        ("t [32 tok · last block cut]", ("a",)), ("t [512 tok · last block cut]", ("d",)),
+        ("t [64 tok · last block cut]", ("b", "c")), ("t [64 tok · last block full]", ("e",))]
+
+
 def test_runs_table_protocol_column():
     train = make("t", "train")
     a = eval_run("a", {"gsm8k": 8}, 2.0, train="t", step=100)

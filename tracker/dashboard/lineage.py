@@ -114,16 +114,20 @@ def protocol_of(run: RunInfo) -> protocol.Protocol | None:
 
 def series_key(run: RunInfo) -> tuple[str, ...]:
     """What splits a training run's evals into separate lines besides the environment, each part
-    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `thinking on`, `T=1 top_p=0.95 top_k=20`,
-    `block 8`, `online`, `JetSpec`): greedy and sampled evals, two samplings, or two drafter families (a
-    causal JetSpec beside a DFlash), are never one line, so their protocols are never compared either."""
+    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `256 tok`, `last block full`, `thinking on`,
+    `T=1 top_p=0.95 top_k=20`, `block 8`, `online`, `vllm`, `JetSpec`): greedy and sampled evals, two samplings,
+    two generation lengths (acceptance moves with context: 32 and 512 tokens are two numbers), two last-block
+    rules, two engines, or two drafter families (a causal JetSpec beside a DFlash), are never one line, so their
+    protocols are never compared either (issue 65 H1: a series is one protocol)."""
     proto = protocol_of(run)
     if proto is None:
         return ()
     datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
     thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
-    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", thinking, protocol.sampling_text(proto, draws=False),
-            f"block {proto.block_size}", str(proto.scoring), run.drafter_family or "family unknown")
+    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", f"{proto.max_new_tokens} tok",
+            f"last block {proto.last_block}", thinking, protocol.sampling_text(proto, draws=False),
+            f"block {proto.block_size}", str(proto.scoring), str(run.params.get("engine") or "no engine"),
+            run.drafter_family or "family unknown")
 
 
 def lines_of(index: RunIndex, train_run_id: str) -> dict[tuple, list[RunInfo]]:
