@@ -252,3 +252,33 @@ def test_llamacpp_and_vllm_on_one_checkpoint_come_apart_through_the_offline_eval
     diff = {d["field"]: (d["a_value"], d["b_value"]) for d in report["settings_diff"]}
     assert diff["last_block"] == ("full", "cut") and "num_speculative_tokens" not in diff  # both 7
     assert "end of generation" in report["verdict"] and report["verdict"].endswith("nothing unexplained")
+
+
+def test_a_server_that_dies_at_a_level_is_started_again_and_its_death_counted_there(serving_pair, llamacpp_python,
+                                                                                   home):
+    """Issue 66: llama.cpp's DFlash aborts now and then with parallel slots (`get_sub_batch: failed to add token`).
+    Such a death is counted at the level where it happened, never hidden by lowering the level: here the drafter's
+    engine is killed (SIGKILL, as an abort ends it) once a request of the first round at 2 in flight returned; the
+    server is started again on the same settings, the level measured from its warm-up, every count checked."""
+    import signal
+
+    from evaluators.engines.run import EngineSettings, evaluate_engine
+    from evaluators.harness import EvalSettings
+
+    killed = []
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if not killed and stage == "llamacpp: concurrency 2, round 1/1, drafter" and done >= 1:
+            [engine] = [pid for pid in processes_with(str(home), b'"drafter": "')
+                        if b"evaluators.engines.server" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            os.kill(engine, signal.SIGKILL)
+            killed.append(engine)
+
+    s = EvalSettings(target=str(serving_pair / "target"), drafter=str(serving_pair / "drafter"),
+                     prompts=str(serving_pair / "prompts.jsonl"), max_new_tokens=MAX_NEW_TOKENS)
+    results = evaluate_engine(s, EngineSettings("llamacpp", python=llamacpp_python, concurrency=(1, 2), repeats=1),
+                              progress)
+    at_1, at_2 = results["load"]
+    assert killed and at_1["aborts"] == [] and [a["server"] for a in at_2["aborts"]] == ["drafter"]
+    assert at_2["aborts"][0]["exit_code"] != 0 and at_2["counters_checked"] and len(at_2["rounds"]) == 1
+    assert at_2["speedup"] > 0 and processes_with(str(home)) == []  # measured after the restart; nothing left

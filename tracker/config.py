@@ -192,6 +192,7 @@ MAX_BUDGETS = 32  # --budgets: how many; each is a DDTree search per block
 # llama.cpp -np) are sized from it, so a level is bounded before anything is started.
 MAX_CONCURRENCY = 64
 MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt 2 x (repeats + 1) times)
+MAX_SERVER_DEATHS = 3  # a load sweep restarts a managed server that died at a level this often, counting each
 DEFAULT_REPEATS = 3  # --repeats: a load sweep's rounds per level, the arms interleaved (evaluators.engines.load)
 MAX_REPEATS = 20
 

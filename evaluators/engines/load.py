@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from evaluators.engines import busy
 from evaluators.engines.base import EngineClient, EngineError, EngineReply, EngineRequest, InFlightCounts
@@ -71,6 +71,8 @@ DEFINITIONS = {
                    "(`engine_steps`, `engine_draft_tokens`, `engine_accepted`)",
     "load.warm_up": "the drafter's untimed pass at the level before its rounds, its counts summed (every request "
                     "the drafter's server answered is counted in the results)",
+    "load.aborts": "each death of a managed server at this level ({server, exit_code, log_tail}): it was started "
+                   "again and the level measured from its warm-up; counted here, never hidden by a lower level",
     "load.step_cost": "engine_mean_acceptance_length / speedup: a speculative step's time over a plain decode "
                       "step's, as the two arms' wall clocks imply (speedup = acceptance length / step cost)",
     "load_break_even_concurrency": "where speedup crosses 1 between two measured levels, linear in the level "
@@ -249,6 +251,7 @@ class Level:
     drafted: list[Arm]
     alone: list[Arm] | None
     warm_up: Arm | None = None  # the drafter's untimed pass before the rounds
+    aborts: list[dict] = field(default_factory=list)  # each server death at this level, before it was measured
 
 
 def _median(values: Sequence[float]) -> float:
@@ -298,6 +301,7 @@ def level_record(level: Level, found: list[dict], checked: bool) -> dict:
         "load_average_1m_target_alone": max(a.box.load_average_1m for a in level.alone) if level.alone else None,
         "rounds": rounds, "busy_rounds": sum(r["busy"] is True for r in rounds),
         "warm_up": _totals(level.warm_up) if level.warm_up else None,
+        "aborts": level.aborts,
         "counters_checked": checked,
         "prefix_cache_hit_rate": _hit_rate(cached),
         "prefix_cache_hit_rate_target_alone": _hit_rate(cached_alone),

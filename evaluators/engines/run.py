@@ -302,6 +302,14 @@ def _serve(server: ManagedServer | None, url: str | None, e: EngineSettings, s: 
     return info, replies, logged, started_s, requests_s, client
 
 
+class ServerDied(EngineError):
+    """A managed server died under a request (`server`: which)."""
+
+    def __init__(self, message: str, server: ManagedServer):
+        super().__init__(message)
+        self.server = server
+
+
 @contextlib.contextmanager
 def _death_told(servers: list[ManagedServer], name: str, where: str):
     """A request that failed because a managed server died says so, with the last lines of its log (a reset
@@ -311,8 +319,8 @@ def _death_told(servers: list[ManagedServer], name: str, where: str):
     except EngineError:
         for server in servers:
             if server.exited(within_s=3.0):
-                raise EngineError(f"{name} server died mid-run ({where}, exit code {server.proc.returncode}); its log "
-                                  f"({server.log}) ends: {server.log_tail()}") from None
+                raise ServerDied(f"{name} server died mid-run ({where}, exit code {server.proc.returncode}); its log "
+                                 f"({server.log}) ends: {server.log_tail()}", server) from None
         raise
 
 
@@ -336,13 +344,29 @@ def _sweep(e: EngineSettings, client: EngineClient, server: ManagedServer | None
     client.cross_check = False  # at concurrency > 1 the counters move for several requests: checked per round
     servers = [x for x in (server, alone) if x]
     other = CLIENTS[e.name](alone.url) if alone else None
-    groups = {"drafter": server.pgid, **({"alone": alone.pgid} if alone else {})} if server else None
     levels = []
     for c in e.concurrency:
-        with _death_told(servers, e.name, f"concurrency {c}"):
-            levels.append(load.rounds_at(sweep, c, e.rounds, request, client, other, server is not None, groups,
-                                         lambda what, i, c=c: progress(f"{e.name}: concurrency {c}, {what}", i,
-                                                                       len(sweep))))
+        aborts: list[dict] = []
+        while True:
+            groups = {"drafter": server.pgid, **({"alone": alone.pgid} if alone else {})} if server else None
+            try:
+                with _death_told(servers, e.name, f"concurrency {c}"):
+                    level = load.rounds_at(sweep, c, e.rounds, request, client, other, server is not None, groups,
+                                           lambda what, i, c=c: progress(f"{e.name}: concurrency {c}, {what}", i,
+                                                                         len(sweep)))
+                break
+            except ServerDied as died:
+                # Counted at the level it happened, never hidden by lowering the level: the server is started
+                # again (same settings, same port) and the level measured from its warm-up (issue 66).
+                if len(aborts) >= config.MAX_SERVER_DEATHS:
+                    raise EngineError(f"{died} ({len(aborts) + 1} deaths at concurrency {c}: given up)") from None
+                aborts.append({"server": "drafter" if died.server is server else "target alone",
+                               "exit_code": died.server.proc.returncode, "log_tail": died.server.log_tail()[:2000]})
+                print(f"warning: {died}; starting it again", file=sys.stderr)
+                died.server.stop()
+                died.server.launch().ready()
+        level.aborts = aborts
+        levels.append(level)
     return levels
 
 

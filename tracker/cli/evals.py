@@ -116,6 +116,8 @@ def cmd_eval(args) -> int:
             print(f"  concurrency {level['concurrency']}: mean acceptance length "
                   f"{level['engine_mean_acceptance_length']:.3f}, {level['tokens_per_s']:.1f} tok/s with the drafter, "
                   f"{alone}; medians of {rounds} rounds" + (f", {busy} on a busy box" if busy else "")
+                  + (f"; the server died {len(level['aborts'])} time(s) here and was restarted" if level.get("aborts")
+                     else "")
                   + (f"; flags: {len(level['flags'])}" if level["flags"] else ""))
         if results.get("load_break_even_concurrency") is not None:
             print(f"  the drafter stops paying at about {results['load_break_even_concurrency']:.1f} requests in flight")

@@ -34,6 +34,8 @@ COLUMNS = {
                  "two arms' wall clocks imply; speedup = acceptance length / step cost, so a lost speedup shows "
                  "here as lost acceptance or a dearer step",
     "counts checked": "the engine's counters moved by exactly the sum of the requests' own counts",
+    "server deaths": "times a managed server died at this level (llama.cpp's get_sub_batch abort with parallel "
+                     "slots): started again and the level measured from its warm-up, never hidden by a lower level",
     "prefix cache hits": "prompt tokens the engine found in its prefix cache / prompt tokens it looked up over the "
                          "level, from its own counters, with the drafter / the target alone (– where it counts none)",
     "flags": "requests whose completion or counts moved against concurrency 1 or the target alone, or whose "
@@ -78,6 +80,7 @@ def levels_frame(results: dict | None) -> pd.DataFrame | None:
         "rounds": rounds(level),
         "step cost": level.get("step_cost"),
         "counts checked": "yes" if level.get("counters_checked") else "no (attached server)",
+        "server deaths": len(level.get("aborts") or ()) if isinstance(level.get("aborts") or [], list) else 0,
         "prefix cache hits": " / ".join(f"{v:.0%}" if isinstance(v, (int, float)) else "–" for v in (
             level.get("prefix_cache_hit_rate"), level.get("prefix_cache_hit_rate_target_alone"))),
         "flags": len(level.get("flags") or ()),
