@@ -46,6 +46,11 @@ if not index.of_kind("train", "eval"):
     st.stop()
 from_url, unknown = ids_from_link(st.query_params.get("runs"), [r for r in index.runs
                                                                   if index.runs[r].kind in ("train", "eval")])
+# A reference in the link (Runs' "Compare selected" of a reference row) is the page's reference, not a missing run.
+linked_refs = [r for r in unknown if r in index.runs and index.runs[r].kind == "reference"]
+unknown = [r for r in unknown if r not in linked_refs]
+if linked_refs and "compare_reference" not in st.session_state:
+    st.session_state["compare_reference"] = linked_refs[0]
 if unknown and "compare_runs" not in st.session_state:
     st.warning(f"No training or eval run with id {', '.join(md_code(r) for r in unknown)} in this store: the link "
                "names runs that do not exist here (deleted, or another store's).", icon="🔗")

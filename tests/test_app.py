@@ -204,6 +204,16 @@ def test_deep_links_ask_the_server_root_for_health_and_host_config():
     assert _get(RootBase(app), "/_stcore/health")[1] == b"ok"  # not a page: untouched
 
 
+def test_a_reference_in_a_compare_link_is_the_pages_reference_not_a_missing_run(app_env):
+    """Issue 65 M4: Runs' "Compare selected" of a reference row and a training run said the reference did not
+    exist here. It is chosen as the page's reference; only ids that name no run are said to be missing."""
+    ids = app_env.ids
+    at = run_page("pages/compare.py", runs=f"{ids['v5']},{ids['ref']},nosuchrun")
+    assert at.selectbox(key="compare_reference").value == ids["ref"]
+    [warning] = [shown(w.value) for w in at.warning if "do not exist here" in w.value]
+    assert "nosuchrun" in warning and ids["ref"] not in warning
+
+
 def test_compare_banner_names_the_mismatched_fields(app_env):
     ids = app_env.ids
     at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
