@@ -36,20 +36,24 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(serving_pair, llamacpp_python, home, tmp_path_factory) -> dict:
     """A managed `draftboard eval --engine llamacpp` of the Qwen3 pair, with default settings, swept at 1
-    and 2 requests in flight (a 2-slot server, then the target alone on the same settings). At 4 in flight this
+    and 2 requests in flight (a 2-slot server on the --engine-port it is given, and the target alone on the same
+    settings beside it, on a free port of its own). At 4 in flight this
     llama.cpp build aborts now and then (`get_sub_batch: failed to add token`: 3 to 4 of 8 sweeps on a busy box,
     none of 6 on a quiet one; 2 in flight: 8 of 8 fine on the busy box), which would make the suite flaky: the
     eval reports such a death in one line, led by that line (test_engine_clients)."""
-    out = tmp_path_factory.mktemp("llamacpp-eval") / "engine.json"
+    from evaluators.engines.server import free_port
+
+    out, port = tmp_path_factory.mktemp("llamacpp-eval") / "engine.json", free_port()
     assert main(_args(serving_pair, "--engine", "llamacpp", "--engine-python", llamacpp_python, "--no-log",
-                      "--concurrency", "1,2", "--repeats", "2", "--out", str(out))) == 0
-    return {"path": out, "results": json.loads(out.read_text())}
+                      "--engine-port", str(port), "--concurrency", "1,2", "--repeats", "2", "--out", str(out))) == 0
+    return {"path": out, "results": json.loads(out.read_text()), "port": port}
 
 
 def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair, home, capsys):
     assert processes_with(str(home)) == []  # the server (its GGUF files live under this home) is gone
     results, offline = served["results"], json.loads((serving_pair / "offline.json").read_text())
     engine = results["engine"]
+    assert engine["url"] == f"http://127.0.0.1:{served['port']}"  # the drafter's server took the port it was given
     # issue 65 M5: no acceptance by context from llama.cpp's replies, and the results say why
     assert results["engine_tau_by_context"] is None
     assert results["engine_tau_by_context_unavailable"].startswith(

@@ -196,10 +196,12 @@ def evaluate_engine(s: EvalSettings, e: EngineSettings, progress: Progress = qui
             *served, prepared = engine.prepare(python, folders, s.dtype, cache, progress)
             probes = {"report": start_probe(python, fingerprint.ENGINE_PROBE),
                       "gdn": start_probe(python, engine.GDN_PROBE) if hybrid and engine.GDN_PROBE else None}
-            server = _managed(e, s, python, served, n_spec, max_model_len, device, log_dir, options, progress)
-            if e.concurrency:  # a sweep's target alone: the same settings without the drafter
+            server = _managed(e, s, python, served, n_spec, max_model_len, device, log_dir, options, progress,
+                              port=e.port)
+            if e.concurrency:  # a sweep's target alone: the same settings without the drafter, up beside the
+                # drafter's server, so on a free port of its own (--engine-port is the drafter's)
                 alone = _managed(e, s, python, (served[0], None), n_spec, max_model_len, device, log_dir, options,
-                                 progress, "-alone")
+                                 progress, port=None, arm="-alone")
                 stack.callback(alone.stop)
         start = time.perf_counter()
         try:
@@ -325,15 +327,16 @@ def _death_told(servers: list[ManagedServer], name: str, where: str):
 
 
 def _managed(e: EngineSettings, s: EvalSettings, python: str, served: Sequence[str | None], n_spec: int,
-             max_model_len: int, device: str, log_dir: Path | None, options: dict, progress: Progress,
-             arm: str = "") -> ManagedServer:
-    """A managed server of `served` (target, drafter; no drafter: the target alone) on the eval's settings."""
+             max_model_len: int, device: str, log_dir: Path | None, options: dict, progress: Progress, *,
+             port: int | None, arm: str = "") -> ManagedServer:
+    """A managed server of `served` (target, drafter; no drafter: the target alone) on the eval's settings,
+    listening on `port` (None: a free one)."""
     engine = ENGINES[e.name]
     log = (log_dir or config.logs_dir()) / f"engine-{e.name}{arm}-{time.strftime('%Y%m%d-%H%M%S')}-{id(s):x}.log"
     return ManagedServer(
         e.name, lambda port: engine.server_argv(python, *served, port, n_spec, config.DTYPES[s.dtype],
                                                 max_model_len, device, e.slots, **options),
-        log, port=e.port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
+        log, port=port, env=engine.server_env(device), start_s=config.engine_start_s(), progress=progress)
 
 
 def _sweep(e: EngineSettings, client: EngineClient, server: ManagedServer | None, alone: ManagedServer | None,
