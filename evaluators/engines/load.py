@@ -366,8 +366,8 @@ def drafter_arm(client: EngineClient, requests: Sequence[Request], request: Engi
 
 def target_arm(client: EngineClient, requests: Sequence[Request], request: EngineRequest, level: int,
                progress: Callable[[int], None], groups: Collection[int] | None = None) -> Arm:
-    """One round of a level on a server without the drafter (or a warm-up on either): completions, time and
-    the prefix cache's hits."""
+    """One round (or the warm-up) of a level on a server without the drafter: completions, time and the prefix
+    cache's hits."""
     return _cached(client, lambda: in_flight(requests, level, lambda r: (client.complete(r.input_ids, request), None),
                                              progress, groups))
 
@@ -380,7 +380,7 @@ def rounds_at(requests: Sequence[Request], level: int, repeats: int, request: En
     servers). Before each timed window the other arm's server is left to go quiet (`busy.settle`). `groups`: each
     arm's server's process group ("drafter", "alone"; None: servers the sweep did not start). `progress(what,
     done)` is told each request as it returns."""
-    arms = {"drafter": drafter, **({"alone": alone} if alone else {})}
+    arms = ["drafter", *(["alone"] if alone else [])]
     every = list(groups.values()) if groups is not None else None
 
     def others(arm: str) -> list[int]:
@@ -392,7 +392,7 @@ def rounds_at(requests: Sequence[Request], level: int, repeats: int, request: En
         target_arm(alone, requests, request, level, lambda i: progress("target alone, warming up", i))
     timed: dict[str, list[Arm]] = {name: [] for name in arms}
     for k in range(1, repeats + 1):
-        for name in (list(arms) if k % 2 else list(arms)[::-1]):
+        for name in (arms if k % 2 else arms[::-1]):
             busy.settle(others(name))
             told = (lambda i, n=name: progress(f"round {k}/{repeats}, {NAMES[n]}", i))
             timed[name].append(drafter_arm(drafter, requests, request, level, checked, told, every)

@@ -114,7 +114,7 @@ def finish_probe(proc: subprocess.Popen | None) -> dict | None:
 
 def check_python(python: str | None, engine: str) -> str:
     """The engine's interpreter, checked before anything starts."""
-    var = f"DRAFTBOARD_{engine.upper()}_PYTHON"
+    var = config.engine_python_var(engine)
     if not python:
         raise EngineError(f"a managed {engine} eval needs the engine's own Python: --engine-python PATH or {var} "
                           f"(a venv with {engine} installed; never draftboard's own){config.engine_setup(engine)}")

@@ -39,11 +39,9 @@ def cmd_worker(args) -> int:
                            runtime_env=runtime_env, poll_s=args.poll)
     elif args.address or args.ray_python is not None or args.ray_env or args.ray_runtime_env:
         raise DraftboardError("--address and --ray-* options need --launcher ray")
-    if args.launcher == "ray" and args.gpus is not None:
-        raise DraftboardError("--gpus pins a local worker's jobs to GPUs; on Ray a job's GPUs are the cluster's to "
-                              "place (--ray-gpus, or the job's `gpus`)")
-    # The box's GPUs (--gpus, DRAFTBOARD_GPUS, CUDA_VISIBLE_DEVICES), checked before anything starts.
-    gpus = box_gpus(args.gpus, os.environ) if args.launcher == "local" else None
+    # The box's GPUs (--gpus, DRAFTBOARD_GPUS, CUDA_VISIBLE_DEVICES), parsed before anything starts; a Ray worker
+    # takes no list from its own environment, and run_worker refuses one given it.
+    gpus = box_gpus(args.gpus, os.environ if args.launcher == "local" else {})
     launcher = make_launcher(args.launcher, args.address, **ray_options)
     launcher.prepare()  # a worker is there to run jobs: the first one need not wait for its imports
     claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
