@@ -6,13 +6,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from evaluators.engines import busy
+from waiting import wait_until
 
 SPIN = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 30: pass\n"
+
+
+def spinning(proc: subprocess.Popen, seconds: float = 0.05) -> int:
+    """The process group of `proc`, once it has spent `seconds` of CPU (it spins: it started)."""
+    group = os.getpgid(proc.pid)
+    wait_until(lambda: busy._ours_s([group], with_self=False) >= seconds, 10, what="the spinner spinning")
+    return group
 
 
 def test_a_process_line_is_read_past_any_command_name():
@@ -35,10 +42,11 @@ def test_a_window_is_other_programs_cpu_over_its_wall_time():
 def test_a_spinning_program_is_someone_elses_unless_it_is_one_of_the_sweeps_servers():
     spinner = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
     try:
-        time.sleep(0.3)  # started
-        group = os.getpgid(spinner.pid)
+        group = spinning(spinner)
         before_theirs, before_ours = busy.sample([]), busy.sample([group])
-        time.sleep(1.5)
+        spent = busy._ours_s([group], with_self=False)
+        # the window: until the spinner has taken another CPU second
+        wait_until(lambda: busy._ours_s([group], with_self=False) >= spent + 1.0, 20, what="a CPU second spun")
         theirs = busy.window(before_theirs, busy.sample([]))
         ours = busy.window(before_ours, busy.sample([group]))
     finally:
@@ -56,16 +64,14 @@ def test_settling_waits_for_a_server_that_still_works_and_no_longer(monkeypatch)
     assert busy.settle([]) == 0.0
     brief = subprocess.Popen([sys.executable, "-c", SPIN.replace("< 30", "< 0.6")], start_new_session=True)
     try:
-        time.sleep(0.15)
-        waited = busy.settle([os.getpgid(brief.pid)])
+        waited = busy.settle([spinning(brief)])
     finally:
         brief.wait()
     assert 0.2 < waited < 2.0
     monkeypatch.setattr(busy, "SETTLE_MOST_S", 0.5)
     endless = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
     try:
-        time.sleep(0.15)
-        assert 0.5 <= busy.settle([os.getpgid(endless.pid)]) < 1.0
+        assert 0.5 <= busy.settle([spinning(endless)]) < 1.0
     finally:
         endless.kill()
         endless.wait()

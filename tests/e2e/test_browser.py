@@ -210,17 +210,17 @@ def test_launch_an_eval_watch_it_finish_and_find_it_on_compare(dashboard, page, 
     page.get_by_text("Queue eval").wait_for()
     _choose(page, "Training run", "drafter-v1 (1 tapped layer)")
     _choose(page, "Dtype", "bf16")
-    # Issue 65 M1: Enter in a field commits the field; only the button queues an eval
+    # Issue 65 M1: Enter in a field commits the field; only the button queues an eval. Had Enter queued it, the
+    # button's submission of the same settings would find it queued already ("already submitted").
     field = page.get_by_role("spinbutton", name="Max new tokens")
     field.click()
     field.press("Enter")
-    page.wait_for_timeout(1_500)
-    _settled(page)
-    expect(page.get_by_text(re.compile(r"Queued job #\d+"))).to_have_count(0)
     page.screenshot(path=tmp_path / "1-launch.png", full_page=True)
     page.get_by_role("button", name="Queue eval").click()
     # The queue fragment refreshes itself; the job runs in the dashboard's local worker.
     page.get_by_text("succeeded").first.wait_for(timeout=180_000)
+    expect(page.get_by_text(re.compile(r"Queued job #\d+"))).to_have_count(1)
+    expect(page.get_by_text("already submitted")).to_have_count(0)
     page.screenshot(path=tmp_path / "2-queue.png", full_page=True)
 
     new = [r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
