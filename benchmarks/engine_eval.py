@@ -55,7 +55,8 @@ with open(args["out"], "w") as out:  # vLLM logs to stdout: the answer goes to a
 def _pair(family: str, root: Path, args, env: dict) -> dict:
     from demo.serving_pair import BLOCK_SIZE, MAX_NEW_TOKENS, build_serving_pair
     from evaluators.engines import vllm
-    from evaluators.harness import EvalSettings, evaluate
+    from evaluators.harness import evaluate
+    from evaluators.settings import EvalSettings
     from evaluators.target import stop_token_ids, text_config
     from tracker.measurement.reconcile import reconcile
 

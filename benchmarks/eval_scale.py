@@ -30,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluators.cache import FEATURES, EvalCache  # noqa: E402
-from evaluators.harness import EvalSettings, evaluate  # noqa: E402
+from evaluators.harness import evaluate  # noqa: E402
+from evaluators.settings import EvalSettings  # noqa: E402
 from evaluators.target import layer_hidden_states, layer_hidden_states_batch, load_target  # noqa: E402
 
 TAPPED = 5

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from demo import target as demo_target  # noqa: E402
 from demo.train_dflash import TrainConfig, prepare_data, train  # noqa: E402
 from evaluators import harness, metrics, scoring  # noqa: E402
+from evaluators.settings import EvalSettings  # noqa: E402
 from tracker.measurement.uncertainty import paired_comparison, prompt_score, results_uncertainty  # noqa: E402
 from evaluators.cache import EvalCache  # noqa: E402
 from evaluators.ddtree import ddtree_acceptance  # noqa: E402
@@ -93,7 +94,7 @@ def harness_drafter_stage(loaded, target, walked, contexts, conts, budgets) -> d
     return {"tau": res["tau"], **{f"ddtree_tau_b{b}": d["tau"] for b, d in res["ddtree"].items()}}
 
 
-def prepared(settings: harness.EvalSettings):
+def prepared(settings: EvalSettings):
     """Target, drafter and the cached target pass, exactly as `evaluate` builds them."""
     from evaluators.datasets import load_benchmark
 
@@ -137,7 +138,7 @@ def sampled_section(root: Path, args) -> tuple[dict, dict]:
     prompts = demo_target.make_prompts(args.prompts, seed=2, length=24, split="eval")
     (root / "sampled-prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
                                                         for i, p in enumerate(prompts)))
-    base = harness.EvalSettings(str(target_dir), ckpts[-1], str(root / "sampled-prompts.jsonl"),
+    base = EvalSettings(str(target_dir), ckpts[-1], str(root / "sampled-prompts.jsonl"),
                                 max_new_tokens=args.sampled_tokens, device="cpu", cache_dir=str(root / "sampled-cache"),
                                 samples=args.samples, **SAMPLING)
     t0 = time.perf_counter()
@@ -219,7 +220,7 @@ def main() -> None:
     prompts = demo_target.make_prompts(args.prompts, seed=2, length=96, split="eval")
     (root / "prompts.jsonl").write_text("".join(json.dumps({"id": i, "input_ids": p}) + "\n"
                                                 for i, p in enumerate(prompts)))
-    base = harness.EvalSettings(str(target_dir), ckpts[-1], str(root / "prompts.jsonl"), max_new_tokens=args.tokens,
+    base = EvalSettings(str(target_dir), ckpts[-1], str(root / "prompts.jsonl"), max_new_tokens=args.tokens,
                                 budgets=BUDGETS, device="cpu", cache_dir=str(root / "cache"))
 
     # (c) one cold eval: target pass vs everything else

@@ -24,7 +24,8 @@ from demo import served
 from demo import target as demo_target
 from demo.train_dflash import TrainConfig, prepare_data, train
 from evaluators.drafter import DFLASH2
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.logging import log_eval
 from tracker import redact
 from tracker.jobs.demo_progress import ProgressWriter

@@ -31,100 +31,24 @@ from evaluators import metrics, sizing
 from evaluators.cache import EvalCache, FeatureWriter, LayerFile
 from evaluators.drafter import LoadedDrafter, Precision, TargetDims, open_drafter, parse_precision
 from evaluators.datasets import load_benchmark
+from evaluators.pooling import Share, monte_carlo, prompt_fields, pool
+from evaluators.settings import EvalSettings
 from evaluators.online import lossless_row, online_generate, target_alone_generate
 from evaluators.prompts import Prompt, attach_completions, template_thinking
-from evaluators.sampling import ONLINE, Sampling, draw_seed, expected_length
+from evaluators.sampling import ONLINE, draw_seed
 from evaluators.scoring import (Walked, completion_bounds, sample_totals, score_anchors, score_ratios,
-                                score_short_blocks, score_short_ratios, summarize, summarize_sampled, tree_budgets)
+                                score_short_blocks, score_short_ratios, tree_budgets)
 from evaluators.target import (CheckedTarget, Target, cache_key, check_target, content_digest,
                                deferred_tokenizer, greedy_continuations, held_heads, layer_hidden_states_batch,
                                load_target, sampled_continuations)
-from tracker.measurement import context
-from tracker.measurement.uncertainty import draws_interval, results_uncertainty
 from tracker.environment import fingerprint, linear_attn
 from tracker.config import (
-    DEFAULT_BUDGETS,
     DTYPES,
-    EVAL_SCORINGS,
-    LAST_BLOCK_RULES,
-    MAX_BUDGET,
-    MAX_CONTEXT_EDGE,
-    sampling_problem,
 )
-from tracker.measurement.protocol import GENERATED, UNKNOWN, Protocol, file_digest, prompt_digest, text_digest
-from tracker.measurement.protocol import lengths as protocol_lengths
+from tracker.measurement.protocol import GENERATED, UNKNOWN, Protocol, file_digest, text_digest
 from tracker.errors import DraftboardError
 
-SCHEMA = "draftboard.eval/1"
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-@dataclass
-class EvalSettings:
-    target: str
-    drafter: str
-    prompts: str
-    completions: str | None = None
-    max_new_tokens: int = 256
-    budgets: tuple[int, ...] = DEFAULT_BUDGETS
-    device: str | None = None
-    dtype: str = "fp32"
-    drafter_precision: str | None = None  # config.DRAFTER_PRECISIONS; None: the drafter cast to `dtype`
-    linear_attn: str = "auto"
-    enable_thinking: bool | None = None
-    cache_dir: str | None = None
-    batch_size: int | None = None  # prompts per target batch; None: from free device memory (evaluators.sizing)
-    anchor_chunk: int | None = None  # anchors per drafter call; None: from free device memory
-    last_block: str = LAST_BLOCK_RULES[0]
-    scoring: str = EVAL_SCORINGS[0]
-    limit_per_dataset: int | None = None
-    prompt_tokens: int | None = None  # a long-context set's prompts made this many text tokens long
-    temperature: float = 0.0  # z-lab's sampling parameters; T = 0 is greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    samples: int = 1  # T > 0: continuations drawn per prompt (the offline expectation's draws)
-    seeds: int = 1  # T > 0, --scoring online: runs of the sampled loop per prompt
-    seed: int = 0
-    context_buckets: tuple[int, ...] = ()  # tau_by_context's edges; (): octaves of the prompts' contexts
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise DraftboardError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.budgets or any(b < 1 for b in self.budgets):
-            raise DraftboardError(f"--budgets must be positive integers, got {list(self.budgets)}")
-        if max(self.budgets) > MAX_BUDGET:
-            raise DraftboardError(f"--budgets: {max(self.budgets)} is above the limit of {MAX_BUDGET} nodes per "
-                                  "block (a DDTree search costs O(B log B) per block)")
-        self.budgets = tuple(sorted(set(self.budgets)))
-        if self.last_block not in LAST_BLOCK_RULES:
-            raise DraftboardError(f"--last-block must be one of {', '.join(LAST_BLOCK_RULES)}, got {self.last_block!r}")
-        if self.scoring not in EVAL_SCORINGS:
-            raise DraftboardError(f"--scoring must be one of {', '.join(EVAL_SCORINGS)}, got {self.scoring!r}")
-        if self.prompt_tokens is not None and not 1 <= self.prompt_tokens <= MAX_CONTEXT_EDGE:
-            raise DraftboardError(f"--prompt-tokens must be from 1 to {MAX_CONTEXT_EDGE}, got {self.prompt_tokens}")
-        for name in ("batch_size", "anchor_chunk"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise DraftboardError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.scoring == "online" and self.completions:
-            raise DraftboardError("--scoring online generates its own completions; drop --completions")
-        problem = sampling_problem(self.temperature, self.top_p, self.top_k, self.samples, self.seeds)
-        if problem:
-            raise DraftboardError(problem)
-        if self.seed < 0:
-            raise DraftboardError(f"--seed must be >= 0, got {self.seed}")
-        if not self.sampling.greedy and self.completions:
-            raise DraftboardError("a sampled eval (--temperature > 0) draws its own continuations; drop --completions")
-        try:
-            self.context_buckets = context.check_edges(self.context_buckets) if self.context_buckets else ()
-        except ValueError as exc:
-            raise DraftboardError(f"--context-buckets: {exc}") from None
-        if self.seeds > 1 and self.scoring != "online":
-            raise DraftboardError("--seeds counts runs of the online loop (--scoring online); offline, --samples "
-                                  "sets the continuations drawn per prompt")
-
-    @property
-    def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.top_k)
 
 
 def quiet(stage: str, done: int, total: int) -> None:
@@ -246,40 +170,6 @@ def _target_features(target: Target, walked: list[Walked], seqs: list[list[int]]
             progress("target: features", done, len(seqs))
 
 
-def _by_context(walked: list[Walked], rows: list[dict], edges: tuple[int, ...]) -> dict:
-    """`tau_by_context` of the walks and `tau_all_anchors_by_context` of every anchor (tracker.measurement.context),
-    over `edges` or octaves of the walks' contexts."""
-    edges, by_walk = context.by_walks([(len(r["input_ids"]), r["acceptance_lengths"]) for r in rows], edges)
-    anchors = [(context.anchor_contexts(len(w.input_ids), w.n_anchors), [int(a) for a in w.chain[:w.n_anchors]])
-               for w in walked]
-    return {"context_buckets": list(edges), "tau_by_context": by_walk,
-            "tau_all_anchors_by_context": context.by_context(anchors, edges)}
-
-
-def _by_context_sampled(walked: list[Walked], draws: int, edges: tuple[int, ...]) -> dict:
-    """A sampled eval's curves in expectation, like its tau: each continuation's anchors weighted by the probability
-    that its walk puts a block there, at that block's expected length (sampling.expected_walk), a prompt's draws
-    averaged; every anchor's expected length for the all-anchors curve."""
-    walks, anchors = [], []
-    for start in range(0, len(walked), draws):
-        group, n = walked[start:start + draws], len(walked[start].input_ids)
-        walk: tuple[list, list, list] = ([], [], [])
-        every: tuple[list, list, list] = ([], [], [])
-        for w in group:
-            walk[0].extend(context.anchor_contexts(n, w.end))
-            walk[1].extend(w.expected.lengths)
-            walk[2].extend(v / len(group) for v in w.expected.visits)
-            every[0].extend(context.anchor_contexts(n, w.n_anchors))
-            every[1].extend(map(expected_length, w.ratios[:w.n_anchors]))
-            every[2].extend([1 / len(group)] * w.n_anchors)
-        walks.append(walk)
-        anchors.append(every)
-    edges = edges or context.default_edges(c for contexts, _, weights in walks
-                                           for c, weight in zip(contexts, weights) if weight > 0)
-    return {"context_buckets": list(edges), "tau_by_context": context.by_context(walks, edges),
-            "tau_all_anchors_by_context": context.by_context(anchors, edges)}
-
-
 def _score_online(results: dict, target: Target, loaded: LoadedDrafter, walked: list[Walked], last_block: str,
                   stops: set[int], block: int, progress: Progress) -> None:
     """`--scoring online`: the chain numbers become z-lab's cached loop's (evaluators.online).
@@ -339,27 +229,17 @@ def _score_online_sampled(results: dict, target: Target, loaded: LoadedDrafter, 
     for row, runs in zip(results["prompts"], groups):
         row["offline_samples"] = row["samples"]
         row["samples"], row["completion_ids"] = runs, runs[0]["completion_ids"]
-    results["monte_carlo"] = _monte_carlo(results["prompts"], s.seeds)
-
-
-def _monte_carlo(rows: list[dict], draws: int) -> dict:
-    """The interval of a sampled tau over its draws alone, the prompts held fixed."""
-    per_prompt = [[d["tau"] for d in row["samples"] if d["tau"] is not None] for row in rows]
-    return {"draws_per_prompt": draws, "tau_ci_given_prompts": draws_interval(per_prompt).bounds()}
+    results["monte_carlo"] = monte_carlo(results["prompts"], s.seeds)
 
 
 def eval_protocol(s: EvalSettings, prompts: list[Prompt], tokenizer, block: int, stops: list[int],
                   target_digest: str, scoring: str | None = None) -> Protocol:
     """What this eval asked of the target and drafter (tracker.measurement.protocol; DESIGN.md); scoring: the
     settings' unless the eval scores another way (an engine's)."""
-    datasets: dict[str, int] = {}
-    for p in prompts:
-        datasets[p.dataset or UNKNOWN] = datasets.get(p.dataset or UNKNOWN, 0) + 1
     templated = any(p.chat_template for p in prompts)
     thinking = template_thinking(tokenizer, s.enable_thinking) if templated else None
     return Protocol(
-        datasets=datasets, prompt_digest=prompt_digest(p.input_ids for p in prompts),
-        prompt_lengths=protocol_lengths(p.input_ids for p in prompts),
+        **prompt_fields(prompts),
         completions=file_digest(s.completions) if s.completions else GENERATED,
         max_new_tokens=s.max_new_tokens,
         enable_thinking=UNKNOWN if thinking is None else thinking,
@@ -507,6 +387,19 @@ def _fingerprint(target: _OnDemand, s: EvalSettings, device: str, layers: list[i
     return here, _TargetFacts(key, known["part"], known["resolution"])
 
 
+@dataclass
+class _Live:
+    """What a one-process eval keeps in memory after scoring, for `--scoring online`'s loop."""
+
+    target: _OnDemand
+    loaded: LoadedDrafter
+    stops: set[int]
+    facts: _TargetFacts
+    here: dict
+    cache: EvalCache
+    digest: str
+
+
 def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     """Run one eval and return the results JSON (DESIGN.md, schema draftboard.eval/1).
 
@@ -516,10 +409,43 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     and drafter seconds; `timing.loaded` says what of the target was read ("model" or "heads").
     """
     t0 = time.perf_counter()
+    share, live = score_share(s, progress)
+    online = None
+    if s.scoring == "online":
+        def online(results: dict) -> None:
+            t_online = time.perf_counter()
+            walked, target, block = share.walked, live.target(), share.block
+            if s.sampling.greedy:
+                _score_online(results, target, live.loaded, walked, s.last_block, live.stops, block, progress)
+            else:
+                _score_online_sampled(results, target, live.loaded, walked, s, live.stops, block, progress)
+            share.timing["drafter_s"] += time.perf_counter() - t_online
+            _note_warnings(share, live)
+    results = pool(s, [share], online)
+    results["timing"]["total_s"] = time.perf_counter() - t0
+    return results
+
+
+def _note_warnings(share: Share, live: _Live) -> None:
+    """The fallback warnings the target logged while it ran, into the share's fingerprint (and the cached facts)."""
+    if live.target.target is not None and live.facts.note_warnings(linear_attn.FALLBACK_WARNINGS.messages):
+        live.cache.put_fingerprint(live.facts.key, {"part": live.facts.part, "resolution": live.facts.resolution},
+                                   target=live.digest)
+        share.fingerprint = fingerprint.with_target_part(live.here, live.facts.part)
+        share.resolution = live.facts.resolution
+
+
+def score_share(s: EvalSettings, progress: Progress = quiet, shard: int = 0, of: int = 1) -> tuple[Share, _Live]:
+    """Score this process's share of the prompts: all of them, or shard `shard` of `of`, which takes the prompts
+    `shard, shard + of, ...` as z-lab's benchmark.py gives rank r of a world of `of` its prompts."""
+    t0 = time.perf_counter()
     linear_attn.FALLBACK_WARNINGS.start()
     device = s.device or fingerprint.default_device()
     pair = load_pair(s, device, progress)
-    prompts, tokenizer, loaded, precision = pair.prompts, pair.tokenizer, pair.loaded, pair.precision
+    prompts, tokenizer, loaded, precision = pair.prompts[shard::of], pair.tokenizer, pair.loaded, pair.precision
+    if not prompts:
+        raise DraftboardError(f"--shards {of}: only {len(pair.prompts)} prompt(s) to split; use at most "
+                              f"{len(pair.prompts)} shards")
     block, layers = loaded.model.block_size, list(loaded.model.target_layer_ids)
     sampling = s.sampling
     budgets, ddtree_skipped = tree_budgets(loaded, s.budgets, sampling)
@@ -589,43 +515,21 @@ def evaluate(s: EvalSettings, progress: Progress = quiet) -> dict:
     finally:
         contexts.close()
     drafter_s = time.perf_counter() - t_drafter
-    if not any(w.n_anchors for w in walked):
-        raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
+    share = Share(
+        shard=shard, of=of, walked=walked,
+        protocol=eval_protocol(s, prompts, tokenizer, block, sorted(stops), digest).to_dict(),
+        fingerprint=fp, resolution=facts.resolution,
+        timing={"load_s": load_s + target.seconds, "target_s": target_s, "fingerprint_s": fingerprint_s,
+                "drafter_s": drafter_s, "total_s": time.perf_counter() - t0,
+                "loaded": "model" if target.target is not None else "heads", "heads_held": held},
+        sized={"batch_size": batch, "anchor_chunk": chunk}, budgets=list(budgets), ddtree_skipped=ddtree_skipped,
+        block=block, target={"path": str(Path(s.target).resolve()), "content_digest": digest,
+                             "num_layers": pair.config.num_hidden_layers},
+        drafter={"path": str(Path(s.drafter).resolve()), "source": loaded.source, "target_layer_ids": layers,
+                 "mask_token_id": loaded.model.mask_token_id, "family": loaded.model.family})
+    live = _Live(target, loaded, stops, facts, here, cache, digest)
+    _note_warnings(share, live)
+    return share, live
 
-    if sampling.greedy:
-        results = {"schema": SCHEMA, **summarize(walked, block, budgets, s.last_block)}
-    else:
-        results = {"schema": SCHEMA, **summarize_sampled(walked, s.samples, block, s.last_block)}
-        results["monte_carlo"] = _monte_carlo(results["prompts"], s.samples)
-    if ddtree_skipped:
-        results["ddtree_skipped"] = ddtree_skipped
-    if s.scoring == "online":
-        t_online = time.perf_counter()
-        if sampling.greedy:
-            _score_online(results, target(), loaded, walked, s.last_block, stops, block, progress)
-        else:
-            _score_online_sampled(results, target(), loaded, walked, s, stops, block, progress)
-        drafter_s += time.perf_counter() - t_online
-    if sampling.greedy:  # the walks as scored (online: the loop's)
-        results.update(_by_context(walked, results["prompts"], s.context_buckets))
-    elif s.scoring == "offline":  # in expectation, like its tau (online, its tau is the runs' mean: no curve)
-        results.update(_by_context_sampled(walked, s.samples, s.context_buckets))
-    if target.target is not None and facts.note_warnings(linear_attn.FALLBACK_WARNINGS.messages):
-        cache.put_fingerprint(facts.key, {"part": facts.part, "resolution": facts.resolution}, target=digest)
-        fp = fingerprint.with_target_part(here, facts.part)
-    results.update(results_uncertainty(results["prompts"]))
-    results["protocol"] = eval_protocol(s, prompts, tokenizer, block, sorted(stops), digest).to_dict()
-    results.update({
-        "fingerprint": fp,
-        "timing": {"load_s": load_s + target.seconds, "target_s": target_s, "fingerprint_s": fingerprint_s,
-                   "drafter_s": drafter_s, "total_s": time.perf_counter() - t0,
-                   "loaded": "model" if target.target is not None else "heads", "heads_held": held},
-        "settings": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
-                     "batch_size": batch, "anchor_chunk": chunk},  # as sized for this device
-        "target": {"path": str(Path(s.target).resolve()), "content_digest": digest,
-                   "num_layers": pair.config.num_hidden_layers, "linear_attention": facts.resolution},
-        "drafter": {"path": str(Path(s.drafter).resolve()), "source": loaded.source,
-                    "target_layer_ids": layers, "mask_token_id": loaded.model.mask_token_id,
-                    "family": loaded.model.family},
-    })
-    return results
+
+

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from evaluators.harness import EvalSettings
+from evaluators.settings import EvalSettings
 from tracker.measurement import known_bad
 from tracker.measurement.uncertainty import ci_metrics, prompt_score
 from tracker.measurement.protocol import Protocol

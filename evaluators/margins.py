@@ -23,7 +23,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from evaluators.harness import EvalSettings, Progress, load_pair, quiet
+from evaluators.harness import Progress, load_pair, quiet
+from evaluators.settings import EvalSettings
 from evaluators.target import layer_hidden_states_batch, load_target
 from tracker.environment import fingerprint
 from tracker.errors import DraftboardError

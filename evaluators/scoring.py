@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -77,6 +77,27 @@ class Walked:
         for anchor, row in self.short_ratios.items():
             ratios[anchor] = row
         return ratios
+
+    def to_json(self) -> dict:
+        """Everything scoring found, as JSON (a shard's share of an eval, evaluators.shards): the expectation is left
+        out (pooling computes it); integer keys become strings, floats keep every bit (Python's repr round-trips)."""
+        out = asdict(self)
+        out.pop("expected")
+        out["tree"] = {str(b): v for b, v in self.tree.items()}
+        out["short_chain"] = {str(a): v for a, v in self.short_chain.items()}
+        out["short_tree"] = {str(b): {str(a): v for a, v in rows.items()} for b, rows in self.short_tree.items()}
+        out["short_ratios"] = {str(a): v for a, v in self.short_ratios.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Walked":
+        return cls(prompt=Prompt(**data["prompt"]), completion_ids=data["completion_ids"], n_anchors=data["n_anchors"],
+                   limit=data["limit"], end=data["end"], chain=data["chain"],
+                   tree={int(b): v for b, v in data["tree"].items()},
+                   short_chain={int(a): v for a, v in data["short_chain"].items()},
+                   short_tree={int(b): {int(a): v for a, v in rows.items()} for b, rows in data["short_tree"].items()},
+                   seed=data["seed"], probs=data["probs"], ratios=data["ratios"],
+                   short_ratios={int(a): v for a, v in data["short_ratios"].items()})
 
 
 def completion_bounds(continuation: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], int]:

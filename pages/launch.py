@@ -185,6 +185,10 @@ else:
                                help="GPUs the job holds, its own, on a worker that hands them out (`draftboard worker "
                                     "--gpus 0,1,2,3`); it waits until they are free; empty: 1 on cuda, none on cpu")
         dtype = c5.selectbox("Dtype", DTYPES, key="launch_dtype")
+        shards = c5.number_input("Shards", value=None, **COUNT, key="launch_shards", placeholder="1",
+                                 help="split the prompts across N processes, each on its own GPU (the job holds N) or "
+                                      "its share of the CPU cores; merged into one eval, every number exactly as one "
+                                      "process gives it; empty: one process")
         precision = c6.selectbox("Drafter precision", [None, *DRAFTER_PRECISIONS], key="launch_precision",
                                  format_func=lambda p: "as dtype" if p is None else p,
                                  help="as dtype: the drafter's weights cast to the dtype; bf16-autocast: fp32 "
@@ -232,7 +236,7 @@ else:
             prompt_tokens=prompt_tokens,
             temperature=float(temperature), top_p=float(top_p), top_k=top_k,
             samples=1 if samples_off or (temperature == 0 and samples == SAMPLES_SHOWN) else samples,
-            concurrency=concurrency or "", repeats=repeats, gpus=gpus,
+            concurrency=concurrency or "", repeats=repeats, gpus=gpus, shards=shards,
         )
         with ui.reported(lambda text: st.error(text, icon="🚫")):
             params = eval_params(form, cfg.allowed_roots)

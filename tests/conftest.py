@@ -191,7 +191,8 @@ def dashboard_store(tmp_path_factory):
     from transformers import Qwen3_5ForCausalLM
 
     from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
-    from evaluators.harness import EvalSettings, evaluate
+    from evaluators.harness import evaluate
+    from evaluators.settings import EvalSettings
     from evaluators.logging import log_eval
     from tiny import VOCAB, qwen35_config, save_target
     from tracker import Tracker

@@ -145,7 +145,8 @@ def test_training_run_learns_and_checkpoints_reload(target_dir, data, tracker, s
 def test_bf16_run_records_the_numerics_it_used_and_its_reevaluation_matches(target_dir, data, tracker, tmp_path):
     """The headline flow: a bf16-autocast training run, re-evaluated with the flags its
     fingerprint calls for, gives an eval with no critical difference from it."""
-    from evaluators.harness import EvalSettings, evaluate
+    from evaluators.harness import evaluate
+    from evaluators.settings import EvalSettings
     from tracker.environment import fingerprint
     from tracker.dashboard.envmatrix import training_environment
 

@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
 from evaluators.drafter import DFLASH2, open_drafter, save_zlab
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.scoring import DDTREE_DFLASH2
 from tiny import dflash2_from, fit_drafter, greedy_sequences, qwen3_config, save_target
 from tracker.cli import main

@@ -267,7 +267,7 @@ def test_a_server_that_dies_at_a_level_is_started_again_and_its_death_counted_th
     import signal
 
     from evaluators.engines.run import EngineSettings, evaluate_engine
-    from evaluators.harness import EvalSettings
+    from evaluators.settings import EvalSettings
 
     killed = []
 

@@ -370,7 +370,7 @@ def test_a_served_eval_says_which_known_bad_rows_hold_for_its_box(pair, vllm_ser
     the logged eval carries as its tag, and Run detail and Runs show with its source."""
     from apptest import run_page, serve, shown
     from evaluators.engines.run import _known_bad
-    from evaluators.harness import EvalSettings
+    from evaluators.settings import EvalSettings
     from evaluators.logging import log_eval
     from tracker import Tracker
     from tracker.store import names

@@ -27,7 +27,8 @@ from mlflow import MlflowClient
 from tiny import hybrid_eval_files
 from conftest import eval_params, script_entry
 
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from tracker import events
 from tracker.cli import main
 from tracker.errors import DraftboardError
@@ -386,7 +387,7 @@ def test_artifact_dir_lost_mid_run_fails_the_run_at_once_keeping_its_steps(model
 
 DISK_FULL = """
 import json, resource, sys
-from evaluators.harness import EvalSettings
+from evaluators.settings import EvalSettings
 from evaluators.logging import log_eval
 from tracker.errors import DraftboardError
 from tracker.store.tracker import Tracker

@@ -8,7 +8,8 @@ import torch
 from transformers import Qwen3_5ForCausalLM
 
 from evaluators.drafter import DFlashDrafter, DrafterConfig, save_zlab
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.scoring import completion_bounds
 from evaluators.target import cache_key
 from tracker import events

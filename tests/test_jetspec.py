@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from evaluators.drafter import DFLASH, JETSPEC, DrafterConfig, open_drafter, save_zlab
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from tiny import fit_drafter, greedy_sequences, qwen3_config, save_target
 from tracker.errors import DraftboardError
 from zlab import zlab_model

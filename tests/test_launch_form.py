@@ -229,6 +229,15 @@ def test_launch_offers_load_levels_for_an_engine_that_sweeps_and_refuses_them_ot
     assert eval_params(LaunchForm(**common, gpus=2.0, device="cuda"), [tmp_path])["gpus"] == 2
     with pytest.raises(DraftboardError, match="GPUs: a CPU eval holds none"):
         eval_params(LaunchForm(**common, gpus=1.0, device="cpu"), [tmp_path])
+    # issue 63: shards, one GPU each on cuda; an engine eval is one server
+    from tracker.jobs import eval_job
+
+    params = eval_params(LaunchForm(**common, shards=2.0, device="cuda"), [tmp_path])
+    assert params["shards"] == 2 and params["name"].endswith("2 shards")
+    with pytest.raises(DraftboardError, match="^Shards splits an offline eval's prompts across processes"):
+        eval_params(LaunchForm(**common, shards=2.0, measured_by=("vllm", None)), [tmp_path])
+    with pytest.raises(DraftboardError, match="shards 2 on a GPU hold one GPU each; gpus is 1"):
+        eval_job.validate(eval_params(LaunchForm(**common, shards=2.0, gpus=1.0, device="cuda"), [tmp_path]))
     params = eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="1,4", repeats=5.0), [tmp_path])
     assert params["repeats"] == 5 and params["name"].endswith("5 rounds")
     assert "repeats" not in eval_params(LaunchForm(**common, measured_by=("vllm", None), concurrency="4"), [tmp_path])
@@ -262,13 +271,13 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     sampled = {"target": "/t", "drafter": "/d", "prompts": "/p", "max_new_tokens": 64, "temperature": 1.0,
                "top_p": 1.0, "top_k": 0, "samples": 16, "device": "cpu", "dtype": "fp32", "reference": "z-lab v1",
                "checkpoint_step": 160, "engine": "vllm", "concurrency": [1, 4], "repeats": 5, "prompt_tokens": 4096,
-               "gpus": 2}
+               "gpus": 2, "shards": 2}
     state, notes = edit_state(sampled, [OFFLINE, ("vllm", None)])
     assert state["launch_sampling"] == preset and config.SAMPLING_PRESETS[preset] == (1.0, 1.0, 0)
     assert (state["launch_temperature"], state["launch_top_p"], state["launch_top_k"], state["launch_samples"]) == \
         (1.0, 1.0, 0, 16)
     assert state["launch_measured_by"] == ("vllm", None) and state["launch_concurrency"] == "1,4"
-    assert state["launch_repeats"] == 5 and state["launch_gpus"] == 2
+    assert state["launch_repeats"] == 5 and state["launch_gpus"] == 2 and state["launch_shards"] == 2
     assert (state["launch_reference"], state["launch_reference_name"], state["launch_step"]) == (True, "z-lab v1", 160)
     assert (state["launch_target"], state["launch_max_new"]) == ("/t", 64) and notes == []
     assert state["launch_prompt_tokens"] == 4096

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.online import OnlineRun, lossless_row
 from online_loop import hybrid_pair
 from tracker.cli import main

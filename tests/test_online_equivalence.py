@@ -12,7 +12,8 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from evaluators.drafter import save_zlab
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from online_loop import hybrid_pair, lossless_generate, speculative_generate
 from tiny import fit_drafter, greedy_sequences, qwen3_config, save_target
 

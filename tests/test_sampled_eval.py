@@ -13,9 +13,10 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from evaluators import harness, metrics, scoring
+from evaluators import metrics, pooling, scoring
 from evaluators.drafter import open_drafter, save_zlab
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.prompts import Prompt
 from evaluators.sampling import Sampling, draft_probability, expected_walk, sampling_probs
 from evaluators.target import greedy_continuations, layer_hidden_states, load_target
@@ -90,8 +91,8 @@ def test_at_temperature_zero_the_sampled_scoring_is_the_greedy_eval_bit_for_bit(
     assert a["accept_len_histogram"] == b["accept_len_histogram"]
     assert sum(a["accept_len_histogram"][1:]) > 0  # drafts were accepted: the equality covers real blocks
     # Issue 50: the curves by context in expectation are the greedy ones, bucket by bucket, intervals included.
-    curves = harness._by_context(greedy, a["prompts"], ())
-    assert len(curves["tau_by_context"]) > 1 and harness._by_context_sampled(sampled, 1, ()) == curves
+    curves = pooling._by_context(greedy, a["prompts"], ())
+    assert len(curves["tau_by_context"]) > 1 and pooling._by_context_sampled(sampled, 1, ()) == curves
     assert any(p["completion_ids"][-1] in stops for p in a["prompts"])  # and a stop token
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evaluators.drafter import DrafterConfig, load_drafter
-from evaluators.harness import EvalSettings
+from evaluators.settings import EvalSettings
 from evaluators.target import check_weights
 from tiny import hybrid_eval_files
 from tracker.cli import main

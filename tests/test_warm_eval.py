@@ -8,7 +8,8 @@ import torch
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM
 
 from evaluators.cache import EvalCache
-from evaluators.harness import EvalSettings, evaluate
+from evaluators.harness import evaluate
+from evaluators.settings import EvalSettings
 from evaluators.target import (check_weights, content_digest, held_heads, load_heads, load_target,
                                stop_token_ids, text_config)
 from tiny import hybrid_eval_files, qwen35_config, save_target

@@ -193,6 +193,7 @@ MAX_BUDGETS = 32  # --budgets: how many; each is a DDTree search per block
 MAX_CONCURRENCY = 64
 MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt 2 x (repeats + 1) times)
 MAX_SERVER_DEATHS = 3  # a load sweep restarts a managed server that died at a level this often, counting each
+MAX_SHARDS = 64  # --shards: processes one offline eval's prompts are split across (evaluators.shards)
 DEFAULT_REPEATS = 3  # --repeats: a load sweep's rounds per level, the arms interleaved (evaluators.engines.load)
 MAX_REPEATS = 20
 
@@ -217,6 +218,21 @@ MAX_DRAWS = 1024
 def flag(name: str) -> str:
     """The command-line flag of a setting: `top_p` -> `--top-p` (`draftboard eval`'s, and so the CLI's words)."""
     return "--" + name.replace("_", "-")
+
+
+def shards_problem(shards, scoring: str | None, engine: str | None = None, flag: str = "--shards") -> str | None:
+    """Why an eval cannot be split into `shards` processes (evaluators.shards; one line; None when it can)."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        return f"{flag}: processes from 1 to {MAX_SHARDS}, got {shards!r}"
+    if shards == 1:
+        return None
+    if engine:
+        return (f"{flag} splits an offline eval's prompts across processes; an engine eval is one server "
+                "(--concurrency sets its requests in flight)")
+    if scoring == "online":
+        return (f"{flag} with --scoring online: the online loop's speedup is timed per prompt on one device; "
+                "score offline to shard")
+    return None
 
 
 def sampling_problem(temperature: float, top_p: float = 1.0, top_k: int = 0, samples: int = 1,

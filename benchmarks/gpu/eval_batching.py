@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval_scale import build, write_prompts  # noqa: E402
 from evaluators import sizing  # noqa: E402
-from evaluators.harness import EvalSettings, evaluate  # noqa: E402
+from evaluators.harness import evaluate  # noqa: E402
+from evaluators.settings import EvalSettings  # noqa: E402
 from evaluators.target import (layer_hidden_states, layer_hidden_states_batch, load_target,  # noqa: E402
                                text_config)
 

@@ -28,7 +28,9 @@ from evaluators.engines import gdn, llamacpp, load, sglang, staging, vllm
 from evaluators.engines.base import EngineClient, EngineError, EngineInfo, EngineReply, EngineRequest
 from evaluators.engines.server import (ManagedServer, check_python, finish_probe, simulated_acceptance_problem,
                                       start_probe)
-from evaluators.harness import SCHEMA, EvalSettings, Progress, eval_protocol, quiet
+from evaluators.harness import Progress, eval_protocol, quiet
+from evaluators.settings import EvalSettings
+from evaluators.pooling import SCHEMA
 from evaluators.scoring import completion_bounds
 from evaluators.target import content_digest, load_tokenizer, stop_token_ids, text_config
 from tracker import config, lifecycle

@@ -28,7 +28,8 @@ def _check_gpus(gpus: int, device: str | None) -> None:
 
 
 def cmd_eval(args) -> int:
-    from evaluators.harness import EvalSettings, evaluate
+    from evaluators.harness import evaluate
+    from evaluators.settings import EvalSettings
     from evaluators.logging import check_out_path, log_eval
     from tracker.events import emit
 
@@ -48,6 +49,8 @@ def cmd_eval(args) -> int:
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")
+    if args.shards is not None and (problem := config.shards_problem(args.shards, args.scoring, args.engine)):
+        raise DraftboardError(problem)
     if args.engine:
         from evaluators.engines.run import EngineSettings, evaluate_engine
 
@@ -60,6 +63,10 @@ def cmd_eval(args) -> int:
             "engine_python", "engine_url", "engine_port", "num_speculative_tokens", "concurrency", "repeats")):
         raise DraftboardError("--engine-python, --engine-url, --engine-port, --num-speculative-tokens, --concurrency, "
                               "--repeats and --prefix-caching need --engine vllm|sglang|llamacpp")
+    elif args.shards and args.shards > 1:
+        from evaluators.shards import evaluate_sharded
+
+        results = _run_staged(lambda s, progress: evaluate_sharded(s, args.shards, progress), settings, args.out)
     else:
         results = _run_staged(evaluate, settings, args.out)
     run_id = None
@@ -170,7 +177,8 @@ def _run_staged(run, settings, out: str | None) -> dict:
 
 
 def cmd_check_lossless(args) -> int:
-    from evaluators.harness import EvalSettings, check_lossless
+    from evaluators.harness import check_lossless
+    from evaluators.settings import EvalSettings
     from evaluators.logging import check_out_path
 
     if args.out:

@@ -171,6 +171,7 @@ class LaunchForm:
     concurrency: str = ""  # a load sweep's levels ("1,4,8"; empty: none), with an engine
     repeats: float | None = None  # a sweep's rounds per level (None: config.DEFAULT_REPEATS)
     gpus: float | None = None  # GPUs the job holds on a worker that hands them out (None: tracker.jobs.gpus.needed)
+    shards: float | None = None  # processes the prompts are split across, one GPU each on cuda (None: one)
 
 
 OFFLINE = (None, None)
@@ -266,7 +267,8 @@ def unused_settings(form: LaunchForm) -> list[str]:
 # Launch's form fields (session-state keys) and the job params they hold, one to one.
 FORM_FIELDS = {"launch_target": "target", "launch_max_new": "max_new_tokens", "launch_device": "device",
                "launch_dtype": "dtype", "launch_precision": "drafter_precision", "launch_linear": "linear_attn",
-               "launch_limit": "limit_per_dataset", "launch_prompt_tokens": "prompt_tokens", "launch_gpus": "gpus"}
+               "launch_limit": "limit_per_dataset", "launch_prompt_tokens": "prompt_tokens", "launch_gpus": "gpus",
+               "launch_shards": "shards"}
 # The params `edit_state` carries besides FORM_FIELDS' (the run's name is derived anew by `eval_params`); every
 # other param a job may hold has no field in the form, and Edit names it (queued again, it takes the default).
 _CARRIED = {*FORM_FIELDS.values(), "drafter", "prompts", "budgets", "checkpoint_step", "train_run_id", "concurrency",
@@ -366,6 +368,11 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         if gpus and form.device == "cpu":
             raise DraftboardError(f"GPUs: a CPU eval holds none (device cpu), got {gpus}")
         params["gpus"] = gpus
+    if form.shards is not None:
+        shards = _whole(form.shards, "Shards")
+        if problem := config.shards_problem(shards, "offline", form.measured_by[0], "Shards"):
+            raise DraftboardError(problem)
+        params["shards"] = shards
     if form.temperature != 0:  # greedy jobs keep the params they always had (the queue's dedup meets them)
         sampling = {"temperature": float(form.temperature), "top_p": float(form.top_p),
                     "top_k": _whole(form.top_k, "top_k")}

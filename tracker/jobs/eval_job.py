@@ -135,6 +135,9 @@ EVAL_FIELDS: tuple[EvalField, ...] = (
               upper=config.MAX_CONCURRENCY, unit="concurrency level", most=config.MAX_CONCURRENCY_LEVELS),
     EvalField("gpus", INT, "GPUs the job holds on a worker that hands them out (`worker --gpus`; default: 1 "
               "on cuda, none with --device cpu); the eval itself sees only those", metavar="N"),
+    EvalField("shards", INT, f"split the prompts across N processes, each on its own GPU (the k-th this eval sees) "
+              f"or its share of the CPU cores, merged into one eval exactly as one process scores it (offline "
+              f"scoring; at most {config.MAX_SHARDS})", metavar="N"),
     EvalField("repeats", INT, f"with --concurrency: rounds per level, the drafter's and the target alone's "
               f"interleaved; the speedup is the ratio of their medians with its interval over rounds (default "
               f"{config.DEFAULT_REPEATS}, at most {config.MAX_REPEATS})", metavar="N"),
@@ -265,6 +268,13 @@ def validate(params: Any) -> dict[str, Any]:
     problem = config.sampling_problem(**sampling, say=str)  # in the job's own words: its param names
     if problem:  # before it is queued: a job the eval would refuse at once never takes a worker
         raise DraftboardError(f"eval params: {problem}")
+    shards = values.get("shards")
+    if shards is not None:
+        problem = config.shards_problem(shards, values.get("scoring"), values.get("engine"), flag="shards")
+        if problem:
+            raise DraftboardError(f"eval params: {problem}")
+        if shards > 1 and values.get("device") != "cpu" and values.get("gpus") is not None and values["gpus"] < shards:
+            raise DraftboardError(f"eval params: shards {shards} on a GPU hold one GPU each; gpus is {values['gpus']}")
     return values
 
 
@@ -286,6 +296,7 @@ _WORDS: dict[str, Callable[[Any], str]] = {
     "num_speculative_tokens": "{} draft tokens".format,
     "concurrency": lambda levels: "concurrency " + ",".join(map(str, levels)),
     "repeats": "{} rounds".format,
+    "shards": "{} shards".format,
     "completions": lambda _: "fixed continuations",
 }
 

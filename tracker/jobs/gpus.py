@@ -45,11 +45,12 @@ def box_gpus(declared: str | None, env: Mapping[str, str]) -> tuple[str, ...] | 
 
 
 def needed(params: Mapping) -> int:
-    """The GPUs a job holds: its `gpus` param, else one for a job that may run on a GPU and none on the CPU."""
+    """The GPUs a job holds: its `gpus` param, else one for a job that may run on a GPU (one per shard of a sharded
+    eval) and none on the CPU."""
     asked = params.get("gpus")
     if asked is not None:
         return int(asked)
-    return 0 if params.get("device") == "cpu" else 1
+    return 0 if params.get("device") == "cpu" else max(1, int(params.get("shards") or 1))
 
 
 class Pool:
