@@ -134,8 +134,8 @@ def eval_view() -> None:
     for i, key in enumerate(keys):
         with cols[i % 2]:
             st.markdown(f"**{md(key)}** · {md(metric_docs.describe(key).title)}", help=metric_docs.help_text(key))
-            ui.canvas_chart(curve_chart.eval_spec(data.eval_points, key, colors, data.reference_values.get(key),
-                                                  ref_label, data.reference_interval if key == "tau" else None),
+            ui.canvas_chart(curve_chart.eval_spec(data.eval_points, key, colors,
+                                                  data.references(key, ref_label) if ref_label else ()),
                             key=f"compare_eval_{key}")
     st.caption("Error bars: the 95% bootstrap interval over prompts of each eval; the legend holds each series' "
                "latest checkpoint (or the one under the cursor) with that interval. Series marked (online) were "

@@ -26,6 +26,7 @@ from tracker.dashboard.launch_form import (
     measure_label,
     no_engine_note,
     prompt_choices,
+    registered_step,
     result_line,
     shown_log,
     submit_eval,
@@ -285,8 +286,10 @@ def _edit(job_id: int, params: dict) -> None:
     state.update(filled)
     if params.get("prompts"):
         _set_prompts(params["prompts"])
-    state["launch_train_run"] = params.get("train_run_id") if params.get("train_run_id") in index.runs else None
-    state["launch_checkpoint"] = OTHER
+    train = params.get("train_run_id") if params.get("train_run_id") in index.runs else None
+    state["launch_train_run"] = train
+    step = registered_step(params, {c.step: c.path for c in ui.checkpoints(cfg, train)} if train else {})
+    state["launch_checkpoint"] = OTHER if step is None else step
     state["launch_drafter_path"] = params.get("drafter", "")
 
 

@@ -307,7 +307,7 @@ def test_compare_says_when_no_reference_matches_the_target(app_env, tmp_path):
     assert not at.info and "published numbers for target" not in page_text(at)
     # Issue 52: chosen by hand, it still says whether its line is drawn, or exactly why not
     [why] = [shown(w.value) for w in at.warning]
-    assert why.startswith("No reference number matches: the chosen evals ran on ") and "not drawn" in why
+    assert why.startswith("No reference number matches: the chosen evals ran on ") and "is drawn apart" in why
 
 
 def test_environments_matrix_and_reevaluate_queue_a_job(app_env):
@@ -487,7 +487,9 @@ def test_launch_creates_a_job_and_dedups_the_second(app_env):
     # A cancelled job can be queued again as it was, or brought back into the form to change first.
     at.button(key="edit_1").click().run()
     assert at.number_input(key="launch_max_new").value == 12 and at.text_input(key="launch_budgets").value == "2,8"
-    assert at.text_input(key="launch_drafter_path").value == str(app_env.drafters[100])
+    # issue 65 M2: the registered checkpoint comes back as the step it was picked as, not as a typed path
+    assert at.selectbox(key="launch_checkpoint").value == 100
+    assert not [t for t in at.text_input if t.key == "launch_drafter_path"]
     at.button(key="retry_1").click().run()
     assert not at.exception
     assert [(j.id, j.state) for j in JobQueue().list()] == [(2, "queued"), (1, "cancelled")]

@@ -63,14 +63,22 @@ def test_better_and_worse(tracker, store_uri, machine_fp, base, capsys):
 
 
 def test_a_protocol_difference_that_changes_tau_is_refused(tracker, store_uri, machine_fp, base, capsys):
-    a = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="offline")))
-    b = log(tracker, machine_fp, results(base, Protocol(enable_thinking=False, scoring="online")))
+    a = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="offline", max_new_tokens=64)))
+    b = log(tracker, machine_fp, results(base, Protocol(enable_thinking=False, scoring="offline", max_new_tokens=64)))
     assert compare(store_uri, a, b) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: the evals' protocols differ critically (protocol.enable_thinking: True vs False)")
-    assert err.count("\n") == 1
-    c = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="online")))
-    assert compare(store_uri, a, c) == 0  # offline vs online is info only
+    assert err == ("error: the evals' protocols differ critically (protocol.enable_thinking: True vs False): their "
+                   "taus are not comparable\n")
+    # Issue 65 M7 / H1: a series is one protocol. A 256-token and a 64-token eval of one checkpoint, or an offline
+    # and an online one, are two series: no verdict across them.
+    for other, field in ((Protocol(enable_thinking=True, scoring="offline", max_new_tokens=256),
+                          "protocol.max_new_tokens: 64 vs 256"),
+                         (Protocol(enable_thinking=True, scoring="online", max_new_tokens=64),
+                          "protocol.scoring: offline vs online")):
+        c = log(tracker, machine_fp, results(base, other))
+        assert compare(store_uri, a, c) == 2 and field in capsys.readouterr().err
+    same = log(tracker, machine_fp, results(base, Protocol(enable_thinking=True, scoring="offline", max_new_tokens=64)))
+    assert compare(store_uri, a, same) == 0
 
 
 @pytest.mark.parametrize("change, message", [

@@ -8,7 +8,7 @@ import pytest
 from tracker.measurement import protocol, uncertainty
 from tracker.dashboard import compare_deltas as comparisons  # Compare's Δτ tables (issue 40's name)
 from tracker.dashboard import lineage, tables
-from tracker.dashboard.compare import closest_reference, compare_data, eval_series
+from tracker.dashboard.compare import best_evals, closest_reference, compare_data, eval_series
 from tracker.dashboard.compare_deltas import Estimate
 from tracker.dashboard.index import RunIndex, RunInfo
 from tracker.dashboard.launch_form import PROMPT_PATH, benchmark_spec, prompt_choices
@@ -57,8 +57,11 @@ PUBLISHED = make("paper", "reference", published=True, fingerprint=None,
 # --------------------------------------------------------------------------- matching per dataset
 
 
+LONG = {"max_new_tokens": 2048}  # the published table's generation length
+
+
 def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
-    ev = eval_run("ev", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4))
+    ev = eval_run("ev", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4), proto=LONG)
     assert comparisons.dataset_estimates(PUBLISHED) == {
         "gsm8k": Estimate(6.53), "math500": Estimate(7.84), "mt-bench": Estimate(4.35)}
     ref_tau = comparisons.reference_tau([ev], PUBLISHED)
@@ -68,7 +71,8 @@ def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
     rows = lineage.matched_protocol_rows(lineage.protocol_diff(ev, PUBLISHED), ev, PUBLISHED)
     by_field = {r.field: r.severity for r in rows}
     assert by_field["protocol.datasets"] == "warning" and "protocol.prompt_digest" not in by_field
-    assert by_field["protocol.max_new_tokens"] == "warning" and by_field["protocol.scoring"] == "info"
+    # a publication's scoring says where its number came from, not how it was measured: a warning, as unknown is
+    assert "protocol.max_new_tokens" not in by_field and by_field["protocol.scoring"] == "warning"
     assert not lineage.of_severity(lineage.vs_reference(ev, PUBLISHED), "critical")
 
     index = RunIndex([ev, PUBLISHED])
@@ -76,15 +80,26 @@ def test_a_gsm8k_eval_meets_the_references_gsm8k_number_not_its_average():
     # Against a number without an interval: Δ = 5.0 - 6.53 = -1.53, interval [4.6-6.53, 5.4-6.53] < 0.
     assert (row["dataset"], row["tau"], row["reference tau"], row["delta tau"]) == (
         "gsm8k", "5.000 [4.600, 5.400]", "6.530", "-1.530")
-    assert row["verdict"] == uncertainty.WORSE and "🟠 warning: max new tokens 64 vs reference: 2048" in row["protocol"]
+    assert row["verdict"] == uncertainty.WORSE and "max new tokens" not in row["protocol"]
+    # Issue 65 H1: a series is one protocol. A 64-token eval against the 2048-token table is not the same number.
+    short = eval_run("short", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4))
+    assert [lineage.field_name(r.field) for r in lineage.of_severity(lineage.vs_reference(short, PUBLISHED),
+                                                                     "critical")] == ["max new tokens"]
+    (row,) = comparisons.reference_gap(RunIndex([short, PUBLISHED]), short, PUBLISHED)
+    assert row["verdict"] == "not comparable: max new tokens" and "64 vs reference: 2048" in row["protocol"]
 
 
 def test_no_matching_reference_number_is_said_plainly_and_the_average_is_not_drawn():
-    ev = eval_run("ev", {"stdlib": 16}, 3.0, ci=(2.8, 3.2))
+    ev = eval_run("ev", {"stdlib": 16}, 3.0, ci=(2.8, 3.2), proto=LONG)
     ref_tau = comparisons.reference_tau([ev], PUBLISHED)
     assert ref_tau.estimate is None
+    # Issue 65 M6: its own tau is drawn apart, labelled with its prompts and protocol: shape only, never a verdict
     assert ref_tau.note == ("No reference number matches: the chosen evals ran on stdlib; the reference reports tau "
-                            "for gsm8k, math500, mt-bench. Its average over other sets is not drawn.")
+                            "for gsm8k, math500, mt-bench. Its own tau (avg over gsm8k, math500, mt-bench · 2048 tok · "
+                            "T=0) is drawn apart, grey and dashed, to compare the curves' shapes, not their values.")
+    (apart,) = ref_tau.lines
+    assert apart.apart and apart.estimate.value == 6.54
+    assert apart.label == " · avg over gsm8k, math500, mt-bench · 2048 tok · T=0 · other prompts: shape only"
     (row,) = comparisons.reference_gap(RunIndex([ev, PUBLISHED]), ev, PUBLISHED)
     assert row["verdict"] == ("no reference number for stdlib: the reference reports gsm8k, math500, mt-bench; "
                               "evaluate this checkpoint on one of them to compare")
@@ -94,9 +109,29 @@ def test_no_matching_reference_number_is_said_plainly_and_the_average_is_not_dra
                                                                      "critical")] == ["dataset"]
 
 
+def test_evals_on_several_datasets_each_meet_the_references_number_for_theirs():
+    """Issue 65 M6: "No reference line for tau: the chosen evals ran on different datasets", fourth walk running. Each
+    dataset the reference reports gets its line, named by the dataset; the chart draws them all."""
+    train, other = make("t", "train"), make("u", "train")
+    gsm = eval_run("g", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4), train="t", step=100, proto=LONG)
+    math = eval_run("m", {"math500": 50}, 6.0, ci=(5.5, 6.5), train="u", step=100, proto=LONG)
+    ref_tau = comparisons.reference_tau([gsm, math], PUBLISHED)
+    assert ref_tau.estimate is None and ref_tau.note.startswith("Reference tau: one line per dataset (gsm8k, math500)")
+    assert [(line.label, line.estimate.value, line.apart) for line in ref_tau.lines] == [
+        (" · gsm8k", 6.53, False), (" · math500", 7.84, False)]
+    empty = pd.DataFrame(columns=["run_id", "key", "step", "value"])
+    data = compare_data(RunIndex([train, other, gsm, math, PUBLISHED]), ["t", "u"], "paper", empty)
+    assert [(r["label"], r["value"]) for r in data.references("tau", "paper")] == [
+        ("paper · gsm8k", 6.53), ("paper · math500", 7.84)]
+    from tracker.dashboard import curve_chart
+
+    spec = curve_chart.eval_spec(data.eval_points, "tau", None, data.references("tau", "paper"))
+    assert len(spec["references"]) == 2
+
+
 def test_the_chart_draws_the_matched_number_and_drops_the_pooled_ones():
     train = make("t", "train")
-    ev = eval_run("ev", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4), train="t", step=100)
+    ev = eval_run("ev", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4), train="t", step=100, proto=LONG)
     index = RunIndex([train, ev, PUBLISHED])
     empty = pd.DataFrame(columns=["run_id", "key", "step", "value"])
     data = compare_data(index, ["t"], "paper", empty)
@@ -106,8 +141,10 @@ def test_the_chart_draws_the_matched_number_and_drops_the_pooled_ones():
     assert (tau["value"], tau["low"], tau["high"], tau["scoring"]) == (5.0, 4.6, 5.4, "offline")
     assert "tau_ci_low" not in set(data.eval_points["key"])  # drawn as the interval, not a series
     assert not data.eval_points["dashed"].any()
-    assert any("max new tokens 64 vs reference: 2048 (warning)" in n or "warning: max new tokens" in n
-               for n in data.protocol_notes)
+    # Issue 65 H1: the same eval at 64 tokens is drawn apart (dashed) and the note says why
+    short = eval_run("short", {"gsm8k": 80}, 5.0, ci=(4.6, 5.4), train="t", step=100)
+    data = compare_data(RunIndex([train, short, PUBLISHED]), ["t"], "paper", empty)
+    assert data.eval_points["dashed"].all() and set(data.eval_points["reason"]) == {"≠ reference: max new tokens"}
 
 
 def test_a_critical_protocol_difference_dashes_the_series_and_says_why():
@@ -239,6 +276,11 @@ def test_evals_that_generated_another_length_or_ended_by_another_rule_are_separa
     assert sorted((label, tuple(ev.run_id for ev in evals)) for label, evals in series) == [
         ("t [32 tok · last block cut]", ("a",)), ("t [512 tok · last block cut]", ("d",)),
         ("t [64 tok · last block cut]", ("b", "c")), ("t [64 tok · last block full]", ("e",))]
+    # The run's default protocol is the one most of its checkpoints were measured under: its latest 64-token eval
+    # is what Compare draws and quotes by default (position, DDTree, by context, the legend), not the 512-token one.
+    index = RunIndex([train, a, b, c, d, e])
+    assert lineage.main_series(index, "t") == lineage.series_key(b)
+    assert [ev.run_id for ev in best_evals(index, train, None)][:2] == ["c", "b"]
 
 
 def test_runs_table_protocol_column():
@@ -316,8 +358,8 @@ def test_eval_tables_compare_the_drawn_checkpoint_and_each_step_with_the_one_bef
     from tracker.dashboard.compare import eval_tables
 
     train = make("t", "train")
-    e1 = eval_run("e1", {"gsm8k": 8}, 4.0, ci=(3.5, 4.5), train="t", step=100)
-    e2 = eval_run("e2", {"gsm8k": 8}, 6.0, ci=(5.6, 6.4), train="t", step=200)
+    e1 = eval_run("e1", {"gsm8k": 8}, 4.0, ci=(3.5, 4.5), train="t", step=100, proto=LONG)
+    e2 = eval_run("e2", {"gsm8k": 8}, 6.0, ci=(5.6, 6.4), train="t", step=200, proto=LONG)
     index = RunIndex([train, e1, e2, PUBLISHED])
     data = compare_data(index, ["t"], "paper", pd.DataFrame(columns=["run_id", "key", "step", "value"]),
                         picks={"t": "e2"})
@@ -341,14 +383,15 @@ def test_the_eval_chart_carries_each_points_interval_and_the_references_band():
     e2 = eval_run("e2", {"gsm8k": 8}, 6.0, ci=(5.6, 6.4), train="t", step=200)
     data = compare_data(RunIndex([train, e1, e2, PUBLISHED]), ["t"], "paper",
                         pd.DataFrame(columns=["run_id", "key", "step", "value"]))
-    spec = curve_chart.eval_spec(data.eval_points, "tau", None, 6.53, "paper", (6.3, 6.7))
+    spec = curve_chart.eval_spec(data.eval_points, "tau", None,
+                                 [{"value": 6.53, "label": "paper", "low": 6.3, "high": 6.7}])
     (line,) = spec["series"]
     assert unpack(line["y"], Y_DTYPE).tolist() == pytest.approx([4.0, 6.0])
     assert unpack(line["low"], Y_DTYPE).tolist() == pytest.approx([3.5, 5.6])
     assert unpack(line["high"], Y_DTYPE).tolist() == pytest.approx([4.5, 6.4])
-    assert spec["reference"] == {"value": 6.53, "label": "paper", "low": 6.3, "high": 6.7}
+    assert spec["references"] == [{"value": 6.53, "label": "paper", "low": 6.3, "high": 6.7, "apart": False}]
     # Checkpoints are whole steps: the axis ticks sit on them (one eval alone never reads 199.5).
     assert spec["ticks"] == [100, 200]
     alone = compare_data(RunIndex([train, e2]), ["t"], None, pd.DataFrame(columns=["run_id", "key", "step", "value"]))
     alone_spec = curve_chart.eval_spec(alone.eval_points, "tau")
-    assert alone_spec["ticks"] == [200] and alone_spec["reference"] is None
+    assert alone_spec["ticks"] == [200] and alone_spec["references"] == []

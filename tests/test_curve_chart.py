@@ -110,7 +110,7 @@ def test_an_eval_chart_marks_each_checkpoint_with_its_interval_where_it_has_one(
     assert by_name["v1 fp32"]["dashed"] and by_name["v1"]["env"] == "cpu · fp32"
     low = unpack(by_name["v1"]["low"], Y_DTYPE)
     assert low[0] == 2.5 and math.isnan(low[1]) and math.isnan(low[2])  # step 200 has no interval, 300 no point
-    assert spec["reference"] is None
+    assert spec["references"] == []
 
 
 def test_an_eval_chart_ticks_each_checkpoint_only_while_they_are_few():
@@ -119,9 +119,11 @@ def test_an_eval_chart_ticks_each_checkpoint_only_while_they_are_few():
     assert curve_chart.eval_spec(_evals(rows), "tau")["ticks"] is None  # 13 checkpoints: the axis picks its ticks
 
 
-def test_the_reference_line_carries_its_label_and_band():
-    spec = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, "")]), "tau", reference_value=4.5,
-                                 reference_label="<b>z-lab</b> @ abc", reference_interval=(4.2, 4.8))
-    assert spec["reference"] == {"value": 4.5, "label": "<b>z-lab</b> @ abc", "low": 4.2, "high": 4.8}
-    plain = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, "")]), "tau", reference_value=4.5)
-    assert plain["reference"] == {"value": 4.5, "label": "reference", "low": None, "high": None}
+def test_the_reference_lines_carry_their_label_band_and_style():
+    spec = curve_chart.eval_spec(_evals([("v1", "t1", 100, 3.0, 2.5, 3.5, "")]), "tau", references=[
+        {"value": 4.5, "label": "<b>z-lab</b> @ abc", "low": 4.2, "high": 4.8},
+        {"value": 5, "label": "z-lab · avg over math500 · other prompts: shape only", "apart": True}])
+    assert spec["references"] == [
+        {"value": 4.5, "label": "<b>z-lab</b> @ abc", "low": 4.2, "high": 4.8, "apart": False},
+        {"value": 5.0, "label": "z-lab · avg over math500 · other prompts: shape only", "low": None, "high": None,
+         "apart": True}]

@@ -46,7 +46,8 @@ def test_cli_parses_back_exactly_what_a_job_says():
         "--reference", "--name", "--no-log", "--cache-dir", "--enable-thinking", "--last-block", "--scoring",
         "--prompt-tokens", "--limit-per-dataset", "--batch-size", "--anchor-chunk", "--temperature", "--top-p", "--top-k", "--samples",
         "--seeds", "--seed", "--engine", "--engine-python", "--engine-url", "--engine-port",
-        "--num-speculative-tokens", "--prefix-caching", "--context-buckets", "--concurrency", "--gpus", "--repeats"]
+        "--num-speculative-tokens", "--prefix-caching", "--context-buckets", "--concurrency", "--gpus", "--shards",
+        "--repeats"]
     assert eval_job.cli_args(eval_params(enable_thinking=True))[-1] == "--enable-thinking"
 
 

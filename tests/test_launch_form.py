@@ -290,3 +290,55 @@ def test_edit_restores_every_setting_a_job_holds_and_names_what_it_cannot():
     greedy, _ = edit_state({"target": "/t", "budgets": [4, 8]}, [OFFLINE])
     assert greedy["launch_sampling"].startswith("greedy") and greedy["launch_budgets"] == "4,8"
     assert greedy["launch_reference"] is False and greedy["launch_step"] is None
+
+
+# Launch's form as the page builds it from session state (pages/launch.py): the fields Edit fills in.
+def _form_from_state(state: dict, common: dict):
+    from tracker.dashboard.launch_form import LaunchForm
+
+    return LaunchForm(**common, budgets=state["launch_budgets"], max_new_tokens=state["launch_max_new"],
+                      device=state["launch_device"], dtype=state["launch_dtype"],
+                      drafter_precision=state["launch_precision"], linear_attn=state["launch_linear"],
+                      limit_per_dataset=state["launch_limit"], prompt_tokens=state["launch_prompt_tokens"],
+                      measured_by=state["launch_measured_by"], temperature=state["launch_temperature"],
+                      top_p=state["launch_top_p"], top_k=state["launch_top_k"], samples=state["launch_samples"],
+                      concurrency=state["launch_concurrency"], repeats=state["launch_repeats"],
+                      gpus=state["launch_gpus"], shards=state["launch_shards"],
+                      reference=state["launch_reference"], reference_name=state["launch_reference_name"],
+                      checkpoint_step=state["launch_step"])
+
+
+@pytest.mark.parametrize("kind", ["offline", "engine", "sampled"])
+def test_edit_then_queue_is_the_same_job_field_by_field(tmp_path, kind):
+    """Issue 65 M2: Edit on a cancelled llama.cpp job (linear attention auto, custom T 0.7 / top_p 0.9 / top_k 50,
+    Samples 6, budgets 4,8, concurrency 1,2) came back as "match training run", Samples 8, budgets 4,8,16,32 and the
+    checkpoint as a typed path. Each job, edited and queued again with the form left as Edit filled it (and over a
+    form that held another job's values before), is the same job, every param."""
+    from tracker.dashboard.launch_form import OFFLINE, LaunchForm, edit_state, eval_params, registered_step
+
+    launch_inputs(tmp_path)
+    common = dict(target=str(tmp_path / "target"), prompts=str(tmp_path / "p.jsonl"), drafter=str(tmp_path / "ck"),
+                  train_run_id="t", train_name="v5", training_fingerprint=fp(path="n/a"))
+    forms = {
+        "offline": LaunchForm(**common, checkpoint_step=200, budgets="2,8", max_new_tokens=96, device="cpu",
+                              dtype="bf16", drafter_precision="bf16-autocast", linear_attn="fallback",
+                              limit_per_dataset=12, prompt_tokens=40, shards=2),
+        "engine": LaunchForm(**common, checkpoint_step=200, budgets="4,8", linear_attn="auto",
+                             measured_by=("llamacpp", None), temperature=0.7, top_p=0.9, top_k=50, samples=6,
+                             concurrency="1,2", repeats=4),
+        "sampled": LaunchForm(**common, checkpoint_step=200, temperature=1.0, top_p=0.95, top_k=20, samples=6,
+                              device="cuda", gpus=2, limit_per_dataset=3, reference=True, reference_name="mine"),
+    }
+    params = eval_params(forms[kind], [tmp_path])
+    other = edit_state(eval_params(forms["offline" if kind != "offline" else "engine"], [tmp_path]),
+                       [OFFLINE, ("llamacpp", None)])[0]  # the form as another job's Edit left it
+    other.update(launch_linear="match training run", launch_samples=8, launch_budgets="4,8,16,32", launch_limit=5)
+    state, notes = edit_state(params, [OFFLINE, ("llamacpp", None)])
+    assert notes == [] and set(state) >= set(other)  # every field the other job's Edit set is set again
+    again = eval_params(_form_from_state({**other, **state}, {k: v for k, v in common.items()}), [tmp_path])
+    assert again == params
+    if kind == "engine":  # what the form shows where the job holds nothing: what ran
+        assert (state["launch_linear"], state["launch_samples"], state["launch_budgets"]) == ("auto", 1, "")
+    # The checkpoint comes back as the registered step it was, not as a typed path.
+    assert registered_step(params, {100: str(tmp_path / "x"), 200: str(tmp_path / "ck")}) == 200
+    assert registered_step(params, {200: str(tmp_path / "elsewhere")}) is None

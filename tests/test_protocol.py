@@ -9,7 +9,8 @@ import pytest
 
 from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
-from tracker.measurement.protocol import UNKNOWN, Protocol, diff, file_digest, lengths, prompt_digest, text_digest
+from tracker.measurement.protocol import (CRITICAL_FIELDS, SERIES_FIELDS, UNKNOWN, Protocol, diff, file_digest, lengths,
+                                         prompt_digest, text_digest)
 
 FULL = Protocol(
     datasets={"gsm8k": 80, "mbpp": 40}, prompt_digest=prompt_digest([[1, 2, 3], [4, 5]]),
@@ -96,9 +97,14 @@ def test_diff_severities():
     assert _fields(rows) == {
         "protocol.datasets": "critical", "protocol.prompt_digest": "critical", "protocol.enable_thinking": "critical",
         "protocol.temperature": "critical", "protocol.block_size": "critical",
-        "protocol.max_new_tokens": "warning", "protocol.chat_template_digest": "warning",
-        "protocol.last_block": "warning", "protocol.scoring": "info",
+        # issue 65 H1: a series is one protocol: generation length, last-block rule and scoring change what tau means
+        "protocol.max_new_tokens": "critical", "protocol.chat_template_digest": "warning",
+        "protocol.last_block": "critical", "protocol.scoring": "critical",
     }
+    # A published or imported number says where it came from, not how it was scored: a warning, as unknown is.
+    published = Protocol(**{**FULL.to_dict(), "scoring": "published"})
+    assert _fields(diff(FULL, published)) == {"protocol.scoring": "warning"}
+    assert set(SERIES_FIELDS) <= set(CRITICAL_FIELDS)
     assert [r.severity for r in rows] == sorted((r.severity for r in rows), key=fingerprint.SEVERITY_ORDER.get)
     assert fingerprint.has_critical(rows)
     thinking = next(r for r in rows if r.field == "protocol.enable_thinking")

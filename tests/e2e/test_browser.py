@@ -375,6 +375,25 @@ def test_edit_on_a_cancelled_job_fills_the_form_above(dashboard, page, tmp_path)
     expect(max_new).to_have_value("17")
     expect(page.get_by_text(f"The form holds job #{job.id}'s settings")).to_be_visible()
     page.screenshot(path=tmp_path / "edit.png", full_page=True)
+    # Issue 65 M2: a sampled job (no DDTree, 6 draws, 5 prompts per dataset) comes back as it ran; the greedy job
+    # after it gets its own fields back, not the sampled one's leftovers.
+    sampled = queue.submit("eval", {"target": str(home / "no-such-target"), "drafter": str(home / "ck"),
+                                    "prompts": str(home / "p.jsonl"), "max_new_tokens": 23, "temperature": 0.7,
+                                    "top_p": 0.9, "top_k": 50, "samples": 6, "limit_per_dataset": 5,
+                                    "device": "cpu"})
+    if queue.get(sampled.id).state == "queued":
+        queue.request_cancel(sampled.id)
+    wait_until(lambda: queue.get(sampled.id).state in ("cancelled", "failed"), 60, 0.2, "the sampled job to end")
+    cards = lambda job_id: page.locator(f".st-key-job_{job_id}")  # noqa: E731
+    cards(sampled.id).get_by_role("button", name="Edit").click()
+    expect(max_new).to_have_value("23")
+    expect(page.locator("input[aria-label='Samples']")).to_have_value("6")
+    expect(page.locator("input[aria-label='Prompts per dataset']")).to_have_value("5")
+    expect(page.locator("input[aria-label='DDTree budgets']")).to_have_value("")
+    cards(job.id).get_by_role("button", name="Edit").click()
+    expect(max_new).to_have_value("17")
+    expect(page.locator("input[aria-label='Prompts per dataset']")).to_have_value("")
+    expect(page.locator("input[aria-label='DDTree budgets']")).to_have_value("4,8")
 
 
 # transformers 5.24's own lines (integrations/hub_kernels.py) as a training box without the kernels printed them.

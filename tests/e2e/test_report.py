@@ -61,7 +61,7 @@ def test_the_report_opens_offline_draws_every_chart_and_runs_no_name(dashboard_s
 
 
 def test_an_eval_chart_with_only_the_reference_draws_its_line(page, tmp_path):  # noqa: F811
-    """A metric only the reference has (no eval logged it yet): the chart draws the reference's line alone,
+    """A metric only the reference has (no eval logged it yet): the chart draws the reference's lines alone,
     with no error, though it has no checkpoint to span."""
     import json
 
@@ -70,7 +70,10 @@ def test_an_eval_chart_with_only_the_reference_draws_its_line(page, tmp_path):  
     from tracker.dashboard import curve_chart
     from tracker.dashboard.compare import POINT_COLUMNS
 
-    spec = curve_chart.eval_spec(pd.DataFrame(columns=POINT_COLUMNS), "speedup", None, 2.5, "z-lab paper")
+    # Issue 65 M6: a matched number and one drawn apart (another prompt set: shape only) on one chart
+    spec = curve_chart.eval_spec(pd.DataFrame(columns=POINT_COLUMNS), "speedup", None, [
+        {"value": 2.5, "label": "z-lab paper · gsm8k"},
+        {"value": 3.1, "label": "z-lab paper · avg over math500 · other prompts: shape only", "apart": True}])
     js = curve_chart.JS.replace("export default function", "window.draftboardChart = function")
     html = tmp_path / "chart.html"
     html.write_text(f"<html><head><style>{curve_chart.CSS}</style></head><body><div id='c'></div><script>{js}"
@@ -80,4 +83,4 @@ def test_an_eval_chart_with_only_the_reference_draws_its_line(page, tmp_path):  
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(html.as_uri())
     page.wait_for_function("document.querySelector('.db-curves')?.dataset.drawn === '1'")
-    assert errors == [] and page.evaluate("document.querySelector('.db-curves').dataset.reference") == "1"
+    assert errors == [] and page.evaluate("document.querySelector('.db-curves').dataset.reference") == "2"

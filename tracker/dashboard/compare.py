@@ -186,10 +186,21 @@ class CompareData:
     protocol_notes: list[str] = field(default_factory=list)  # protocol warnings/infos vs the reference
     probe_help: list[str] = field(default_factory=list)  # probe digests behind the banner's probe words
     reference_note: str = ""  # which reference number the tau line is, or why there is none
-    reference_interval: tuple[float, float] | None = None  # the reference tau's 95% interval, when it has one
+    reference_lines: tuple = ()  # compare_deltas.ReferenceLine: what the tau chart draws of the reference
     resolution_notes: list[str] = field(default_factory=list)  # re-evaluations as trained that the reference is not
     not_drawn: list[str] = field(default_factory=list)  # chosen runs and evals with no point on the step axis, and why
     off_axis: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=POINT_COLUMNS))  # evals with no step
+
+    def references(self, key: str, label: str) -> list[dict]:
+        """The reference lines of one eval chart (`curve_chart.eval_spec`'s `references`), each labelled after
+        `label`: on tau its matched number with its interval, one per dataset, or its own tau drawn apart; on
+        another metric its value for the evals' prompts, if it has one."""
+        if key == "tau":
+            return [{"value": line.estimate.value, "label": label + line.label, "low": line.estimate.low,
+                     "high": line.estimate.high, "apart": line.apart} for line in self.reference_lines]
+        if key in self.reference_values:
+            return [{"value": self.reference_values[key], "label": label, "low": None, "high": None, "apart": False}]
+        return []
 
     def export_frame(self) -> pd.DataFrame:
         """Everything shown, long format, for the CSV download."""
@@ -275,17 +286,20 @@ def eval_series(index: RunIndex, run: RunInfo) -> list[tuple[str, list[RunInfo]]
 
 
 def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunInfo]:
-    """A chosen run's evals, the default first: the latest evaluated checkpoint (a re-evaluation of an
-    earlier one never moves the default off the drafter the run ended with); at one step, the run's own
-    protocol before a side test (greedy before sampled, offline before served, more prompts before fewer: a
-    4-prompt sampled check never replaces the full greedy eval), drawn solid (`series_reason`), then the fewest critical differences
-    from the reference, then from its own training run, then the newest eval."""
+    """A chosen run's evals, the default first: the run's default protocol (`lineage.main_series`: the one most
+    of its checkpoints were measured under) before any other, then the latest evaluated checkpoint (a
+    re-evaluation of an earlier one never moves the default off the drafter the run ended with); at one step,
+    the run's own protocol before a side test (greedy before sampled, offline before served, more prompts before
+    fewer: a 4-prompt sampled check never replaces the full greedy eval), drawn solid (`series_reason`), then the
+    fewest critical differences from the reference, then from its own training run, then the newest eval."""
     if run.kind != "train":
         return [run]
+    main = lineage.main_series(index, run.run_id)
 
     def rank(ev: RunInfo) -> tuple:
         own = lineage.vs_training(index, ev)
-        return (-(ev.checkpoint_step or 0), _side_test(ev), bool(series_reason(index, ev, ref)),
+        return (lineage.series_key(ev) != main, -(ev.checkpoint_step or 0), _side_test(ev),
+                bool(series_reason(index, ev, ref)),
                 len(_critical_vs(ev, ref)), len(own.critical) if own is not None else 0, -(ev.start_time or 0))
 
     return sorted(current_evals(index, run), key=rank)
@@ -474,7 +488,6 @@ def compare_data(
         if ref_tau.estimate is not None:
             reference_values["tau"] = ref_tau.estimate.value
         _add_curves(positions, trees, f"reference: {reference_label(index, ref)}", ref.run_id, ref, "", results)
-    est = ref_tau.estimate
 
     off_axis = pd.DataFrame([p for p in points if p["step"] is None], columns=POINT_COLUMNS)
     eval_points = pd.DataFrame([p for p in points if p["step"] is not None], columns=POINT_COLUMNS)
@@ -500,7 +513,7 @@ def compare_data(
         protocol_notes=list(dict.fromkeys(protocol_notes)),
         probe_help=list(dict.fromkeys(probe_help)),
         reference_note=ref_tau.note,
-        reference_interval=(est.low, est.high) if est is not None and est.has_interval else None,
+        reference_lines=ref_tau.lines,
         resolution_notes=resolution_notes(index, runs, ref),
         not_drawn=not_drawn,
         off_axis=off_axis,

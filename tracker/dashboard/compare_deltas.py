@@ -327,7 +327,9 @@ def online_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoade
             rows.append({"checkpoint": index.eval_label(ev), "offline tau": own["tau"], "online tau": online,
                          "online - offline": online - own["tau"], "from": "the online eval's own offline score"})
         for other in offline_by_key.get(_checkpoint_key(ev), []) if _checkpoint_key(ev) else []:
-            rows_between = [*(lineage.env_diff(ev, other) or ()), *lineage.protocol_diff(ev, other)]
+            # the scoring is what this table sets side by side; every other series field must match
+            rows_between = [*(lineage.env_diff(ev, other) or ()),
+                            *(r for r in lineage.protocol_diff(ev, other) if r.field != names.protocol_tag("scoring"))]
             if _finite(other.metrics.get("tau")) and not lineage.of_severity(rows_between, "critical"):
                 rows.append({"checkpoint": index.eval_label(ev), "offline tau": other.metrics["tau"],
                              "online tau": online, "online - offline": online - other.metrics["tau"],
@@ -339,38 +341,76 @@ def online_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoade
 
 
 @dataclass(frozen=True)
+class ReferenceLine:
+    """One reference number drawn across the eval-by-checkpoint tau chart."""
+
+    estimate: Estimate
+    label: str  # what the number is, after the reference's own label: ` · gsm8k`, or its protocol when apart
+    apart: bool = False  # not the evals' prompts: drawn in its own style as shape only, never a verdict
+
+
+@dataclass(frozen=True)
 class ReferenceTau:
-    estimate: Estimate | None  # the reference's number to draw against the chosen evals' tau
+    estimate: Estimate | None  # the reference's number to draw against the chosen evals' tau (one dataset, or the same)
     note: str  # what that number is, or plainly why there is none
     same_sets: bool = False  # the reference ran on the evals' very datasets: its other numbers compare too
+    lines: tuple[ReferenceLine, ...] = ()  # every line to draw: the estimate's, or one per dataset, or one apart
 
 
 def reference_tau(evals: Sequence[RunInfo], ref: RunInfo | None, ref_results: Mapping | None = None) -> ReferenceTau:
     """The reference number the eval-by-checkpoint chart draws as tau: the reference's number for
     the one dataset every drawn eval ran on, or its tau when both ran on the same sets; never a
-    pooled average of other sets."""
+    pooled average of other sets drawn as the evals' number. Evals on several datasets get the reference's
+    number for each dataset it reports, each line named by its dataset; where none matches, the reference's
+    own tau is drawn apart, labelled with its prompts and protocol (issue 65 M6), so the shapes can be compared."""
     if ref is None or not evals:
         return ReferenceTau(None, "")
     theirs = dataset_estimates(ref, ref_results)
     sets = {frozenset(lineage.datasets_of(ev)) for ev in evals}
+    reported = ", ".join(_label(d) for d in theirs) or "none"
     if len(sets) > 1:
         shown = "; ".join(sorted(", ".join(sorted(s)) or ALL_PROMPTS for s in sets))
-        return ReferenceTau(None, f"No reference line for tau: the chosen evals ran on different datasets ({shown}); "
-                                  "the vs reference table compares each with the reference's number for its dataset.")
+        matched = sorted({next(iter(s)) for s in sets if len(s) == 1 and next(iter(s)) in theirs})
+        if matched:
+            lines = tuple(ReferenceLine(theirs[d], f" · {_label(d)}") for d in matched)
+            return ReferenceTau(None, f"Reference tau: one line per dataset ({', '.join(map(_label, matched))}): the "
+                                      f"chosen evals ran on different datasets ({shown}); each meets the reference's "
+                                      "number for its own dataset.", lines=lines)
+        return _apart(ref, f"the chosen evals ran on different datasets ({shown}), none of which the reference "
+                           f"reports (it reports {reported})")
     (mine,) = sets
     ref_sets = frozenset(lineage.datasets_of(ref))
-    reported = ", ".join(_label(d) for d in theirs) or "none"
     # A publication's average is over its columns, not its prompts: never drawn against an eval's tau.
     if mine == ref_sets and overall(ref) is not None and (mine or None in theirs) and (
             len(mine) <= 1 or not ref.published):
         what = "the same datasets" if mine else "prompts without dataset labels, as the chosen evals"
-        return ReferenceTau(overall(ref), f"Reference tau: measured on {what}.", same_sets=True)
+        return ReferenceTau(overall(ref), f"Reference tau: measured on {what}.", same_sets=True,
+                            lines=(ReferenceLine(overall(ref), ""),))
     if len(mine) == 1 and next(iter(mine)) in theirs:
         (dataset,) = mine
-        return ReferenceTau(theirs[dataset], f"Reference tau: its {dataset} number (the chosen evals ran on {dataset}).")
+        return ReferenceTau(theirs[dataset], f"Reference tau: its {dataset} number (the chosen evals ran on {dataset}).",
+                            lines=(ReferenceLine(theirs[dataset], ""),))
     ran = ", ".join(sorted(mine)) or "prompts without a dataset label"
-    return ReferenceTau(None, f"No reference number matches: the chosen evals ran on {ran}; the reference reports "
-                              f"tau for {reported}. Its average over other sets is not drawn.")
+    return _apart(ref, f"the chosen evals ran on {ran}; the reference reports tau for {reported}")
+
+
+def _apart(ref: RunInfo, why: str) -> ReferenceTau:
+    """No reference number matches the evals' prompts (`why`): its own tau, where it logged one, drawn apart as shape
+    only, labelled with the prompts and protocol it was measured under."""
+    own = overall(ref)
+    if own is None:
+        return ReferenceTau(None, f"No reference number matches: {why}. It logged no tau of its own to draw apart.")
+    proto = lineage.protocol_of(ref)
+    sets = ", ".join(_label(d) for d in lineage.datasets_of(ref))
+    words = [(f"avg over {sets}" if ref.published else f"on {sets}") if sets else "on its own prompts"]
+    if proto is not None and proto.max_new_tokens != protocol.UNKNOWN:
+        words.append(f"{proto.max_new_tokens} tok")
+    if proto is not None and proto.temperature != protocol.UNKNOWN:
+        words.append(protocol.sampling_text(proto, draws=False))
+    line = ReferenceLine(own, f" · {' · '.join(words)} · other prompts: shape only", apart=True)
+    return ReferenceTau(None, f"No reference number matches: {why}. Its own tau ({' · '.join(words)}) is drawn "
+                              "apart, grey and dashed, to compare the curves' shapes, not their values.",
+                        lines=(line,))
 
 
 def served_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoader | None = None) -> pd.DataFrame:

@@ -3,8 +3,8 @@
 // line). `uPlot` is defined by the vendored build that curve_chart.JS puts before this code.
 //
 // Once drawn, the chart's root (.db-curves) says so, for tests and benchmarks: data-drawn="1",
-// data-series (how many named series), data-scale (log | linear), data-reference (1 when a reference
-// line is drawn); root.curves() lists every drawn series with its points (and intervals).
+// data-series (how many named series), data-scale (log | linear), data-reference (how many reference
+// lines are drawn); root.curves() lists every drawn series with its points (and intervals).
 
 const charts = new WeakMap(); // parentElement -> the chart drawn there, replaced on new data
 
@@ -47,8 +47,7 @@ function valueText(s, j) {
 function evalRange(data) {
   const all = [];
   for (const s of data.series) for (const ys of [s.y, s.low, s.high]) for (const v of ys || []) if (v != null) all.push(v);
-  const ref = data.reference;
-  if (ref) all.push(...[ref.value, ref.low, ref.high].filter((v) => v != null));
+  for (const ref of data.references || []) all.push(...[ref.value, ref.low, ref.high].filter((v) => v != null));
   return () => {
     const lo = Math.min(...all), hi = Math.max(...all);
     const pad = hi > lo ? (hi - lo) * 0.08 : Math.max(Math.abs(hi) * 0.05, 0.5);
@@ -62,25 +61,25 @@ const stepRange = (u, lo, hi) => {
   return [lo - pad, hi + pad];
 };
 
-// What uPlot leaves to its hooks on an eval chart: each point's interval as an error bar, and the
-// reference as a dotted horizontal line with its label, its interval a faint band behind it.
+// What uPlot leaves to its hooks on an eval chart: each point's interval as an error bar, and each
+// reference as a dotted horizontal line with its label, its interval a faint band behind it (a reference
+// drawn apart, not measured on the evals' prompts: grey, long dashes, shape only).
 function drawEvalExtras(u, data, text, paper) {
   const ctx = u.ctx, px = uPlot.pxRatio, { left, top, width, height } = u.bbox;
   ctx.save();
   ctx.beginPath();
   ctx.rect(left, top, width, height);
   ctx.clip();
-  const ref = data.reference;
-  if (ref) {
+  for (const ref of data.references || []) {
     if (ref.low != null && ref.high != null) {
       const y0 = u.valToPos(ref.high, "y", true), y1 = u.valToPos(ref.low, "y", true);
       ctx.fillStyle = "rgba(51, 51, 51, 0.08)";
       ctx.fillRect(left, y0, width, y1 - y0);
     }
     const y = u.valToPos(ref.value, "y", true);
-    ctx.strokeStyle = "#333333";
+    ctx.strokeStyle = ref.apart ? "#999999" : "#333333";
     ctx.lineWidth = 2 * px;
-    ctx.setLineDash([2 * px, 3 * px]);
+    ctx.setLineDash(ref.apart ? [8 * px, 6 * px] : [2 * px, 3 * px]);
     ctx.beginPath();
     ctx.moveTo(left, y);
     ctx.lineTo(left + width, y);
@@ -200,7 +199,7 @@ function options(data, width, root, setTriggerValue) {
       draw: [(u) => {
         if (data.markers) drawEvalExtras(u, data, text, paper);
         root.dataset.drawn = "1";
-        root.dataset.reference = data.reference ? "1" : "0";
+        root.dataset.reference = String((data.references || []).length);
         root.dataset.series = String(data.series.filter((s) => !s.faint).length);
         root.dataset.scale = data.log_x ? "log" : "linear";
       }],

@@ -16,7 +16,7 @@ or on the canvas (axes, the reference's label): a run name is shown as written a
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +102,15 @@ def spec(frame: pd.DataFrame, key: str, x_title: str = "training step", colors: 
 
 
 def eval_spec(points: pd.DataFrame, key: str, colors: Mapping[str, str] | None = None,
-              reference_value: float | None = None, reference_label: str | None = None,
-              reference_interval: tuple[float, float] | None = None) -> dict:
+              references: Sequence[Mapping] = ()) -> dict:
     """What one eval-by-checkpoint chart draws: `spec` over `points` (`compare.POINT_COLUMNS`: series,
     step, value, low, high, env, owner, reason) with a marker at each evaluated checkpoint (open when
     the series is dashed), each point's 95% bootstrap interval (`low`, `high`, packed like the values;
     NaN where a point has none: evals from before intervals, published numbers) as an error bar, the
     environment badges of each series, a tick at each checkpoint while there are at most STEP_TICKS,
-    and the reference as a labelled horizontal line with its interval, when it has one, as a faint band."""
+    and each reference (`CompareData.references`: value, label, low, high, apart) as a labelled horizontal
+    line with its interval, when it has one, as a faint band; one drawn apart (not the evals' prompts: shape
+    only) grey and long-dashed."""
     out = spec(points, key, "checkpoint step", colors)
     steps = unpack(out["x"], X_DTYPE).astype(np.int64)
     sub = points[points["key"] == key]
@@ -127,9 +128,7 @@ def eval_spec(points: pd.DataFrame, key: str, colors: Mapping[str, str] | None =
             line[bound] = pack(column, Y_DTYPE)
         envs = part["env"].dropna().astype(str).unique() if "env" in part.columns else []
         line["env"] = "; ".join(envs)  # a tooltip, set as text
-    reference = None
-    if reference_value is not None:
-        low, high = reference_interval if reference_interval is not None else (None, None)
-        reference = {"value": float(reference_value), "label": reference_label or "reference", "low": low, "high": high}
-    return {**out, "markers": True, "reference": reference,
+    refs = [{"value": float(r["value"]), "label": str(r["label"]), "low": r.get("low"), "high": r.get("high"),
+             "apart": bool(r.get("apart"))} for r in references]
+    return {**out, "markers": True, "references": refs,
             "ticks": [int(s) for s in steps] if 0 < len(steps) <= STEP_TICKS else None}

@@ -19,7 +19,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -280,19 +280,20 @@ _NOT_IN_FORM = tuple(f.name for f in eval_job.JOB_FIELDS if f.name not in _CARRI
 def edit_state(params: dict, choices: Sequence[tuple[str | None, str | None]]) -> tuple[dict, list[str]]:
     """What Edit puts in Launch's form for a job's `params` (session-state key -> value), and one line for each
     setting it cannot put there, saying why, so that queueing again never silently changes the eval."""
-    state = {key: params[field] for key, field in FORM_FIELDS.items() if field in params}
+    # Every field is set, from the job or, where the job holds no value, from what `draftboard eval` then ran (the
+    # flag's default): never whatever the form held before (issue 65 M2).
+    state = {key: params.get(field, eval_job.FIELDS[field].default) for key, field in FORM_FIELDS.items()}
     state["launch_step"] = params.get("checkpoint_step")
     notes = []
-    if "budgets" in params:
-        state["launch_budgets"] = ",".join(str(b) for b in params["budgets"])
+    # a sampled or engine job runs no DDTree: its budgets field is empty, as the job is
+    state["launch_budgets"] = ",".join(str(b) for b in params.get("budgets") or ())
     state["launch_concurrency"] = ",".join(str(c) for c in params.get("concurrency") or ())
     state["launch_repeats"] = params.get("repeats")
     chosen = (float(params.get("temperature", 0.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", 0)))
     state["launch_sampling"] = next((name for name, numbers in SAMPLING_PRESETS.items() if numbers == chosen),
                                     CUSTOM_SAMPLING)
     state.update(launch_temperature=chosen[0], launch_top_p=chosen[1], launch_top_k=chosen[2])
-    if "samples" in params:
-        state["launch_samples"] = params["samples"]
+    state["launch_samples"] = params.get("samples", 1)  # an engine or greedy job draws one continuation per prompt
     measured = (params.get("engine"), params.get("engine_url"))
     if measured in choices:
         state["launch_measured_by"] = measured
@@ -307,6 +308,16 @@ def edit_state(params: dict, choices: Sequence[tuple[str | None, str | None]]) -
             notes.append(f"{field} {params[field]!r}: the form has no field for it; queued from here it takes the "
                          "default (run `draftboard eval` to keep it)")
     return state, notes
+
+
+def registered_step(params: Mapping, paths: Mapping[int, str]) -> int | None:
+    """The registered checkpoint a job evaluated (`paths`: its training run's checkpoints, step -> path), so Edit picks
+    that step again rather than the path typed out; None when the job's drafter is none of them."""
+    step = params.get("checkpoint_step")
+    drafter = params.get("drafter")
+    if step in paths and drafter and os.path.realpath(paths[step]) == os.path.realpath(drafter):
+        return step
+    return None
 
 
 def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
@@ -325,7 +336,8 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
     if problem:
         raise DraftboardError(problem)
     linear = form.linear_attn
-    if linear == "match training run":
+    engine, url = form.measured_by
+    if linear == "match training run" and not engine:  # an engine runs its own kernels: the switch is not asked
         linear, why = training_linear_attn(form.training_fingerprint)
         if linear is None:
             raise DraftboardError(f"linear-attention path: {why}")
@@ -353,7 +365,8 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
         "drafter": drafter,
         "prompts": prompts,
         "max_new_tokens": max_new,
-        "budgets": parse_budgets(form.budgets),
+        # DDTree runs only offline and greedy: elsewhere an empty field is no budgets (unused_settings names others)
+        "budgets": parse_budgets(form.budgets) if form.budgets.strip() or not (engine or form.temperature) else [],
         "device": form.device,
         "dtype": form.dtype,
         "drafter_precision": form.drafter_precision,
@@ -383,7 +396,6 @@ def eval_params(form: LaunchForm, roots: Sequence[Path]) -> dict:
             raise DraftboardError(problem)
         params.update(sampling)
         params.pop("budgets")  # DDTree is greedy verification: a sampled eval runs none (unused_settings says so)
-    engine, url = form.measured_by
     if form.concurrency.strip():
         try:
             levels = eval_job.parse_ints("concurrency", form.concurrency)

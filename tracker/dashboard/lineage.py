@@ -114,20 +114,19 @@ def protocol_of(run: RunInfo) -> protocol.Protocol | None:
 
 def series_key(run: RunInfo) -> tuple[str, ...]:
     """What splits a training run's evals into separate lines besides the environment, each part
-    worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `256 tok`, `last block full`, `thinking on`,
-    `T=1 top_p=0.95 top_k=20`, `block 8`, `online`, `vllm`, `JetSpec`): greedy and sampled evals, two samplings,
-    two generation lengths (acceptance moves with context: 32 and 512 tokens are two numbers), two last-block
-    rules, two engines, or two drafter families (a causal JetSpec beside a DFlash), are never one line, so their
-    protocols are never compared either (issue 65 H1: a series is one protocol)."""
+    worded as a label shows it: the protocol's series fields (`protocol.SERIES_FIELDS`, worded by
+    `protocol.series_words`: `gsm8k`, `prompts 3fa2c1`, `256 tok`, `last block full`, `thinking on`,
+    `T=1 top_p=0.95 top_k=20`, `block 8`, `online`), the engine and its draft length (`vllm`), the drafter family
+    (`JetSpec`). Greedy and sampled evals, two generation lengths (acceptance moves with context: 32 and 512 tokens
+    are two numbers), two engines, two drafter families are never one line, so their numbers are never compared
+    either (issue 65 H1: a series is one protocol)."""
     proto = protocol_of(run)
     if proto is None:
         return ()
-    datasets = ",".join(proto.datasets) if isinstance(proto.datasets, dict) else "datasets unknown"
-    thinking = {True: "thinking on", False: "thinking off"}.get(proto.enable_thinking, "thinking unknown")
-    return (datasets, f"prompts {str(proto.prompt_digest)[:6]}", f"{proto.max_new_tokens} tok",
-            f"last block {proto.last_block}", thinking, protocol.sampling_text(proto, draws=False),
-            f"block {proto.block_size}", str(proto.scoring), str(run.params.get("engine") or "no engine"),
-            run.drafter_family or "family unknown")
+    engine = run.params.get("engine")
+    drafts = run.params.get("num_speculative_tokens")
+    return (*protocol.series_words(proto), f"{engine} {drafts} draft tokens" if engine and drafts else
+            str(engine or "no engine"), run.drafter_family or "family unknown")
 
 
 def lines_of(index: RunIndex, train_run_id: str) -> dict[tuple, list[RunInfo]]:
@@ -139,6 +138,21 @@ def lines_of(index: RunIndex, train_run_id: str) -> dict[tuple, list[RunInfo]]:
         return lines
 
     return index.memo(("lines", train_run_id), build)
+
+
+def main_series(index: RunIndex, train_run_id: str) -> tuple[str, ...] | None:
+    """A training run's default protocol: the `series_key` most of its checkpoints were measured under (the most
+    distinct steps; a tie goes to the line reaching the later step). What Compare draws and quotes by default, so a
+    one-off 512-token eval of the last step never stands in for a run measured at 64 tokens (issue 65 H1)."""
+    lines = lines_of(index, train_run_id)
+    if not lines:
+        return None
+
+    def weight(key: tuple) -> tuple:
+        steps = {e.checkpoint_step for e in lines[key] if e.checkpoint_step is not None}
+        return len(steps), max(steps, default=-1), len(lines[key])
+
+    return max(lines, key=weight)
 
 
 def drawn_with(index: RunIndex, run: RunInfo) -> list[RunInfo]:

@@ -140,8 +140,7 @@ def build(index: RunIndex, data: CompareData, tables: EvalTables, *, store: str,
     eval_keys = [k for k in ("tau", "streak") if k in data.eval_metrics] or list(data.eval_metrics[:2])
     ref_label = reference_label(index, ref) if ref is not None else None
     eval_html, eval_blocks = _charts(eval_keys, lambda key: curve_chart.eval_spec(
-        data.eval_points, key, colors, data.reference_values.get(key), ref_label,
-        data.reference_interval if key == "tau" else None), "eval")
+        data.eval_points, key, colors, data.references(key, ref_label) if ref_label else ()), "eval")
     shown_keys = dict.fromkeys([*data.train_metrics, *eval_keys])
     glossary = "".join(f"<dt><b>{_text(k)}</b> · {_text(metric_docs.describe(k).title)}</dt>"
                        f"<dd>{_definition(metric_docs.describe(k).definition)}</dd>" for k in shown_keys)

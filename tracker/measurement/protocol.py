@@ -262,16 +262,30 @@ def file_digest(path: str | Path) -> str:
 
 # --------------------------------------------------------------------------- diff
 
-# What a change does to tau: critical fields change the numbers (a different prompt set or prompt lengths: acceptance
-# moves with context, issue 50; thinking
-# on or off, greedy vs sampled or other sampling cut-offs, block size); warning fields can shift
-# them; scoring offline vs lossless online computes the same number a different way, and so do more
-# draws or another seed (the same expectation, estimated with other noise).
-CRITICAL_FIELDS = ("datasets", "prompt_digest", "prompt_lengths", "enable_thinking", "temperature", "top_p", "top_k", "block_size")
-WARNING_FIELDS = ("max_new_tokens", "chat_template_digest", "last_block", "completions", "stop_token_ids",
-                  "target_digest")
+# A series is one protocol (DESIGN.md, "Evidence, shards and series"): the fields that change what tau means. Evals
+# that differ in any are never one line on a chart (tracker.dashboard.lineage.series_key), never compared (`draftboard
+# compare`, Compare's tables, the report, the regression alerts: each asks `diff`, where they are critical). Prompts:
+# another set, or other prompt lengths, moves acceptance with context (issue 50); max new tokens and the last-block
+# rule too (a 32-token and a 512-token eval of one checkpoint read 2.5 and 3.8, issue 65 H1); thinking on or off,
+# greedy vs sampled or other cut-offs, the block size; the scoring: offline, online, an engine's.
+SERIES_FIELDS = ("datasets", "prompt_digest", "max_new_tokens", "last_block", "enable_thinking", "temperature", "top_p",
+                 "top_k", "block_size", "scoring")
+CRITICAL_FIELDS = (*SERIES_FIELDS, "prompt_lengths")
+# Warning fields can shift the numbers; more draws or another seed estimate the same expectation with other noise.
+WARNING_FIELDS = ("chat_template_digest", "completions", "stop_token_ids", "target_digest")
+# Scorings that say where a number came from, not how it was measured: against one, the scoring proves nothing.
+NOT_MEASURED_HERE = ("published", "imported")
 # What only a sampled eval has: at T = 0 on both sides nothing was drawn, so these say nothing.
 SAMPLING_FIELDS = ("top_p", "top_k", "samples", "seed")
+
+
+def series_words(p: Protocol) -> tuple[str, ...]:
+    """The SERIES_FIELDS of `p`, each worded as a label shows it (`gsm8k`, `prompts 3fa2c1`, `256 tok`, `last block
+    full`, `thinking on`, `T=1 top_p=0.95 top_k=20`, `block 8`, `online`): two evals with other words are two series."""
+    datasets = ",".join(p.datasets) if isinstance(p.datasets, dict) else "datasets unknown"
+    thinking = {True: "thinking on", False: "thinking off"}.get(p.enable_thinking, "thinking unknown")
+    return (datasets, f"prompts {str(p.prompt_digest)[:6]}", f"{p.max_new_tokens} tok", f"last block {p.last_block}",
+            thinking, sampling_text(p, draws=False), f"block {p.block_size}", str(p.scoring))
 
 
 def is_greedy(p: Protocol) -> bool:
@@ -296,7 +310,7 @@ def sampling_text(p: Protocol, draws: bool = True) -> str:
 
 
 def _severity(field: str, a: Any, b: Any) -> str:
-    if UNKNOWN in (a, b):
+    if UNKNOWN in (a, b) or (field == "scoring" and {a, b} & set(NOT_MEASURED_HERE)):
         return "warning"  # an unknown value proves neither a mismatch nor comparability
     if field in CRITICAL_FIELDS:
         return "critical"
