@@ -330,6 +330,11 @@ def test_gpus_are_slots_each_job_holding_its_own_and_waiting_for_them(queue, wor
     wait_until(lambda: all(ready(queue, i) for i in ones))
     seen = {i: (record / f"one{i}").read_text() for i in range(4)}
     assert sorted(seen.values()) == ["0", "1", "2", "3"]
+    # each running job's card names the GPU it holds: the one its child was given
+    from tracker.dashboard.launch_form import describe_job
+
+    for i, job_id in enumerate(ones):
+        assert queue.get(job_id).gpus == (seen[i],) and f"· GPU {seen[i]}" in describe_job(queue.get(job_id)).when
     assert queue.get(two).state == queue.get(after).state == "queued"  # no GPU free: both wait, in order
     (record / "one1.go").touch()
     queue.request_cancel(ones[3])
@@ -345,6 +350,7 @@ def test_gpus_are_slots_each_job_holding_its_own_and_waiting_for_them(queue, wor
     (record / "cpu.go").touch()
     wait_until(lambda: queue.get(cpu).state == SUCCEEDED and queue.get(too_many).state == FAILED)
     assert (record / "cpu").read_text() == ""  # a CPU job sees no GPU at all
+    assert queue.get(cpu).gpus == () and "· GPUs none" in describe_job(queue.get(cpu)).when
     assert queue.get(too_many).error.startswith("the job asks for 8 GPUs; worker ") and \
         queue.get(too_many).error.endswith("has 4 (0,1,2,3)")
 

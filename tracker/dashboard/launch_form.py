@@ -588,6 +588,8 @@ def describe_job(job: Job, run_labels: dict[str, str] | None = None, now: dateti
         text = f"{stage} · {progress:.0%}"
     when = (f"finished {_ago(job.finished_at, now)}" if job.finished_at else
             f"started {_ago(job.started_at, now)}" if job.started_at else f"queued {_ago(job.created_at, now)}")
+    if job.gpus is not None:  # which of the box's GPUs a local worker gave it
+        when += f" · GPU{'s' if len(job.gpus) != 1 else ''} {','.join(job.gpus) or 'none'}"
     prompts = p.get("prompts") if isinstance(p, dict) else None
     if isinstance(prompts, str) and not eval_job.hub_dataset_name(prompts):  # a hub set is named in the title
         when += f" · prompts {Path(prompts).name}"

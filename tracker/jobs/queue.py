@@ -102,6 +102,7 @@ class Job:
     error: str | None
     cancel_requested: bool
     dedup_key: str
+    gpus: tuple[str, ...] | None = None  # the GPUs a local worker gave its process (None: none pinned)
     existing: bool = False
     problem: str | None = None
 
@@ -137,6 +138,8 @@ def _to_job(row: sa.Row) -> Job:
     if not isinstance(values["pid"], int) or isinstance(values["pid"], bool):
         values["pid"] = None
     values["cancel_requested"] = bool(values["cancel_requested"])
+    gpus = values["gpus"]
+    values["gpus"] = tuple(str(g) for g in gpus) if isinstance(gpus, list) else None
     return Job(**values, problem="; ".join(problems) or None)
 
 
@@ -321,10 +324,13 @@ class JobQueue:
                                            jobs.c.state == RUNNING, jobs.c.pid.is_(None))
                      .values(state=QUEUED, worker_id=None, started_at=None, heartbeat_at=None))
 
-    def attach_process(self, job_id: int, worker_id: str, pid: int | None, log_path: str) -> None:
-        """Record the process running the job (None: it could not start) and where its output goes."""
+    def attach_process(self, job_id: int, worker_id: str, pid: int | None, log_path: str,
+                       gpus: Iterable[str] | None = None) -> None:
+        """Record the process running the job (None: it could not start), where its output goes and the GPUs it
+        was given (None: the worker pins none)."""
         self._update(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.worker_id == worker_id,
-                                           jobs.c.state == RUNNING).values(pid=pid, log_path=log_path))
+                                           jobs.c.state == RUNNING)
+                     .values(pid=pid, log_path=log_path, gpus=None if gpus is None else list(gpus)))
 
     def heartbeat(self, job_id: int, worker_id: str) -> Job:
         """Mark the job alive and return it as stored.

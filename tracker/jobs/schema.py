@@ -136,6 +136,7 @@ jobs = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("cancel_requested", sa.Boolean, nullable=False),
     sa.Column("dedup_key", sa.String(64), nullable=False),
+    sa.Column("gpus", sa.JSON),  # the GPU ids its process was given (migration 0006); null: none pinned
     sa.CheckConstraint("state IN (%s)" % ", ".join(f"'{s}'" for s in STATES), name="ck_jobs_state"),
 )
 # The claim scans queued jobs in id order.

@@ -314,7 +314,8 @@ class _JobRunner(threading.Thread):
             self._finish(FAILED, error=str(exc))
             return
         try:
-            self._queue.attach_process(job.id, self._worker_id, execution.pid, str(self._log_path))
+            self._queue.attach_process(job.id, self._worker_id, execution.pid, str(self._log_path),
+                                       self._gpus if self._pool is not None else None)
             outcome, note = self._supervise(execution)
         except BaseException:
             execution.stop(self._grace_s)  # a job recorded as failed must not keep running
