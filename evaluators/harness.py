@@ -20,6 +20,7 @@ to the job queue's event lines).
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -526,7 +527,8 @@ def score_share(s: EvalSettings, progress: Progress = quiet, shard: int = 0, of:
         block=block, target={"path": str(Path(s.target).resolve()), "content_digest": digest,
                              "num_layers": pair.config.num_hidden_layers},
         drafter={"path": str(Path(s.drafter).resolve()), "source": loaded.source, "target_layer_ids": layers,
-                 "mask_token_id": loaded.model.mask_token_id, "family": loaded.model.family})
+                 "mask_token_id": loaded.model.mask_token_id, "family": loaded.model.family},
+        node=socket.gethostname())
     live = _Live(target, loaded, stops, facts, here, cache, digest)
     _note_warnings(share, live)
     return share, live

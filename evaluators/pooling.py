@@ -42,6 +42,7 @@ class Share:
     block: int
     target: dict  # path, content_digest, num_layers
     drafter: dict  # path, source, target_layer_ids, mask_token_id, family
+    node: str = ""  # where it ran: this host's name, or the Ray node's id for a shard run as a Ray task
 
     def to_json(self) -> dict:
         return {**asdict(self), "walked": [w.to_json() for w in self.walked]}

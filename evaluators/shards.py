@@ -33,6 +33,7 @@ from tracker.config import shards_problem
 from tracker.environment import fingerprint
 from tracker.errors import DraftboardError
 
+RAY_JOB_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor for a job's entrypoint (ray.runtime_env)
 LINE = "@@shard "  # a shard's progress and error lines on its stdout; anything else there is ignored
 POLL_S = 0.25
 PROMPT_FIELDS = ("datasets", "prompt_digest", "prompt_lengths")  # what differs between shards' protocols by design
@@ -68,16 +69,59 @@ def evaluate_sharded(s: EvalSettings, shards: int, progress: Progress) -> dict:
         raise DraftboardError(problem)
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
-    environments = shard_environments(shards, device)
-    with tempfile.TemporaryDirectory(prefix="draftboard-shards-") as tmp:
-        spec = Path(tmp) / "settings.json"
-        spec.write_text(json.dumps({**asdict(s), "device": device}))
-        outs = [Path(tmp) / f"shard-{k}.json" for k in range(shards)]
-        _run(spec, outs, environments, progress)
-        shares = [Share.from_json(json.loads(out.read_text())) for out in outs]
+    settings = {**asdict(s), "device": device}
+    if os.environ.get(RAY_JOB_VAR):  # this eval is a Ray job's entrypoint: its shards are tasks of that job
+        shares = _on_ray(settings, shards, progress)
+    else:
+        environments = shard_environments(shards, device)
+        with tempfile.TemporaryDirectory(prefix="draftboard-shards-") as tmp:
+            spec = Path(tmp) / "settings.json"
+            spec.write_text(json.dumps(settings))
+            outs = [Path(tmp) / f"shard-{k}.json" for k in range(shards)]
+            _run(spec, outs, environments, progress)
+            shares = [Share.from_json(json.loads(out.read_text())) for out in outs]
     results = merge(s, shares)
     results["timing"]["total_s"] = time.perf_counter() - t0
     return results
+
+
+def _on_ray(settings: dict, shards: int, progress: Progress) -> list[Share]:
+    """The shards as tasks of the Ray job this eval runs as, spread over the cluster's nodes, one GPU each on cuda
+    (Ray sets each task's CUDA_VISIBLE_DEVICES), one CPU each on the CPU. Each hands its share back as the task's
+    value, so no path is shared but the inputs' (docs/RAY.md). The job's stop ends its driver, and Ray then ends
+    the tasks the driver owns, on every node."""
+    import ray
+
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
+    task = ray.remote(_score_task).options(num_cpus=1, num_gpus=1 if settings["device"] == "cuda" else 0,
+                                           scheduling_strategy="SPREAD", max_retries=0)
+    refs = [task.remote(settings, k, shards) for k in range(shards)]
+    pending = list(refs)
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+        progress("shards (Ray tasks)", shards - len(pending), shards)
+    shares = []
+    for k, out in enumerate(ray.get(refs)):
+        if "error" in out:
+            raise DraftboardError(f"shard {k} of {shards}: {out['error']}")
+        shares.append(Share.from_json(out))
+    return shares
+
+
+def _score_task(settings: dict, shard: int, of: int) -> dict:
+    """One shard, run inside a Ray task: its share as JSON, or {"error"} for an error the eval states in one line."""
+    import ray
+
+    try:
+        share, _ = score_share(_settings(settings), shard=shard, of=of)
+    except DraftboardError as exc:
+        return {"error": str(exc)}
+    share.node = ray.get_runtime_context().get_node_id()
+    return share.to_json()
+
+
+def _settings(data: dict) -> EvalSettings:
+    return EvalSettings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
 
 
 def _run(spec: Path, outs: list[Path], environments: list[dict], progress: Progress) -> None:
@@ -162,8 +206,8 @@ def merge(s: EvalSettings, shares: Sequence[Share]) -> dict:
         "cuda_visible_devices": ",".join(str(sh.fingerprint["hardware"].get("cuda_visible_devices") or "")
                                          for sh in shares)}}
     results["shards"] = [{"shard": sh.shard, "prompts": [w.id for w in sh.walked[::_per_prompt(s)]],
-                          "device": _device(sh.fingerprint), "env_hash": fingerprint.env_hash(sh.fingerprint)}
-                         for sh in shares]
+                          "device": _device(sh.fingerprint), "env_hash": fingerprint.env_hash(sh.fingerprint),
+                          "node": sh.node} for sh in shares]
     return results
 
 
@@ -189,10 +233,8 @@ def _line(event: dict) -> None:
 def main(argv: Sequence[str], say: Callable[[dict], None] = _line) -> int:
     """python -m evaluators.shards SETTINGS_JSON SHARD OF OUT_JSON: score one shard, write its share to OUT_JSON."""
     spec, shard, of, out = argv
-    settings = json.loads(Path(spec).read_text())
-    settings = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
     try:
-        share, _ = score_share(EvalSettings(**settings),
+        share, _ = score_share(_settings(json.loads(Path(spec).read_text())),
                                lambda stage, done, total: say({"stage": stage, "done": done, "total": total}),
                                int(shard), int(of))
     except DraftboardError as exc:

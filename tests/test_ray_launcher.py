@@ -1,21 +1,14 @@
 """The Ray launcher against a real local Ray head (loopback Jobs API, CPU only) and a real SQLite queue.
 
-One module-scoped head serves every test here (starting one takes ~10 s on 2 cores). The head
-is started the way a cluster node would be set up: the venv's `python` first on PATH and the
-source tree on PYTHONPATH stand for "draftboard is installed on the nodes". It runs as
-`ray start --head --block` in its own session, so stopping that process stops exactly this
-cluster (`ray stop` would stop every Ray on the machine).
+One module-scoped head serves every test here (starting one takes ~10 s on 2 cores), started as a cluster node would
+be (tests/raycluster.py); tests/test_ray_cluster.py adds a worker node.
 """
 
 import json
 import os
 import re
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,90 +29,17 @@ from tracker.jobs.launchers.local import LocalLauncher
 from tracker.jobs.launchers.ray import RayLauncher, ray_env, ray_gpus
 from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
+import raycluster
 from conftest import eval_params, script_entry
 from uiprocess import free_port
 
-REPO = Path(__file__).resolve().parent.parent
-HEAD_START_TIMEOUT_S = 90.0
 FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 @pytest.fixture(scope="module")
 def ray_head():
     """A Ray head on this machine: Jobs API on 127.0.0.1, 2 CPUs, no GPU; stopped at the end."""
-    ray_bin = Path(sys.executable).parent / "ray"
-    ray_bin = str(ray_bin) if ray_bin.exists() else shutil.which("ray")
-    if not ray_bin:
-        pytest.fail("ray is importable but its `ray` command is not installed")
-    temp_dir = tempfile.mkdtemp(prefix="dbray-", dir="/tmp")  # short: Ray puts unix sockets under it
-    dashboard_port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env.update(
-        RAY_USAGE_STATS_ENABLED="0",
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        PYTHONPATH=os.pathsep.join(p for p in [str(REPO), env.get("PYTHONPATH", "")] if p),
-    )
-    # Every port this head would otherwise take at a fixed default gets a free one, so two
-    # test sessions on one machine do not collide.
-    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(free_port()), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-           "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-           "--num-cpus", "2", "--num-gpus", "0", "--disable-usage-stats", "--include-log-monitor", "false",
-           "--temp-dir", temp_dir]
-    out = open(Path(temp_dir) / "ray-start.log", "w")
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=temp_dir, stdin=subprocess.DEVNULL, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        from ray.job_submission import JobSubmissionClient
-
-        address = f"http://127.0.0.1:{dashboard_port}"
-
-        def jobs_api():
-            if proc.poll() is not None:
-                pytest.fail(f"ray start exited with {proc.returncode}:\n"
-                            + (Path(temp_dir) / "ray-start.log").read_text()[-3000:])
-            try:
-                client = JobSubmissionClient(address)
-                client.list_jobs()
-                return client
-            except Exception:
-                return None
-
-        # the deadline counts from the head's start, as before the wait: Ray's client import is inside it
-        client = wait_until(jobs_api, HEAD_START_TIMEOUT_S - (time.monotonic() - started), interval=0.2,
-                            what=f"the Ray Jobs API at {address} answering")
-        print(f"ray head ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
-        yield SimpleNamespace(address=address, client=client, temp_dir=temp_dir)
-    finally:
-        with_term = time.monotonic()
-        try:
-            proc.terminate()  # `ray start --block` stops the processes of its cluster on SIGTERM
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # Anything of this cluster that outlived it (only processes under its own temp dir).
-        for pid in _processes_mentioning(temp_dir):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out.close()
-        print(f"ray head stopped in {time.monotonic() - with_term:.1f} s", file=sys.stderr)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    yield from raycluster.cluster(cpus=2, gpus=0)
 
 
 @pytest.fixture

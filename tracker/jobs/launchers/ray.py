@@ -48,7 +48,10 @@ PENDING_STOP_WAIT_S = 3.0
 
 def ray_gpus(params: Mapping[str, Any], gpus_per_job: float = 1) -> float:
     """GPUs a job asks Ray for: its `gpus` param where it says, else gpus_per_job when its params say
-    device=cuda, else none."""
+    device=cuda, else none. A sharded job's entrypoint asks for none: its shards are Ray tasks that ask for one
+    GPU each (evaluators.shards)."""
+    if (params.get("shards") or 1) > 1:
+        return 0
     if params.get("gpus") is not None:
         return params["gpus"]
     return gpus_per_job if params.get("device") == "cuda" else 0
