@@ -316,7 +316,7 @@ class _OnDemand:
     def __call__(self) -> Target:
         if self.target is None:
             t0 = time.perf_counter()
-            self.target = load_target(self.s.target, self.device, self.s.dtype, self.s.linear_attn)
+            self.target = load_target(self.s.target, self.device, self.s.dtype, self.s.linear_attn, self.s.gpus)
             self.seconds = time.perf_counter() - t0
         return self.target
 

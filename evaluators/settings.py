@@ -48,6 +48,7 @@ class EvalSettings:
     seeds: int = 1  # T > 0, --scoring online: runs of the sampled loop per prompt
     seed: int = 0
     context_buckets: tuple[int, ...] = ()  # tau_by_context's edges; (): octaves of the prompts' contexts
+    gpus: int | None = None  # on cuda, > 1: the target spread over this many GPUs (evaluators.sizing's plan)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -69,7 +69,7 @@ def evaluate_sharded(s: EvalSettings, shards: int, progress: Progress) -> dict:
         raise DraftboardError(problem)
     t0 = time.perf_counter()
     device = s.device or fingerprint.default_device()
-    settings = {**asdict(s), "device": device}
+    settings = {**asdict(s), "device": device, "gpus": None}  # a shard holds one GPU: the target is not spread
     if os.environ.get(RAY_JOB_VAR):  # this eval is a Ray job's entrypoint: its shards are tasks of that job
         shares = _on_ray(settings, shards, progress)
     else:

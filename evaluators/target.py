@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from evaluators import sizing
 from evaluators.limits import check_sizes
 from evaluators.sampling import Sampling, sampling_probs
 from evaluators.weights import (SAFETENSORS, SAFETENSORS_INDEX, index_shards, inside, one_line,
@@ -442,8 +443,11 @@ def deferred_tokenizer(path: str | Path) -> DeferredTokenizer | None:
     return DeferredTokenizer(path) if any((path / name).is_file() for name in _TOKENIZER_FILES) else None
 
 
-def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn_mode: str = "auto") -> Target:
-    """Load a causal LM (Qwen3.5 text or multimodal, Qwen3, Llama, ...) for evaluation."""
+def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", linear_attn_mode: str = "auto",
+                gpus: int | None = None) -> Target:
+    """Load a causal LM (Qwen3.5 text or multimodal, Qwen3, Llama, ...) for evaluation: on `device`, or on cuda with
+    `gpus` > 1 spread over the first `gpus` GPUs this process sees by accelerate's plan (evaluators.sizing) for their
+    free memory; its inputs then go where its embedding is."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
@@ -451,13 +455,37 @@ def load_target(path: str | Path, device: str = "cpu", dtype: str = "fp32", line
     _check_dir(path)
     if dtype not in DTYPES:
         raise DraftboardError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    spread = device.startswith("cuda") and (gpus or 1) > 1
+    placed = {"device_map": _spread_plan(path, dtype, gpus).device_map} if spread else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]), trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[dtype]), trust_remote_code=False,
+                                                     **placed)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         raise DraftboardError(f"target {path}: cannot load: {one_line(exc)}") from exc
-    model.to(device).eval()
+    if spread:
+        device = str(model.get_input_embeddings().weight.device)
+    else:
+        model.to(device)
+    model.eval()
     resolution = linear_attn.apply(linear_attn_mode, device, linear_attn.module_of(model))
     return Target(model, path, device, dtype, resolution, load_tokenizer(path))
+
+
+def _spread_plan(path: Path, dtype: str, gpus: int):
+    """accelerate's plan of the target over the first `gpus` GPUs by their free memory; DraftboardError in one line
+    where they cannot hold it."""
+    from transformers import AutoConfig
+
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < gpus:
+        raise DraftboardError(f"--gpus {gpus}: this process sees {seen} GPU(s)")
+    free = [int(torch.cuda.mem_get_info(i)[0]) for i in range(gpus)]
+    plan = sizing.target_plan(AutoConfig.from_pretrained(path, trust_remote_code=False), dtype, free)
+    if not plan.fits:
+        raise DraftboardError(f"target {path}: {plan.weights / 2**30:.3g} GiB of weights in {dtype} do not fit the "
+                              f"{gpus} GPUs this eval holds ({', '.join(f'{f / 2**30:.3g}' for f in free)} GiB free, "
+                              f"{sizing.GPU_HEADROOM:.0%} of each kept for activations): ask for more GPUs (--gpus)")
+    return plan
 
 
 def greedy_continuations(target: Target, prompts: list[list[int]], n_tokens: int, stop_after: int,

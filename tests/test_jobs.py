@@ -270,7 +270,7 @@ def test_read_only_queue_never_creates_or_migrates_and_refuses_writes(tmp_path):
         reader.submit("eval", P(name="another"))
     with sqlite3.connect(path) as raw:  # a queue at an older revision is not migrated by a reader
         raw.execute("UPDATE draftboard_jobs_version SET version_num = '0001'")
-    with pytest.raises(DraftboardError, match="at schema revision 0001, this draftboard reads 0006; a read-only"):
+    with pytest.raises(DraftboardError, match="at schema revision 0001, this draftboard reads 0007; a read-only"):
         JobQueue(f"sqlite:///{path}", readonly=True)
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT version_num FROM draftboard_jobs_version").fetchall() == [("0001",)]

@@ -124,6 +124,43 @@ def test_a_device_no_running_worker_has_is_refused_at_submit(tmp_path):
     assert submit_eval(queue, {**params, "prompts": "/m/t.jsonl", "device": "cpu"}).state == "queued"  # needs none
 
 
+def test_a_job_whose_targets_weights_exceed_its_gpus_memory_is_refused_at_submit(tmp_path):
+    """Issue 63: a worker declares its GPUs' memory (`worker --gpu-memory`); a job whose target's weights alone do
+    not fit the GPUs it asks for is refused in one line, naming how many it needs; one that asks for enough is
+    queued. The bound comes from the weight files and the dtype the config says they were saved in."""
+    import json
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tiny import save_target
+    from tracker.dashboard.launch_form import submit_eval
+    from tracker.errors import DraftboardError
+    from tracker.jobs import inputs
+    from tracker.jobs.queue import JobQueue
+
+    torch.manual_seed(0)
+    save_target(Qwen3ForCausalLM(Qwen3Config(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                                             vocab_size=1000, tie_word_embeddings=False)).eval(), tmp_path / "t")
+    saved = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert saved.get("dtype", saved.get("torch_dtype")) == "float32"
+    fp32 = inputs.weights_bytes(str(tmp_path / "t"), "fp32")
+    assert 1_104_704 <= fp32 < 1_110_000 and inputs.weights_bytes(str(tmp_path / "t"), "bf16") == fp32 // 2
+    queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
+    queue.register_worker("w", ["cpu", "cuda"], "local", ["0", "1", "2", "3"], gpu_memory=2**19 + 2**18)  # 768 KiB
+    params = {"target": str(tmp_path / "t"), "drafter": "/m/d", "prompts": "/m/p.jsonl", "device": "cuda",
+              "dtype": "fp32"}
+    with pytest.raises(DraftboardError, match=rf"^not queued: the target's weights are {fp32 / 2**30:.3g} GiB in fp32; 1 "
+                                              r"GPU\(s\) of 0\.000732 GiB \(the workers' --gpu-memory\) cannot hold "
+                                              r"them: ask for 2 GPUs$"):
+        submit_eval(queue, params)
+    assert submit_eval(queue, {**params, "gpus": 2}).state == "queued"
+    assert submit_eval(queue, {**params, "dtype": "bf16"}).state == "queued"  # half the bytes: one GPU holds them
+    queue.register_worker("w", ["cpu", "cuda"], "local", ["0", "1", "2", "3"])  # memory not declared: not checked
+    assert submit_eval(queue, {**params, "prompts": "/m/q.jsonl"}).state == "queued"
+
+
 def test_a_sampled_launch_carries_its_sampling_and_no_ddtree_budgets(tmp_path):
     """A sampled job says how tokens are drawn (and its name does); a greedy job keeps the params it always
     had, so the queue's dedup still meets older greedy jobs; bad numbers are refused before queueing."""

@@ -368,6 +368,20 @@ def test_the_box_gpus_come_from_the_flag_the_deployment_or_cuda_and_bad_lists_ar
             box_gpus(text, {})
 
 
+def test_a_workers_declared_gpu_memory_reads_as_bytes_and_a_bad_one_is_one_line(tmp_path, capsys, monkeypatch):
+    from tracker.cli import main
+    from tracker.jobs.gpus import memory_bytes
+
+    assert (memory_bytes("80GiB"), memory_bytes("40 GB"), memory_bytes("81559MiB")) == (80 * 2**30, 40 * 10**9,
+                                                                                        81559 * 2**20)
+    monkeypatch.setenv("DRAFTBOARD_GPU_MEMORY", "eighty")
+    assert main(["worker", "--once", "--jobs-uri", f"sqlite:///{tmp_path / 'q.db'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: DRAFTBOARD_GPU_MEMORY: 'eighty' is not a GPU's memory (e.g. 80GiB, 40GB, 81559MiB)")
+    assert main(["worker", "--once", "--gpu-memory", "80", "--jobs-uri", f"sqlite:///{tmp_path / 'q.db'}"]) == 2
+    assert "--gpu-memory: '80' is not a GPU's memory" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--gpus", "1", "--device", "cpu"], "--gpus 1 with --device cpu: a CPU eval holds no GPU"),
     (["--gpus", "2"], "--gpus 2: this process sees 0 GPU(s) (CUDA_VISIBLE_DEVICES '')"),

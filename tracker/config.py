@@ -193,6 +193,9 @@ MAX_BUDGETS = 32  # --budgets: how many; each is a DDTree search per block
 MAX_CONCURRENCY = 64
 MAX_CONCURRENCY_LEVELS = 16  # --concurrency: levels of one sweep (each runs every prompt 2 x (repeats + 1) times)
 MAX_SERVER_DEATHS = 3  # a load sweep restarts a managed server that died at a level this often, counting each
+MAX_GPUS = 64  # GPUs one box declares (tracker.jobs.gpus), and the most a target is planned over
+GPU_HEADROOM = 0.15  # of each GPU's memory left to activations, the KV cache and the drafter when a target's
+# weights are placed (evaluators.sizing plans with accelerate; a worker's submit check bounds by the weights)
 MAX_SHARDS = 64  # --shards: processes one offline eval's prompts are split across (evaluators.shards)
 DEFAULT_REPEATS = 3  # --repeats: a load sweep's rounds per level, the arms interleaved (evaluators.engines.load)
 MAX_REPEATS = 20

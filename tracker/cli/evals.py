@@ -45,7 +45,7 @@ def cmd_eval(args) -> int:
         scoring=args.scoring, limit_per_dataset=args.limit_per_dataset, prompt_tokens=args.prompt_tokens,
         batch_size=args.batch_size, anchor_chunk=args.anchor_chunk, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, samples=args.samples, seeds=args.seeds, seed=args.seed,
-        context_buckets=tuple(args.context_buckets or ()),
+        context_buckets=tuple(args.context_buckets or ()), gpus=args.gpus if not args.shards else None,
     )
     if args.checkpoint_step is not None and not args.train_run_id:
         raise DraftboardError("--checkpoint-step needs --train-run-id (the run the checkpoint belongs to)")

@@ -23,7 +23,7 @@ def cmd_demo(args) -> int:
 def cmd_worker(args) -> int:
     import logging
 
-    from tracker.jobs.gpus import box_gpus
+    from tracker.jobs.gpus import MEMORY_VAR, box_gpus, memory_bytes
     from tracker.jobs.launchers import make_launcher
     from tracker.jobs.worker import run_worker
 
@@ -42,10 +42,13 @@ def cmd_worker(args) -> int:
     # The box's GPUs (--gpus, DRAFTBOARD_GPUS, CUDA_VISIBLE_DEVICES), parsed before anything starts; a Ray worker
     # takes no list from its own environment, and run_worker refuses one given it.
     gpus = box_gpus(args.gpus, os.environ if args.launcher == "local" else {})
+    gpu_memory = memory_bytes(args.gpu_memory, "--gpu-memory") if args.gpu_memory else \
+        memory_bytes(os.environ[MEMORY_VAR], MEMORY_VAR) if os.environ.get(MEMORY_VAR) else None
     launcher = make_launcher(args.launcher, args.address, **ray_options)
     launcher.prepare()  # a worker is there to run jobs: the first one need not wait for its imports
     claimed = run_worker(args.jobs_uri, slots=args.slots, poll_s=args.poll, stale_s=args.stale, once=args.once,
-                         launcher=launcher, watch_s=args.watch_interval if args.watch else None, gpus=gpus)
+                         launcher=launcher, watch_s=args.watch_interval if args.watch else None, gpus=gpus,
+                         gpu_memory=gpu_memory)
     print(f"worker stopped after {claimed} job(s)")
     return 0
 
@@ -172,6 +175,9 @@ def add_commands(sub) -> None:
     p.add_argument("--gpus", default=None, metavar="0,1,2,3",
                    help="the box's GPUs, each job given its own (CUDA_VISIBLE_DEVICES) and waiting for them (default: "
                         "DRAFTBOARD_GPUS, else this process's CUDA_VISIBLE_DEVICES; neither: jobs are not pinned)")
+    p.add_argument("--gpu-memory", default=None, metavar="80GiB",
+                   help="each GPU's memory (GiB, GB, MiB, MB or bytes; default: DRAFTBOARD_GPU_MEMORY): Launch refuses "
+                        "a job whose target's weights alone do not fit the GPUs it asks for")
     p.add_argument("--jobs-uri", default=None, help="job queue database (DRAFTBOARD_JOBS_URI)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between queue polls")
     p.add_argument("--stale", type=float, default=60.0, help="fail running jobs silent for this many seconds")

@@ -484,7 +484,8 @@ def submit_eval(queue: JobQueue, params: dict, tracker: Tracker | None = None) -
     """
     params = eval_job.validate(params)  # bad params are refused before the store is asked
     live = queue.workers()
-    problem = device_problem(live, params.get("device")) or gpus_problem(live, gpu_slots.needed(params))
+    problem = (device_problem(live, params.get("device")) or gpus_problem(live, gpu_slots.needed(params))
+               or memory_problem(live, params))
     if problem:
         raise DraftboardError(f"not queued: {problem}")
     check_can_write(tracker.uri if tracker is not None else config.store_uri(), tracker)
@@ -507,6 +508,24 @@ def gpus_problem(live: Sequence[WorkerInfo], needed: int) -> str | None:
     if not live or needed == 0 or any(w.gpus is None or len(w.gpus) >= needed for w in live):
         return None
     return f"the job asks for {needed} GPUs; the most any running worker has is {max(len(w.gpus) for w in live)}"
+
+
+def memory_problem(live: Sequence[WorkerInfo], params: Mapping) -> str | None:
+    """Why the GPUs a job asks for cannot hold its target's weights on any running worker that declares its GPUs'
+    memory (`worker --gpu-memory`); None when one could, or when no one can tell. A bound from the weight files
+    (`inputs.weights_bytes`): the eval's own plan (evaluators.sizing) decides the rest when it starts."""
+    needed = gpu_slots.needed(params)
+    able = [w for w in live if w.gpus is not None and len(w.gpus) >= needed]
+    if needed == 0 or not able or any(w.gpu_memory is None for w in able):
+        return None
+    dtype = params.get("dtype") or eval_job.FIELDS["dtype"].default
+    weights = inputs.weights_bytes(str(params.get("target")), dtype)
+    most = max(w.gpu_memory for w in able)
+    if weights is None or weights <= needed * most:
+        return None
+    ask = math.ceil(weights / (most * (1 - config.GPU_HEADROOM)))
+    return (f"the target's weights are {weights / 2**30:.3g} GiB in {dtype}; {needed} GPU(s) of {most / 2**30:.3g} "
+            f"GiB (the workers' --gpu-memory) cannot hold them: ask for {ask} GPUs")
 
 
 def workers_caption(live: Sequence[WorkerInfo]) -> str:

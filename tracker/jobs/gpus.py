@@ -13,11 +13,11 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 
+from tracker.config import MAX_GPUS
 from tracker.errors import DraftboardError
 
 ENV = "CUDA_VISIBLE_DEVICES"  # what a job's process is told (CUDA reads it once, at its first use)
 DECLARED_VAR = "DRAFTBOARD_GPUS"
-MAX_GPUS = 64
 # A GPU as CUDA_VISIBLE_DEVICES names one: its index, or its UUID (GPU-..., MIG-...).
 _ID = re.compile(r"[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Za-z-]{1,80}")
 
@@ -42,6 +42,21 @@ def box_gpus(declared: str | None, env: Mapping[str, str]) -> tuple[str, ...] | 
         if text is not None:
             return parse(text, where)
     return None
+
+
+MEMORY_VAR = "DRAFTBOARD_GPU_MEMORY"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+_MEMORY = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?) ?([A-Za-z]{0,3})")
+
+
+def memory_bytes(text: str, where: str = "--gpu-memory") -> int:
+    """`80GiB`, `40 GB`, `81559MiB` or a byte count as bytes; DraftboardError in one line for anything else."""
+    found = _MEMORY.fullmatch(text.strip())
+    unit = found and _UNITS.get(found.group(2).lower())
+    if not found or unit is None or float(found.group(1)) * unit < 2**20:
+        raise DraftboardError(f"{where}: {text[:40]!r} is not a GPU's memory (e.g. 80GiB, 40GB, 81559MiB)")
+    return int(float(found.group(1)) * unit)
 
 
 def needed(params: Mapping) -> int:

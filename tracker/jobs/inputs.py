@@ -64,6 +64,31 @@ def prompts_problem(prompts: str) -> str | None:
     return None
 
 
+CONFIG_BYTES = 1 << 20  # a config.json larger than this is not read here
+_ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def weights_bytes(target: str, dtype: str) -> int | None:
+    """The target's weights in the eval's `dtype` (config.DTYPES' names), from its safetensors files' sizes and the
+    dtype its config.json says they were saved in: a bound from the files, not a plan (evaluators.sizing plans);
+    None where either is unknown."""
+    folder = Path(target)
+    try:
+        files = [p for p in folder.glob("*.safetensors") if p.is_file()]
+        with textlines.open_regular(folder / "config.json") as f:
+            cfg = json.loads(f.read(CONFIG_BYTES + 1))
+    except (DraftboardError, OSError, ValueError):
+        return None
+    if not files or not isinstance(cfg, dict):
+        return None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    saved = next((c.get(k) for c in (cfg, text) for k in ("torch_dtype", "dtype") if isinstance(c.get(k), str)), None)
+    wanted = config.DTYPES.get(dtype)
+    if saved not in _ELEMENT_BYTES or wanted not in _ELEMENT_BYTES:
+        return None
+    return sum(p.stat().st_size for p in files) * _ELEMENT_BYTES[wanted] // _ELEMENT_BYTES[saved]
+
+
 def inputs_problem(params: Mapping[str, Any]) -> str | None:
     """The first problem of a job's target, drafter and prompts; None when each looks like one."""
     for field, check in (("target", target_problem), ("drafter", checkpoint_problem), ("prompts", prompts_problem)):

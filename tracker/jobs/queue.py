@@ -73,6 +73,7 @@ class WorkerInfo:
     launcher: str
     heartbeat_at: datetime
     gpus: tuple[str, ...] | None = None  # the GPUs it hands out, one job each (None: it pins none)
+    gpu_memory: int | None = None  # bytes of each of its GPUs, as declared (None: not declared)
 
 
 @dataclass(frozen=True)
@@ -270,11 +271,11 @@ class JobQueue:
                 continue
 
     def register_worker(self, worker_id: str, devices: Iterable[str] | None, launcher: str,
-                        gpus: Iterable[str] | None = None) -> None:
-        """Record (or refresh) a live worker, the devices its jobs can use and the GPUs it hands out (None: it
-        pins none)."""
+                        gpus: Iterable[str] | None = None, gpu_memory: int | None = None) -> None:
+        """Record (or refresh) a live worker, the devices its jobs can use, the GPUs it hands out (None: it
+        pins none) and each one's memory in bytes (None: not declared)."""
         row = {"id": worker_id, "devices": None if devices is None else sorted(devices), "launcher": launcher,
-               "heartbeat_at": _now(), "gpus": None if gpus is None else list(gpus)}
+               "heartbeat_at": _now(), "gpus": None if gpus is None else list(gpus), "gpu_memory": gpu_memory}
         with self._engine.begin() as conn:  # delete + insert: one upsert on every backend
             conn.execute(sa.delete(workers).where(workers.c.id == worker_id))
             conn.execute(sa.insert(workers).values(**row))
@@ -290,7 +291,8 @@ class JobQueue:
             rows = conn.execute(sa.select(workers).where(workers.c.heartbeat_at >= since)
                                 .order_by(workers.c.id)).all()
         return [WorkerInfo(r.id, None if r.devices is None else tuple(r.devices), r.launcher, r.heartbeat_at,
-                           None if r.gpus is None else tuple(r.gpus))
+                           None if r.gpus is None else tuple(r.gpus),
+                           r.gpu_memory if isinstance(r.gpu_memory, int) and r.gpu_memory > 0 else None)
                 for r in rows]
 
     def get(self, job_id: int) -> Job:

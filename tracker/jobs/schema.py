@@ -152,7 +152,7 @@ sa.Index(
     postgresql_where=dedup_where,
 )
 
-# One row per worker, refreshed at every round of its loop (migration 0003; its GPUs: 0005).
+# One row per worker, refreshed at every round of its loop (migration 0003; its GPUs: 0005, their memory: 0007).
 workers = sa.Table(
     "workers",
     metadata,
@@ -161,6 +161,7 @@ workers = sa.Table(
     sa.Column("launcher", sa.Text, nullable=False),
     sa.Column("heartbeat_at", UTCDateTime, nullable=False),
     sa.Column("gpus", sa.JSON),  # the GPU ids it pins jobs to; null: none
+    sa.Column("gpu_memory", sa.BigInteger),  # bytes of each of those GPUs, as declared (0007); null: not declared
 )
 
 

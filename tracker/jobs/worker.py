@@ -112,6 +112,7 @@ def run_worker(
     launcher: Launcher | None = None,
     watch_s: float | None = None,
     gpus: Sequence[str] | None = None,
+    gpu_memory: int | None = None,
 ) -> int:
     """Run queued jobs, up to `slots` at a time, until stop_event is set; return how many ran.
 
@@ -126,6 +127,7 @@ def run_worker(
     (`tracker.jobs.watch.scan_all`) every watch_s seconds, so one process serves a team. Logs go to `config.logs_dir()` (<DRAFTBOARD_HOME>/logs) as job-<id>.log,
     the one folder the dashboard reads log tails from. gpus: the box's GPUs (`tracker.jobs.gpus`), each job
     given its own through CUDA_VISIBLE_DEVICES; a job whose GPUs are not free waits, first in first served.
+    gpu_memory: each GPU's memory in bytes, as declared, recorded for Launch's submit check.
     """
     if slots < 1:
         raise DraftboardError(f"a worker needs at least one slot, got {slots}")
@@ -169,7 +171,7 @@ def run_worker(
                 wake.clear()
                 if devices and time.monotonic() >= next_register:  # so the Launch form knows what can run
                     with contextlib.suppress(SQLAlchemyError):  # an outage is logged below, by the claim
-                        queue.register_worker(worker_id, devices[0], launcher.describe(), pool and pool.ids)
+                        queue.register_worker(worker_id, devices[0], launcher.describe(), pool and pool.ids, gpu_memory)
                     next_register = time.monotonic() + heartbeat_s
                 if watch_s is not None and time.monotonic() >= next_watch:
                     _scan_watched(queue)
