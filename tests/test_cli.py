@@ -170,3 +170,12 @@ def test_a_command_that_only_reads_leaves_no_store_where_there_was_none(tmp_path
     out = [a if a != "r.html" else str(tmp_path / "r.html") for a in args]
     assert main([*out, "--tracking-uri", f"sqlite:///{store}"]) == 2
     assert "no store at" in capsys.readouterr().err and not store.exists()
+
+
+def test_an_argument_error_is_one_line_and_says_where_to_read_more(capsys):
+    """Issue 65 LOW: 21 lines of usage came before an argparse error."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--target", "x"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("draftboard eval: error: the following arguments are required: --drafter, "
+                                       "--prompts (see `draftboard eval --help`)\n")

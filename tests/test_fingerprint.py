@@ -118,6 +118,8 @@ def test_probe_tolerance(machine_fp):
     assert _severity(fingerprint.diff(a, near), "probe.max_rel_diff") == "warning"
     assert _severity(fingerprint.diff(a, far), "probe.max_rel_diff") == "critical"
     assert fingerprint.diff(a, dict(machine_fp, probe=_probe(1.0))) == []
+    same_stats = dict(machine_fp, probe={**_probe(1.0), "digest": "other"})
+    assert _severity(fingerprint.diff(a, same_stats), "probe.max_rel_diff") == "info"
 
 
 def test_rows_are_sorted_most_severe_first(machine_fp):

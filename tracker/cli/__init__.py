@@ -28,8 +28,16 @@ DESCRIPTION = ("draftboard: evaluate DFlash drafter checkpoints offline or in a 
                "their environment and protocol, and serve the dashboard")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose error is one line and where to read more: argparse printed the whole usage first (21
+    lines before `draftboard eval`'s error). Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftboard", description=DESCRIPTION)
+    parser = _Parser(prog="draftboard", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser = sub.add_parser
     # `draftboard CMD --help` opens with what the command does: its one-line help, unless it has a description
