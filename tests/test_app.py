@@ -126,6 +126,7 @@ def test_run_detail_links_to_mlflow_ui_only_when_configured(app_env, monkeypatch
 def test_promote_and_demote_an_eval(app_env):
     run_id = app_env.ids["v5@100"]
     at = run_page("pages/run_detail.py", run=run_id)
+    assert ":violet-badge[:material/account_tree: DFlash]" in page_text(at)  # issue 65 LOW: the family is badged
     at.button(key="detail_promote").click().run()
     assert not at.exception
     from tracker import Tracker

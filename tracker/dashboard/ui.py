@@ -619,6 +619,10 @@ def env_badges(run: RunInfo) -> None:
             st.badge(f"drafter {md_badge(run.drafter_precision)}", color="orange",
                      help="how the drafter computed where it was not a cast to the dtype (bf16-autocast: fp32 weights "
                           "under bf16 autocast, as mixed-precision training computes)")
+        if run.drafter_family:  # issue 65 LOW: which drafter family measured, as Compare's lines name it
+            st.badge(md_badge(run.drafter_family), icon=":material/account_tree:", color="violet",
+                     help="the drafter's family (DFlash, DFlash2, JetSpec), decided from its config: each is its "
+                          "own line on Compare")
         if run.env_hash:
             st.badge(f"env {md_badge(run.env_hash)}", color="gray",
                      help="hash of the fingerprint fields that can change the numbers: equal hashes, comparable numbers")
