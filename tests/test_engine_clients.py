@@ -396,3 +396,33 @@ def test_a_dead_servers_log_is_told_by_the_line_it_died_on(tmp_path):
     log.write_text("all fine\nthe last line\n")
     assert log_tail(log) == "all fine | the last line"  # nothing died: the tail alone
     assert log_tail(tmp_path / "none.log") == "(no log)"
+
+
+def test_an_engine_eval_holding_several_gpus_splits_its_target_and_the_known_bad_table_reads_it():
+    """Issue 63: a managed vLLM / SGLang eval of a job holding N GPUs serves with tensor parallelism N, recorded in
+    the results' engine section; there the known-bad table's SGLang 0.5.9 TP > 1 row fires on a hybrid target.
+    llama.cpp, and attached servers, are refused in one line."""
+    from evaluators.doctor.serving import from_engine_eval
+    from evaluators.engines import sglang, vllm
+    from evaluators.engines.base import EngineError
+    from evaluators.engines.run import EngineSettings
+    from tracker.measurement import known_bad
+
+    options = EngineSettings("vllm", tensor_parallel=2).server_options
+    assert options == {"tensor_parallel": 2}
+    argv = vllm.server_argv("python", "/t", "/d", 8000, 7, "bfloat16", 512, "cuda", **options)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert "--tensor-parallel-size" not in vllm.server_argv("python", "/t", "/d", 8000, 7, "bfloat16", 512, "cuda")
+    argv = sglang.server_argv("python", "/t", "/d", 8000, 7, "bfloat16", 512, "cuda", tensor_parallel=4)
+    assert argv[argv.index("--tp-size") + 1] == "4"
+    engine = {"name": "sglang", "version": "0.5.9", "method": "DFLASH", "num_speculative_tokens": 7,
+              **sglang.managed_settings("cuda", "bfloat16", 1, tensor_parallel=2)}
+    assert [r.id for r in known_bad.matches(from_engine_eval(engine).record(True, "dflash"))] == \
+        ["sglang-0.5.9-tp-hybrid"]
+    alone = {**engine, **sglang.managed_settings("cuda", "bfloat16", 1)}
+    assert "sglang-0.5.9-tp-hybrid" not in [r.id for r in known_bad.matches(from_engine_eval(alone).record(True,
+                                                                                                          "dflash"))]
+    for refused, message in ((dict(name="llamacpp"), "llamacpp's is not offered"),
+                             (dict(name="vllm", url="http://127.0.0.1:9"), "an attached server keeps its own")):
+        with pytest.raises(EngineError, match=message):
+            EngineSettings(**refused, tensor_parallel=2)

@@ -189,7 +189,9 @@ def from_engine_eval(engine: dict) -> ServingConfig:
                          where=f"the engine eval's {name}",
                          draft_cache_type=_text(settings.get("cache_type_k_draft")),
                          drafter_gguf=engine["drafter_gguf"] if isinstance(engine.get("drafter_gguf"), str) else None,
-                         build=llamacpp.build_number(_text(engine.get("version"))) if name == "llamacpp" else None)
+                         build=llamacpp.build_number(_text(engine.get("version"))) if name == "llamacpp" else None,
+                         tp_size=settings["tp_size"] if isinstance(settings.get("tp_size"), int) and not isinstance(
+                             settings.get("tp_size"), bool) else None)
 
 
 _METHODS = {"vllm": VLLM_METHOD, "sglang": SGLANG_ALGORITHM, "llamacpp": LLAMACPP_SPEC_TYPE}

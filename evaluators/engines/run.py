@@ -41,6 +41,7 @@ from tracker.measurement.uncertainty import results_uncertainty
 
 # Each engine's module: its client class, and what its managed server loads (`prepare`) and runs.
 ENGINES = {vllm.NAME: vllm, sglang.NAME: sglang, llamacpp.NAME: llamacpp}
+TENSOR_PARALLEL = (vllm.NAME, sglang.NAME)  # engines a managed eval starts split over the job's GPUs
 CLIENTS: dict[str, type[EngineClient]] = {vllm.NAME: vllm.VLLMClient, sglang.NAME: sglang.SGLangClient,
                                           llamacpp.NAME: llamacpp.LlamaCppClient}
 
@@ -55,6 +56,7 @@ class EngineSettings:
     concurrency: tuple[int, ...] = ()  # a load sweep's levels (evaluators.engines.load); () for none
     repeats: int | None = None  # a load sweep's rounds per level (None: config.DEFAULT_REPEATS)
     prefix_caching: bool = False  # managed vLLM: serve with its prefix cache on (a load sweep's cache dimension)
+    tensor_parallel: int = 1  # managed vLLM / SGLang on cuda: the target split over this many GPUs (the job's)
 
     def __post_init__(self):
         if self.name not in config.ENGINES:
@@ -73,14 +75,20 @@ class EngineSettings:
         if self.prefix_caching and self.name not in config.PREFIX_CACHE_ENGINES:
             raise EngineError(f"--prefix-caching: draftboard starts {', '.join(config.PREFIX_CACHE_ENGINES)} with its "
                               f"prefix cache on; {self.name}'s cache switch is not offered yet")
+        if self.tensor_parallel > 1 and (self.url or self.name not in TENSOR_PARALLEL):
+            raise EngineError(f"--gpus {self.tensor_parallel} with --engine {self.name}: " + (
+                "an attached server keeps its own parallelism (the results record what it reports)" if self.url else
+                f"draftboard starts {', '.join(TENSOR_PARALLEL)} with tensor parallelism; {self.name}'s is not offered"))
         if self.prefix_caching and self.url:
             raise EngineError("--prefix-caching starts a server with its prefix cache on; an attached server keeps its "
                               "own setting (the results record it): drop --prefix-caching")
 
     @property
     def server_options(self) -> dict:
-        """What the managed server is started with beyond the eval's own settings (vLLM only: checked above)."""
-        return {"prefix_caching": True} if self.prefix_caching else {}
+        """What the managed server is started with beyond the eval's own settings (checked above: the prefix cache
+        on vLLM only, tensor parallelism on vLLM and SGLang)."""
+        return {**({"prefix_caching": True} if self.prefix_caching else {}),
+                **({"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {})}
 
     @property
     def rounds(self) -> int:

@@ -38,16 +38,18 @@ LAST_BLOCK = "full"
 
 
 def server_argv(python: str, target: str, drafter: str, port: int, num_speculative_tokens: int, dtype: str,
-                max_model_len: int, device: str, slots: int = 1) -> list[str]:
+                max_model_len: int, device: str, slots: int = 1, tensor_parallel: int = 1) -> list[str]:
     """`sglang.launch_server` for a managed eval: DFLASH with the verify window of the drafter's block
     (`speculative_num_draft_tokens` = draft tokens + 1, `srt/arg_groups/fields/spec.py`), no radix
     cache (a cached prefix would carry another request's recurrent state: SGLang #31850), `slots`
-    requests at a time, a fixed seed. Flags are the server-arg field names (`arg_utils._field_to_cli_name`)."""
+    requests at a time, a fixed seed, the target split over `tensor_parallel` GPUs (`--tp-size`, the job's). Flags
+    are the server-arg field names (`arg_utils._field_to_cli_name`)."""
     return [python, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
             "--model-path", target, "--dtype", dtype, "--context-length", str(max_model_len),
             "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
             "--speculative-num-draft-tokens", str(num_speculative_tokens + 1), "--disable-radix-cache",
-            "--max-running-requests", str(slots), "--random-seed", "0", "--device", device]
+            "--max-running-requests", str(slots), "--random-seed", "0", "--device", device,
+            "--tp-size", str(tensor_parallel)]
 
 
 def server_env(device: str) -> dict[str, str]:
@@ -59,9 +61,9 @@ def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> 
     return folders.target, folders.drafter, {}
 
 
-def managed_settings(device: str, dtype: str, slots: int = 1) -> dict:
+def managed_settings(device: str, dtype: str, slots: int = 1, tensor_parallel: int = 1) -> dict:
     """What `server_argv` runs the server with (what /server_info reports is read over it)."""
-    return {"dtype": dtype, "disable_radix_cache": True, "max_running_requests": slots}
+    return {"dtype": dtype, "disable_radix_cache": True, "max_running_requests": slots, "tp_size": tensor_parallel}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:

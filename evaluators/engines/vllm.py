@@ -48,14 +48,15 @@ LAST_BLOCK = "full"
 
 def server_argv(python: str, target: str, drafter: str | None, port: int, num_speculative_tokens: int, dtype: str,
                 max_model_len: int, device: str, slots: int = 1, prefix_caching: bool = False,
-                memory_share: float = 1.0) -> list[str]:
+                memory_share: float = 1.0, tensor_parallel: int = 1) -> list[str]:
     """`vllm serve` for a managed eval: exact numbers first (the eval's dtype, eager on CPU, no
     prefix caching, so one prompt's acceptance never depends on the one before), per-request
     statistics on, `slots` sequences at a time (a load sweep's largest level). vLLM 0.32 picks DFlash2's
     model class from the drafter's architectures, so the method is `dflash` for both families. Without
     a drafter: the same server serving the target alone (a load sweep's other arm). `prefix_caching`: a load
     sweep's cache dimension (`--prefix-caching`), asked for by the user on a target whose cache is exact.
-    `memory_share`: the part of a GPU's memory this server may take (`shared_device_options`)."""
+    `memory_share`: the part of a GPU's memory this server may take (`shared_device_options`). `tensor_parallel`:
+    the target split over that many GPUs (the job's: `--tensor-parallel-size`)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", target, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", "0",
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching", "--max-num-seqs", str(slots),
@@ -64,6 +65,8 @@ def server_argv(python: str, target: str, drafter: str | None, port: int, num_sp
     if drafter is not None:
         spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
         argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
+    if tensor_parallel > 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel)]
     if device == "cpu":
         # The CPU backend reserves --gpu-memory-utilization of the node's memory (0.92 by default).
         argv += ["--enforce-eager", "--gpu-memory-utilization", "0.2"]
@@ -92,10 +95,11 @@ def prepare(python: str, folders: Staged, dtype: str, cache: Path, progress) -> 
 
 
 def managed_settings(device: str, dtype: str, slots: int = 1, prefix_caching: bool = False,
-                     memory_share: float = 1.0) -> dict:
+                     memory_share: float = 1.0, tensor_parallel: int = 1) -> dict:
     """What `server_argv` runs the server with (the server reports less of it)."""
     return {"dtype": dtype, "enable_prefix_caching": prefix_caching, "cuda_graphs": device != "cpu",
-            "max_num_seqs": slots, **({"gpu_memory_share": memory_share} if memory_share < 1 else {})}
+            "max_num_seqs": slots, "tp_size": tensor_parallel,
+            **({"gpu_memory_share": memory_share} if memory_share < 1 else {})}
 
 
 def aux_layers_from_log(text: str) -> list[int] | None:
