@@ -301,6 +301,10 @@ def test_runs_table_protocol_column():
     assert protocol_reason(agreeing, same) == ("🟢 as @ 100 · T=0", 0)
     assert protocol_reason(RunIndex([train, a]), train) == ("1 eval", 0)
     assert protocol_reason(RunIndex([train]), train) == ("no evals yet", 0)
+    # Issue 65 M4: its step-600 eval promoted to a reference is still a measurement of its checkpoint
+    promoted = make("r", "reference", proto=protocol.Protocol(datasets={"gsm8k": 8}), train="t", step=600)
+    assert protocol_reason(RunIndex([train, promoted]), train) == (
+        "no evals yet · 1 reference of its checkpoints (@ 600)", 0)
     sampled = eval_run("x", {"gsm8k": 8}, 2.1, proto={"temperature": 1.0, "top_p": 0.95, "samples": 4})
     assert protocol_reason(RunIndex([sampled]), sampled) == ("🎲 T=1 top_p=0.95 x4", 0)
 

@@ -167,7 +167,11 @@ def protocol_reason(index: RunIndex, run: RunInfo) -> tuple[str, int]:
     if run.kind == "train":
         evals = index.evals_of(run.run_id)
         if len(evals) < 2:
-            return ("1 eval" if evals else "no evals yet"), 0
+            # an eval of its checkpoint promoted to a reference is still a measurement of it (issue 65 M4)
+            refs = index.evals_of(run.run_id, kinds=("reference",))
+            also = (f" · {len(refs)} reference{'s' if len(refs) > 1 else ''} of its checkpoints (@ "
+                    f"{', '.join(str(_step(r)) for r in refs[:3])})") if refs else ""
+            return ("1 eval" if evals else "no evals yet") + also, 0
         lines = lineage.lines_of(index, run.run_id)
         found = [(ev, line[-1], lineage.of_severity(lineage.protocol_diff(ev, line[-1]), "critical"))
                  for line in lines.values() for ev in line[:-1]]
