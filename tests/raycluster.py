@@ -127,6 +127,25 @@ def cluster(cpus: int = 2, gpus: int = 0, workers: tuple[tuple[int, int], ...] =
             node.stop()
 
 
+def launcher(cluster, code: str | None = None, **options):
+    """A RayLauncher on `cluster` running `draftboard` (or, given code, that script: conftest `script_entry`);
+    `.submitted` records each submit_job's arguments (the Jobs API does not report a job's entrypoint resources
+    back)."""
+    from conftest import script_entry
+    from tracker.jobs.launchers.ray import RayLauncher
+
+    made = RayLauncher(cluster.address, poll_s=0.2, entry=script_entry(code) if code else None, **options)
+    made.submitted = []
+    real = made.client.submit_job
+
+    def spy(**kwargs):
+        made.submitted.append(kwargs)
+        return real(**kwargs)
+
+    made.client.submit_job = spy
+    return made
+
+
 def _worker_ids(address: str, count: int, nodes: list[Node]) -> list[str] | None:
     """The alive non-head nodes' ids once `count` have joined (Ray's state API), else None."""
     from ray.util.state import list_nodes

@@ -15,10 +15,9 @@ if not os.environ.get("DRAFTBOARD_REQUIRE_RAY"):
     pytest.importorskip("ray.job_submission", reason="the Ray cluster tests need ray[default]", exc_type=ImportError)
 
 import raycluster
-from conftest import eval_params, script_entry
+from conftest import eval_params
 from test_ray_launcher import FAST, ray_job
 
-from tracker.jobs.launchers.ray import RayLauncher
 from tracker.jobs.queue import SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
 
@@ -30,25 +29,12 @@ def two_nodes(mlflow_server):
     yield from raycluster.cluster(cpus=2, gpus=0, workers=((2, 2),))
 
 
-def _launcher(cluster, code: str | None = None) -> RayLauncher:
-    launcher = RayLauncher(cluster.address, poll_s=0.2, entry=script_entry(code) if code else None)
-    launcher.submitted = []
-    real = launcher.client.submit_job
-
-    def spy(**kwargs):
-        launcher.submitted.append(kwargs)
-        return real(**kwargs)
-
-    launcher.client.submit_job = spy
-    return launcher
-
-
 def test_a_gpu_job_lands_on_the_node_that_has_the_gpus(two_nodes, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTBOARD_HOME", str(tmp_path / "home"))
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     job = queue.submit("eval", eval_params(device="cuda"))
     seen = tmp_path / "seen"  # read here rather than through Ray's log collection, which may lag a short job
-    launcher = _launcher(two_nodes, f"import os, pathlib; pathlib.Path({str(seen)!r}).write_text("
+    launcher = raycluster.launcher(two_nodes, f"import os, pathlib; pathlib.Path({str(seen)!r}).write_text("
                                     "os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))")
     assert run_worker(queue.uri, once=True, launcher=launcher, **FAST) == 1
     done = queue.get(job.id)
@@ -78,7 +64,7 @@ def test_a_sharded_eval_spreads_over_both_nodes_and_equals_one_process(two_nodes
               "device": "cpu", "shards": 2}
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     job = queue.submit("eval", params)
-    launcher = _launcher(two_nodes)
+    launcher = raycluster.launcher(two_nodes)
     started = time.monotonic()
     assert run_worker(queue.uri, once=True, launcher=launcher, **FAST) == 1
     print(f"sharded eval through a two-node cluster: {time.monotonic() - started:.1f} s", file=sys.stderr)
@@ -127,7 +113,7 @@ def test_cancelling_a_sharded_eval_stops_its_shards_on_every_node(two_nodes, tin
     job = queue.submit("eval", params)
     stop = threading.Event()
     thread = threading.Thread(target=run_worker, args=(queue.uri,), daemon=True,
-                              kwargs={**FAST, "stop_event": stop, "launcher": _launcher(two_nodes)})
+                              kwargs={**FAST, "stop_event": stop, "launcher": raycluster.launcher(two_nodes)})
     thread.start()
     try:
         def running_tasks():

@@ -30,7 +30,7 @@ from tracker.jobs.launchers.ray import RayLauncher, ray_env, ray_gpus
 from tracker.jobs.queue import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobQueue
 from tracker.jobs.worker import run_worker
 import raycluster
-from conftest import eval_params, script_entry
+from conftest import eval_params
 from uiprocess import free_port
 
 FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
@@ -52,22 +52,8 @@ def queue(tmp_path, monkeypatch):
 
 @pytest.fixture
 def ray_launcher(ray_head):
-    """make(code=None, **options): a RayLauncher on the test head, running `draftboard` (or, given code,
-    that script: conftest `script_entry`); `.submitted` records each submit_job's arguments (the
-    Jobs API does not report a job's entrypoint resources back)."""
-    def make(code: str | None = None, **options) -> RayLauncher:
-        launcher = RayLauncher(ray_head.address, poll_s=0.2, entry=script_entry(code) if code else None, **options)
-        launcher.submitted = []
-        real = launcher.client.submit_job
-
-        def spy(**kwargs):
-            launcher.submitted.append(kwargs)
-            return real(**kwargs)
-
-        launcher.client.submit_job = spy
-        return launcher
-
-    return make
+    """make(code=None, **options): `raycluster.launcher` on the test head."""
+    return lambda code=None, **options: raycluster.launcher(ray_head, code, **options)
 
 
 @pytest.fixture
