@@ -152,8 +152,11 @@ def test_progress_fractions_and_a_dead_builder(tmp_path):
     progress = read_progress(tmp_path)
     assert (progress.state, progress.stage, progress.stages, progress.fraction) == (RUNNING, 3, 4, 0.75)
     # The ETA is the pace so far: 3/4 done in 30 s leaves 10 s.
-    assert progress.eta_s(progress.started + 30) == pytest.approx(10)
-    assert replace(progress, fraction=0.001).eta_s(progress.started + 30) is None  # no pace to go by yet
+    assert progress.eta_s(progress.working_since + 30) == pytest.approx(10)
+    assert replace(progress, fraction=0.001).eta_s(progress.working_since + 30) is None  # no pace to go by yet
+    # The pace counts from the first stage: 27 s of start-up before it are no work left (it read 44 min for 4)
+    slow_start = replace(progress, started=1000.0, working_since=1027.0, fraction=0.01)
+    assert slow_start.eta_s(1029.4) == pytest.approx(2.4 * 99)
     with pytest.raises(ValueError, match="each stage needs some work"):
         writer.plan([1, 0])
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -39,6 +39,7 @@ class DemoProgress:
     fraction: float = 0.0  # of the whole build's work, 0..1
     runs: int = 0  # runs written to the store so far
     started: float = 0.0  # unix seconds
+    working_since: float = 0.0  # when its first stage began (the interpreter and imports were before); 0: not yet
     updated: float = 0.0
     error: str | None = None
     log: str | None = None  # where the building process's output goes, when somebody redirected it
@@ -48,11 +49,13 @@ class DemoProgress:
         return self.state in (STARTING, RUNNING)
 
     def eta_s(self, now: float) -> float | None:
-        """Seconds left at the pace so far (the fraction counts work, not stages); None before
-        there is a pace to go by."""
-        if not self.building or self.fraction < MIN_FRACTION_FOR_ETA or now <= self.started:
+        """Seconds left at the pace so far (the fraction counts work, not stages), timed from the first stage: the
+        start-up before it is no part of the work left (issue 65 LOW: a first reading of "about 44 min left" for a
+        4-minute build); None before there is a pace to go by."""
+        since = self.working_since or self.started
+        if not self.building or self.fraction < MIN_FRACTION_FOR_ETA or now <= since:
             return None
-        return (now - self.started) * (1 - self.fraction) / self.fraction
+        return (now - since) * (1 - self.fraction) / self.fraction
 
 
 def progress_path(home: str | Path) -> Path:
@@ -134,7 +137,8 @@ class ProgressWriter:
         return (sum(self.work[:stage - 1]) + min(max(done, 0.0), 1.0) * self.work[stage - 1]) / sum(self.work)
 
     def stage(self, n: int, text: str) -> None:
-        self.update(state=RUNNING, stage=n, stages=len(self.work), text=text, fraction=self._fraction(n, 0.0))
+        self.update(state=RUNNING, stage=n, stages=len(self.work), text=text, fraction=self._fraction(n, 0.0),
+                    working_since=self.current.working_since or time.time())
 
     def within_stage(self, done: float) -> None:
         """`done` (0..1) of the current stage is finished."""
