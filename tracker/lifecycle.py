@@ -252,9 +252,18 @@ def listening_pids(port: int) -> list[int]:
         if not proc.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+            if any(_link(fd) in inodes for fd in (proc / "fd").iterdir()):
                 pids.append(int(proc.name))
     return pids
+
+
+def _link(fd: Path) -> str | None:
+    """What an open descriptor points at; None for one closed since its folder was listed (a busy server opens and
+    closes files all the time: one such fd must not hide the socket it holds beside it)."""
+    try:
+        return os.readlink(fd)
+    except OSError:
+        return None
 
 
 def _cmdline(pid: int) -> list[str]:
