@@ -125,17 +125,23 @@ def _settings(data: dict) -> EvalSettings:
 
 
 def _run(spec: Path, outs: list[Path], environments: list[dict], progress: Progress) -> None:
-    """Start every shard, relay their progress, wait for all; DraftboardError naming the first that failed."""
-    procs, errors, stages, lock = [], {}, {}, threading.Lock()
+    """Start every shard, relay their progress, wait for all; DraftboardError naming the first that failed of itself
+    (the others it stopped are not the cause)."""
+    procs, readers, errors, stages, lock = [], [], {}, {}, threading.Lock()
+    failed = None
     try:
         for k, (out, env) in enumerate(zip(outs, environments)):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "evaluators.shards", str(spec), str(k), str(len(outs)), str(out)],
                 env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                 **lifecycle.child_popen_kwargs(signal.SIGKILL)))
-            threading.Thread(target=_read, args=(k, procs[-1].stdout, stages, errors, lock), daemon=True).start()
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode not in (None, 0) for p in procs):
+            readers.append(threading.Thread(target=_read, args=(k, procs[-1].stdout, stages, errors, lock),
+                                            daemon=True))
+            readers[-1].start()
+        while True:
+            codes = [p.poll() for p in procs]  # every one polled: a failure anywhere stops the rest at once
+            failed = next((k for k, code in enumerate(codes) if code not in (None, 0)), None)
+            if failed is not None or all(code == 0 for code in codes):
                 break
             _report(stages, lock, len(procs), progress)
             time.sleep(POLL_S)
@@ -145,12 +151,11 @@ def _run(spec: Path, outs: list[Path], environments: list[dict], progress: Progr
             if p.poll() is None:
                 p.kill()
             p.wait()
-    for k, p in enumerate(procs):
-        if p.returncode != 0:
-            time.sleep(POLL_S)  # its reader may still be taking its last line
-            with lock:
-                why = errors.get(k) or f"exited with status {p.returncode}"
-            raise DraftboardError(f"shard {k} of {len(procs)}: {why}")
+    if failed is not None:
+        readers[failed].join(timeout=5)  # its last line (the error) is read once its output is closed
+        with lock:
+            why = errors.get(failed) or f"exited with status {procs[failed].returncode}"
+        raise DraftboardError(f"shard {failed} of {len(procs)}: {why}")
 
 
 def _read(k: int, stream, stages: dict, errors: dict, lock: threading.Lock) -> None:

@@ -156,6 +156,8 @@ def test_a_job_whose_targets_weights_exceed_its_gpus_memory_is_refused_at_submit
                                               r"them: ask for 2 GPUs$"):
         submit_eval(queue, params)
     assert submit_eval(queue, {**params, "gpus": 2}).state == "queued"
+    with pytest.raises(DraftboardError, match=r"a shard's one GPU of 0\.000732 GiB .* cannot hold them$"):
+        submit_eval(queue, {**params, "shards": 2})  # each shard loads the whole target on its own GPU
     assert submit_eval(queue, {**params, "dtype": "bf16"}).state == "queued"  # half the bytes: one GPU holds them
     queue.register_worker("w", ["cpu", "cuda"], "local", ["0", "1", "2", "3"])  # memory not declared: not checked
     assert submit_eval(queue, {**params, "prompts": "/m/q.jsonl"}).state == "queued"

@@ -104,7 +104,8 @@ def test_a_shard_in_another_numerics_environment_fails_the_eval_naming_it(servin
 def test_a_failing_shard_fails_the_eval_in_one_line(serving_pair, tmp_path, capsys):
     assert _sharded(serving_pair, tmp_path / "out.json", "--shards", "9") == 2  # 8 prompts
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: shard ") and "only 8 prompt(s) to split; use at most 8 shards" in err
+    # the shard that failed is named, not one of those stopped because of it
+    assert err == "error: shard 8 of 9: --shards 9: only 8 prompt(s) to split; use at most 8 shards"
     assert not (tmp_path / "out.json").exists()
 
 

@@ -521,11 +521,15 @@ def memory_problem(live: Sequence[WorkerInfo], params: Mapping) -> str | None:
     dtype = params.get("dtype") or eval_job.FIELDS["dtype"].default
     weights = inputs.weights_bytes(str(params.get("target")), dtype)
     most = max(w.gpu_memory for w in able)
-    if weights is None or weights <= needed * most:
+    sharded = (params.get("shards") or 1) > 1  # each shard loads the whole target on its one GPU
+    if weights is None or weights <= (1 if sharded else needed) * most:
         return None
+    said = f"the target's weights are {weights / 2**30:.3g} GiB in {dtype}; "
+    if sharded:
+        return said + f"a shard's one GPU of {most / 2**30:.3g} GiB (the workers' --gpu-memory) cannot hold them"
     ask = math.ceil(weights / (most * (1 - config.GPU_HEADROOM)))
-    return (f"the target's weights are {weights / 2**30:.3g} GiB in {dtype}; {needed} GPU(s) of {most / 2**30:.3g} "
-            f"GiB (the workers' --gpu-memory) cannot hold them: ask for {ask} GPUs")
+    return said + (f"{needed} GPU(s) of {most / 2**30:.3g} GiB (the workers' --gpu-memory) cannot hold them: ask for "
+                   f"{ask} GPUs")
 
 
 def workers_caption(live: Sequence[WorkerInfo]) -> str:
