@@ -57,7 +57,8 @@ def pool(s: EvalSettings, shares: list[Share], online: Callable[[dict], None] | 
     number computed once over all of them, exactly as one process computes it (never averaged per shard).
     `online`: `--scoring online`'s loop, run on the results before the curves and intervals read them."""
     first = shares[0]
-    walked = _in_prompt_order(shares, s.samples if not s.sampling.greedy else 1)
+    per_prompt = 1 if s.sampling.greedy else s.samples  # continuations per prompt
+    walked = _in_prompt_order(shares, per_prompt)
     if not any(w.n_anchors for w in walked):
         raise DraftboardError("no completion has a token to anchor a block (every one stopped at once)")
     block, budgets = first.block, tuple(first.budgets)
@@ -75,7 +76,7 @@ def pool(s: EvalSettings, shares: list[Share], online: Callable[[dict], None] | 
     elif s.scoring == "offline":  # in expectation, like its tau (online, its tau is the runs' mean: no curve)
         results.update(_by_context_sampled(walked, s.samples, s.context_buckets))
     results.update(results_uncertainty(results["prompts"]))
-    prompts = [w.prompt for w in walked[::1 if s.sampling.greedy else s.samples]]
+    prompts = [w.prompt for w in walked[::per_prompt]]
     results["protocol"] = {**first.protocol, **prompt_fields(prompts)}
     results.update({
         "fingerprint": first.fingerprint,
@@ -89,7 +90,6 @@ def pool(s: EvalSettings, shares: list[Share], online: Callable[[dict], None] | 
     return results
 
 
-
 def _in_prompt_order(shares: list[Share], per_prompt: int) -> list[Walked]:
     """Every share's continuations in the order one process holds them: prompt i is the (i // of)-th prompt of
     shard i % of."""
@@ -97,6 +97,7 @@ def _in_prompt_order(shares: list[Share], per_prompt: int) -> list[Walked]:
     groups = {sh.shard: [sh.walked[j:j + per_prompt] for j in range(0, len(sh.walked), per_prompt)] for sh in shares}
     total = sum(map(len, groups.values()))
     return [w for i in range(total) for w in groups[i % of][i // of]]
+
 
 def _by_context(walked: list[Walked], rows: list[dict], edges: tuple[int, ...]) -> dict:
     """`tau_by_context` of the walks and `tau_all_anchors_by_context` of every anchor (tracker.measurement.context),
@@ -132,12 +133,10 @@ def _by_context_sampled(walked: list[Walked], draws: int, edges: tuple[int, ...]
             "tau_all_anchors_by_context": context.by_context(anchors, edges)}
 
 
-
 def monte_carlo(rows: list[dict], draws: int) -> dict:
     """The interval of a sampled tau over its draws alone, the prompts held fixed."""
     per_prompt = [[d["tau"] for d in row["samples"] if d["tau"] is not None] for row in rows]
     return {"draws_per_prompt": draws, "tau_ci_given_prompts": draws_interval(per_prompt).bounds()}
-
 
 
 def prompt_fields(prompts: list[Prompt]) -> dict:
