@@ -159,7 +159,8 @@ def test_a_port_that_is_not_one_is_argparse_s_one_line(port, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["ui", "--port", port])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("is not a TCP port (1-65535)")
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "is not a TCP port (1-65535) (see `draftboard ui --help`)")
 
 
 @pytest.mark.parametrize("args", [["compare", "a" * 32, "b" * 32], ["env-diff", "a" * 32, "b" * 32],

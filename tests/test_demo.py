@@ -201,7 +201,7 @@ def test_banner_counts_runs_and_says_when_the_build_stopped(building_home):
     writer.plan([1] * 8)
     writer.stage(4, "train: drafter-v2")
     writer.within_stage(0.5)
-    writer.update(runs=5, started=time.time() - 3500)
+    writer.update(runs=5, started=time.time() - 3510, working_since=time.time() - 3500)  # 10 s of start-up first
     at = run_page("pages/runs.py")
     [bar] = at.get("progress")
     assert bar.proto.value == 43 and "5 runs so far" in bar.proto.text  # (3 + 0.5) / 8 = 43.75%, truncated
