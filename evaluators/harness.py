@@ -43,9 +43,7 @@ from evaluators.target import (CheckedTarget, Target, cache_key, check_target, c
                                deferred_tokenizer, greedy_continuations, held_heads, layer_hidden_states_batch,
                                load_target, sampled_continuations)
 from tracker.environment import fingerprint, linear_attn
-from tracker.config import (
-    DTYPES,
-)
+from tracker.config import DTYPES
 from tracker.measurement.protocol import GENERATED, UNKNOWN, Protocol, file_digest, text_digest
 from tracker.errors import DraftboardError
 
@@ -532,6 +530,3 @@ def score_share(s: EvalSettings, progress: Progress = quiet, shard: int = 0, of:
     live = _Live(target, loaded, stops, facts, here, cache, digest)
     _note_warnings(share, live)
     return share, live
-
-
-

@@ -58,7 +58,7 @@ def cmd_eval(args) -> int:
                                 num_speculative_tokens=args.num_speculative_tokens,
                                 concurrency=tuple(args.concurrency or ()), repeats=args.repeats,
                                 prefix_caching=args.prefix_caching,
-                                tensor_parallel=args.gpus if args.gpus and args.device != "cpu" else 1)
+                                tensor_parallel=args.gpus or 1)  # a CPU eval holding GPUs was refused above
         results = _run_staged(lambda s, progress: evaluate_engine(s, engine, progress), settings, args.out)
     elif args.prefix_caching or any(getattr(args, k) is not None for k in (
             "engine_python", "engine_url", "engine_port", "num_speculative_tokens", "concurrency", "repeats")):

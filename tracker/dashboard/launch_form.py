@@ -521,7 +521,7 @@ def memory_problem(live: Sequence[WorkerInfo], params: Mapping) -> str | None:
     dtype = params.get("dtype") or eval_job.FIELDS["dtype"].default
     weights = inputs.weights_bytes(str(params.get("target")), dtype)
     most = max(w.gpu_memory for w in able)
-    sharded = (params.get("shards") or 1) > 1  # each shard loads the whole target on its one GPU
+    sharded = gpu_slots.shards(params) > 1  # each shard loads the whole target on its one GPU
     if weights is None or weights <= (1 if sharded else needed) * most:
         return None
     said = f"the target's weights are {weights / 2**30:.3g} GiB in {dtype}; "

@@ -59,13 +59,18 @@ def memory_bytes(text: str, where: str = "--gpu-memory") -> int:
     return int(float(found.group(1)) * unit)
 
 
+def shards(params: Mapping) -> int:
+    """How many shard processes a job's eval runs as (evaluators.shards; 1: one process)."""
+    return max(1, int(params.get("shards") or 1))
+
+
 def needed(params: Mapping) -> int:
     """The GPUs a job holds: its `gpus` param, else one for a job that may run on a GPU (one per shard of a sharded
     eval) and none on the CPU."""
     asked = params.get("gpus")
     if asked is not None:
         return int(asked)
-    return 0 if params.get("device") == "cpu" else max(1, int(params.get("shards") or 1))
+    return 0 if params.get("device") == "cpu" else shards(params)
 
 
 class Pool:

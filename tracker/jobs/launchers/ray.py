@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from tracker import events, redact
 from tracker.errors import DraftboardError
+from tracker.jobs import gpus as gpu_slots
 from tracker.jobs.launchers.base import DRAIN_S, Execution, JobOutput, LaunchError, Launcher, cli_entry, describe_exit
 from tracker.jobs.queue import CANCELLED, FAILED, SUCCEEDED, Job
 
@@ -50,7 +51,7 @@ def ray_gpus(params: Mapping[str, Any], gpus_per_job: float = 1) -> float:
     """GPUs a job asks Ray for: its `gpus` param where it says, else gpus_per_job when its params say
     device=cuda, else none. A sharded job's entrypoint asks for none: its shards are Ray tasks that ask for one
     GPU each (evaluators.shards)."""
-    if (params.get("shards") or 1) > 1:
+    if gpu_slots.shards(params) > 1:
         return 0
     if params.get("gpus") is not None:
         return params["gpus"]
