@@ -90,6 +90,16 @@ class Node:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def server_credentials_first(request) -> None:
+    """Where an MLflow test server is configured, set up its fixture (its credentials in this environment) before a
+    node starts: a secret is the nodes' own (docs/RAY.md), never sent with a job, so a node started first could not
+    log there."""
+    from conftest import SERVER_ENV
+
+    if all(os.environ.get(name) for name in SERVER_ENV):
+        request.getfixturevalue("mlflow_server")
+
+
 def cluster(cpus: int = 2, gpus: int = 0, workers: tuple[tuple[int, int], ...] = ()):
     """A generator for a fixture: a head of `cpus` CPUs and `gpus` declared GPUs, then one worker node per
     (cpus, gpus) in `workers`, joined; yields SimpleNamespace(address (the Jobs API), client, gcs, head, nodes

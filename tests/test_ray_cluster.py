@@ -23,9 +23,8 @@ from tracker.jobs.worker import run_worker
 
 
 @pytest.fixture(scope="module")
-def two_nodes(mlflow_server):
-    """The cluster, its nodes started after the MLflow server's credentials are in this environment: a secret is
-    the nodes' own (docs/RAY.md), never sent with a job."""
+def two_nodes(request):
+    raycluster.server_credentials_first(request)
     yield from raycluster.cluster(cpus=2, gpus=0, workers=((2, 2),))
 
 

@@ -37,8 +37,9 @@ FAST = dict(poll_s=0.05, heartbeat_s=0.2, stale_s=30.0, grace_s=5.0)
 
 
 @pytest.fixture(scope="module")
-def ray_head():
+def ray_head(request):
     """A Ray head on this machine: Jobs API on 127.0.0.1, 2 CPUs, no GPU; stopped at the end."""
+    raycluster.server_credentials_first(request)
     yield from raycluster.cluster(cpus=2, gpus=0)
 
 
