@@ -12,13 +12,12 @@ from tracker.dashboard import (charts, context_view, curve_chart, load_view, met
                                ui)
 from tracker.dashboard.compare import (
     TITLES,
-    best_evals,
+    checkpoint_steps,
     closest_reference,
     common_budgets,
     compare_data,
     default_selection,
     engines_views,
-    env_key,
     ids_from_link,
     eval_tables,
     outside_budgets,
@@ -90,26 +89,23 @@ with st.sidebar:
 reference_id = choice.run_id if ref_pick == AUTO else (None if ref_pick == NONE else ref_pick)
 
 
-def _pick_label(run_id: str) -> str:
-    ev = index.runs[run_id]
-    tau = ev.metrics.get("tau")
-    return (f"step {ev.checkpoint_step} · {env_key(ev)}"
-            + (f" · tau {tau:.3f}" if isinstance(tau, float) else ""))
-
-
-picks = {}
+LATEST = "latest"
+steps = checkpoint_steps(index, chosen)
+trains = sum(index.runs[r].kind == "train" for r in chosen)
+step = left_out_note = None
 with st.sidebar:
-    ranked = {r: best_evals(index, index.runs[r], index.get(reference_id)) for r in chosen
-              if index.runs[r].kind == "train"}
-    if any(len(evals) > 1 for evals in ranked.values()):
-        st.subheader("Checkpoint drawn", help="which eval of each training run the Acceptance by position and "
-                                              "DDTree views draw. Default: the latest evaluated checkpoint; of its "
-                                              "evals, one drawn solid (matching its training run's environment), "
-                                              "then the closest to the reference's.")
-        for run_id, evals in ranked.items():
-            if len(evals) > 1:
-                picks[run_id] = st.selectbox(index.label(run_id), [e.run_id for e in evals],
-                                             key=f"compare_pick_{run_id}", format_func=_pick_label)
+    if st.session_state.get("compare_checkpoint", LATEST) not in (LATEST, *steps):
+        del st.session_state["compare_checkpoint"]  # a step of runs no longer chosen
+    if len(steps) > 1:  # one control for every run: the same checkpoint of each, or each run's latest
+        picked = st.selectbox(
+            "Checkpoint drawn", [LATEST, *steps], key="compare_checkpoint",
+            format_func=lambda s: "latest of each run" if s == LATEST else f"step {s} ({steps[s]} of {trains} runs)",
+            help="which checkpoint of each training run the Acceptance by position, By context and DDTree views "
+                 "draw, and the vs-reference table compares: each run's latest evaluated checkpoint (its default "
+                 "protocol's eval, drawn solid where one is, then the closest to the reference's environment), or "
+                 "the same step of every run (a run with no eval there is left out, and said)")
+        step = None if picked == LATEST else picked
+        left_out_note = st.empty()  # filled once the comparison is assembled
 
 
 # --------------------------------------------------------------------------- views
@@ -383,7 +379,9 @@ view = st.segmented_control("View", list(VIEWS), default=next(iter(VIEWS)), requ
 history_runs = train_runs_for_histories(index, chosen)
 results = ui.eval_results_loader(cfg.store_uri)
 hist = ui.curves(cfg.store_uri, history_runs if view in NEEDS_HISTORIES else [], index=index)
-data = compare_data(index, chosen, reference_id, hist, results, picks)
+data = compare_data(index, chosen, reference_id, hist, results, step)
+if left_out_note is not None and data.not_picked:
+    left_out_note.caption("Left out of the views by checkpoint: " + md("; ".join(data.not_picked)) + ".")
 ref = data.reference
 colors = charts.run_colors(index)
 with banners:
@@ -425,7 +423,7 @@ with st.sidebar:
     st.download_button(
         "Download report", lambda: report.compare_report(
             index, chosen, reference_id, ui.curves(cfg.store_uri, history_runs, index=index), results,
-            cfg.store_uri, picks).encode(),
+            cfg.store_uri, step).encode(),
         "draftboard-report.html", "text/html", key="compare_report", on_click="ignore", icon=":material/download:",
         help="one self-contained HTML file of this comparison: curves, warnings, environment and protocol "
              "differences, the vs-reference and vs-previous tables, every metric's definition; it opens offline "

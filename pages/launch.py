@@ -200,7 +200,9 @@ else:
         top_p = c2.number_input("top_p", step=0.05, key="launch_top_p", disabled=fixed, help="in (0, 1]")
         top_k = c3.number_input("top_k", **COUNT, key="launch_top_k", disabled=fixed, help="0: no top-k")
         samples_off = fixed and SAMPLING_PRESETS[preset][0] == 0  # a greedy preset: one continuation
-        samples = c4.number_input("Samples", value=float(SAMPLES_SHOWN), **COUNT, key="launch_samples", disabled=samples_off,
+        # Its default in the session, not as `value`: Edit sets the key, and a widget given both warns in the terminal
+        st.session_state.setdefault("launch_samples", float(SAMPLES_SHOWN))
+        samples = c4.number_input("Samples", **COUNT, key="launch_samples", disabled=samples_off,
                                   help=f"continuations drawn per prompt at T > 0 (1–{MAX_DRAWS}): more narrow the "
                                        "interval over draws; an engine eval sends each prompt once")
         concurrency = c5.text_input("Concurrency levels", key="launch_concurrency", placeholder="e.g. 1,4,8",

@@ -215,6 +215,20 @@ def test_a_reference_in_a_compare_link_is_the_pages_reference_not_a_missing_run(
     assert "nosuchrun" in warning and ids["ref"] not in warning
 
 
+def test_one_checkpoint_control_draws_the_same_step_of_every_run(app_env):
+    """Issue 65: Compare's per-run "Checkpoint drawn" pickers (ten at 20 runs) are one control: each run's latest,
+    or one step for all, with how many runs evaluated it; a run without it is left out, and said."""
+    ids = app_env.ids
+    at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")
+    control = at.selectbox(key="compare_checkpoint")
+    assert control.options == ["latest of each run", "step 200 (2 of 2 runs)", "step 100 (1 of 2 runs)"]
+    assert len([s for s in at.sidebar.selectbox if s.label == "Checkpoint drawn"]) == 1
+    assert "Left out of the views by checkpoint" not in page_text(at)
+    control.select(100).run()
+    assert not at.exception
+    assert "Left out of the views by checkpoint: v4: no eval at step 100." in page_text(at)
+
+
 def test_compare_banner_names_the_mismatched_fields(app_env):
     ids = app_env.ids
     at = run_page("pages/compare.py", runs=f"{ids['v4']},{ids['v5']}")

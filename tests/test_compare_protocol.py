@@ -366,7 +366,7 @@ def test_eval_tables_compare_the_drawn_checkpoint_and_each_step_with_the_one_bef
     e2 = eval_run("e2", {"gsm8k": 8}, 6.0, ci=(5.6, 6.4), train="t", step=200, proto=LONG)
     index = RunIndex([train, e1, e2, PUBLISHED])
     data = compare_data(index, ["t"], "paper", pd.DataFrame(columns=["run_id", "key", "step", "value"]),
-                        picks={"t": "e2"})
+                        step=200)
     tables = eval_tables(index, data)
     assert tables.vs_reference[["run_id", "dataset", "reference tau", "verdict"]].values.tolist() == [
         ["e2", "gsm8k", "6.530", uncertainty.WORSE]]  # [5.6, 6.4] lies below 6.53

@@ -337,6 +337,7 @@ def test_a_llamacpp_reply_whose_counts_disagree_with_its_counters_is_refused():
     sampling = EngineRequest(max_tokens=3, stop_token_ids=(63,))
     server = llamacpp_server(6, 2, (6, 2))  # 2 steps, 6 drafted, 2 accepted (both at position 0)
     try:
+        assert LlamaCppClient(server.url).info().version is None  # `b0-unknown`: a packaged build states none
         reply = LlamaCppClient(server.url).generate([1, 2], sampling)
         assert (reply.drafts, reply.draft_tokens, reply.accepted, reply.histogram) == (2, 6, 2, [0, 2])
     finally:

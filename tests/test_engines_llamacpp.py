@@ -63,6 +63,8 @@ def test_a_managed_llamacpp_eval_counts_as_llamacpp_counts(served, serving_pair,
     assert Path(engine["target_gguf"]).is_file() and Path(engine["drafter_gguf"]).is_relative_to(home)
     assert engine["spec_draft_p_min"] == 0.0 and engine["cache_prompt"] is False
     assert results["fingerprint"]["engine"]["packages"]["xllamacpp"] == "2026.10.11549"
+    # Issue 65 LOW: the wheel's server states build `b0-unknown`; the version shown is the wheel's
+    assert engine["version"] is None and results["fingerprint"]["engine"]["version"] == "xllamacpp 2026.10.11549"
     for row in results["prompts"]:
         # each request's drafted and accepted tokens equalled the deltas of llama.cpp's own counters
         assert row["engine_source"] == "llama.cpp /metrics deltas = timings.draft_n"

@@ -61,6 +61,18 @@ def test_sigint_from_a_terminal_is_an_ordered_stop_too(start_ui):
     assert "stopping server…" in ui.output() and "stopping worker…" not in ui.output()
 
 
+def test_a_child_that_already_ended_is_not_said_to_stop():
+    """Issue 65 LOW: a second start reusing the built demo printed "stopping demo build…" on Ctrl-C, though the
+    demo's check had ended long before."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(timeout=30)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    said: list[str] = []
+    lifecycle.Supervisor([lifecycle.Child("demo build", ended), lifecycle.Child("server", server)],
+                         main=lifecycle.Child("server", server), say=said.append).stop_all()
+    assert said == ["stopping server…", "done"] and server.poll() is not None
+
+
 def test_sigkill_of_ui_takes_its_children_within_5_s(start_ui):
     ui, descendants = start_ui(children=3)  # the server, the worker and its warm process
     ui.proc.send_signal(signal.SIGKILL)

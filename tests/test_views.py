@@ -13,6 +13,7 @@ from tracker import config
 from tracker.dashboard import lineage, metric_docs
 from tracker.dashboard.charts import REFERENCE_COLOR, ddtree_vs_budget, run_colors
 from tracker.dashboard.compare import (
+    checkpoint_steps,
     best_evals,
     closest_reference,
     common_budgets,
@@ -291,10 +292,10 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     reasons = data.eval_points.groupby("series")["reason"].first()
     assert reasons["v4 [fallback/cpu/fp32]"] == "≠ training: linear-attn" and reasons["v4 [fast/cpu/fp32]"] == ""
     # By position / DDTree: the eval closest to the reference by default (the fast re-eval, which has no
-    # per-position data), else the checkpoint picked.
+    # per-position data), else the checkpoint chosen for every run.
     assert data.picked == {"t4": "e4c"} and list(data.accept_by_position["series"]) == [
         "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
-    data = compare_data(index, ["t4"], "ref", hist, picks={"t4": "e4a"})
+    data = compare_data(index, ["t4"], "ref", hist, step=100)
     assert list(data.accept_by_position["series"]) == ["v4 @ step 100 [fallback/cpu/fp32]",
                                                        "reference: z · fast/cpu/fp32 · Qwen3.5-4B"]
     assert data.accept_by_position["reason"].tolist() == ["≠ training: linear-attn", ""]
@@ -303,6 +304,25 @@ def test_compare_data_dashes_and_names_mismatches_against_the_reference():
     export = data.export_frame()
     assert {"training curve", "eval over checkpoints", "reference", "acceptance by position",
             "ddtree vs budget"} == set(export["chart"])
+
+
+def test_one_checkpoint_drawn_for_every_run_and_a_run_without_it_said():
+    """Compare's one "Checkpoint drawn" control: its choices are the steps any chosen run evaluated, with how
+    many did; a step draws each run's eval there, and a run with none is left out of the per-checkpoint views
+    with its reason, never drawn at another step beside the others."""
+    index = RunIndex([
+        run("ta", "train", fp(), name="a"), run("tb", "train", fp(), name="b"),
+        run("a1", "eval", fp(), train="ta", step=100, metrics={"tau": 2.0, "accept_rate_pos1": 0.5}),
+        run("a2", "eval", fp(), train="ta", step=200, metrics={"tau": 2.5, "accept_rate_pos1": 0.6}),
+        run("b1", "eval", fp(), train="tb", step=100, metrics={"tau": 2.2, "accept_rate_pos1": 0.55}),
+    ])
+    assert checkpoint_steps(index, ["ta", "tb", "a1"]) == {200: 1, 100: 2}
+    hist = pd.DataFrame(columns=["run_id", "key", "step", "value"])
+    assert compare_data(index, ["ta", "tb"], None, hist).picked == {"ta": "a2", "tb": "b1"}  # each its latest
+    assert compare_data(index, ["ta", "tb"], None, hist, step=100).picked == {"ta": "a1", "tb": "b1"}
+    data = compare_data(index, ["ta", "tb"], None, hist, step=200)
+    assert data.picked == {"ta": "a2"} and set(data.accept_by_position["owner"]) == {"ta"}
+    assert data.not_picked == ["b: no eval at step 200"] and not data.not_drawn
 
 
 def test_an_eval_matching_its_training_run_is_solid_where_the_training_run_differs_from_the_reference():

@@ -183,7 +183,8 @@ class Supervisor:
 
     def stop_all(self) -> None:
         for child in self.children:
-            self.say(f"stopping {child.name}…")
+            if child.proc.poll() is None:  # one that already ended (a reused demo's check) is not said to stop
+                self.say(f"stopping {child.name}…")
             _stop(child, self.grace_s, self.say)
         self.say("done")
 

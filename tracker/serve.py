@@ -34,6 +34,7 @@ import hmac
 import importlib
 import ipaddress
 import json
+import logging
 import os
 import pkgutil
 import sys
@@ -250,8 +251,18 @@ def main(argv: list[str]) -> None:
 
     _add_middleware(credentials_from_env() if os.environ.get(AUTH_VAR) == "basic" else None)
     PagesManager.uses_pages_directory = False
-    threading.Thread(target=_warm, name="draftboard-warm", daemon=True).start()
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_warm_needs_no_session)
+    threading.Thread(target=_warm, name=WARM_THREAD, daemon=True).start()
     cli.main(args=["run", *argv], prog_name="streamlit")
+
+
+WARM_THREAD = "draftboard-warm"
+
+
+def _warm_needs_no_session(record: logging.LogRecord) -> bool:
+    """The warm-up fills the pages' Streamlit caches outside any visitor's session, as it must; Streamlit warns of
+    that ("missing ScriptRunContext") in the terminal on every start: not said for that thread."""
+    return threading.current_thread().name != WARM_THREAD
 
 
 def _warm() -> None:

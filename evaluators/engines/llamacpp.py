@@ -278,7 +278,8 @@ class LlamaCppClient(EngineClient):
         if em.counter(samples, em.LLAMACPP_DRAFTS) is None:
             raise EngineError(f"llamacpp at {self.url}: /metrics has no {em.LLAMACPP_DRAFTS}; start it with --metrics")
         build = props.get("build_info")
-        return EngineInfo(name=NAME, version=str(build)[:80] if build is not None else None, url=self.url,
+        # A packaged build states none (`b0-unknown`): unknown here, its wheel's version named in the fingerprint
+        return EngineInfo(name=NAME, version=str(build)[:80] if build_number(str(build)) else None, url=self.url,
                           model=props.get("model_path") if isinstance(props.get("model_path"), str) else None,
                           draft_model=None, method=SPEC_TYPE, num_speculative_tokens=None,
                           settings={"n_ctx": generation.get("n_ctx") if isinstance(generation, dict) else None})

@@ -394,6 +394,11 @@ def test_edit_on_a_cancelled_job_fills_the_form_above(dashboard, page, tmp_path)
     expect(max_new).to_have_value("17")
     expect(page.locator("input[aria-label='Prompts per dataset']")).to_have_value("")
     expect(page.locator("input[aria-label='DDTree budgets']")).to_have_value("4,8")
+    # Issue 65 LOW: Edit printed Streamlit's warning with a stack in the terminal ("created with a default value
+    # but also had its value set via the Session State API"), and every start its warm-up's "missing
+    # ScriptRunContext"
+    terminal = (tmp_path / "ui.log").read_text()
+    assert "Stack (most recent call last)" not in terminal and "ScriptRunContext" not in terminal, terminal[-3000:]
 
 
 # transformers 5.24's own lines (integrations/hub_kernels.py) as a training box without the kernels printed them.
@@ -473,3 +478,39 @@ def test_an_imported_training_console_against_an_eval_that_ran_the_kernels(dashb
     assert _critical_count(page) == flagged - 1
     expect(page.get_by_text(re.compile(r"such eval\(s\) were re-evaluated"))).to_be_visible()
     print(f"screenshots: {tmp_path}")
+
+
+def test_compare_draws_an_eval_of_another_generation_length_as_its_own_series(dashboard, page, tmp_path):
+    """Issue 65 H1 in the browser: a newer eval of a demo run's checkpoint at 512 max new tokens (the demo's are
+    64) was drawn as the next point of the run's one line, its legend quoting it. A series is one protocol: it is a
+    line of its own, named by what differs, and the run's 64-token line holds none of it."""
+    from tracker import Tracker
+    from tracker.store import names
+
+    url, home = dashboard
+    tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
+    client = tracker.client
+    exp = client.get_experiment_by_name("draftboard").experiment_id
+    v1 = client.search_runs([exp], "attributes.run_name = 'drafter-v1 (1 tapped layer)'")[0].info.run_id
+    demo_eval = max((r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
+                     if r.data.tags.get(names.TRAIN_RUN_ID) == v1 and r.data.tags.get("env.dtype") == "fp32"
+                     and r.data.tags.get("protocol.scoring") == "offline"),
+                    key=lambda r: int(r.data.tags[names.CHECKPOINT_STEP]))
+    assert demo_eval.data.tags["protocol.max_new_tokens"] != "512"
+    step = int(demo_eval.data.tags[names.CHECKPOINT_STEP]) + 100
+    carried = {k: v for k, v in demo_eval.data.tags.items()
+               if not k.startswith(("env.", "mlflow.")) and k not in (names.TRAIN_RUN_ID, names.KIND,
+                                                                     names.CHECKPOINT_STEP)}
+    with tracker.eval_run("drafter-v1 @ 512 tok", target=demo_eval.data.tags[names.TARGET], train_run_id=v1,
+                          checkpoint_step=step, params={**demo_eval.data.params, "max_new_tokens": "512"},
+                          fingerprint=tracker.fingerprint(demo_eval.info.run_id),
+                          tags={**carried, "protocol.max_new_tokens": "512"}) as run:
+        run.log_metrics({**demo_eval.data.metrics, "tau": 9.5}, step=step)
+
+    _visit(page, f"{url}/compare?runs={v1}", tmp_path / "h1-compare.png")
+    curves = page.evaluate("[...document.querySelectorAll('.db-curves')].map(c => c.curves())")
+    tau = next(chart for chart in curves if any(9.5 in s["y"] for s in chart))  # the tau chart
+    holding = [s for s in tau if 9.5 in s["y"]]
+    assert len(holding) == 1 and "512 tok" in holding[0]["name"] and holding[0]["x"] == [step], holding
+    others = [s for s in tau if s is not holding[0] and not s["faint"] and "drafter-v1" in s["name"]]
+    assert others and all(step not in s["x"] and "512" not in s["name"] for s in others), others

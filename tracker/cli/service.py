@@ -123,10 +123,12 @@ def _start_demo_build(env: dict):
     if hasattr(os, "setpriority"):  # on busy cores the page answers first; the build takes what is left
         os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
     shown = demo_progress.read_progress(home)
-    if shown is None or shown.state != demo_progress.DONE:  # a built demo reads as built while it is checked
+    if shown is not None and shown.state == demo_progress.DONE:  # a built demo reads as built while it is checked
+        print(f"demo: the demo store is built, reused (checked in the background; log: {log})")
+    else:
         # Written here, not by the build itself, so that it is there before the server's first page.
         demo_progress.ProgressWriter(home, env[config.STORE_VAR], pid=proc.pid, log=str(log)).update()
-    print(f"demo: building in the background, progress on the page (log: {log})")
+        print(f"demo: building in the background, progress on the page (log: {log})")
     return lifecycle.Child("demo build", proc)
 
 

