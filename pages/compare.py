@@ -160,7 +160,7 @@ def eval_view() -> None:
     else:
         # The change and its verdict before the numbers it comes from: at 1280 px they show without scrolling.
         st.dataframe(tables.vs_previous, hide_index=True, key="compare_vs_previous", row_height=WRAP_ROW_HEIGHT,
-                     column_config=_WRAPPED, column_order=["series", "step", "previous step", "delta tau", "verdict",
+                     column_config=_WRAPPED, column_order=["series", "step", "eval", "previous step", "delta tau", "verdict",
                                                            "tau", "previous tau", "dataset", "how"])
     st.markdown("**Per-dataset results**", help="tau per dataset with its 95% bootstrap interval (published "
                                                 "numbers have none), grouped by dataset")

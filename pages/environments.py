@@ -3,6 +3,7 @@
 import streamlit as st
 
 from tracker.dashboard import ui
+from tracker.dashboard.compare_deltas import told_apart
 from tracker.dashboard.envmatrix import (SEVERITY_LEGEND, evidence_frame, fingerprint_matrix, pairs_table,
                                         unfingerprinted)
 from tracker.dashboard.escape import md, md_code
@@ -50,8 +51,9 @@ else:
         open_first = sorted((p for p in pairs if p.eval.run_id not in answered), key=lambda p: not p.critical)
         eval_ids = [p.eval.run_id for p in open_first[:PICKER_RUNS]]
         if eval_ids:
+            named = told_apart(index, [index.runs[r] for r in eval_ids])  # two evals of one step: never alike
             pick = st.selectbox("Eval to repeat", eval_ids, key="env_reeval_run",
-                                format_func=lambda r: f"{index.eval_label(index.runs[r])} — {index.runs[r].env_badges}",
+                                format_func=lambda r: f"{named[r]} — {index.runs[r].env_badges}",
                                 help="the same target, drafter, prompts and settings as this eval, with its training "
                                      "run's linear-attention path, dtype, drafter precision and device")
             ui.reevaluate(cfg, index, pick, "env_reeval")

@@ -77,6 +77,17 @@ def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch
     assert row["checkpoint"].endswith("(served by vllm)") and abs(row["gap"] - 0.8) < 1e-12
     assert row["engine mean acceptance length"] == 3.3 and row["offline tau"] == 2.5
     assert row["unexplained"] == 0.0 and "nothing unexplained" in row["verdict"]
+    # Issue 65 LOW: a second offline eval of the checkpoint (a repeat, named alike) is a row of its own, told apart
+    tracker = Tracker(uri)
+    tags = {names.protocol_tag("scoring"): "offline", names.protocol_tag("prompt_digest"): "abc123"}
+    with tracker.eval_run("offline", target="t", checkpoint=str(tmp_path / "drafter"), tags=tags,
+                          fingerprint=offline.get("fingerprint")) as run:
+        run.log_metrics({"tau": offline["tau"], **load_metric_values(offline)}, step=0)
+        run.log_json(names.EVAL_RESULTS_ARTIFACT, offline)
+    loaded[run.run_id] = offline
+    index = load_run_index(Tracker(uri))
+    frame = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id))
+    assert sorted(frame["offline eval"]) == sorted(f"offline ({r[:6]})" for r in (ids["offline"], run.run_id))
 
 
 def test_a_served_hybrid_shows_its_gdn_code_per_piece_and_its_causes(tmp_path, monkeypatch):

@@ -417,17 +417,19 @@ def served_gaps(index: RunIndex, evals: Sequence[RunInfo], results: ResultsLoade
     """Each engine eval against every offline eval of the same checkpoint and prompts: the gap between
     the engine's number and the offline tau, in the parts `tracker.measurement.reconcile` takes it apart into."""
     rows = []
-    for ev in evals:
-        if results is None or not reconcile_view.is_engine_eval(ev):
-            continue
-        for other in reconcile_view.offline_partners(index, ev):
+    engine_evals = [ev for ev in evals if results is not None and reconcile_view.is_engine_eval(ev)]
+    named = told_apart(index, engine_evals)  # two engine evals of one step: never two rows alike
+    for ev in engine_evals:
+        partners = reconcile_view.offline_partners(index, ev)
+        partner_named = told_apart(index, partners)
+        for other in partners:
             try:
                 r = reconcile_view.report(ev, other, results)
             except DraftboardError:
                 continue  # results another tool wrote, or damaged: Run detail says why
             if r is not None:
-                rows.append({"checkpoint": index.eval_label(ev) + scoring_note(ev),
-                             "offline eval": index.label(other.run_id),
+                rows.append({"checkpoint": named[ev.run_id] + scoring_note(ev),
+                             "offline eval": partner_named[other.run_id],
                              "engine mean acceptance length": r["engine_mean_acceptance_length"],
                              "offline tau": r["offline_tau"], "gap": r["gap"],
                              **{k.replace("_", " "): v for k, v in r["parts"].items()},
