@@ -16,9 +16,7 @@ from tracker.dashboard.compare import (
     closest_reference,
     common_budgets,
     compare_data,
-    default_selection,
     engines_views,
-    ids_from_link,
     eval_tables,
     outside_budgets,
     reference_label,
@@ -27,7 +25,7 @@ from tracker.dashboard.compare import (
     without_ddtree,
 )
 from tracker.dashboard.escape import csv_bytes, md, md_code
-from tracker.dashboard.tables import WRAP_ROW_HEIGHT, cells_text, picker_options
+from tracker.dashboard.tables import WRAP_ROW_HEIGHT, cells_text, default_selection, ids_from_link, picker_options
 
 AUTO = "__closest__"
 NONE = "__none__"
@@ -160,8 +158,8 @@ def eval_view() -> None:
     else:
         # The change and its verdict before the numbers it comes from: at 1280 px they show without scrolling.
         st.dataframe(tables.vs_previous, hide_index=True, key="compare_vs_previous", row_height=WRAP_ROW_HEIGHT,
-                     column_config=_WRAPPED, column_order=["series", "step", "eval", "previous step", "delta tau", "verdict",
-                                                           "tau", "previous tau", "dataset", "how"])
+                     column_config=_WRAPPED, column_order=["series", "step", "eval", "previous step", "delta tau",
+                                                           "verdict", "tau", "previous tau", "dataset", "how"])
     st.markdown("**Per-dataset results**", help="tau per dataset with its 95% bootstrap interval (published "
                                                 "numbers have none), grouped by dataset")
     st.dataframe(tables.by_dataset.drop(columns="run_id"), hide_index=True, key="compare_by_dataset")

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from tracker.dashboard import ui
-from tracker.dashboard.compare import team_training_runs
+from tracker.dashboard.tables import team_training_runs
 from tracker.dashboard.escape import md, md_code
 from tracker.dashboard.launch_form import (
     CUSTOM_SAMPLING,

@@ -650,7 +650,8 @@ def test_the_server_warms_what_the_first_visitor_reads(app_env, tmp_path, monkey
     from tracker import Tracker
     from tracker.jobs import demo_progress
     from tracker.dashboard import lineage, ui
-    from tracker.dashboard.compare import default_selection, train_runs_for_histories
+    from tracker.dashboard.compare import train_runs_for_histories
+    from tracker.dashboard.tables import default_selection
 
     ui.refresh()
     with ui._fp_lock:

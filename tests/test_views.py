@@ -18,7 +18,6 @@ from tracker.dashboard.compare import (
     closest_reference,
     common_budgets,
     compare_data,
-    default_selection,
     ema,
     outside_budgets,
     reference_label,
@@ -41,7 +40,8 @@ from tracker.store.history import (
 from tracker.store import names
 from tracker.dashboard.index import RunIndex, RunInfo, load_run_index, local_artifact_dir, same_target
 from tracker.dashboard.lineage import mismatches, summarize_rows, train_eval_pairs
-from tracker.dashboard.tables import checkpoints_frame, filter_runs, mlflow_ui_url, runs_display, runs_table, tau_of
+from tracker.dashboard.tables import (checkpoints_frame, default_selection, filter_runs, mlflow_ui_url, runs_display,
+                                      runs_table, tau_of)
 
 # --------------------------------------------------------------------------- hand-made fingerprints and runs
 

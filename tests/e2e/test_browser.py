@@ -410,6 +410,19 @@ CONSOLE_FALLBACK = (
     "the optimized kernel.\n")
 
 
+def _demo_v1_eval(client):
+    """The demo's experiment, its drafter-v1 training run and that run's latest offline fp32 eval."""
+    from tracker.store import names
+
+    exp = client.get_experiment_by_name("draftboard").experiment_id
+    v1 = client.search_runs([exp], "attributes.run_name = 'drafter-v1 (1 tapped layer)'")[0].info.run_id
+    demo_eval = max((r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
+                     if r.data.tags.get(names.TRAIN_RUN_ID) == v1 and r.data.tags.get("env.dtype") == "fp32"
+                     and r.data.tags.get("protocol.scoring") == "offline"),
+                    key=lambda r: int(r.data.tags[names.CHECKPOINT_STEP]))
+    return exp, v1, demo_eval
+
+
 def test_an_imported_training_console_against_an_eval_that_ran_the_kernels(dashboard, page, tmp_path):
     """Issue 62's headline: a training run imported from its console log (transformers said every Gated DeltaNet
     piece fell back to torch) against an eval of its checkpoint that ran the fla and causal-conv1d kernels (the
@@ -427,12 +440,7 @@ def test_an_imported_training_console_against_an_eval_that_ran_the_kernels(dashb
     uri = f"sqlite:///{home / 'draftboard.db'}"
     tracker = Tracker(uri)
     client = tracker.client
-    exp = client.get_experiment_by_name("draftboard").experiment_id
-    v1 = client.search_runs([exp], "attributes.run_name = 'drafter-v1 (1 tapped layer)'")[0].info.run_id
-    demo_eval = max((r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
-                     if r.data.tags.get(names.TRAIN_RUN_ID) == v1 and r.data.tags.get("env.dtype") == "fp32"
-                     and r.data.tags.get("protocol.scoring") == "offline"),
-                    key=lambda r: int(r.data.tags[names.CHECKPOINT_STEP]))
+    exp, v1, demo_eval = _demo_v1_eval(client)
     step = int(demo_eval.data.tags[names.CHECKPOINT_STEP])
 
     log = tmp_path / "train.log"
@@ -490,12 +498,7 @@ def test_compare_draws_an_eval_of_another_generation_length_as_its_own_series(da
     url, home = dashboard
     tracker = Tracker(f"sqlite:///{home / 'draftboard.db'}")
     client = tracker.client
-    exp = client.get_experiment_by_name("draftboard").experiment_id
-    v1 = client.search_runs([exp], "attributes.run_name = 'drafter-v1 (1 tapped layer)'")[0].info.run_id
-    demo_eval = max((r for r in client.search_runs([exp], "tags.`draftboard.kind` = 'eval'")
-                     if r.data.tags.get(names.TRAIN_RUN_ID) == v1 and r.data.tags.get("env.dtype") == "fp32"
-                     and r.data.tags.get("protocol.scoring") == "offline"),
-                    key=lambda r: int(r.data.tags[names.CHECKPOINT_STEP]))
+    exp, v1, demo_eval = _demo_v1_eval(client)
     assert demo_eval.data.tags["protocol.max_new_tokens"] != "512"
     step = int(demo_eval.data.tags[names.CHECKPOINT_STEP]) + 100
     carried = {k: v for k, v in demo_eval.data.tags.items()
@@ -508,6 +511,9 @@ def test_compare_draws_an_eval_of_another_generation_length_as_its_own_series(da
         run.log_metrics({**demo_eval.data.metrics, "tau": 9.5}, step=step)
 
     _visit(page, f"{url}/compare?runs={v1}", tmp_path / "h1-compare.png")
+    # Drawn once a chart holds the point (on a busy box the page may still show its skeletons after `_visit`)
+    page.wait_for_function("() => [...document.querySelectorAll('.db-curves[data-drawn=\"1\"]')]"
+                           ".some(c => c.curves().some(s => s.y.includes(9.5)))", timeout=120_000)
     curves = page.evaluate("[...document.querySelectorAll('.db-curves')].map(c => c.curves())")
     tau = next(chart for chart in curves if any(9.5 in s["y"] for s in chart))  # the tau chart
     holding = [s for s in tau if 9.5 in s["y"]]

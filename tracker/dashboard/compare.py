@@ -689,26 +689,3 @@ def run_acceptance(run: RunInfo, results: ResultsLoader | None = None) -> tuple[
 def train_runs_for_histories(index: RunIndex, run_ids: Sequence[str]) -> list[str]:
     """The chosen runs whose step histories the page loads (training runs only)."""
     return [r for r in run_ids if r in index.runs and index.runs[r].kind == "train"]
-
-
-def team_training_runs(index: RunIndex) -> list[RunInfo]:
-    """Training runs of the team's drafters, newest first: not a reference's own training run (one
-    whose checkpoints were evaluated only as references, e.g. the reference drafter's)."""
-    return [r for r in index.of_kind("train")
-            if index.evals_of(r.run_id) or not index.evals_of(r.run_id, ("reference",))]
-
-
-def default_selection(index: RunIndex, limit: int = 6) -> list[str]:
-    """The team's newest training runs (at most `limit`) on the newest one's target, else the newest evals on
-    the newest eval's: runs of two targets are never comparable, so the page starts on one. The closest
-    reference comes with them (the Reference picker's default)."""
-    runs = team_training_runs(index) or index.of_kind("eval")
-    first = runs[0].target if runs else None
-    return [r.run_id for r in runs if r.target == first or same_target(r.target, first)][:limit]
-
-
-def ids_from_link(text: str | None, known) -> tuple[list[str], list[str]]:
-    """A deep link's comma-separated run ids: (those in this store, in order; the unknown ones, which
-    the page names instead of dropping them silently)."""
-    ids = [r.strip() for r in (text or "").split(",") if r.strip()]
-    return [r for r in ids if r in known], [r for r in ids if r not in known]

@@ -1,5 +1,6 @@
 """The dashboard's tables, as DataFrames: the runs table and a run's params, metrics, fingerprint,
-environment differences and checkpoints.
+environment differences and checkpoints; and what the run pickers offer and start on (a deep link's ids, the
+team's newest training runs).
 
 Plain pandas over `RunIndex` / `RunInfo`; environment and protocol checks come from
 `tracker.dashboard.lineage`.
@@ -19,7 +20,7 @@ from tracker import redact
 from tracker.environment import fingerprint
 from tracker.measurement import protocol
 from tracker.dashboard import lineage, metric_docs, recipe
-from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo, no_cycle_collection
+from tracker.dashboard.index import LINEAR_ATTN_ICONS, RunIndex, RunInfo, no_cycle_collection, same_target
 from tracker.dashboard.lineage import MISSING, summarize_rows
 from tracker.store import names
 
@@ -389,3 +390,26 @@ def _checkpoint_row(step, size, sha, path, pairs: Sequence[lineage.Lineage], ans
         "env check": " | ".join(checks),
         "critical": sum(bool(p.critical) and p.eval.run_id not in answered for p in pairs),
     }
+
+
+def team_training_runs(index: RunIndex) -> list[RunInfo]:
+    """Training runs of the team's drafters, newest first: not a reference's own training run (one
+    whose checkpoints were evaluated only as references, e.g. the reference drafter's)."""
+    return [r for r in index.of_kind("train")
+            if index.evals_of(r.run_id) or not index.evals_of(r.run_id, ("reference",))]
+
+
+def default_selection(index: RunIndex, limit: int = 6) -> list[str]:
+    """The team's newest training runs (at most `limit`) on the newest one's target, else the newest evals on
+    the newest eval's: runs of two targets are never comparable, so the page starts on one. The closest
+    reference comes with them (the Reference picker's default)."""
+    runs = team_training_runs(index) or index.of_kind("eval")
+    first = runs[0].target if runs else None
+    return [r.run_id for r in runs if r.target == first or same_target(r.target, first)][:limit]
+
+
+def ids_from_link(text: str | None, known) -> tuple[list[str], list[str]]:
+    """A deep link's comma-separated run ids: (those in this store, in order; the unknown ones, which
+    the page names instead of dropping them silently)."""
+    ids = [r.strip() for r in (text or "").split(",") if r.strip()]
+    return [r for r in ids if r in known], [r for r in ids if r not in known]

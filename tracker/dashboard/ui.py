@@ -379,7 +379,8 @@ def warm(uri: str) -> str:
     cached as empty (a demo may be filling it), and a store the demo is building is not opened at all
     (`demo_banner` says why).
     -> what it did, in words."""
-    from tracker.dashboard.compare import default_selection, train_runs_for_histories
+    from tracker.dashboard.compare import train_runs_for_histories
+    from tracker.dashboard.tables import default_selection
 
     progress = demo_progress.read_progress(config.home_dir())
     if progress is not None and progress.store == uri and progress.building:
