@@ -72,12 +72,13 @@ def record(context, url: str, predicate: str, arg, folder: Path) -> None:
     page.close()
     config = [m for m in msgs if m.WhichOneof("type") == "page_config_changed"]
     navigation = [m for m in msgs if m.WhichOneof("type") == "navigation"]
-    if not navigation or not final_tree(msgs):
+    tree = final_tree(msgs)
+    if not navigation or not tree:
         raise SystemExit(f"error: the visit of {url} sent no navigation or no elements to record")
     folder.mkdir(parents=True, exist_ok=True)
     _write(folder / NAVIGATION, navigation[-1:])
     parts = urlsplit(url)
-    _write(folder / _recording(parts.path.strip("/"), dict(parse_qsl(parts.query))), config[-1:] + final_tree(msgs))
+    _write(folder / _recording(parts.path.strip("/"), dict(parse_qsl(parts.query))), config[-1:] + tree)
 
 
 def serve(folder: Path) -> None:

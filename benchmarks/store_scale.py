@@ -180,9 +180,8 @@ def measure(uri: str) -> dict:
     return out
 
 
-def _pages(uri: str) -> dict[str, tuple[str, str, str]]:
+def _pages(index) -> dict[str, tuple[str, str, str]]:
     """The pages measured: name -> (path, its h1, the page's last element)."""
-    index = load_run_index(Tracker(uri), None)
     trains, evals = index.of_kind("train"), index.of_kind("eval")
     return {
         "runs": ("/", "Runs", '[data-testid="stDownloadButton"]'),
@@ -205,10 +204,9 @@ def _until_warm(home: Path) -> None:
 def _browser(p):
     """Chromium, with a context whose first navigation (the renderer and network stack starting) is paid by none
     of the pages measured."""
-    from ui_time_to_chart import CHROMIUM, VIEWPORT
+    from ui_time_to_chart import VIEWPORT, launch_chromium
 
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    browser = launch_chromium(p)
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
     page.goto("data:text/html,<title>warm</title>")
@@ -223,9 +221,9 @@ def browse(home: Path, uri: str) -> dict:
     from _replica import record
     from ui_time_to_chart import PeakRss, start_servers, stop, timed, wait_idle
 
-    pages = _pages(uri)
-    listed = min(10, len(load_run_index(Tracker(uri), None)))
-    experiment = Tracker(uri).find_experiment()
+    tracker = Tracker(uri)
+    index = load_run_index(tracker, None)
+    pages, listed, experiment = _pages(index), min(10, len(index)), tracker.find_experiment()
     # The replicas' elements, recorded from a dashboard started for that alone: the timed ones' first visits stay
     # first visits.
     procs, urls = start_servers(home, uri, home, names=["draftboard"])

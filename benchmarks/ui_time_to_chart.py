@@ -53,6 +53,7 @@ from _replica import record
 from tracker import serve
 
 CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1500, "height": 1100}
 # Compare at most 1.1x its plain-Streamlit replica (issue 65's third page target, which replaced issue 16's 10x
 # MLflow: a Streamlit page cannot be faster than Streamlit drawing its elements, and that is no 10x MLflow here).
@@ -93,6 +94,11 @@ WINDOW_JS = f"""([lo, hi]) => {{
     return named.length > 0 && named.every(s => s.x.length === hi - lo + 1 && s.x[0] === lo && s.x[s.x.length - 1] === hi);
   }});
 }}"""
+
+
+def launch_chromium(p):
+    """Debian's headless Chromium, as every browser benchmark runs it (`p`: Playwright's sync API)."""
+    return p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
 def free_port() -> int:
@@ -261,7 +267,7 @@ def main() -> None:
         procs, urls = start_servers(home, uri, home, names=["draftboard"])
         try:
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+                browser = launch_chromium(p)
                 record(browser.new_context(viewport=VIEWPORT), urls["draftboard"] + compare_path, DRAWN_JS,
                        drawn["draftboard"], home / "replica")
                 browser.close()
@@ -273,8 +279,7 @@ def main() -> None:
         results: dict[str, list[float]] = {"mlflow": [], "draftboard": [], "replica": []}
         try:
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                browser = launch_chromium(p)
                 contexts = {name: browser.new_context(viewport=VIEWPORT) for name in results}
                 chart_url = mlflow_show_all_runs(contexts["mlflow"], urls["mlflow"], uri, args.runs, shots)
                 compare_url = urls["draftboard"] + compare_path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -24,20 +25,23 @@ def _values(array) -> list:
     return list(array)
 
 
+def log_eval(uri: str, checkpoint: Path, name: str, results: dict, scoring: str) -> str:
+    """One eval of `checkpoint` on the pair's prompt set, scored `scoring`: its run id."""
+    tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
+    with Tracker(uri).eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags, fingerprint=results.get(
+                               "fingerprint"), params={"engine": "vllm"} if scoring == "engine" else {}) as run:
+        run.log_metrics({"tau": results["tau"], **load_metric_values(results)}, step=0)
+        run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
+    return run.run_id
+
+
 def log_pair(tmp_path, engine: dict, offline: dict) -> tuple[str, dict[str, str]]:
     """The two evals as runs of one checkpoint on one prompt set, in a store of their own."""
     uri = f"sqlite:///{tmp_path / 'store.db'}"
     checkpoint = tmp_path / "drafter"
     checkpoint.mkdir()
-    tracker, ids = Tracker(uri), {}
-    for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline")):
-        tags = {names.protocol_tag("scoring"): scoring, names.protocol_tag("prompt_digest"): "abc123"}
-        with tracker.eval_run(name, target="t", checkpoint=str(checkpoint), tags=tags, fingerprint=results.get(
-                              "fingerprint"), params={"engine": "vllm"} if scoring == "engine" else {}) as run:
-            run.log_metrics({"tau": results["tau"], **load_metric_values(results)}, step=0)
-            run.log_json(names.EVAL_RESULTS_ARTIFACT, results)
-            ids[name] = run.run_id
-    return uri, ids
+    return uri, {name: log_eval(uri, checkpoint, name, results, scoring)
+                 for name, results, scoring in (("served", engine, "engine"), ("offline", offline, "offline"))}
 
 
 def served_detail(tmp_path, monkeypatch, engine: dict, offline: dict):
@@ -78,16 +82,11 @@ def test_compare_tables_the_served_gap_of_each_engine_eval(tmp_path, monkeypatch
     assert row["engine mean acceptance length"] == 3.3 and row["offline tau"] == 2.5
     assert row["unexplained"] == 0.0 and "nothing unexplained" in row["verdict"]
     # Issue 65 LOW: a second offline eval of the checkpoint (a repeat, named alike) is a row of its own, told apart
-    tracker = Tracker(uri)
-    tags = {names.protocol_tag("scoring"): "offline", names.protocol_tag("prompt_digest"): "abc123"}
-    with tracker.eval_run("offline", target="t", checkpoint=str(tmp_path / "drafter"), tags=tags,
-                          fingerprint=offline.get("fingerprint")) as run:
-        run.log_metrics({"tau": offline["tau"], **load_metric_values(offline)}, step=0)
-        run.log_json(names.EVAL_RESULTS_ARTIFACT, offline)
-    loaded[run.run_id] = offline
+    again = log_eval(uri, tmp_path / "drafter", "offline", offline, "offline")
+    loaded[again] = offline
     index = load_run_index(Tracker(uri))
     frame = served_gaps(index, list(index.runs.values()), lambda run: loaded.get(run.run_id))
-    assert sorted(frame["offline eval"]) == sorted(f"offline ({r[:6]})" for r in (ids["offline"], run.run_id))
+    assert sorted(frame["offline eval"]) == sorted(f"offline ({r[:6]})" for r in (ids["offline"], again))
 
 
 def test_a_served_hybrid_shows_its_gdn_code_per_piece_and_its_causes(tmp_path, monkeypatch):

@@ -61,12 +61,17 @@ def test_sigint_from_a_terminal_is_an_ordered_stop_too(start_ui):
     assert "stopping server…" in ui.output() and "stopping worker…" not in ui.output()
 
 
+def _running() -> subprocess.Popen:
+    """A child that runs until it is stopped: it waits on a pipe nobody writes to (no fixed sleep)."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
 def test_a_child_that_already_ended_is_not_said_to_stop():
     """Issue 65 LOW: a second start reusing the built demo printed "stopping demo build…" on Ctrl-C, though the
     demo's check had ended long before."""
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait(timeout=30)
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = _running()
     said: list[str] = []
     lifecycle.Supervisor([lifecycle.Child("demo build", ended), lifecycle.Child("server", server)],
                          main=lifecycle.Child("server", server), say=said.append).stop_all()
@@ -223,7 +228,7 @@ def test_a_child_that_ends_first_is_reaped_while_the_main_one_runs():
     import threading
 
     quick = lifecycle.Child("demo build", subprocess.Popen([sys.executable, "-c", "pass"]))
-    main = lifecycle.Child("server", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    main = lifecycle.Child("server", _running())
     supervisor = lifecycle.Supervisor([quick, main], main=main, grace_s=5, say=lambda line: None)
     seen = {}
 

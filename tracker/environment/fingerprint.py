@@ -313,8 +313,8 @@ def _stated(fp: dict, known: Mapping[str, object] | None) -> dict:
 
 # What an engine's own Python reports of itself (`engine`): run there with `python -c`, so it
 # imports only the standard library and what it measures; prints one JSON object.
-ENGINE_PACKAGES = {**PACKAGES, "vllm": "vllm", "sglang": "sglang", "xllamacpp": "xllamacpp"}
 ENGINE_WHEELS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "xllamacpp"}  # engine -> the package serving it
+ENGINE_PACKAGES = {**PACKAGES, **{wheel: wheel for wheel in ENGINE_WHEELS.values()}}
 ENGINE_PROBE = """
 import importlib.metadata as md, json, platform
 def version(dist):
@@ -356,10 +356,11 @@ def engine(report: dict | None, source: dict, dtype: str, linear_attention_path:
                            "capability": report.get("capability"), "cpu": _cpu_name() if report else None})
     fp["numerics"].update({"dtype": dtype, "drafter_precision": dtype, "linear_attention_path": linear_attention_path})
     # The server's own version, else the version of the package serving it (llama.cpp's wheels state no build)
-    wheel = ENGINE_WHEELS.get(source.get("engine"))
-    packaged = packages.get(wheel) if wheel else None
-    fp["engine"] = {"name": source.get("engine"), "version": source.get("version") or (
-        packaged if packaged is None or wheel == source.get("engine") else f"{wheel} {packaged}")}
+    name = source.get("engine")
+    wheel = ENGINE_WHEELS.get(name)
+    packaged = packages.get(wheel)
+    fp["engine"] = {"name": name, "version": source.get("version") or (
+        f"{wheel} {packaged}" if packaged and wheel != name else packaged)}
     if source.get("model_runner"):  # vLLM's V1 / V2: which algorithm a DFlash2 checkpoint ran (issue 51)
         fp["engine"]["model_runner"] = source["model_runner"]
     served_by = {k: v for k, v in packages.items() if k not in PACKAGES and isinstance(v, str)}
